@@ -1,0 +1,54 @@
+# goep: make run runs the main job with 4 ranks; make test passes every test.
+# Both install missing system packages first (scripts/install-deps.sh).
+
+GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+NP      ?= 4
+MPIRUN  ?= mpirun
+# More ranks than cores, and root (containers, CI), are normal here.
+MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-as-root)
+# Packages whose tests also run under mpirun (1, 2, 4, 8 ranks and simulated nodes).
+MPI_TEST_PKGS ?= ./mpi
+MPI_TEST_NP   ?= 1,2,4,8
+MPI_TEST_SIM  ?= 4/2,8/4
+
+export GOEP_REQUIRE_TOOLS = 1
+
+.PHONY: all deps build run hello test test-unit test-mpi lint clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+bin/%: deps FORCE
+	$(GO) build -tags mpi -o $@ ./examples/$*
+
+FORCE:
+
+build: deps
+	$(GO) build ./...
+	$(GO) build -tags mpi ./...
+
+## run: the main job on $(NP) ranks.
+run: hello
+
+hello: bin/mpi-hello
+	$(MPIRUN) $(MPIRUN_FLAGS) -np $(NP) bin/mpi-hello
+
+## test: formatting, vet, single-rank tests, then the multi-rank tests under mpirun.
+test: lint test-unit test-mpi
+
+lint: deps
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) vet -tags mpi ./...
+
+test-unit: deps
+	$(GO) test -count=1 ./...
+
+test-mpi: deps
+	$(GO) run ./internal/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
+
+clean:
+	rm -rf bin out

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep/goep/internal/mpitesting"
+)
+
+// buildMPI builds this command with the mpi tag into a temporary directory.
+func buildMPI(t *testing.T) string {
+	t.Helper()
+	mpitesting.RequireTool(t, "mpirun", "pkg-config")
+	bin := filepath.Join(t.TempDir(), "mpi-hello")
+	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build -tags mpi: %s", out)
+	return bin
+}
+
+// cleanEnv drops every launcher variable, as in a shell with no mpirun.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "OMPI_") || strings.HasPrefix(kv, "PMIX_") || strings.HasPrefix(kv, "PMI_") ||
+			strings.HasPrefix(kv, "SLURM_") || strings.HasPrefix(kv, "GOEP_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+func TestFourRanksShareOneID(t *testing.T) {
+	bin := buildMPI(t)
+	cmd := exec.Command("mpirun", append(mpitesting.MPIRunArgs(4), "-x", "GOEP_RANKS_PER_NODE=2", bin)...)
+	cmd.Env = append(cleanEnv(), "GOEP_RANKS_PER_NODE=2")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "4 ranks on 2 node(s) (simulated)")
+	row := regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+mpirun\s+\S+\s+([0-9a-f]{12})$`)
+	rows := row.FindAllStringSubmatch(string(out), -1)
+	require.Len(t, rows, 4, "one line per rank in:\n%s", out)
+	for r, m := range rows {
+		assert.Equal(t, []string{strconv.Itoa(r), strconv.Itoa(r / 2), strconv.Itoa(r % 2), "2"}, m[1:5], "rank, node, local rank, node size")
+		assert.Equal(t, rows[0][5], m[5], "every rank prints the same bootstrap ID digest")
+	}
+}
+
+func TestNoLauncherIsRefused(t *testing.T) {
+	bin := buildMPI(t)
+	// Two plain copies, as a user might start them by hand: each must refuse
+	// rather than run as rank 0 of 1.
+	var cmds []*exec.Cmd
+	var outs []*bytes.Buffer
+	for i := 0; i < 2; i++ {
+		cmd := exec.Command(bin)
+		cmd.Env = cleanEnv()
+		var b bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &b, &b
+		require.NoError(t, cmd.Start())
+		cmds, outs = append(cmds, cmd), append(outs, &b)
+	}
+	for i, cmd := range cmds {
+		err := cmd.Wait()
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, "copy %d must fail: %s", i, outs[i])
+		assert.Equal(t, 1, exit.ExitCode())
+		assert.Contains(t, outs[i].String(), "no MPI launcher found")
+		assert.Contains(t, outs[i].String(), "mpirun -np N")
+	}
+}
+
+func TestSingleRankBuildRefusesMpirun(t *testing.T) {
+	mpitesting.RequireTool(t, "mpirun")
+	bin := filepath.Join(t.TempDir(), "mpi-hello-single")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	cmd := exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin)...)
+	cmd.Env = cleanEnv()
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, string(out), "built without the mpi build tag")
+}

@@ -1,0 +1,283 @@
+// Command mpitest builds Go test binaries with the mpi build tag and runs them
+// under mpirun at several rank counts and simulated node splits. A failure on
+// any rank fails the run, and the harness prints which rank failed and why.
+//
+// Usage:
+//
+//	go run ./internal/mpitest [flags] ./pkg1 ./pkg2 ...
+//
+// For example, every rank count and a simulated 2-node split of 4 ranks:
+//
+//	go run ./internal/mpitest -np 1,2,4,8 -sim 4/2 ./mpi ./ep
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() { os.Exit(run(os.Stdout, os.Stderr, os.Args[1:])) }
+
+// config is one mpirun invocation: ranks, and ranks per simulated node (0:
+// the real topology).
+type config struct{ np, perNode int }
+
+func (c config) String() string {
+	if c.perNode == 0 {
+		return fmt.Sprintf("np=%d", c.np)
+	}
+	return fmt.Sprintf("np=%d nodes=%dx%d", c.np, (c.np+c.perNode-1)/c.perNode, c.perNode)
+}
+
+func run(stdout, stderr io.Writer, args []string) int {
+	fs := flag.NewFlagSet("mpitest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	nps := fs.String("np", "1,2,4,8", "comma-separated rank counts")
+	sims := fs.String("sim", "4/2", "comma-separated NP/PERNODE runs with GOEP_RANKS_PER_NODE=PERNODE (empty: none)")
+	timeout := fs.Duration("timeout", 10*time.Minute, "limit for one mpirun")
+	collTimeout := fs.String("coll-timeout", "60s", "GOEP_MPI_TIMEOUT for the ranks")
+	runExpr := fs.String("run", "", "only tests matching this regexp (go test -run)")
+	bench := fs.String("bench", "", "also run benchmarks matching this regexp (go test -bench)")
+	keep := fs.Bool("keep", false, "keep the build and log directory")
+	verbose := fs.Bool("v", false, "print every rank's output")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	pkgs := fs.Args()
+	if len(pkgs) == 0 {
+		fmt.Fprintln(stderr, "mpitest: name at least one package, e.g. ./mpi")
+		return 2
+	}
+	configs, err := parseConfigs(*nps, *sims)
+	if err != nil {
+		fmt.Fprintln(stderr, "mpitest:", err)
+		return 2
+	}
+	if _, err := exec.LookPath("mpirun"); err != nil {
+		fmt.Fprintln(stderr, "mpitest: mpirun not found: run scripts/install-deps.sh (or module load an MPI)")
+		return 2
+	}
+	dir, err := os.MkdirTemp("", "mpitest-")
+	if err != nil {
+		fmt.Fprintln(stderr, "mpitest:", err)
+		return 2
+	}
+	if *keep {
+		fmt.Fprintln(stdout, "mpitest: logs in", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+
+	failed := 0
+	for _, pkg := range pkgs {
+		name := strings.ReplaceAll(strings.Trim(filepath.Clean(pkg), "./"), "/", "_")
+		bin := filepath.Join(dir, name+".test")
+		build := exec.Command("go", "test", "-c", "-tags", "mpi", "-o", bin, pkg)
+		build.Stdout, build.Stderr = stderr, stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(stdout, "FAIL %s: build with -tags mpi: %v\n", pkg, err)
+			failed++
+			continue
+		}
+		if _, err := os.Stat(bin); err != nil { // a package without tests
+			fmt.Fprintf(stdout, "---- %s: no test files\n", pkg)
+			continue
+		}
+		for _, cfg := range configs {
+			r := runOne(pkg, bin, dir, name, cfg, *timeout, *collTimeout, *runExpr, *bench)
+			r.print(stdout, *verbose)
+			if !r.ok {
+				failed++
+			}
+		}
+	}
+	if failed > 0 {
+		fmt.Fprintf(stdout, "mpitest: %d run(s) failed\n", failed)
+		return 1
+	}
+	return 0
+}
+
+func parseConfigs(nps, sims string) ([]config, error) {
+	var out []config
+	for _, f := range strings.Split(nps, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-np: %q is not a positive rank count", f)
+		}
+		out = append(out, config{np: n})
+	}
+	for _, f := range strings.Split(sims, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		a, b, ok := strings.Cut(f, "/")
+		n, err1 := strconv.Atoi(a)
+		k, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil || n < 1 || k < 1 || k > n {
+			return nil, fmt.Errorf("-sim: %q is not NP/PERNODE with 1 <= PERNODE <= NP", f)
+		}
+		out = append(out, config{np: n, perNode: k})
+	}
+	return out, nil
+}
+
+// result is the outcome of one mpirun.
+type result struct {
+	pkg     string
+	cfg     config
+	ok      bool
+	elapsed time.Duration
+	why     string
+	ranks   []rankLog
+	mpirun  []byte
+}
+
+type rankLog struct {
+	rank           int
+	stdout, stderr []byte
+	passed, failed []string
+	skipped        []string
+	panicked       bool
+	finished       bool // printed the final PASS or FAIL line
+}
+
+func runOne(pkg, bin, dir, name string, cfg config, timeout time.Duration, collTimeout, runExpr, bench string) result {
+	out := filepath.Join(dir, fmt.Sprintf("%s-np%d-sim%d", name, cfg.np, cfg.perNode))
+	args := []string{"--oversubscribe", "-np", strconv.Itoa(cfg.np), "--output-filename", out,
+		"-x", "GOEP_MPI_TIMEOUT=" + collTimeout}
+	if os.Geteuid() == 0 {
+		args = append([]string{"--allow-run-as-root"}, args...)
+	}
+	if cfg.perNode > 0 {
+		args = append(args, "-x", "GOEP_RANKS_PER_NODE="+strconv.Itoa(cfg.perNode))
+	}
+	args = append(args, bin, "-test.v", "-test.timeout", timeout.String())
+	if runExpr != "" {
+		args = append(args, "-test.run", runExpr)
+	}
+	if bench != "" {
+		args = append(args, "-test.bench", bench, "-test.benchmem")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "mpirun", args...)
+	cmd.Dir = pkg
+	cmd.Env = os.Environ()
+	if cfg.perNode == 0 {
+		cmd.Env = append(cmd.Env, "GOEP_RANKS_PER_NODE=")
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var combined bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &combined, &combined
+	start := time.Now()
+	err := cmd.Run()
+	r := result{pkg: pkg, cfg: cfg, elapsed: time.Since(start), mpirun: combined.Bytes(), ok: err == nil}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		r.ok, r.why = false, fmt.Sprintf("mpirun did not finish within %v: killed", timeout+30*time.Second)
+	} else if err != nil {
+		r.why = "mpirun: " + err.Error()
+	}
+	for rank := 0; rank < cfg.np; rank++ {
+		rl := rankLog{rank: rank}
+		rl.stdout, _ = os.ReadFile(filepath.Join(out, "1", fmt.Sprintf("rank.%d", rank), "stdout"))
+		rl.stderr, _ = os.ReadFile(filepath.Join(out, "1", fmt.Sprintf("rank.%d", rank), "stderr"))
+		rl.parse()
+		if len(rl.failed) > 0 || rl.panicked || !rl.finished {
+			r.ok = false
+		}
+		r.ranks = append(r.ranks, rl)
+	}
+	return r
+}
+
+func (rl *rankLog) parse() {
+	sc := bufio.NewScanner(bytes.NewReader(append(append([]byte{}, rl.stdout...), rl.stderr...)))
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "--- PASS: "):
+			rl.passed = append(rl.passed, testName(line))
+		case strings.HasPrefix(line, "--- FAIL: "):
+			rl.failed = append(rl.failed, testName(line))
+		case strings.HasPrefix(line, "--- SKIP: "):
+			rl.skipped = append(rl.skipped, testName(line))
+		case strings.HasPrefix(line, "panic: "), strings.HasPrefix(line, "fatal error: "):
+			rl.panicked = true
+		case line == "PASS" || line == "FAIL": // the test binary's last line
+			rl.finished = true
+		}
+	}
+}
+
+func testName(line string) string {
+	f := strings.Fields(line)
+	if len(f) >= 3 {
+		return f[2]
+	}
+	return line
+}
+
+func (r result) print(w io.Writer, verbose bool) {
+	r0 := r.ranks[0]
+	if r.ok {
+		msg := fmt.Sprintf("ok   %-8s %-16s %3d tests passed on all %d rank(s)", r.pkg, r.cfg, len(r0.passed), r.cfg.np)
+		if len(r0.skipped) > 0 {
+			msg += fmt.Sprintf(", %d skipped: %s", len(r0.skipped), strings.Join(r0.skipped, " "))
+		}
+		fmt.Fprintf(w, "%s (%.1fs)\n", msg, r.elapsed.Seconds())
+	} else {
+		fmt.Fprintf(w, "FAIL %-8s %-16s (%.1fs) %s\n", r.pkg, r.cfg, r.elapsed.Seconds(), r.why)
+		for _, rl := range r.ranks {
+			switch {
+			case rl.panicked:
+				fmt.Fprintf(w, "  rank %d panicked\n", rl.rank)
+			case len(rl.failed) > 0:
+				fmt.Fprintf(w, "  rank %d failed: %s\n", rl.rank, strings.Join(rl.failed, " "))
+			case !rl.finished:
+				fmt.Fprintf(w, "  rank %d did not finish (killed, hung or crashed)\n", rl.rank)
+			default:
+				continue
+			}
+			tail(w, fmt.Sprintf("rank %d stdout", rl.rank), rl.stdout, 40)
+			tail(w, fmt.Sprintf("rank %d stderr", rl.rank), rl.stderr, 20)
+		}
+		tail(w, "mpirun", r.mpirun, 15)
+	}
+	if verbose {
+		for _, rl := range r.ranks {
+			fmt.Fprintf(w, "==== rank %d ====\n%s%s", rl.rank, rl.stdout, rl.stderr)
+		}
+	}
+}
+
+func tail(w io.Writer, title string, b []byte, n int) {
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) == 1 && lines[0] == "" {
+		return
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	fmt.Fprintf(w, "  ---- %s (last %d lines)\n", title, len(lines))
+	for _, l := range lines {
+		fmt.Fprintf(w, "  | %s\n", l)
+	}
+}

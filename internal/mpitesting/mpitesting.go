@@ -1,0 +1,84 @@
+// Package mpitesting helps tests that run on every rank of an MPI job.
+package mpitesting
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+
+	"github.com/goep/goep/mpi"
+)
+
+// World is the world communicator, set by Main.
+var World *mpi.Comm
+
+// Main initialises MPI, runs the tests and finalises MPI. Call it from
+// TestMain. A rank whose tests fail exits non-zero, which makes mpirun end
+// the whole job.
+func Main(m *testing.M) {
+	w, err := mpi.Init()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	World = w
+	code := m.Run()
+	if code == 0 {
+		if err := mpi.Finalize(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Agree fails t on every rank of c if it has failed on any rank, naming the
+// ranks that failed, so that ranks stay in step after a failure. Call it at
+// the end of a test (or before a step that must not run after a failure).
+func Agree(t testing.TB, c *mpi.Comm) {
+	t.Helper()
+	mine := []int32{0}
+	if t.Failed() {
+		mine[0] = 1
+	}
+	all := make([]int32, c.Size())
+	if err := mpi.AllgatherSlice(c, mine, all); err != nil {
+		t.Fatalf("rank %d: agreeing on the outcome: %v", c.Rank(), err)
+	}
+	var failed []int
+	for r, f := range all {
+		if f != 0 {
+			failed = append(failed, r)
+		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("rank %d: test failed on rank(s) %v", c.Rank(), failed)
+	}
+}
+
+// RequireTool skips t when the named program is not on PATH, unless
+// GOEP_REQUIRE_TOOLS=1 (set by make test and CI), where a missing tool fails
+// the test instead: CI can never pass by skipping.
+func RequireTool(t testing.TB, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		if _, err := exec.LookPath(name); err != nil {
+			if os.Getenv("GOEP_REQUIRE_TOOLS") == "1" {
+				t.Fatalf("%s is required (GOEP_REQUIRE_TOOLS=1) but not found: run scripts/install-deps.sh", name)
+			}
+			t.Skipf("%s not found: run scripts/install-deps.sh (make test fails instead of skipping)", name)
+		}
+	}
+}
+
+// MPIRunArgs are the mpirun flags every launch in tests needs on one
+// machine: more ranks than cores, and root inside containers and CI.
+func MPIRunArgs(np int) []string {
+	args := []string{"--oversubscribe", "-np", strconv.Itoa(np)}
+	if os.Geteuid() == 0 {
+		args = append([]string{"--allow-run-as-root"}, args...)
+	}
+	return args
+}

@@ -1,0 +1,55 @@
+// Package mpi is the MPI layer of goep: process start-up, node topology,
+// collectives, MPI-3 shared-memory windows and one-sided (RMA) windows.
+//
+// # Build modes
+//
+// Built with the mpi build tag (go build -tags mpi), the package links the
+// system MPI library (Open MPI, found through pkg-config "ompi"). Built without
+// it, every call behaves as a job of one rank: collectives copy, windows are
+// plain process memory, and Init fails if a launcher started more than one
+// process, so that a binary built without the tag never runs as N copies of
+// rank 0.
+//
+// # What comes from empi and what is ours
+//
+// Initialisation, finalisation and the world rank and size come from
+// github.com/emer/empi/v2/mpi (Init requests MPI_THREAD_MULTIPLE through
+// empi's InitThreadSafe). empi keeps its MPI_Comm unexported and has no
+// alltoall(v), no split by node and no windows, so every operation on a
+// communicator (split, barrier, broadcast, allgather, alltoall(v), allreduce,
+// windows) is a small cgo call of this package against the same MPI library.
+//
+// # Threads
+//
+// Go moves goroutines between OS threads, so the package asks MPI for
+// MPI_THREAD_MULTIPLE, and any goroutine may call it. If the MPI library
+// provides less, Init locks the calling goroutine to its OS thread and
+// ThreadLevel reports the level provided: the program must then make every
+// MPI call from that goroutine.
+//
+// # Errors and timeouts
+//
+// MPI errors are returned (MPI_ERRORS_RETURN is set on every communicator and
+// window) as *Error, naming the MPI call. Bad arguments (a negative rank,
+// mismatched alltoallv lengths) are caught before MPI is called and named in
+// the error. A communicator with a non-zero Timeout runs collectives as
+// non-blocking MPI calls polled until the deadline, and a peer that never
+// arrives yields a *TimeoutError instead of a hang; the communicator is then
+// unusable. With Timeout zero, collectives block inside MPI as in a plain MPI
+// program.
+//
+// # Topology
+//
+// Topology groups the ranks of a communicator into nodes: ranks that share
+// memory (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED) and, under Slurm, run
+// on the same Slurm node. The environment variable GOEP_RANKS_PER_NODE=N
+// splits each node further into simulated nodes of N ranks, so that
+// hierarchical (multi-node) code paths can run on one machine.
+//
+// # Launch
+//
+// Init reads the launcher's environment (mpirun, srun, a PMI/PMIx launcher).
+// A process started with no launcher is refused unless GOEP_ALLOW_SINGLETON=1,
+// and a launcher that started N processes which MPI sees as N separate jobs of
+// one rank (srun without --mpi=pmix, say) is reported as such.
+package mpi
