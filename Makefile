@@ -13,7 +13,7 @@ MPI_TEST_SIM  ?= 4/2,8/4
 
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps build run hello test test-unit test-mpi lint clean
+.PHONY: all deps build run hello test test-unit test-mpi test-slurm lint clean
 
 all: build
 
@@ -49,6 +49,10 @@ test-unit: deps
 
 test-mpi: deps
 	$(GO) run ./internal/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
+
+## test-slurm: mpi-hello under a real 2-node Slurm cluster on this machine (srun, sbatch+mpirun); root.
+test-slurm:
+	GO=$(GO) scripts/slurm/test-slurm.sh
 
 clean:
 	rm -rf bin out

@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# cluster.sh: a throw-away Slurm cluster on this machine, for tests. Run as root.
+#
+#   scripts/slurm/cluster.sh start [N]   start munge, slurmctld and N slurmd daemons: "nodes"
+#                                        n1..nN, all on localhost (default N=2); wait until every
+#                                        node is idle. Installs Slurm and munge first if missing
+#                                        (scripts/install-deps.sh --slurm). A cluster already
+#                                        running is stopped first, so start always begins afresh.
+#   scripts/slurm/cluster.sh stop        cancel every job and stop every daemon this script
+#                                        started. Idempotent; also cleans up after a failed start.
+#   scripts/slurm/cluster.sh status      the daemons, the controller and sinfo; exit 0 when the
+#                                        controller answers, 3 when nothing runs.
+#   scripts/slurm/cluster.sh env         print the export line the Slurm clients need when the
+#                                        config is not in /etc/slurm (eval "$(cluster.sh env)").
+#
+# Environment (the defaults suit a throw-away test machine or container):
+#   GOEP_SLURM_NODES=2             N when start is given no argument
+#   GOEP_SLURM_CPUS=4              CPUs declared per node; may exceed the real cores, so a 2-core
+#                                  machine runs 4-8 tasks (SlurmdParameters=config_overrides)
+#   GOEP_SLURM_CONF_DIR=/etc/slurm where slurm.conf is written. /etc/slurm is where srun, sbatch,
+#                                  sinfo look with no SLURM_CONF, so the default is for a test
+#                                  machine only; a slurm.conf there that this script did not write
+#                                  is never overwritten. Elsewhere, export SLURM_CONF (see env).
+#   GOEP_SLURM_STATE_DIR=/tmp/goep-slurm
+#                                  everything else: spool, logs (log/), pid files (run/), the task
+#                                  prolog, and each node's TmpFS (tmp/n1..tmp/nN)
+#   GOEP_SLURM_CTLD_PORT=6817      slurmctld's port
+#   GOEP_SLURM_PORT_BASE=17000     slurmd of node ni listens on GOEP_SLURM_PORT_BASE+i
+#   GOEP_SLURM_WAIT=30             seconds start waits for every node to be idle; on time-out
+#                                  it prints the daemons' log tails, stops everything and fails
+#
+# Simulated nodes on one host need (and get): a spool directory, a pid file and a port per slurmd;
+# TmpFS per node; and a task prolog that gives Open MPI's shared-memory transport (btl vader) a
+# per-node backing directory, else ranks of two "nodes" with the same local rank collide on one
+# segment file name. MpiDefault=pmix: Debian's Open MPI only starts under srun through PMIx.
+# munge is started as user munge when it is not already running, and stopped only if started here.
+set -euo pipefail
+
+CONF_DIR=${GOEP_SLURM_CONF_DIR:-/etc/slurm}
+STATE=${GOEP_SLURM_STATE_DIR:-/tmp/goep-slurm}
+CPUS=${GOEP_SLURM_CPUS:-4}
+CTLD_PORT=${GOEP_SLURM_CTLD_PORT:-6817}
+PORT_BASE=${GOEP_SLURM_PORT_BASE:-17000}
+WAIT=${GOEP_SLURM_WAIT:-30}
+CONF=$CONF_DIR/slurm.conf
+MARK="# written by goep scripts/slurm/cluster.sh"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+export SLURM_CONF=$CONF
+
+say() { echo "cluster.sh: $*" >&2; }
+
+# pids_alive lists "name pid" for each pid file in $STATE/run whose process still runs the
+# program it names (a recycled pid is ignored).
+pids_alive() {
+  local f name pid
+  for f in "$STATE"/run/*.pid; do
+    [ -f "$f" ] || continue
+    name=$(basename "$f" .pid)
+    pid=$(cat "$f" 2>/dev/null || true)
+    [[ "$pid" =~ ^[0-9]+$ ]] || continue
+    # the program name: slurmctld, slurmd (for slurmd-nI)
+    if [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = "${name%%-*}" ]; then
+      echo "$name $pid"
+    fi
+  done
+}
+
+# ours reports whether $CONF is absent or was written by this script.
+ours() { [ ! -e "$CONF" ] || [[ "$(head -n 1 "$CONF")" == "$MARK"* ]]; }
+
+# logs prints the tail of each daemon's log file, or of its standard error if the log is empty
+# (a daemon that fails before it opens its log, on a bad slurm.conf say, tells only there).
+logs() {
+  local f
+  for f in "$STATE"/log/*.out; do
+    [ -s "${f%.out}.log" ] && f=${f%.out}.log
+    [ -s "$f" ] || continue
+    echo "---- tail of $f" >&2
+    tail -n 25 "$f" >&2
+  done
+}
+
+stop() {
+  local alive name pid
+  # Jobs first, so that no slurmstepd outlives its slurmd.
+  if [ -n "$(pids_alive | grep '^slurmctld ' || true)" ]; then
+    local jobs
+    jobs=$(timeout 5 squeue -h -o %i 2>/dev/null || true)
+    # shellcheck disable=SC2086
+    [ -z "$jobs" ] || timeout 10 scancel $jobs >/dev/null 2>&1 || true
+    for _ in $(seq 50); do
+      [ -z "$(timeout 5 squeue -h -o %i 2>/dev/null || true)" ] && break
+      sleep 0.2
+    done
+  fi
+  pids_alive | while read -r name pid; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in $(seq 100); do   # up to 10 s, then SIGKILL
+    alive=$(pids_alive)
+    [ -z "$alive" ] && break
+    sleep 0.1
+  done
+  alive=$(pids_alive)
+  if [ -n "$alive" ]; then
+    say "still running after SIGTERM, killing: $(echo $alive)"
+    echo "$alive" | while read -r name pid; do kill -KILL "$pid" 2>/dev/null || true; done
+    sleep 0.2
+  fi
+  rm -f "$STATE"/run/slurm*.pid
+  if [ -f "$STATE/run/munge.ours" ]; then
+    munged --stop >/dev/null 2>&1 || true
+    rm -f "$STATE/run/munge.ours"
+  fi
+}
+
+start() {
+  local nn=${1:-${GOEP_SLURM_NODES:-2}} i pid
+  [[ "$nn" =~ ^[1-9][0-9]*$ ]] || { say "N must be a positive number of nodes, not '$nn'"; exit 2; }
+  [[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || { say "GOEP_SLURM_CPUS must be a positive number, not '$CPUS'"; exit 2; }
+  [ "$(id -u)" = 0 ] || { say "run as root (it starts Slurm and munge daemons)"; exit 1; }
+  ours || { say "$CONF exists and was not written by this script: set GOEP_SLURM_CONF_DIR"; exit 1; }
+  "$ROOT/scripts/install-deps.sh" --slurm
+  stop   # leftovers of an earlier run
+
+  # munge: Slurm authenticates every message through it; the daemon runs as user munge.
+  if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+    [ -s /etc/munge/munge.key ] || runuser -u munge -- mungekey --create
+    install -d -o munge -g munge -m 0755 /run/munge
+    mkdir -p "$STATE/run"
+    runuser -u munge -- munged   # forks; pid in /run/munge/munged.pid
+    touch "$STATE/run/munge.ours"
+    munge -n | unmunge >/dev/null
+  fi
+
+  rm -rf "$STATE/spool" "$STATE/tmp"
+  mkdir -p "$CONF_DIR" "$STATE"/{run,log,spool/ctld}
+  rm -f "$STATE"/log/*
+  for i in $(seq "$nn"); do
+    mkdir -p "$STATE/spool/n$i"
+    install -d -m 1777 "$STATE/tmp/n$i"
+  done
+  # TaskProlog: lines "export NAME=value" on its stdout enter the task's environment. Not for
+  # the batch script (no SLURM_STEP_ID): mpirun there would pass its OMPI_MCA_* variables on to
+  # the ranks of every node, overriding their own (node n1's directory on n2 made both nodes'
+  # segments collide, and MPI_Comm_split_type crashed in Open MPI 4.1.4).
+  cat > "$STATE/taskprolog.sh" <<EOF
+#!/bin/sh
+[ -n "\$SLURM_STEP_ID" ] || exit 0
+echo "export OMPI_MCA_btl_vader_backing_directory=$STATE/tmp/\$SLURMD_NODENAME"
+EOF
+  chmod 755 "$STATE/taskprolog.sh"
+  cat > "$CONF.tmp" <<EOF
+$MARK: a throw-away test cluster of $nn node(s) on localhost
+ClusterName=goep
+SlurmctldHost=localhost
+SlurmctldPort=$CTLD_PORT
+AuthType=auth/munge
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$STATE/spool/ctld
+SlurmdSpoolDir=$STATE/spool/%n
+SlurmctldPidFile=$STATE/run/slurmctld.pid
+SlurmdPidFile=$STATE/run/slurmd-%n.pid
+SlurmctldLogFile=$STATE/log/slurmctld.log
+SlurmdLogFile=$STATE/log/slurmd-%n.log
+TmpFS=$STATE/tmp/%n
+TaskProlog=$STATE/taskprolog.sh
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+MpiDefault=pmix
+ReturnToService=2
+MailProg=/bin/true
+NodeName=n[1-$nn] NodeHostname=localhost Port=[$((PORT_BASE + 1))-$((PORT_BASE + nn))] CPUs=$CPUS RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+  mv "$CONF.tmp" "$CONF"
+
+  # Foreground daemons in their own sessions: the pid is known at once, even if a daemon dies
+  # before it writes its pid file, and stop can always find it.
+  setsid slurmctld -D -c -f "$CONF" </dev/null >>"$STATE/log/slurmctld.out" 2>&1 &
+  echo $! > "$STATE/run/slurmctld.pid"
+  for i in $(seq "$nn"); do
+    setsid slurmd -D -N "n$i" -f "$CONF" </dev/null >>"$STATE/log/slurmd-n$i.out" 2>&1 &
+    echo $! > "$STATE/run/slurmd-n$i.pid"
+  done
+
+  local deadline=$((SECONDS + WAIT)) idle=""
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    if timeout 5 scontrol ping >/dev/null 2>&1; then
+      idle=$(timeout 5 sinfo -h -t idle -o %D 2>/dev/null || true)
+      [ "$idle" = "$nn" ] && break
+    fi
+    sleep 0.2
+  done
+  if [ "$idle" != "$nn" ]; then
+    say "not all $nn node(s) idle after ${WAIT}s (idle: ${idle:-none})"
+    timeout 5 sinfo -N -l >&2 2>&1 || true
+    logs
+    stop
+    exit 1
+  fi
+  say "up: $nn node(s) n1..n$nn on localhost, $CPUS CPUs each; config $CONF, state $STATE"
+  timeout 5 sinfo >&2 || true
+}
+
+status() {
+  local alive
+  alive=$(pids_alive)
+  if [ -z "$alive" ]; then
+    echo "cluster.sh: no daemons running (state $STATE)"
+    return 3
+  fi
+  echo "$alive" | sed 's/^/running: /'
+  timeout 5 scontrol ping && timeout 5 sinfo
+}
+
+case "${1:-}" in
+  start) start "${2:-}" ;;
+  stop) stop ;;
+  status) status ;;
+  env) echo "export SLURM_CONF=$CONF" ;;
+  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
+esac
