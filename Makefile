@@ -7,9 +7,9 @@ MPIRUN  ?= mpirun
 # More ranks than cores, and root (containers, CI), are normal here.
 MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-as-root)
 # Packages whose tests also run under mpirun (1, 2, 4, 8 ranks and simulated nodes).
-MPI_TEST_PKGS ?= ./mpi
+MPI_TEST_PKGS ?= ./mpi ./ep
 MPI_TEST_NP   ?= 1,2,4,8
-MPI_TEST_SIM  ?= 4/2,8/4
+MPI_TEST_SIM  ?= 4/2,8/4,8/2
 
 export GOEP_REQUIRE_TOOLS = 1
 

@@ -1,0 +1,94 @@
+package ep
+
+import (
+	"fmt"
+	"time"
+)
+
+// Mode selects the algorithm of a Group. Its zero value is invalid, so that a
+// Config must choose.
+type Mode int
+
+// Modes.
+const (
+	LowLatency     Mode = iota + 1 // expert-major buffers, direct writes, double buffering
+	HighThroughput                 // rank-grouped rows, once per rank, hierarchical across nodes
+)
+
+func (m Mode) String() string {
+	switch m {
+	case LowLatency:
+		return "ll"
+	case HighThroughput:
+		return "ht"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ParseMode reads "ll" or "ht".
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "ll", "LL", "low-latency":
+		return LowLatency, nil
+	case "ht", "HT", "high-throughput":
+		return HighThroughput, nil
+	}
+	return 0, fmt.Errorf("ep: unknown mode %q (want ll or ht)", s)
+}
+
+// DefaultTimeout is the wait limit of a Config with Timeout zero.
+const DefaultTimeout = 60 * time.Second
+
+// MaxTopK bounds Config.TopK.
+const MaxTopK = 64
+
+// Config describes a Group. Every rank must pass the same Config (and the
+// same element type); NewGroup checks.
+type Config struct {
+	Mode             Mode
+	NumExperts       int // a multiple of the number of ranks
+	MaxTokensPerRank int // most tokens one rank dispatches in one call
+	Hidden           int // elements per token row
+	TopK             int // experts per token, 1..min(NumExperts, MaxTopK)
+	// MaxRecvTokensPerRank bounds the rows one rank can receive in an HT
+	// dispatch; 0 means the worst case, Size*MaxTokensPerRank. It sizes the
+	// HT buffers; a dispatch that would exceed it fails on every rank.
+	MaxRecvTokensPerRank int
+	// Timeout bounds every wait for a peer; 0 means DefaultTimeout.
+	Timeout time.Duration
+}
+
+// validate checks the config for a communicator of size ranks.
+func (c Config) validate(size int) error {
+	bad := func(format string, a ...any) error { return fmt.Errorf("ep: invalid Config: "+format, a...) }
+	switch {
+	case c.Mode != LowLatency && c.Mode != HighThroughput:
+		return bad("Mode %v: choose ep.LowLatency or ep.HighThroughput", c.Mode)
+	case c.NumExperts <= 0:
+		return bad("NumExperts = %d, want > 0", c.NumExperts)
+	case c.NumExperts%size != 0:
+		return bad("NumExperts = %d is not a multiple of the %d ranks", c.NumExperts, size)
+	case c.MaxTokensPerRank <= 0:
+		return bad("MaxTokensPerRank = %d, want > 0", c.MaxTokensPerRank)
+	case c.Hidden <= 0:
+		return bad("Hidden = %d, want > 0", c.Hidden)
+	case c.TopK <= 0 || c.TopK > c.NumExperts || c.TopK > MaxTopK:
+		return bad("TopK = %d, want 1..%d (NumExperts = %d)", c.TopK, min(c.NumExperts, MaxTopK), c.NumExperts)
+	case c.MaxRecvTokensPerRank < 0:
+		return bad("MaxRecvTokensPerRank = %d is negative", c.MaxRecvTokensPerRank)
+	case c.Timeout < 0:
+		return bad("Timeout = %v is negative", c.Timeout)
+	case int64(c.MaxTokensPerRank)*int64(size) > 1<<31-1:
+		return bad("MaxTokensPerRank*ranks = %d*%d overflows the 32-bit row indices", c.MaxTokensPerRank, size)
+	}
+	return nil
+}
+
+// fingerprint encodes everything that must agree across ranks.
+func (c Config) fingerprint(dtype int) []int64 {
+	return []int64{int64(c.Mode), int64(c.NumExperts), int64(c.MaxTokensPerRank), int64(c.Hidden),
+		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(dtype)}
+}
+
+var fingerprintFields = []string{"Mode", "NumExperts", "MaxTokensPerRank", "Hidden", "TopK",
+	"MaxRecvTokensPerRank", "Timeout", "element type"}

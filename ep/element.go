@@ -1,0 +1,68 @@
+package ep
+
+/*
+#cgo CFLAGS: -O3 -std=gnu11
+#include "kernels.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// BF16 is a bfloat16 number: the top 16 bits of a float32.
+type BF16 uint16
+
+// Element is the element types a Group moves.
+type Element interface{ float32 | BF16 }
+
+// BF16From rounds f to the nearest bfloat16, ties to even.
+func BF16From(f float32) BF16 {
+	u := math.Float32bits(f)
+	if u&0x7fffffff > 0x7f800000 {
+		return BF16(u>>16 | 0x40)
+	}
+	u += 0x7fff + (u>>16)&1
+	return BF16(u >> 16)
+}
+
+// Float32 widens b exactly.
+func (b BF16) Float32() float32 { return math.Float32frombits(uint32(b) << 16) }
+
+// ToBF16 rounds src into dst (same length), in one C call.
+func ToBF16(dst []BF16, src []float32) error {
+	if len(dst) != len(src) {
+		return fmt.Errorf("ep: ToBF16: len(dst) = %d != len(src) = %d", len(dst), len(src))
+	}
+	if len(src) > 0 {
+		C.ep_f32_to_bf16((*C.uint16_t)(unsafe.Pointer(&dst[0])), (*C.float)(unsafe.Pointer(&src[0])), C.int64_t(len(src)))
+	}
+	return nil
+}
+
+// FromBF16 widens src into dst (same length), in one C call.
+func FromBF16(dst []float32, src []BF16) error {
+	if len(dst) != len(src) {
+		return fmt.Errorf("ep: FromBF16: len(dst) = %d != len(src) = %d", len(dst), len(src))
+	}
+	if len(src) > 0 {
+		C.ep_bf16_to_f32((*C.float)(unsafe.Pointer(&dst[0])), (*C.uint16_t)(unsafe.Pointer(&src[0])), C.int64_t(len(src)))
+	}
+	return nil
+}
+
+// dtypeOf is the kernels' code for E, and its name.
+func dtypeOf[E Element]() (int, string) {
+	var z E
+	if _, ok := any(z).(float32); ok {
+		return C.EP_F32, "float32"
+	}
+	return C.EP_BF16, "bfloat16"
+}
+
+func sizeOf[E Element]() int {
+	var z E
+	return int(unsafe.Sizeof(z))
+}

@@ -1,0 +1,34 @@
+// C kernels of package ep. Each call does a whole batch; none keeps a
+// pointer it was given after it returns.
+#ifndef GOEP_EP_KERNELS_H
+#define GOEP_EP_KERNELS_H
+#include <stdint.h>
+
+enum { EP_F32 = 0, EP_BF16 = 1 };
+
+// layout.c
+int64_t ep_layout(const int32_t *topk, int64_t T, int K, int E, int L, int R,
+                  const int32_t *node_of, int nodes,
+                  int32_t *per_expert, int32_t *per_rank, int32_t *per_node,
+                  int32_t *pair_ord, int32_t *tok_rank_ord, int32_t *tok_node_ord, int *bad_kind);
+void ep_ht_meta(int32_t *tok_out, int32_t *topk_out, float *w_out, const int32_t *rows, int64_t n,
+                const int32_t *src_tok, const int32_t *src_topk, const float *src_w, int K, int L, int d);
+void ep_count_local(const int32_t *topk_local, int64_t n, int K, int L, int32_t *counts);
+
+// rows.c
+void ep_copy_rows(void *const *dst, const void *const *src, const int64_t *lens, int64_t n, int64_t row_bytes);
+void ep_reduce_rows(void *out, int out_dtype, const void *const *src, const float *w, const int32_t *start,
+                    int64_t n, int64_t hidden, int dtype, float *acc);
+void ep_gather_values(float *out, const float *const *src, int64_t n);
+void ep_sum_values(float *out, const float *const *src, const int32_t *start, int64_t n, int K);
+
+// convert.c
+void ep_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
+void ep_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
+
+// sync.c
+void ep_signal(uint64_t *const *flags, int n, uint64_t value);
+int ep_wait_all(const uint64_t *const *flags, int n, uint64_t target, int64_t timeout_ns, int *missing);
+uint64_t ep_load(const uint64_t *flag);
+void ep_fence(void);
+#endif

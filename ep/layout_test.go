@@ -1,0 +1,132 @@
+package ep
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// referenceRouting is the layout computed the obvious way, to check the C
+// kernel against.
+func referenceRouting(sh shape, topk []int32, T int) (*routing, string) {
+	r := &routing{T: T, perExpert: make([]int32, sh.E), perRank: make([]int32, sh.R), perNode: make([]int32, sh.nodes),
+		pairOrd: make([]int32, T*sh.K), tokRankOrd: make([]int32, T*sh.R), tokNodeOrd: make([]int32, T*sh.nodes)}
+	for i := range r.tokRankOrd {
+		r.tokRankOrd[i] = -1
+	}
+	for i := range r.tokNodeOrd {
+		r.tokNodeOrd[i] = -1
+	}
+	for t := 0; t < T; t++ {
+		for k := 0; k < sh.K; k++ {
+			e := topk[t*sh.K+k]
+			if e < -1 || int(e) >= sh.E {
+				return nil, "out of range"
+			}
+			if e >= 0 && slices.Contains(topk[t*sh.K:t*sh.K+k], e) {
+				return nil, "twice"
+			}
+		}
+		for k := 0; k < sh.K; k++ {
+			e := topk[t*sh.K+k]
+			if e < 0 {
+				r.pairOrd[t*sh.K+k] = -1
+				continue
+			}
+			r.pairOrd[t*sh.K+k] = r.perExpert[e]
+			r.perExpert[e]++
+		}
+		for rank := 0; rank < sh.R; rank++ {
+			for k := 0; k < sh.K; k++ {
+				if e := topk[t*sh.K+k]; e >= 0 && int(e)/sh.L == rank {
+					r.tokRankOrd[t*sh.R+rank] = r.perRank[rank]
+					r.perRank[rank]++
+					break
+				}
+			}
+		}
+		for n := 0; n < sh.nodes; n++ {
+			for k := 0; k < sh.K; k++ {
+				if e := topk[t*sh.K+k]; e >= 0 && int(sh.nodeOf[int(e)/sh.L]) == n {
+					r.tokNodeOrd[t*sh.nodes+n] = r.perNode[n]
+					r.perNode[n]++
+					break
+				}
+			}
+		}
+	}
+	return r, ""
+}
+
+// layoutCase builds a shape and top-k ids from raw numbers.
+func layoutCase(ids []int32, k, ranks, local, perNode uint8) (shape, []int32, int) {
+	K, R, L := 1+int(k%6), 1+int(ranks%6), 1+int(local%4)
+	P := 1 + int(perNode)%R
+	sh := shape{E: R * L, L: L, R: R, K: K, nodeOf: make([]int32, R), nodes: (R + P - 1) / P}
+	for r := range sh.nodeOf {
+		sh.nodeOf[r] = int32(r / P)
+	}
+	T := len(ids) / K
+	return sh, ids[:T*K], T
+}
+
+func checkLayoutCase(t *testing.T, sh shape, topk []int32, T int) {
+	got, err := computeRouting("test", sh, topk, T)
+	want, wantErr := referenceRouting(sh, topk, T)
+	if wantErr != "" {
+		require.Error(t, err, "%v: %v", sh, topk)
+		require.Contains(t, err.Error(), wantErr)
+		return
+	}
+	require.NoError(t, err, "%v: %v", sh, topk)
+	require.Equal(t, want, got, "%v: %v", sh, topk)
+}
+
+// A property test over many random cases, valid and not.
+func TestLayoutKernelAgainstReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for i := 0; i < 3000; i++ {
+		k, r, l, p := uint8(rng.IntN(256)), uint8(rng.IntN(256)), uint8(rng.IntN(256)), uint8(rng.IntN(256))
+		sh, _, _ := layoutCase(make([]int32, 6), k, r, l, p)
+		n := rng.IntN(40) * sh.K
+		ids := make([]int32, n)
+		for j := range ids {
+			switch {
+			case i%10 == 0: // sometimes invalid
+				ids[j] = int32(rng.IntN(sh.E+4) - 2)
+			case rng.IntN(5) == 0:
+				ids[j] = -1
+			default:
+				ids[j] = int32(rng.IntN(sh.E))
+			}
+		}
+		if i%10 != 0 { // mostly valid: make ids distinct within each token
+			for tok := 0; tok < n/sh.K; tok++ {
+				perm := rng.Perm(sh.E)
+				for kk := 0; kk < sh.K && kk < sh.E; kk++ {
+					if ids[tok*sh.K+kk] >= 0 {
+						ids[tok*sh.K+kk] = int32(perm[kk])
+					}
+				}
+			}
+		}
+		sh, topk, T := layoutCase(ids, k, r, l, p)
+		t.Run(strconv.Itoa(i), func(t *testing.T) { checkLayoutCase(t, sh, topk, T) })
+	}
+}
+
+func FuzzLayout(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 255, 1}, uint8(2), uint8(3), uint8(2), uint8(1))
+	f.Add([]byte{7, 7, 1, 2}, uint8(1), uint8(1), uint8(3), uint8(0))
+	f.Fuzz(func(t *testing.T, raw []byte, k, ranks, local, perNode uint8) {
+		ids := make([]int32, len(raw))
+		for i, b := range raw {
+			ids[i] = int32(b%32) - 2 // -2 .. 29: covers invalid ids too
+		}
+		sh, topk, T := layoutCase(ids, k, ranks, local, perNode)
+		checkLayoutCase(t, sh, topk, T)
+	})
+}

@@ -1,0 +1,87 @@
+package ep_test
+
+import (
+	"strconv"
+
+	"github.com/goep/goep/ep"
+)
+
+// The reference: what rank `me` must receive, computed by brute force from
+// every rank's input, with no knowledge of the implementation.
+
+// row identifies a received row by its origin.
+type row struct {
+	src, tok, slot int
+	weight        float32
+}
+
+// llExpected lists, per local expert of rank me, the (token, slot) pairs it
+// receives: by source rank, then token.
+func llExpected(sc scenario, ins []input, me, ranks int) [][]row {
+	L := sc.experts / ranks
+	out := make([][]row, L)
+	for l := 0; l < L; l++ {
+		e := int32(me*L + l)
+		for s, in := range ins {
+			for t := 0; t < in.T; t++ {
+				for k := 0; k < sc.topk; k++ {
+					if in.topk[t*sc.topk+k] == e {
+						out[l] = append(out[l], row{src: s, tok: t, slot: k, weight: in.weights[t*sc.topk+k]})
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// htExpected lists the tokens rank me receives: by source rank, then token.
+func htExpected(sc scenario, ins []input, me, ranks int) []row {
+	L := sc.experts / ranks
+	var out []row
+	for s, in := range ins {
+		for t := 0; t < in.T; t++ {
+			for k := 0; k < sc.topk; k++ {
+				if e := in.topk[t*sc.topk+k]; e >= 0 && int(e)/L == me {
+					out = append(out, row{src: s, tok: t})
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// ranksHit is the number of distinct ranks token t's experts live on.
+func ranksHit(sc scenario, in input, t, ranks int) int {
+	L := sc.experts / ranks
+	seen := map[int]bool{}
+	for k := 0; k < sc.topk; k++ {
+		if e := in.topk[t*sc.topk+k]; e >= 0 {
+			seen[int(e)/L] = true
+		}
+	}
+	return len(seen)
+}
+
+// weightSum is the sum of token t's unmasked weights, in slot order.
+func weightSum(sc scenario, in input, t int) float32 {
+	var s float32
+	for k := 0; k < sc.topk; k++ {
+		if in.topk[t*sc.topk+k] >= 0 {
+			s += in.weights[t*sc.topk+k]
+		}
+	}
+	return s
+}
+
+// scaled is x(r, t) times f, rounded once to E.
+func scaled[E ep.Element](r, t, H int, f float32) []E {
+	out := make([]E, H)
+	for c := range out {
+		out[c] = fromF32[E](value(r, t, c) * f)
+	}
+	return out
+}
+
+func fmtInt(i int) string { return strconv.Itoa(i) }
