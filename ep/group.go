@@ -45,10 +45,48 @@ type Group[E Element] struct {
 	broken      error
 	closed      bool
 	acc         []float32 // scratch row for reductions
+	partials    []E       // HT rail duty: this node's sums of forwarded tokens, put back home
+	sc          scratch
 }
 
 // ptr is a pointer into window memory.
 type ptr = unsafe.Pointer
+
+// scratch holds tables reused from call to call, so that calls in a steady
+// state do not allocate in proportion to the tokens: each use truncates a
+// slice and appends. Nothing in it outlives one phase of one call, and a
+// table that held pointers into caller (Go) memory is cleared right after its
+// cgo call: cgo checks a table's whole backing array, and those pointers are
+// pinned only for that call.
+type scratch struct {
+	dst, src, vals  []ptr
+	lens            []int64
+	w               []float32
+	start           []int32
+	blocks, blocks2 []mpi.Block
+	meta            []byte
+	lists           [][]int32 // one list per rank
+}
+
+// listsFor returns n empty per-rank lists, keeping their storage.
+func (s *scratch) listsFor(n int) [][]int32 {
+	for len(s.lists) < n {
+		s.lists = append(s.lists, nil)
+	}
+	for i := range s.lists {
+		s.lists[i] = s.lists[i][:0]
+	}
+	return s.lists[:n]
+}
+
+// metaBytes returns the metadata buffer with length n.
+func (s *scratch) metaBytes(n int) []byte {
+	if cap(s.meta) < n {
+		s.meta = make([]byte, n)
+	}
+	s.meta = s.meta[:n]
+	return s.meta
+}
 
 // flagSlot is the stride of flags: one cache line each.
 const flagSlot = 64
@@ -507,4 +545,12 @@ func (g *Group[E]) gatherCounts(op string, b int, q uint64, all []int32, lo, hi 
 		}
 	}
 	return nil
+}
+
+// growTo returns s with length n, reallocating only when it is too small.
+func growTo[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
 }

@@ -87,8 +87,8 @@ func (g *Group[E]) htSend(op string, h *Handle[E], x []E, cached bool) error {
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	xp := pinned(&pin, x)
-	var dst, src []ptr
-	rows := make([][]int32, R) // tokens going to each rank of this node, in order
+	dst, src := g.sc.dst[:0], g.sc.src[:0]
+	rows := g.sc.listsFor(R) // tokens going to each rank of this node, in order
 	for t := 0; t < h.T; t++ {
 		for _, d := range g.nodeRanks {
 			if o := h.rt.tokRankOrd[t*R+d]; o >= 0 {
@@ -98,7 +98,9 @@ func (g *Group[E]) htSend(op string, h *Handle[E], x []E, cached bool) error {
 			}
 		}
 	}
+	g.sc.dst, g.sc.src = dst, src
 	copyRows(dst, src, rowBytes)
+	clear(src) // it pointed into x, pinned only for this call: cgo rejects stale Go pointers
 	for _, d := range g.nodeRanks {
 		g.htMeta(d, h.sendOff[d], rows[d], nil, h.topk, h.weights)
 	}
@@ -110,38 +112,45 @@ func (g *Group[E]) htSend(op string, h *Handle[E], x []E, cached bool) error {
 	if g.rma == nil {
 		return nil
 	}
-	// Once per other node, to the rail peer there.
-	var blocks, metaBlocks []mpi.Block
-	var meta []byte
+	// Once per other node, to the rail peer there: the rows, then their
+	// tokens, top-k ids and weights packed in one buffer.
 	var rails []int
+	total := 0
 	for n := 0; n < nodes; n++ {
-		if n == g.myNode {
+		if n != g.myNode {
+			rails = append(rails, g.rail[n])
+			total += int(h.rt.perNode[n])
+		}
+	}
+	meta := g.sc.metaBytes(4 * total * (1 + 2*K))
+	tok := view[int32](ptr(unsafe.SliceData(meta)), total)
+	ids := view[int32](unsafe.Add(ptr(unsafe.SliceData(meta)), 4*total), total*K)
+	wts := view[float32](unsafe.Add(ptr(unsafe.SliceData(meta)), 4*total*(1+K)), total*K)
+	blocks, metaBlocks := g.sc.blocks[:0], g.sc.blocks2[:0]
+	first := 0 // this node's first packed row
+	for n := 0; n < nodes; n++ {
+		if n == g.myNode || h.rt.perNode[n] == 0 {
 			continue
 		}
-		r := g.rail[n]
-		rails = append(rails, r)
-		var tok, topk []int32
-		var w []float32
+		r, cnt := g.rail[n], int(h.rt.perNode[n])
 		for t := 0; t < h.T; t++ {
-			o := h.rt.tokNodeOrd[t*nodes+n]
+			o := int(h.rt.tokNodeOrd[t*nodes+n])
 			if o < 0 {
 				continue
 			}
 			blocks = append(blocks, mpi.Block{SrcOffset: t * rowBytes, Len: rowBytes, Target: r,
-				DstOffset: g.rl.htStage + (g.myNode*M+int(o))*rowBytes})
-			tok = append(tok, int32(t))
-			topk = append(topk, h.topk[t*K:(t+1)*K]...)
-			w = append(w, h.weights[t*K:(t+1)*K]...)
-		}
-		if len(tok) == 0 {
-			continue
+				DstOffset: g.rl.htStage + (g.myNode*M+o)*rowBytes})
+			tok[first+o] = int32(t)
+			copy(ids[(first+o)*K:], h.topk[t*K:(t+1)*K])
+			copy(wts[(first+o)*K:], h.weights[t*K:(t+1)*K])
 		}
 		metaBlocks = append(metaBlocks,
-			mpi.Block{SrcOffset: len(meta), Len: 4 * len(tok), Target: r, DstOffset: g.rl.htTok + 4*g.myNode*M},
-			mpi.Block{SrcOffset: len(meta) + 4*len(tok), Len: 4 * len(topk), Target: r, DstOffset: g.rl.htTopk + 4*g.myNode*M*K},
-			mpi.Block{SrcOffset: len(meta) + 4*len(tok) + 4*len(topk), Len: 4 * len(w), Target: r, DstOffset: g.rl.htW + 4*g.myNode*M*K})
-		meta = append(append(append(meta, bytesOf(tok)...), bytesOf(topk)...), bytesOf(w)...)
+			mpi.Block{SrcOffset: 4 * first, Len: 4 * cnt, Target: r, DstOffset: g.rl.htTok + 4*g.myNode*M},
+			mpi.Block{SrcOffset: 4 * (total + first*K), Len: 4 * cnt * K, Target: r, DstOffset: g.rl.htTopk + 4*g.myNode*M*K},
+			mpi.Block{SrcOffset: 4 * (total*(1+K) + first*K), Len: 4 * cnt * K, Target: r, DstOffset: g.rl.htW + 4*g.myNode*M*K})
+		first += cnt
 	}
+	g.sc.blocks, g.sc.blocks2 = blocks, metaBlocks
 	if err := g.rma.PutBlocks(bytesOf(x), blocks); err != nil {
 		return g.fail(err)
 	}
@@ -188,8 +197,8 @@ func (g *Group[E]) htWait(op string, h *Handle[E], cached bool) error {
 				h.fwd[a] = g.planForward(h, s, topk, n)
 			}
 			p := h.fwd[a]
-			var dst, src []ptr
-			perDst := make([][]int32, R)
+			dst, src := g.sc.dst[:0], g.sc.src[:0]
+			perDst := g.sc.listsFor(R)
 			for j := 0; j < n; j++ {
 				for i := p.start[j]; i < p.start[j+1]; i++ {
 					d := int(p.dst[i])
@@ -198,6 +207,7 @@ func (g *Group[E]) htWait(op string, h *Handle[E], cached bool) error {
 					perDst[d] = append(perDst[d], int32(j))
 				}
 			}
+			g.sc.dst, g.sc.src = dst, src
 			copyRows(dst, src, rowBytes)
 			flags := make([]ptr, len(g.nodeRanks))
 			for i, d := range g.nodeRanks {
@@ -317,14 +327,17 @@ func (g *Group[E]) htCombineWait(op string, req *CombineRequest[E]) error {
 			if p.rows == 0 {
 				continue
 			}
-			src := make([]ptr, len(p.dst))
-			vals := make([]ptr, len(p.dst))
+			src, vals := growTo(g.sc.src, len(p.dst)), growTo(g.sc.vals, len(p.dst))
+			g.sc.src, g.sc.vals = src, vals
 			for i := range p.dst {
 				d, row := int(p.dst[i]), int(p.row[i])
 				src[i] = g.at(d, area[d]+row*rowBytes)
 				vals[i] = g.at(d, g.sl.htVals+4*row*K)
 			}
-			sums := make([]E, p.rows*H)
+			if len(g.partials) < p.rows*H { // grows once, to the most rows a rail peer sends
+				g.partials = make([]E, g.cfg.MaxTokensPerRank*H)
+			}
+			sums := g.partials[:p.rows*H]
 			reduceRows(unsafe.Pointer(unsafe.SliceData(sums)), g.dtype, src, nil, p.start, p.rows, H, g.dtype, g.acc)
 			blocks := []mpi.Block{{Len: p.rows * rowBytes, Target: p.src, DstOffset: g.rl.htCStage + g.myNode*M*rowBytes}}
 			if err := g.rma.PutBlocks(bytesOf(sums), blocks); err != nil {
@@ -355,9 +368,7 @@ func (g *Group[E]) htCombineWait(op string, req *CombineRequest[E]) error {
 		}
 	}
 	// This rank's tokens: node by node, ranks in local order inside this node.
-	start := make([]int32, h.T+1)
-	src := make([]ptr, 0, h.T)
-	var vals []ptr
+	start, src, vals := growTo(g.sc.start, h.T+1), g.sc.src[:0], g.sc.vals[:0]
 	for t := 0; t < h.T; t++ {
 		start[t] = int32(len(src))
 		for b := 0; b < nodes; b++ {
@@ -376,6 +387,7 @@ func (g *Group[E]) htCombineWait(op string, req *CombineRequest[E]) error {
 		}
 	}
 	start[h.T] = int32(len(src))
+	g.sc.start, g.sc.src, g.sc.vals = start, src, vals
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	reduceRows(pinned(&pin, req.out), g.dtype, src, nil, start, h.T, H, g.dtype, g.acc)

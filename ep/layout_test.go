@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -129,4 +130,27 @@ func FuzzLayout(f *testing.F) {
 		sh, topk, T := layoutCase(ids, k, ranks, local, perNode)
 		checkLayoutCase(t, sh, topk, T)
 	})
+}
+
+// The C conversion against BF16From, over every class of float32.
+func TestBF16ConversionMatchesGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	src := []float32{0, -0, 1, -1, 1.00390625, 1.01171875, 3.4e38, -3.4e38, 1e-40, -1e-40,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+	for i := 0; i < 10000; i++ {
+		src = append(src, math.Float32frombits(rng.Uint32()))
+	}
+	dst := make([]BF16, len(src))
+	require.NoError(t, ToBF16(dst, src))
+	back := make([]float32, len(src))
+	require.NoError(t, FromBF16(back, dst))
+	for i, f := range src {
+		want := BF16From(f)
+		require.Equal(t, want, dst[i], "ToBF16(%v) (bits %#x)", f, math.Float32bits(f))
+		require.Equal(t, math.Float32bits(want.Float32()), math.Float32bits(back[i]), "FromBF16 of %#x", uint16(want))
+		if f == f && !math.IsInf(float64(f), 0) && math.Abs(float64(f)) < 3e38 {
+			require.LessOrEqual(t, math.Abs(float64(back[i]-f)), math.Abs(float64(f))/256+1e-38, "rounding bound for %v", f)
+		}
+	}
+	require.Error(t, ToBF16(dst[:1], src))
 }

@@ -74,10 +74,26 @@ func (g *Group[E]) llSend(op string, h *Handle[E], x []E, cached bool) error {
 			}
 		}
 	}
-	var dst, src []ptr
-	var blocks []mpi.Block
-	stageTok := map[int][]int32{}
-	stageW := map[int][]float32{}
+	dst, src, blocks := g.sc.dst[:0], g.sc.src[:0], g.sc.blocks[:0]
+	// Token and weight of each row staged at another node, packed for one
+	// put per owner: tokens of all owners, then weights, each owner's at base[d].
+	var meta []byte
+	var stageTok []int32
+	var stageW []float32
+	var base []int
+	if g.rma != nil {
+		base = make([]int, R+1)
+		for d := 0; d < R; d++ {
+			base[d+1] = base[d]
+			if !g.local[d] {
+				for e := d * L; e < (d+1)*L; e++ {
+					base[d+1] += int(h.rt.perExpert[e])
+				}
+			}
+		}
+		meta = g.sc.metaBytes(8 * base[R])
+		stageTok, stageW = view[int32](ptr(unsafe.SliceData(meta)), base[R]), view[float32](unsafe.Add(ptr(unsafe.SliceData(meta)), 4*base[R]), base[R])
+	}
 	for t := 0; t < h.T; t++ {
 		for k := 0; k < K; k++ {
 			e := int(h.topk[t*K+k])
@@ -96,14 +112,12 @@ func (g *Group[E]) llSend(op string, h *Handle[E], x []E, cached bool) error {
 			p := int(stagePos[e] + ord)
 			blocks = append(blocks, mpi.Block{SrcOffset: t * rowBytes, Len: rowBytes, Target: d,
 				DstOffset: g.rl.llStage[b] + (me*g.rl.llCap+p)*rowBytes})
-			if stageTok[d] == nil {
-				stageTok[d] = make([]int32, g.rl.llCap)
-				stageW[d] = make([]float32, g.rl.llCap)
-			}
-			stageTok[d][p], stageW[d][p] = int32(t), h.weights[t*K+k]
+			stageTok[base[d]+p], stageW[base[d]+p] = int32(t), h.weights[t*K+k]
 		}
 	}
+	g.sc.dst, g.sc.src, g.sc.blocks = dst, src, blocks
 	copyRows(dst, src, rowBytes)
+	clear(src) // it pointed into x, pinned only for this call: cgo rejects stale Go pointers
 	local := make([]ptr, len(g.nodeRanks))
 	for i, d := range g.nodeRanks {
 		local[i] = g.flag(d, fData(b, me, R))
@@ -115,20 +129,15 @@ func (g *Group[E]) llSend(op string, h *Handle[E], x []E, cached bool) error {
 	if err := g.rma.PutBlocks(bytesOf(x), blocks); err != nil {
 		return g.fail(err)
 	}
-	// Token and weight of each staged row, to every remote owner that gets rows.
-	var meta []byte
-	var metaBlocks []mpi.Block
-	for d, tok := range stageTok {
-		n := 0
-		for e := d * L; e < (d+1)*L; e++ {
-			n += int(h.rt.perExpert[e])
+	metaBlocks := g.sc.blocks2[:0]
+	for d := 0; d < R; d++ {
+		if n := base[d+1] - base[d]; n > 0 {
+			metaBlocks = append(metaBlocks,
+				mpi.Block{SrcOffset: 4 * base[d], Len: 4 * n, Target: d, DstOffset: g.rl.llStageTok[b] + 4*me*g.rl.llCap},
+				mpi.Block{SrcOffset: 4 * (base[R] + base[d]), Len: 4 * n, Target: d, DstOffset: g.rl.llStageW[b] + 4*me*g.rl.llCap})
 		}
-		metaBlocks = append(metaBlocks,
-			mpi.Block{SrcOffset: len(meta), Len: 4 * n, Target: d, DstOffset: g.rl.llStageTok[b] + 4*me*g.rl.llCap},
-			mpi.Block{SrcOffset: len(meta) + 4*n, Len: 4 * n, Target: d, DstOffset: g.rl.llStageW[b] + 4*me*g.rl.llCap})
-		meta = append(meta, bytesOf(tok[:n])...)
-		meta = append(meta, bytesOf(stageW[d][:n])...)
 	}
+	g.sc.blocks2 = metaBlocks
 	if err := g.rma.PutBlocks(meta, metaBlocks); err != nil {
 		return g.fail(err)
 	}
@@ -164,8 +173,7 @@ func (g *Group[E]) llWait(op string, h *Handle[E], cached bool) error {
 		return err
 	}
 	if g.rma != nil { // rows staged by other nodes go to their slots
-		var dst, src []ptr
-		var lens []int64
+		dst, src, lens := g.sc.dst[:0], g.sc.src[:0], g.sc.lens[:0]
 		tok := view[int32](g.at(me, g.sl.llTok[b]), L*span)
 		w := view[float32](g.at(me, g.sl.llW[b]), L*span)
 		for _, s := range g.remoteRanks() {
@@ -187,6 +195,7 @@ func (g *Group[E]) llWait(op string, h *Handle[E], cached bool) error {
 				pos += n
 			}
 		}
+		g.sc.dst, g.sc.src, g.sc.lens = dst, src, lens
 		copyBlocks(dst, src, lens)
 	}
 	h.expertCounts = make([]int, L)
@@ -230,7 +239,7 @@ func (g *Group[E]) llCombineSend(op string, req *CombineRequest[E], y []E) error
 	}
 	// Rows of tokens from other nodes go to their staging windows, placed by
 	// the token rank's own expert order.
-	var blocks, valBlocks []mpi.Block
+	blocks, valBlocks := g.sc.blocks[:0], g.sc.blocks2[:0]
 	remote := g.remoteRanks()
 	for _, s := range remote {
 		var pos int32
@@ -247,6 +256,7 @@ func (g *Group[E]) llCombineSend(op string, req *CombineRequest[E], y []E) error
 			pos += n
 		}
 	}
+	g.sc.blocks, g.sc.blocks2 = blocks, valBlocks
 	if err := g.rma.PutBlocks(bytesOf(origin), blocks); err != nil {
 		return g.fail(err)
 	}
@@ -297,12 +307,12 @@ func (g *Group[E]) llCombineWait(op string, req *CombineRequest[E]) error {
 	if req.opts.WeightsOverride != nil {
 		weights = req.opts.WeightsOverride
 	}
-	start := make([]int32, h.T+1)
-	src := make([]ptr, 0, h.T*K)
-	w := make([]float32, 0, h.T*K)
+	start, src, w := growTo(g.sc.start, h.T+1), g.sc.src[:0], g.sc.w[:0]
 	var valPtrs []ptr
 	if req.opts.SlotValues != nil {
-		valPtrs = make([]ptr, h.T*K)
+		valPtrs = growTo(g.sc.vals, h.T*K)
+		clear(valPtrs)
+		g.sc.vals = valPtrs
 	}
 	for t := 0; t < h.T; t++ {
 		start[t] = int32(len(src))
@@ -332,6 +342,7 @@ func (g *Group[E]) llCombineWait(op string, req *CombineRequest[E]) error {
 		}
 	}
 	start[h.T] = int32(len(src))
+	g.sc.start, g.sc.src, g.sc.w = start, src, w
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	reduceRows(pinned(&pin, req.out), g.dtype, src, w, start, h.T, g.cfg.Hidden, g.dtype, g.acc)

@@ -12,7 +12,7 @@ import (
 // row identifies a received row by its origin.
 type row struct {
 	src, tok, slot int
-	weight        float32
+	weight         float32
 }
 
 // llExpected lists, per local expert of rank me, the (token, slot) pairs it

@@ -245,6 +245,7 @@ func (r result) print(w io.Writer, verbose bool) {
 		fmt.Fprintf(w, "%s (%.1fs)\n", msg, r.elapsed.Seconds())
 	} else {
 		fmt.Fprintf(w, "FAIL %-8s %-16s (%.1fs) %s\n", r.pkg, r.cfg, r.elapsed.Seconds(), r.why)
+		shown := 0 // output tails of the first two failing ranks; one line for the rest
 		for _, rl := range r.ranks {
 			switch {
 			case rl.panicked:
@@ -256,8 +257,10 @@ func (r result) print(w io.Writer, verbose bool) {
 			default:
 				continue
 			}
-			tail(w, fmt.Sprintf("rank %d stdout", rl.rank), rl.stdout, 40)
-			tail(w, fmt.Sprintf("rank %d stderr", rl.rank), rl.stderr, 20)
+			if shown++; shown <= 2 || verbose {
+				tail(w, fmt.Sprintf("rank %d stdout", rl.rank), rl.stdout, 40)
+				tail(w, fmt.Sprintf("rank %d stderr", rl.rank), rl.stderr, 20)
+			}
 		}
 		tail(w, "mpirun", r.mpirun, 15)
 	}

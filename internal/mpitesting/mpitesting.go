@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"strconv"
 	"testing"
 
@@ -36,9 +37,13 @@ func Main(m *testing.M) {
 
 // Agree fails t on every rank of c if it has failed on any rank, naming the
 // ranks that failed, so that ranks stay in step after a failure. Call it at
-// the end of a test (or before a step that must not run after a failure).
+// the end of a test, or defer it: deferred, it also reports a panic of the
+// test (with its stack) instead of letting the failure hide it.
 func Agree(t testing.TB, c *mpi.Comm) {
 	t.Helper()
+	if r := recover(); r != nil {
+		t.Errorf("rank %d: panic: %v\n%s", c.Rank(), r, debug.Stack())
+	}
 	mine := []int32{0}
 	if t.Failed() {
 		mine[0] = 1

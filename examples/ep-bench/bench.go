@@ -1,0 +1,430 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/goep/goep/ep"
+	"github.com/goep/goep/mpi"
+)
+
+// options are the parsed flags.
+type options struct {
+	modes                           []ep.Mode
+	tokens, hidden, topk, experts   []int
+	dtypes                          []string
+	iters, warmup                   int
+	seed                            uint64
+	jsonOut, validate, skipBaseline bool
+	timeout                         time.Duration
+}
+
+// config is one measured combination.
+type config struct {
+	mode                          ep.Mode
+	tokens, hidden, topk, experts int
+	dtype                         string
+}
+
+// Result is one configuration's figures: the JSON line of -json.
+type Result struct {
+	Mode    string `json:"mode"`
+	Ranks   int    `json:"ranks"`
+	Nodes   int    `json:"nodes"`
+	Tokens  int    `json:"tokens"`
+	Hidden  int    `json:"hidden"`
+	TopK    int    `json:"topk"`
+	Experts int    `json:"experts"`
+	DType   string `json:"dtype"`
+	Iters   int    `json:"iters"`
+
+	BytesPerRank float64 `json:"bytes_per_rank"` // mean over ranks
+
+	DispatchUS   float64 `json:"dispatch_us"` // slowest rank's median
+	CombineUS    float64 `json:"combine_us"`
+	DispatchGBps float64 `json:"dispatch_gbps"` // per rank, mean over ranks
+	CombineGBps  float64 `json:"combine_gbps"`
+
+	AlltoallvDispatchUS   float64 `json:"alltoallv_dispatch_us,omitempty"`
+	AlltoallvCombineUS    float64 `json:"alltoallv_combine_us,omitempty"`
+	AlltoallvDispatchGBps float64 `json:"alltoallv_dispatch_gbps,omitempty"`
+	AlltoallvCombineGBps  float64 `json:"alltoallv_combine_gbps,omitempty"`
+	Speedup               float64 `json:"speedup_vs_alltoallv,omitempty"` // alltoallv (dispatch+combine) / ep (dispatch+combine)
+
+	MemcpyGBps         float64 `json:"memcpy_gbps"`          // glibc memcpy of the same bytes, per rank, all ranks at once
+	DispatchOfMemcpy   float64 `json:"dispatch_memcpy_frac"` // dispatch_gbps / memcpy_gbps
+	CombineOfMemcpy    float64 `json:"combine_memcpy_frac"`
+	BufferBytesPerRank int     `json:"buffer_bytes_per_rank"`
+}
+
+func run(stdout, stderr io.Writer, args []string) int {
+	opt, err := parseFlags(stderr, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "ep-bench:", err)
+		return 2
+	}
+	world, err := mpi.Init()
+	if err != nil {
+		fmt.Fprintln(stderr, "ep-bench:", err)
+		return 1
+	}
+	for _, cfg := range opt.configs() {
+		res, err := measure(world, cfg, opt)
+		if err != nil {
+			fmt.Fprintf(stderr, "ep-bench: rank %d: %v: %v\n", world.Rank(), cfg, err)
+			mpi.Abort(1, err.Error())
+		}
+		if world.Rank() == 0 {
+			if opt.jsonOut {
+				b, _ := json.Marshal(res)
+				fmt.Fprintln(stdout, string(b))
+			} else {
+				printTable(stdout, res, !opt.skipBaseline)
+			}
+		}
+	}
+	if err := mpi.Finalize(); err != nil {
+		fmt.Fprintln(stderr, "ep-bench:", err)
+		return 1
+	}
+	return 0
+}
+
+func parseFlags(stderr io.Writer, args []string) (*options, error) {
+	fs := flag.NewFlagSet("ep-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	modes := fs.String("mode", "ll", "ll, ht, or a list")
+	tokens := fs.String("tokens", "128", "tokens per rank")
+	hidden := fs.String("hidden", "7168", "elements per token")
+	topk := fs.String("topk", "8", "experts per token")
+	experts := fs.String("experts", "64", "experts in all (a multiple of the ranks)")
+	dtypes := fs.String("dtype", "bf16", "bf16, f32, or a list")
+	iters := fs.Int("iters", 30, "timed iterations")
+	warmup := fs.Int("warmup", 5, "untimed iterations first")
+	seed := fs.Uint64("seed", 1, "seed of the routing and the data")
+	jsonOut := fs.Bool("json", false, "print one JSON object per configuration")
+	validate := fs.Bool("validate", true, "check ep's results against the alltoallv path once per configuration")
+	skip := fs.Bool("no-baseline", false, "do not run the alltoallv baseline")
+	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: mpirun -np N ep-bench [flags]   (every numeric flag takes a comma-separated list)")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
+		skipBaseline: *skip, timeout: *timeout}
+	var err error
+	for _, m := range strings.Split(*modes, ",") {
+		mode, err := ep.ParseMode(strings.TrimSpace(m))
+		if err != nil {
+			return nil, fmt.Errorf("-mode: %w", err)
+		}
+		o.modes = append(o.modes, mode)
+	}
+	for _, d := range strings.Split(*dtypes, ",") {
+		if d = strings.TrimSpace(d); d != "bf16" && d != "f32" {
+			return nil, fmt.Errorf("-dtype: %q is not bf16 or f32", d)
+		}
+		o.dtypes = append(o.dtypes, d)
+	}
+	if o.tokens, err = intList("-tokens", *tokens, 0); err != nil {
+		return nil, err
+	}
+	if o.hidden, err = intList("-hidden", *hidden, 1); err != nil {
+		return nil, err
+	}
+	if o.topk, err = intList("-topk", *topk, 1); err != nil {
+		return nil, err
+	}
+	if o.experts, err = intList("-experts", *experts, 1); err != nil {
+		return nil, err
+	}
+	if o.iters < 1 || o.warmup < 0 {
+		return nil, fmt.Errorf("-iters %d must be at least 1 and -warmup %d not negative", o.iters, o.warmup)
+	}
+	return o, nil
+}
+
+func intList(name, s string, least int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < least {
+			return nil, fmt.Errorf("%s: %q is not a whole number >= %d", name, f, least)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (o *options) configs() []config {
+	var out []config
+	for _, m := range o.modes {
+		for _, d := range o.dtypes {
+			for _, e := range o.experts {
+				for _, k := range o.topk {
+					for _, h := range o.hidden {
+						for _, t := range o.tokens {
+							out = append(out, config{mode: m, tokens: t, hidden: h, topk: k, experts: e, dtype: d})
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (c config) String() string {
+	return fmt.Sprintf("%v %s tokens=%d hidden=%d topk=%d experts=%d", c.mode, c.dtype, c.tokens, c.hidden, c.topk, c.experts)
+}
+
+func measure(world *mpi.Comm, c config, o *options) (*Result, error) {
+	if c.dtype == "f32" {
+		return measureTyped[float32](world, c, o)
+	}
+	return measureTyped[ep.BF16](world, c, o)
+}
+
+// routing draws each token's top-k experts uniformly (distinct) and its
+// weights, from the seed and the rank.
+func routing(seed uint64, rank, T, K, E int) ([]int32, []float32) {
+	rng := rand.New(rand.NewPCG(seed, uint64(rank)))
+	topk := make([]int32, T*K)
+	w := make([]float32, T*K)
+	for t := 0; t < T; t++ {
+		for k, e := range rng.Perm(E)[:K] {
+			topk[t*K+k] = int32(e)
+			w[t*K+k] = rng.Float32()
+		}
+	}
+	return topk, w
+}
+
+func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result, error) {
+	R, me := world.Size(), world.Rank()
+	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
+		TopK: c.topk, Timeout: o.timeout}
+	g, err := ep.NewGroup[E](world, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+	var base *ep.AlltoallvGroup[E]
+	if !o.skipBaseline {
+		if base, err = ep.NewAlltoallvGroup[E](world, cfg); err != nil {
+			return nil, err
+		}
+		defer base.Close()
+	}
+	topk, weights := routing(o.seed, me, c.tokens, c.topk, c.experts)
+	rng := rand.New(rand.NewPCG(o.seed+1, uint64(me)))
+	x := make([]E, c.tokens*c.hidden)
+	for i := range x {
+		x[i] = fromF32[E](rng.Float32()*2 - 1)
+	}
+	out := make([]E, len(x))
+	layout, err := g.Layout(topk)
+	if err != nil {
+		return nil, err
+	}
+	pairs := 0 // rows this rank sends: (token, expert) pairs or (token, rank) pairs
+	if c.mode == ep.LowLatency {
+		for _, n := range layout.TokensPerExpert {
+			pairs += n
+		}
+	} else {
+		for _, n := range layout.TokensPerRank {
+			pairs += n
+		}
+	}
+	var elem E
+	bytes := float64(pairs * c.hidden * sizeOf(elem))
+
+	ours := func() (time.Duration, time.Duration, error) {
+		if err := world.Barrier(); err != nil {
+			return 0, 0, err
+		}
+		t0 := time.Now()
+		h, err := g.Dispatch(x, topk, weights)
+		if err != nil {
+			return 0, 0, err
+		}
+		d := time.Since(t0)
+		if err := world.Barrier(); err != nil {
+			return 0, 0, err
+		}
+		t1 := time.Now()
+		// identity experts, in place: the buffer ep already holds
+		if err := g.Combine(h, h.Recv(), out, nil); err != nil {
+			return 0, 0, err
+		}
+		return d, time.Since(t1), nil
+	}
+	refOut := make([]E, len(x))
+	theirs := func() (time.Duration, time.Duration, error) {
+		if err := world.Barrier(); err != nil {
+			return 0, 0, err
+		}
+		t0 := time.Now()
+		h, err := base.Dispatch(x, topk, weights)
+		if err != nil {
+			return 0, 0, err
+		}
+		d := time.Since(t0)
+		if err := world.Barrier(); err != nil {
+			return 0, 0, err
+		}
+		t1 := time.Now()
+		if err := base.Combine(h, h.Recv, refOut); err != nil {
+			return 0, 0, err
+		}
+		return d, time.Since(t1), nil
+	}
+	src, dst := make([]byte, int(bytes)), make([]byte, int(bytes))
+	for i := range src {
+		src[i] = byte(i)
+	}
+	memcpy := func() (time.Duration, error) {
+		if err := world.Barrier(); err != nil {
+			return 0, err
+		}
+		t0 := time.Now()
+		memcpyBytes(dst, src)
+		return time.Since(t0), nil
+	}
+
+	var od, oc, bd, bc, mc []float64
+	for i := 0; i < o.warmup+o.iters; i++ {
+		d, cmb, err := ours()
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 && base != nil && o.validate {
+			if _, _, err := theirs(); err != nil {
+				return nil, err
+			}
+			if g.Nodes() == 1 && !slices.Equal(out, refOut) {
+				return nil, fmt.Errorf("validation: ep's combine differs from the alltoallv path")
+			}
+		}
+		var d2, c2 time.Duration
+		if base != nil {
+			if d2, c2, err = theirs(); err != nil {
+				return nil, err
+			}
+		}
+		m, err := memcpy()
+		if err != nil {
+			return nil, err
+		}
+		if i >= o.warmup {
+			od, oc = append(od, us(d)), append(oc, us(cmb))
+			bd, bc = append(bd, us(d2)), append(bc, us(c2))
+			mc = append(mc, us(m))
+		}
+	}
+	// Gather every rank's medians and bytes.
+	mine := []float64{median(od), median(oc), median(bd), median(bc), median(mc), bytes}
+	all := make([]float64, len(mine)*R)
+	if err := mpi.AllgatherSlice(world, mine, all); err != nil {
+		return nil, err
+	}
+	col := func(i int) []float64 {
+		v := make([]float64, R)
+		for r := 0; r < R; r++ {
+			v[r] = all[r*len(mine)+i]
+		}
+		return v
+	}
+	bw := func(i int) float64 { // mean over ranks of bytes/us -> GB/s
+		var s float64
+		for r := 0; r < R; r++ {
+			if t := all[r*len(mine)+i]; t > 0 {
+				s += all[r*len(mine)+5] / t / 1e3
+			}
+		}
+		return s / float64(R)
+	}
+	res := &Result{Mode: c.mode.String(), Ranks: R, Nodes: g.Nodes(), Tokens: c.tokens, Hidden: c.hidden, TopK: c.topk,
+		Experts: c.experts, DType: c.dtype, Iters: o.iters, BytesPerRank: mean(col(5)),
+		DispatchUS: slices.Max(col(0)), CombineUS: slices.Max(col(1)), DispatchGBps: bw(0), CombineGBps: bw(1),
+		MemcpyGBps: bw(4), BufferBytesPerRank: g.BufferBytes()}
+	if base != nil {
+		res.AlltoallvDispatchUS, res.AlltoallvCombineUS = slices.Max(col(2)), slices.Max(col(3))
+		res.AlltoallvDispatchGBps, res.AlltoallvCombineGBps = bw(2), bw(3)
+		res.Speedup = (res.AlltoallvDispatchUS + res.AlltoallvCombineUS) / (res.DispatchUS + res.CombineUS)
+	}
+	if res.MemcpyGBps > 0 {
+		res.DispatchOfMemcpy, res.CombineOfMemcpy = res.DispatchGBps/res.MemcpyGBps, res.CombineGBps/res.MemcpyGBps
+	}
+	return res, nil
+}
+
+func printTable(w io.Writer, r *Result, baseline bool) {
+	fmt.Fprintf(w, "ep-bench %s %s: %d ranks on %d node(s), %d tokens/rank, hidden %d, top-%d, %d experts; %.1f MB/rank per call; median of %d, slowest rank\n",
+		r.Mode, r.DType, r.Ranks, r.Nodes, r.Tokens, r.Hidden, r.TopK, r.Experts, r.BytesPerRank/1e6, r.Iters)
+	fmt.Fprintf(w, "  %-22s %12s %10s %12s %10s %12s\n", "", "dispatch us", "GB/s", "combine us", "GB/s", "total us")
+	fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep (goep)", r.DispatchUS, r.DispatchGBps, r.CombineUS, r.CombineGBps, r.DispatchUS+r.CombineUS)
+	if baseline {
+		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "alltoallv by hand", r.AlltoallvDispatchUS, r.AlltoallvDispatchGBps,
+			r.AlltoallvCombineUS, r.AlltoallvCombineGBps, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
+		fmt.Fprintf(w, "  speedup over alltoallv: %.2fx\n", r.Speedup)
+	}
+	fmt.Fprintf(w, "  memcpy of the same bytes: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n\n",
+		r.MemcpyGBps, 100*r.DispatchOfMemcpy, 100*r.CombineOfMemcpy)
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func mean(v []float64) float64 {
+	var s float64
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(len(v))
+}
+
+func fromF32[E ep.Element](f float32) E {
+	var z E
+	if _, ok := any(z).(float32); ok {
+		return any(f).(E)
+	}
+	return any(ep.BF16From(f)).(E)
+}
+
+func sizeOf[E ep.Element](E) int {
+	var z E
+	if _, ok := any(z).(float32); ok {
+		return 4
+	}
+	return 2
+}
