@@ -2,42 +2,36 @@ package ep_test
 
 import (
 	"fmt"
+	"log"
 
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/mpi"
 )
 
-// A dispatch/combine round with identity experts: every token comes back
-// multiplied by the sum of its top-k weights.
+// A whole dispatch/combine round, run on every rank under mpirun. With
+// identity experts each token comes back times the sum of its weights.
 func ExampleGroup_Dispatch() {
-	world, _ := mpi.Init() // under mpirun, every rank runs this
+	world, err := mpi.Init()
+	if err != nil {
+		log.Fatal(err)
+	}
 	cfg := ep.Config{Mode: ep.LowLatency, NumExperts: 2 * world.Size(), MaxTokensPerRank: 8, Hidden: 4, TopK: 2}
 	g, err := ep.NewGroup[float32](world, cfg)
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
 	defer g.Close()
-	T := 3
-	x := make([]float32, T*cfg.Hidden)
-	topk := make([]int32, T*cfg.TopK)
-	weights := make([]float32, T*cfg.TopK)
-	for t := 0; t < T; t++ {
-		x[t*cfg.Hidden] = float32(t + 1)
-		topk[t*2], topk[t*2+1] = int32(t%cfg.NumExperts), int32((t+1)%cfg.NumExperts)
-		weights[t*2], weights[t*2+1] = 0.75, 0.25
-	}
-	h, err := g.Dispatch(x, topk, weights)
+	x := []float32{1, 0, 0, 0, 2, 0, 0, 0}   // 2 tokens of 4 elements
+	topk := []int32{0, 1, 1, -1}             // token 0 -> experts 0 and 1; token 1 -> expert 1
+	weights := []float32{0.75, 0.25, 0.5, 0} // gate weights per (token, slot)
+	h, err := g.Dispatch(x, topk, weights)   // rows land in the experts' ranks
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
-	// The experts would run on h.Recv() here; identity experts combine it as is.
-	out := make([]float32, T*cfg.Hidden)
-	if err := g.Combine(h, h.Recv(), out, nil); err != nil {
-		fmt.Println(err)
-		return
+	out := make([]float32, len(x))                           // the experts would transform h.Recv() here
+	if err := g.Combine(h, h.Recv(), out, nil); err != nil { // weighted sum back home
+		log.Fatal(err)
 	}
-	fmt.Println(out[0], out[cfg.Hidden], out[2*cfg.Hidden])
-	// Output: 1 2 3
+	fmt.Println(out[0], out[4])
+	// Output: 1 1
 }

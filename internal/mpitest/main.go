@@ -50,9 +50,14 @@ func run(stdout, stderr io.Writer, args []string) int {
 	collTimeout := fs.String("coll-timeout", "60s", "GOEP_MPI_TIMEOUT for the ranks")
 	runExpr := fs.String("run", "", "only tests matching this regexp (go test -run)")
 	bench := fs.String("bench", "", "also run benchmarks matching this regexp (go test -bench)")
+	benchtime := fs.String("benchtime", "10x", "iterations of each benchmark: must be a count (Nx), the same on every rank")
 	keep := fs.Bool("keep", false, "keep the build and log directory")
 	verbose := fs.Bool("v", false, "print every rank's output")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if !strings.HasSuffix(*benchtime, "x") {
+		fmt.Fprintf(stderr, "mpitest: -benchtime %q must be a count such as 10x: a duration would let ranks run different numbers of collective iterations\n", *benchtime)
 		return 2
 	}
 	pkgs := fs.Args()
@@ -96,7 +101,7 @@ func run(stdout, stderr io.Writer, args []string) int {
 			continue
 		}
 		for _, cfg := range configs {
-			r := runOne(pkg, bin, dir, name, cfg, *timeout, *collTimeout, *runExpr, *bench)
+			r := runOne(pkg, bin, dir, name, cfg, *timeout, *collTimeout, *runExpr, *bench, *benchtime)
 			r.print(stdout, *verbose)
 			if !r.ok {
 				failed++
@@ -157,7 +162,7 @@ type rankLog struct {
 	finished       bool // printed the final PASS or FAIL line
 }
 
-func runOne(pkg, bin, dir, name string, cfg config, timeout time.Duration, collTimeout, runExpr, bench string) result {
+func runOne(pkg, bin, dir, name string, cfg config, timeout time.Duration, collTimeout, runExpr, bench, benchtime string) result {
 	out := filepath.Join(dir, fmt.Sprintf("%s-np%d-sim%d", name, cfg.np, cfg.perNode))
 	args := []string{"--oversubscribe", "-np", strconv.Itoa(cfg.np), "--output-filename", out,
 		"-x", "GOEP_MPI_TIMEOUT=" + collTimeout}
@@ -172,7 +177,7 @@ func runOne(pkg, bin, dir, name string, cfg config, timeout time.Duration, collT
 		args = append(args, "-test.run", runExpr)
 	}
 	if bench != "" {
-		args = append(args, "-test.bench", bench, "-test.benchmem")
+		args = append(args, "-test.bench", bench, "-test.benchmem", "-test.benchtime", benchtime)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+30*time.Second)
 	defer cancel()

@@ -1,0 +1,73 @@
+package ep_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/goep/goep/ep"
+	"github.com/goep/goep/internal/mpitesting"
+)
+
+// BenchmarkDispatchCombine times a dispatch+combine round with identity
+// experts, in place. Under mpirun every rank must run the same number of
+// iterations: use a count, e.g.
+//
+//	go run ./internal/mpitest -np 2 -sim "" -run '^$' -bench DispatchCombine -benchtime 20x ./ep
+//
+// Bytes per op are this rank's rows: (token, expert) pairs (LL) or
+// (token, rank) pairs (HT) times the row size.
+func BenchmarkDispatchCombine(b *testing.B) {
+	w := mpitesting.World
+	R := w.Size()
+	for _, c := range []struct {
+		name                          string
+		mode                          ep.Mode
+		tokens, hidden, topk, experts int
+	}{
+		{"decode-ll", ep.LowLatency, 128, 7168, 8, 64},
+		{"small-ll", ep.LowLatency, 32, 1024, 4, 8 * R},
+		{"prefill-ht", ep.HighThroughput, 1024, 7168, 8, 64},
+		{"small-ht", ep.HighThroughput, 256, 1024, 4, 8 * R},
+	} {
+		if c.experts%R != 0 {
+			continue
+		}
+		b.Run(fmt.Sprintf("%s/%dtok/h%d/top%d", c.name, c.tokens, c.hidden, c.topk), func(b *testing.B) {
+			sc := scenario{experts: c.experts, topk: c.topk, maxTok: c.tokens, hidden: c.hidden, seed: 5,
+				tokens: func(int, int) int { return c.tokens }, route: randomRoute(0)}
+			g, err := ep.NewGroup[ep.BF16](w, sc.config(c.mode))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer g.Close()
+			in := sc.input(w.Rank(), R)
+			x := payload[ep.BF16](w.Rank(), in.T, c.hidden)
+			out := make([]ep.BF16, len(x))
+			lay, err := g.Layout(in.topk)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rows := 0
+			for _, n := range lay.TokensPerExpert {
+				rows += n
+			}
+			if c.mode == ep.HighThroughput {
+				rows = 0
+				for _, n := range lay.TokensPerRank {
+					rows += n
+				}
+			}
+			b.SetBytes(int64(rows * c.hidden * 2))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				h, err := g.Dispatch(x, in.topk, in.weights)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := g.Combine(h, h.Recv(), out, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

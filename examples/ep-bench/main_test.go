@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep/goep/internal/mpitesting"
+)
+
+func TestFlagErrorsNameTheValue(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-mode", "xx"}, `unknown mode "xx"`},
+		{[]string{"-dtype", "f16"}, `"f16" is not bf16 or f32`},
+		{[]string{"-tokens", "12,abc"}, `-tokens: "abc"`},
+		{[]string{"-iters", "0"}, "-iters 0"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	} {
+		var out, errb bytes.Buffer
+		code := run(&out, &errb, tc.args)
+		assert.Equal(t, 2, code, "%v", tc.args)
+		assert.Contains(t, errb.String(), tc.want, "%v", tc.args)
+	}
+}
+
+// ep-bench under mpirun on small sizes: every configuration prints a JSON
+// line with the fields the scaling study reads, checked against the
+// alltoallv path, with sane figures.
+func TestBenchUnderMpirun(t *testing.T) {
+	mpitesting.RequireTool(t, "mpirun")
+	bin := filepath.Join(t.TempDir(), "ep-bench")
+	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, tc := range []struct {
+		np      int
+		perNode string
+		nodes   int
+	}{{2, "", 1}, {4, "2", 2}} {
+		args := append(mpitesting.MPIRunArgs(tc.np), "-x", "GOEP_RANKS_PER_NODE="+tc.perNode, bin,
+			"-json", "-mode", "ll,ht", "-dtype", "bf16,f32", "-tokens", "0,24", "-hidden", "64", "-topk", "3",
+			"-experts", "8", "-iters", "3", "-warmup", "1")
+		cmd := exec.Command("mpirun", args...)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		var results []map[string]any
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		for sc.Scan() {
+			if line := strings.TrimSpace(sc.Text()); strings.HasPrefix(line, "{") {
+				var r map[string]any
+				require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+				results = append(results, r)
+			}
+		}
+		require.Len(t, results, 2*2*2, "one line per mode x dtype x tokens in:\n%s", out)
+		for _, r := range results {
+			keys := []string{"mode", "ranks", "nodes", "tokens", "hidden", "topk", "experts", "dtype",
+				"dispatch_us", "combine_us", "alltoallv_dispatch_us", "alltoallv_combine_us", "speedup_vs_alltoallv"}
+			if r["tokens"].(float64) > 0 { // with no tokens nothing moves: no bandwidths
+				keys = append(keys, "dispatch_gbps", "combine_gbps", "memcpy_gbps")
+			}
+			for _, k := range keys {
+				assert.Contains(t, r, k)
+			}
+			assert.Equal(t, float64(tc.np), r["ranks"])
+			assert.Equal(t, float64(tc.nodes), r["nodes"])
+			assert.Greater(t, r["dispatch_us"].(float64), 0.0)
+			assert.Greater(t, r["combine_us"].(float64), 0.0)
+			if r["tokens"].(float64) > 0 {
+				assert.Greater(t, r["dispatch_gbps"].(float64), 0.0)
+				assert.Greater(t, r["memcpy_gbps"].(float64), 0.0)
+			}
+		}
+	}
+}
+
+// The human-readable table names both implementations and the memcpy line.
+func TestTableOutput(t *testing.T) {
+	mpitesting.RequireTool(t, "mpirun")
+	bin := filepath.Join(t.TempDir(), "ep-bench")
+	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	out, err = exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-mode", "ht", "-tokens", "16",
+		"-hidden", "32", "-topk", "2", "-experts", "4", "-iters", "2")...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, want := range []string{"ep-bench ht bf16: 2 ranks on 1 node(s)", "ep (goep)", "alltoallv by hand", "speedup over alltoallv", "memcpy of the same bytes"} {
+		assert.Contains(t, string(out), want)
+	}
+}
