@@ -51,5 +51,7 @@
 // Init reads the launcher's environment (mpirun, srun, a PMI/PMIx launcher).
 // A process started with no launcher is refused unless GOEP_ALLOW_SINGLETON=1,
 // and a launcher that started N processes which MPI sees as N separate jobs of
-// one rank (srun without --mpi=pmix, say) is reported as such.
+// one rank is reported as such, with the fix (srun --mpi=pmix). With Debian's
+// Open MPI, srun --mpi=none or pmi2 never gets that far: MPI_Init aborts with
+// Open MPI's own message that it was built without Slurm's PMI support.
 package mpi
