@@ -15,9 +15,7 @@ HOT void ep_f32_to_bf16(uint16_t *restrict dst, const float *restrict src, int64
   for (int64_t i = 0; i < n; i++) {
     uint32_t u;
     memcpy(&u, &src[i], 4);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t quiet = (u >> 16) | 0x40u;
-    dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+    dst[i] = ep_bf16_bits(u);
   }
 }
 

@@ -6,6 +6,15 @@
 
 enum { EP_F32 = 0, EP_BF16 = 1 };
 
+// ep_bf16_bits rounds the float32 with bits u to the nearest bfloat16, ties to
+// even; NaN stays NaN (quietened), overflow becomes infinity. Branch-free, so
+// loops over it vectorise.
+static inline uint16_t ep_bf16_bits(uint32_t u) {
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t quiet = (u >> 16) | 0x40u;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
 // layout.c
 int64_t ep_layout(const int32_t *topk, int64_t T, int K, int E, int L, int R,
                   const int32_t *node_of, int nodes,

@@ -76,15 +76,12 @@ static inline __attribute__((always_inline)) void add_bf16(float *restrict a, co
     for (int64_t i = 0; i < m; i++) a[i] += w * bf16_load(x[i]);
 }
 
-// round_bf16 rounds m floats to bfloat16, nearest even; NaN stays NaN.
-// Branch-free so that it vectorises.
+// round_bf16 rounds m floats to bfloat16 (ep_bf16_bits).
 static inline __attribute__((always_inline)) void round_bf16(uint16_t *restrict o, const float *restrict a, int64_t m) {
   for (int64_t k = 0; k < m; k++) {
     uint32_t u;
     memcpy(&u, &a[k], 4);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t quiet = (u >> 16) | 0x40u;
-    o[k] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+    o[k] = ep_bf16_bits(u);
   }
 }
 
