@@ -7,7 +7,7 @@ MPIRUN  ?= mpirun
 # More ranks than cores, and root (containers, CI), are normal here.
 MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-as-root)
 # Packages whose tests also run under mpirun (1, 2, 4, 8 ranks and simulated nodes).
-MPI_TEST_PKGS ?= ./mpi ./ep
+MPI_TEST_PKGS ?= ./mpi ./ep ./moe
 MPI_TEST_NP   ?= 1,2,4,8
 MPI_TEST_SIM  ?= 4/2,8/4,8/2
 
@@ -29,8 +29,17 @@ build: deps
 	$(GO) build ./...
 	$(GO) build -tags mpi ./...
 
+# make run: train the toy MoE (examples/moe-train) on $(NP) ranks, about a minute here;
+# writes out/trace.h5 and out/ckpt-*.h5. Override e.g. RUN_MODE=ht RUN_DTYPE=bf16 RUN_STEPS=2000.
+RUN_MODE  ?= ll
+RUN_DTYPE ?= f32
+RUN_STEPS ?= 6000
+RUN_FLAGS ?= -mode $(RUN_MODE) -dtype $(RUN_DTYPE) -steps $(RUN_STEPS) -ckpt-every 1000 -progress-every 500 \
+             -trace out/trace.h5 -ckpt-dir out
+
 ## run: the main job on $(NP) ranks.
-run: hello
+run: bin/moe-train
+	$(MPIRUN) $(MPIRUN_FLAGS) -np $(NP) bin/moe-train $(RUN_FLAGS)
 
 hello: bin/mpi-hello
 	$(MPIRUN) $(MPIRUN_FLAGS) -np $(NP) bin/mpi-hello

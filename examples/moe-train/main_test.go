@@ -1,0 +1,320 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep/goep/internal/mpitesting"
+	"github.com/goep/goep/moe"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+	buildOut  []byte
+)
+
+// buildMPI builds this command with the mpi tag, once per test binary.
+func buildMPI(t *testing.T) string {
+	t.Helper()
+	mpitesting.RequireTool(t, "mpirun", "pkg-config", "h5dump", "h5ls")
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "moe-train-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "moe-train")
+		buildOut, buildErr = exec.Command("go", "build", "-tags", "mpi", "-o", binPath, ".").CombinedOutput()
+	})
+	require.NoError(t, buildErr, "go build -tags mpi: %s", buildOut)
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	if base.dir != "" {
+		os.RemoveAll(base.dir)
+	}
+	os.Exit(code)
+}
+
+// cleanEnv drops every launcher variable, as in a shell with no mpirun.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "OMPI_") || strings.HasPrefix(kv, "PMIX_") || strings.HasPrefix(kv, "PMI_") ||
+			strings.HasPrefix(kv, "SLURM_") || strings.HasPrefix(kv, "GOEP_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// small are the flags of a tiny, fast model.
+var small = []string{"-experts", "8", "-topk", "2", "-hidden", "16", "-ffn", "32", "-tokens", "32", "-timeout", "30s"}
+
+// mpirun runs the program on np ranks and returns its combined output and
+// error; it fails the test if mpirun has not ended within limit.
+func mpirun(t *testing.T, np int, limit time.Duration, args ...string) (string, error) {
+	t.Helper()
+	bin := buildMPI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "mpirun", append(append(mpitesting.MPIRunArgs(np), bin), args...)...)
+	cmd.Env = cleanEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, ctx.Err(), "mpirun did not end within %v:\n%s", limit, out)
+	return string(out), err
+}
+
+// base is a 2-rank HT run of 30 steps with checkpoints at 10, 20 and 30,
+// shared by several tests; TestMain removes its directory.
+var base struct {
+	once sync.Once
+	dir  string
+	out  string
+	err  error
+}
+
+func baseRun(t *testing.T) (dir, out string) {
+	t.Helper()
+	buildMPI(t)
+	base.once.Do(func() {
+		base.dir, base.err = os.MkdirTemp("", "moe-train-base-")
+		if base.err != nil {
+			return
+		}
+		base.out, base.err = mpirun(t, 2, 2*time.Minute, append(slices.Clone(small), "-mode", "ht", "-steps", "30",
+			"-ckpt-every", "10", "-ckpt-dir", base.dir, "-trace", filepath.Join(base.dir, "trace.h5"), "-progress-every", "10")...)
+	})
+	require.NoError(t, base.err, "%s", base.out)
+	return base.dir, base.out
+}
+
+func TestTrainWritesTraceAndCheckpoints(t *testing.T) {
+	dir, out := baseRun(t)
+	// Under mpirun with its output in a pipe, progress comes as lines.
+	assert.NotContains(t, out, "\r")
+	for _, s := range []string{"step 10/30 loss", "step 20/30 loss", "step 30/30 loss", "tok/s", "dispatch", "combine", "ETA"} {
+		assert.Contains(t, out, s)
+	}
+	assert.Regexp(t, `loss\s+\d\.\d+ -> \d\.\d+ \(\d+\.\dx lower\)`, out)
+	assert.Regexp(t, `speed\s+[0-9.]+k? tokens/s`, out)
+	assert.Contains(t, out, filepath.Join(dir, "trace.h5"))
+	assert.Contains(t, out, "checkpoints 3: "+filepath.Join(dir, "ckpt-000010.h5")+" ... "+filepath.Join(dir, "ckpt-000030.h5"))
+	for _, step := range []int{10, 20, 30} {
+		assert.FileExists(t, moe.CheckpointPath(dir, int64(step)))
+	}
+
+	trace := filepath.Join(dir, "trace.h5")
+	ls, err := exec.Command("h5ls", "-r", trace).CombinedOutput()
+	require.NoError(t, err, "%s", ls)
+	for _, s := range []string{`/trace/loss\s+Dataset \{30/Inf\}`, `/trace/tokens_per_expert\s+Dataset \{30/Inf, 8\}`,
+		`/trace/dispatch_us\s+Dataset \{30/Inf, 2\}`, `/trace/bytes_sent\s+Dataset \{30/Inf, 2\}`} {
+		assert.Regexp(t, s, string(ls))
+	}
+	dump, err := exec.Command("h5dump", "-A", trace).CombinedOutput()
+	require.NoError(t, err, "%s", dump)
+	for _, s := range []string{`ATTRIBUTE "world_size"`, `ATTRIBUTE "nodes"`, `"ht"`, `"f32"`, `ATTRIBUTE "start_time"`, `ATTRIBUTE "version"`} {
+		assert.Contains(t, string(dump), s)
+	}
+	tr, err := moe.ReadTrace(trace)
+	require.NoError(t, err)
+	assert.Len(t, tr.Loss, 30)
+	assert.Equal(t, 2, tr.WorldSize)
+	assert.Less(t, tr.Loss[29], tr.Loss[0])
+
+	ck := moe.CheckpointPath(dir, 30)
+	dump, err = exec.Command("h5dump", "-H", ck).CombinedOutput()
+	require.NoError(t, err, "%s", dump)
+	assert.Contains(t, string(dump), `DATASET "w1"`)
+	c, err := moe.ReadCheckpoint(ck)
+	require.NoError(t, err)
+	assert.Equal(t, int64(30), c.Step)
+	assert.Len(t, c.Model.W1, 8*16*32)
+}
+
+// Run 30 steps, or resume at step 10 and run to 30: the final checkpoints are
+// bit-identical, and so are the losses.
+func TestResumeIsBitIdentical(t *testing.T) {
+	dir, _ := baseRun(t)
+	b := t.TempDir()
+	out, err := mpirun(t, 2, 2*time.Minute, append(slices.Clone(small), "-mode", "ht", "-steps", "30", "-ckpt-every", "10",
+		"-ckpt-dir", b, "-trace", filepath.Join(b, "trace.h5"), "-resume", moe.CheckpointPath(dir, 10), "-progress", "bar")...)
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, out, "\rstep", "-progress bar draws a live line")
+	assert.Contains(t, out, "done: steps 11..30")
+	a, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 30))
+	require.NoError(t, err)
+	c, err := moe.ReadCheckpoint(moe.CheckpointPath(b, 30))
+	require.NoError(t, err)
+	assert.Equal(t, a.Model, c.Model, "final model")
+	assert.Equal(t, a.AdamM, c.AdamM, "final Adam moments")
+	assert.Equal(t, a.AdamV, c.AdamV, "final Adam moments")
+	ta, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+	require.NoError(t, err)
+	tb, err := moe.ReadTrace(filepath.Join(b, "trace.h5"))
+	require.NoError(t, err)
+	assert.Equal(t, ta.Loss[10:], tb.Loss)
+	assert.NoFileExists(t, moe.CheckpointPath(b, 10), "no checkpoint for steps before the resume")
+}
+
+func TestResumeMismatchIsRefused(t *testing.T) {
+	dir, _ := baseRun(t)
+	ck := moe.CheckpointPath(dir, 20)
+	b := t.TempDir()
+	common := []string{"-mode", "ht", "-steps", "40", "-ckpt-dir", b, "-trace", "", "-resume", ck}
+
+	out, err := mpirun(t, 4, 2*time.Minute, append(slices.Clone(small), common...)...)
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, out, "world size (ranks) = 2 in the checkpoint, 4 in this run")
+	assert.Equal(t, 1, strings.Count(out, "cannot resume"), "rank 0 reports it once:\n%s", out)
+	assert.NotContains(t, out, "MPI_ABORT", "a refusal on every rank ends the job normally")
+
+	out, err = mpirun(t, 2, 2*time.Minute, append(append(slices.Clone(small), common...), "-hidden", "8", "-dtype", "bf16")...)
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, out, "hidden = 16 in the checkpoint, 8 in this run")
+	assert.Contains(t, out, "dtype = f32 in the checkpoint, bf16 in this run")
+
+	bad := filepath.Join(b, "truncated.h5")
+	data, err := os.ReadFile(ck)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bad, data[:len(data)/3], 0o644))
+	out, err = mpirun(t, 2, 2*time.Minute, append(slices.Clone(small), "-mode", "ht", "-steps", "40", "-ckpt-dir", b, "-trace", "", "-resume", bad)...)
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, out, bad+" is not a usable checkpoint: not an HDF5 file, or truncated or corrupt")
+}
+
+// SIGKILL to one rank: mpirun ends with an error instead of hanging, and the
+// last checkpoint and the trace are readable by h5dump and by package moe.
+func TestKilledRank(t *testing.T) {
+	bin := buildMPI(t)
+	dir := t.TempDir()
+	pids := filepath.Join(dir, "pids")
+	args := append(append(mpitesting.MPIRunArgs(2), "-x", "GOEP_MOE_PID_DIR", bin), small...)
+	args = append(args, "-steps", "10000000", "-ckpt-every", "20", "-ckpt-dir", dir, "-trace", filepath.Join(dir, "trace.h5"), "-progress-every", "0")
+	cmd := exec.Command("mpirun", args...)
+	cmd.Env = append(cleanEnv(), "GOEP_MOE_PID_DIR="+pids)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	rankPIDs := func() []int {
+		var ps []int
+		for r := 0; r < 2; r++ {
+			b, err := os.ReadFile(filepath.Join(pids, "rank-"+strconv.Itoa(r)+".pid"))
+			if p, perr := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && perr == nil {
+				ps = append(ps, p)
+			}
+		}
+		return ps
+	}
+	t.Cleanup(func() { // whatever happens, leave no process behind
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		for _, p := range rankPIDs() {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
+
+	// Wait for a checkpoint (WriteAtomic renames whole files into place).
+	deadline := time.Now().Add(90 * time.Second)
+	var ckpts []string
+	for len(ckpts) == 0 || len(rankPIDs()) < 2 {
+		select {
+		case err := <-done:
+			t.Fatalf("mpirun ended before the kill: %v\n%s", err, out.String())
+		default:
+		}
+		require.True(t, time.Now().Before(deadline), "no checkpoint after 90 s:\n%s", out.String())
+		time.Sleep(50 * time.Millisecond)
+		ckpts, _ = filepath.Glob(filepath.Join(dir, "ckpt-*.h5"))
+	}
+	victim := rankPIDs()[1]
+	require.NoError(t, syscall.Kill(victim, syscall.SIGKILL))
+	killed := time.Now()
+	select {
+	case err := <-done:
+		require.Error(t, err, "mpirun must report the killed rank:\n%s", out.String())
+		t.Logf("mpirun ended %.1fs after the kill: %v", time.Since(killed).Seconds(), err)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("mpirun still running 60 s after rank 1 (pid %d) was killed:\n%s", victim, out.String())
+	}
+
+	ckpts, _ = filepath.Glob(filepath.Join(dir, "ckpt-*.h5"))
+	slices.Sort(ckpts)
+	last := ckpts[len(ckpts)-1]
+	for _, f := range []string{last, filepath.Join(dir, "trace.h5")} {
+		dump, err := exec.Command("h5dump", "-H", f).CombinedOutput()
+		require.NoError(t, err, "h5dump -H %s:\n%s", f, dump)
+	}
+	c, err := moe.ReadCheckpoint(last)
+	require.NoError(t, err)
+	assert.Zero(t, c.Step%20)
+	assert.Equal(t, 2, c.WorldSize)
+	tr, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, int64(len(tr.Step)), c.Step, "the trace was flushed at least up to the last checkpoint")
+	t.Logf("last checkpoint at step %d, trace has %d rows", c.Step, len(tr.Step))
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-mode", "fast"}, `-mode "fast": want ll or ht`},
+		{[]string{"-dtype", "fp8"}, `-dtype "fp8": want f32 or bf16`},
+		{[]string{"-act", "relu"}, `-act "relu": want silu or gelu`},
+		{[]string{"-hidden", "0"}, `-hidden 0: want a positive integer`},
+		{[]string{"-topk", "9"}, `-topk 9: more than the 8 experts`},
+		{[]string{"-steps", "-5"}, `-steps -5: want a positive integer`},
+		{[]string{"-lr", "0"}, `-lr 0: want 0 < lr <= 1`},
+		{[]string{"-ckpt-every", "-1"}, `-ckpt-every -1`},
+		{[]string{"-progress", "fancy"}, `-progress "fancy": want auto, bar or lines`},
+		{[]string{"-tokens", "many"}, `invalid value "many" for flag -tokens`},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(&stdout, &stderr, tc.args)
+		assert.Equal(t, 2, code, "%v", tc.args)
+		assert.Contains(t, stderr.String(), tc.want, "%v", tc.args)
+	}
+	var stdout, stderr bytes.Buffer
+	assert.Equal(t, 0, run(&stdout, &stderr, []string{"-h"}))
+	assert.Contains(t, stderr.String(), "usage: mpirun -np N moe-train")
+	assert.Contains(t, stderr.String(), "-ckpt-every")
+}
+
+// The summary's numbers are parsed back: the loss fell.
+func TestSummaryLossFalls(t *testing.T) {
+	_, out := baseRun(t)
+	m := regexp.MustCompile(`loss\s+(\d\.\d+) -> (\d\.\d+)`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	first, _ := strconv.ParseFloat(m[1], 64)
+	last, _ := strconv.ParseFloat(m[2], 64)
+	assert.Less(t, last, first)
+}

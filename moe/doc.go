@@ -1,0 +1,102 @@
+// Package moe is a toy Mixture-of-Experts layer that trains over package
+// ep's expert-parallel dispatch and combine, on every rank of an MPI job,
+// with HDF5 traces and checkpoints. It is small enough to check by finite
+// differences and real enough to exercise ep as a training framework does:
+// forward and backward through both modes, the gradient of the routing
+// weights carried back by Combine's RowValues, a replicated gate trained
+// with data parallelism, and resumable runs.
+//
+// # The layer
+//
+// A Layer maps each rank's tokens x ([T][Hidden], float64) to outputs of
+// the same shape:
+//
+//	p      = softmax(x · Gate)                    Gate [Hidden][Experts], replicated on every rank
+//	e_1..K = the K most probable experts           distinct; ties go to the lower index
+//	w_k    = p[e_k] / sum_j p[e_j]                 renormalised over the top k
+//	out    = sum_k w_k * expert_{e_k}(x)
+//	expert(u) = act(u · W1 + b1) · W2 + b2         Hidden -> FFN -> Hidden, act SiLU or GELU
+//
+// Rank r owns experts [r*L, (r+1)*L), L = Experts/ranks, as in ep.
+// Parameters and expert compute are float64 (matrix products with gonum's
+// BLAS); tokens travel through ep as float32 or bfloat16 (Config.DType).
+//
+// Forward routes the tokens, dispatches them (ep.Group.Dispatch), runs each
+// local expert on its rows and combines (ep.Group.Combine). In LL mode each
+// received row is one (token, expert) pair: expert l runs on the first
+// ExpertCounts()[l] rows of its block and Combine applies the weights. In HT
+// mode a token arrives once per rank: for each received row and each local
+// slot k (RecvTopK >= 0) the expert side computes sum_k w_k * expert_k(row),
+// and Combine sums over ranks.
+//
+// # The load-balancing loss
+//
+// Forward also returns the Switch Transformer's auxiliary loss over the
+// whole batch (every rank's tokens):
+//
+//	aux = Experts * sum_e f_e * P_e
+//	f_e = (number of (token, slot) pairs routed to e) / (tokens * TopK)
+//	P_e = (sum over tokens of p[e]) / tokens
+//
+// where tokens counts every rank's. It is 1 when routing is balanced. f_e
+// comes from a discrete choice and is treated as a constant; only P_e
+// carries gradient: d aux / d p[t][e] = Experts * f_e / tokens.
+//
+// # Backward
+//
+// Backward takes d(loss)/d(out) on every rank and d(loss)/d(aux), and
+// passes back through ep with the forward's handle: the output gradient
+// reaches the expert rows by DispatchCached (the transpose of combine), the
+// experts' backward runs there and yields, per (row, slot), the gradient of
+// the routing weight, <d(loss)/d(out), expert output>; one Combine brings the
+// input gradients home (the transpose of dispatch: WeightsOverride all ones
+// in LL mode, where the expert side already applied the weights; a plain sum
+// in HT mode) and carries those weight gradients back to their (token, slot)
+// through RowValues and SlotValues. The router's backward (through the
+// renormalisation, the softmax and the aux loss) then gives the gate's
+// gradient and the rest of the input's. The gate is replicated, so its
+// gradient is summed over ranks with mpi.Allreduce: the loss is a sum of
+// per-rank terms (the global mean squared error is), so the sum is the
+// gradient of the global loss and every rank applies the same update.
+// TestGradients checks every gradient against central differences of the
+// global loss on one rank and, under mpirun, on several.
+//
+// # The synthetic task
+//
+// A Teacher is a fixed random MoE of the same shape (its own seed; a sharper
+// gate and larger weights than the student's initialisation), evaluated in
+// float64 on every rank. The data of step s on rank r, Batch, is drawn from a
+// PCG seeded from (seed, s, r) alone, so there is no data generator state:
+// runs are reproducible and resume exactly. Trainer runs steps: the student
+// Layer's forward, the loss
+//
+//	loss  = sum over ranks and tokens of |out - target|^2 / (tokens * Hidden)
+//	total = loss + AuxCoef * aux
+//
+// its backward, and an Adam update (Adam, whose moments and step count go
+// into checkpoints). Initial parameters come from Config.Seed, the gate from
+// one stream and expert e from a stream of its own, so the model does not
+// depend on the number of ranks.
+//
+// # Runs, traces and checkpoints
+//
+// Run drives a whole run as examples/moe-train does: it resumes from a
+// checkpoint if asked, and rank 0 writes an HDF5 trace (CreateTrace, one row
+// per step of gathered statistics, flushed every step) and checkpoints
+// (SaveCheckpoint: every rank's experts gathered to rank 0 into one file,
+// written atomically with h5.WriteAtomic). LoadCheckpoint refuses a
+// checkpoint of another configuration or world size, naming each field that
+// differs and both values, and a truncated or damaged file (a checksum
+// covers the arrays). A run of 2N steps and a run of N steps resumed for N
+// more end bit-identical. The file formats are in docs/trace-schema.md.
+//
+// # Collectives and errors
+//
+// NewLayer, Forward, Backward, Trainer.Step, SaveCheckpoint, LoadCheckpoint
+// and Run are collective: every rank calls them in the same order. Errors
+// are returned, never panics. Those that every rank meets at the same point
+// (bad configuration, an unusable checkpoint, a file rank 0 cannot write)
+// come back from Run as *CollectiveError, and the job can end normally;
+// others may be on one rank only, and the program should call mpi.Abort so
+// that the other ranks do not wait for it.
+package moe

@@ -1,0 +1,119 @@
+package moe
+
+import (
+	"math"
+	"math/rand/v2"
+)
+
+// Params holds the parameters of a MoE layer (or their gradients, or Adam's
+// moments): the gate, replicated on every rank, and n experts, stored
+// expert-major. A Layer's Params hold its rank's LocalExperts experts; a
+// Checkpoint's hold all of them, in global order.
+type Params struct {
+	Gate []float64 // [Hidden][Experts]: logits = x·Gate
+	W1   []float64 // [n][Hidden][FFN]
+	B1   []float64 // [n][FFN]
+	W2   []float64 // [n][FFN][Hidden]
+	B2   []float64 // [n][Hidden]
+}
+
+// newParams allocates zero parameters for n experts.
+func newParams(c Config, n int) Params {
+	H, F := c.Hidden, c.FFN
+	return Params{
+		Gate: make([]float64, H*c.Experts),
+		W1:   make([]float64, n*H*F), B1: make([]float64, n*F),
+		W2: make([]float64, n*F*H), B2: make([]float64, n*H),
+	}
+}
+
+// slices lists the parameter arrays in a fixed order: Gate, W1, B1, W2, B2.
+func (p *Params) slices() [][]float64 { return [][]float64{p.Gate, p.W1, p.B1, p.W2, p.B2} }
+
+// expertSlices lists the expert arrays: W1, B1, W2, B2.
+func (p *Params) expertSlices() [][]float64 { return [][]float64{p.W1, p.B1, p.W2, p.B2} }
+
+// Zero sets every parameter to zero.
+func (p *Params) Zero() {
+	for _, s := range p.slices() {
+		clear(s)
+	}
+}
+
+// Clone returns a deep copy.
+func (p *Params) Clone() Params {
+	return Params{Gate: clone(p.Gate), W1: clone(p.W1), B1: clone(p.B1), W2: clone(p.W2), B2: clone(p.B2)}
+}
+
+func clone(s []float64) []float64 { return append([]float64(nil), s...) }
+
+// expert is a view of one expert's arrays inside a Params.
+type expert struct{ w1, b1, w2, b2 []float64 }
+
+// expert returns the view of the i-th expert held (0-based among those held).
+func (p *Params) expert(c Config, i int) expert {
+	H, F := c.Hidden, c.FFN
+	return expert{
+		w1: p.W1[i*H*F : (i+1)*H*F], b1: p.B1[i*F : (i+1)*F],
+		w2: p.W2[i*F*H : (i+1)*F*H], b2: p.B2[i*H : (i+1)*H],
+	}
+}
+
+// Streams of the random generator, mixed with a seed: each use of randomness
+// has its own, so that changing one never shifts another.
+const (
+	streamGate   = 0x6761746500000000 // "gate"
+	streamExpert = 0x6578700000000000 // "exp" + expert index
+	streamData   = 0x6461746100000000 // "data" (step and rank mixed in separately)
+)
+
+// mix is the SplitMix64 finaliser: a bijection that scatters nearby inputs.
+func mix(z uint64) uint64 {
+	z += 0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// newRand is a PCG generator determined by seed and a stream.
+func newRand(seed, stream, sub uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(mix(seed^mix(stream)), mix(sub^mix(stream+1))))
+}
+
+// scales of the initial parameters.
+type initScales struct{ gate, w1, b1, w2, b2 float64 }
+
+// studentInit: a near-uniform router (small gate), unit-variance hidden
+// pre-activations, small outputs.
+var studentInit = initScales{gate: 0.1, w1: 1, b1: 0, w2: 0.5, b2: 0}
+
+// teacherInit: a decisive router (logits of unit scale) and experts whose
+// outputs have unit-order variance, with biases so that experts differ in
+// their mean too.
+var teacherInit = initScales{gate: 1.5, w1: 1, b1: 0.5, w2: 2, b2: 0.5}
+
+// initParams fills p with random parameters from seed: the gate from its own
+// stream, expert e (global index first+i) from the stream of e, so that an
+// expert's initial weights do not depend on the number of ranks. Weights are
+// normal with standard deviation scale/sqrt(fan-in); biases normal with
+// standard deviation scale.
+func initParams(p *Params, c Config, seed uint64, first int, s initScales) {
+	H, F := c.Hidden, c.FFN
+	r := newRand(seed, streamGate, 0)
+	normal(r, p.Gate, s.gate/math.Sqrt(float64(H)))
+	n := len(p.B2) / H
+	for i := 0; i < n; i++ {
+		r := newRand(seed, streamExpert, uint64(first+i))
+		e := p.expert(c, i)
+		normal(r, e.w1, s.w1/math.Sqrt(float64(H)))
+		normal(r, e.b1, s.b1)
+		normal(r, e.w2, s.w2/math.Sqrt(float64(F)))
+		normal(r, e.b2, s.b2)
+	}
+}
+
+func normal(r *rand.Rand, dst []float64, std float64) {
+	for i := range dst {
+		dst[i] = std * r.NormFloat64()
+	}
+}

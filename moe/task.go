@@ -1,0 +1,67 @@
+package moe
+
+// Teacher is the synthetic task's answer: a fixed random MoE of the same
+// shape as the student (its own seed, a sharper gate and larger weights; see
+// the package doc), evaluated in float64 on every rank with all its experts,
+// with no communication.
+type Teacher struct {
+	cfg    Config
+	p      Params // all Experts experts
+	r      router
+	caches []mlpCache
+}
+
+// NewTeacher builds the teacher of cfg's shape from seed.
+func NewTeacher(cfg Config, seed uint64) *Teacher {
+	t := &Teacher{cfg: cfg, p: newParams(cfg, cfg.Experts), caches: make([]mlpCache, cfg.Experts)}
+	initParams(&t.p, cfg, seed, 0, teacherInit)
+	return t
+}
+
+// Params returns the teacher's parameters (all experts, in global order).
+func (t *Teacher) Params() *Params { return &t.p }
+
+// Forward returns the teacher's outputs for x ([T][Hidden]): for each token,
+// sum over its top-k experts of the renormalised weight times the expert's
+// output, as the student computes it.
+func (t *Teacher) Forward(x []float64) []float64 {
+	c := t.cfg
+	H, E, K, F := c.Hidden, c.Experts, c.TopK, c.FFN
+	T := len(x) / H
+	t.r.route(t.p.Gate, x, T, H, E, K)
+	out := make([]float64, T*H)
+	rows := make([][]int, E) // tokens of each expert, and the slot
+	slots := make([][]int, E)
+	for i, e := range t.r.topk {
+		rows[e] = append(rows[e], i/K)
+		slots[e] = append(slots[e], i)
+	}
+	for e := 0; e < E; e++ {
+		mc := &t.caches[e]
+		mc.n = len(rows[e])
+		mc.u = grow(mc.u, mc.n*H)
+		for i, tok := range rows[e] {
+			copy(mc.u[i*H:(i+1)*H], x[tok*H:(tok+1)*H])
+		}
+		mlpForward(t.p.expert(c, e), c.Act, H, F, mc)
+		for i, tok := range rows[e] {
+			w := t.r.p[tok*E+e] / t.r.sum[tok]
+			o := mc.o[i*H : (i+1)*H]
+			for j, v := range o {
+				out[tok*H+j] += w * v
+			}
+		}
+	}
+	return out
+}
+
+// Batch is the data of one training step on one rank: tokens drawn from a
+// standard normal distribution, and the teacher's outputs for them. It
+// depends on (seed, step, rank) alone, so a run needs no data generator
+// state to resume and is reproducible.
+func Batch(cfg Config, teacher *Teacher, seed uint64, step int64, rank int) (x, target []float64) {
+	r := newRand(seed, streamData, uint64(step)<<24^uint64(rank))
+	x = make([]float64, cfg.Tokens*cfg.Hidden)
+	normal(r, x, 1)
+	return x, teacher.Forward(x)
+}
