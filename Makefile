@@ -7,18 +7,23 @@ MPIRUN  ?= mpirun
 # More ranks than cores, and root (containers, CI), are normal here.
 MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-as-root)
 # Packages whose tests also run under mpirun (1, 2, 4, 8 ranks and simulated nodes).
-MPI_TEST_PKGS ?= ./mpi ./ep ./moe
+MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./gpu
 MPI_TEST_NP   ?= 1,2,4,8
 MPI_TEST_SIM  ?= 4/2,8/4,8/2
 
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps build run hello test test-unit test-mpi test-slurm lint clean
+.PHONY: all deps deps-nvrtc build run hello test test-unit test-mpi test-gpu test-slurm lint clean
 
 all: build
 
 deps:
 	@scripts/install-deps.sh
+
+# NVRTC (Debian's libnvrtc11.2, non-free): gpu's TestKernelPTX compiles the CUDA kernels to PTX
+# with it, no GPU needed, and under make test fails rather than skips without it.
+deps-nvrtc:
+	@scripts/install-deps.sh --nvrtc
 
 bin/%: deps FORCE
 	$(GO) build -tags mpi -o $@ ./examples/$*
@@ -53,11 +58,20 @@ lint: deps
 	$(GO) vet ./...
 	$(GO) vet -tags mpi ./...
 
-test-unit: deps
+test-unit: deps deps-nvrtc
 	$(GO) test -count=1 ./...
 
 test-mpi: deps
 	$(GO) run ./internal/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
+
+## test-gpu: build package gpu's GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the
+## script that runs them: carry bin/gpu/ to a GPU machine (no Go needed there), run bin/gpu/run-on-device.sh.
+test-gpu: deps
+	$(GO) vet -tags gpu ./gpu
+	$(GO) vet -tags 'gpu mpi' ./gpu
+	$(GO) test -c -tags gpu -o bin/gpu/gpu.test ./gpu
+	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/gpu-mpi.test ./gpu
+	cp scripts/gpu/run-on-device.sh bin/gpu/
 
 ## test-slurm: mpi-hello under a real 2-node Slurm cluster on this machine (srun, sbatch+mpirun); root.
 test-slurm:

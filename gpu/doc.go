@@ -1,0 +1,150 @@
+// Package gpu is goep's CUDA path: devices, device memory, streams and
+// events through the CUDA driver API; NVRTC-compiled kernels for expert
+// parallelism (layout, row packing, bfloat16 conversion, weighted combine);
+// and NCCL communicators bootstrapped over package mpi.
+//
+// # Loading
+//
+// Nothing here links a GPU library. The CUDA driver (libcuda.so.1), NVRTC
+// and NCCL (libnccl.so.2) are opened with dlopen at first use, so `go build
+// ./...` and every CPU test work on a machine without CUDA, and a binary
+// built here runs on a GPU machine that has no Go. Each library is found by
+// trying, in order:
+//
+//   - the variable's candidates, when it is set: GOEP_CUDA_LIB,
+//     GOEP_NVRTC_LIB, GOEP_NCCL_LIB hold a path or a colon-separated list of
+//     paths, names for dlopen's own search, or glob patterns;
+//   - otherwise the usual names and places: for NVRTC libnvrtc.so.13,
+//     .so.12, .so.11.2 (Debian's libnvrtc11.2, NVRTC 11.8) and libnvrtc.so,
+//     then /usr/local/cuda*, and the nvidia/*/lib directories of pip's
+//     nvidia-cuda-nvrtc and nvidia-nccl-cu* wheels under the usual
+//     site-packages (system, $VIRTUAL_ENV, $CONDA_PREFIX, ~/.local).
+//
+// A library that cannot be loaded makes every entry point that needs it
+// return a *LibraryError (errors.Is(err, ErrLibraryMissing)) naming the
+// library, what was tried, and the variable to set. Libraries reports
+// where each was found, for logs.
+//
+// # Devices, memory, streams
+//
+// OpenDevice(i) retains device i's primary context (the one the CUDA
+// runtime, NCCL and PyTorch share); DeviceCount, Device.Name,
+// ComputeCapability, TotalMemory, MemoryInfo, PCIBusID and Attribute query
+// it. Device.Alloc returns a *Buffer of device memory (Upload, Download,
+// CopyFrom, Memset, their ...Async forms on a stream, Slice views, Free);
+// the generic Upload, Download and AllocFor move slices of numbers.
+// Device.AllocHost returns pinned host memory (*HostBuffer, C memory, viewed
+// without copying by Bytes and HostSlice) for asynchronous copies. NewStream
+// and NewEvent give streams (Synchronize, Done, WaitEvent) and events
+// (Record, Synchronize, Done, Elapsed). A nil *Stream is the default stream.
+// Failed driver calls return *CUDAError with CUDA's own error name and
+// string (CUDA_ERROR_OUT_OF_MEMORY: out of memory).
+//
+// Every C call that acts in a context makes the device's context current
+// on the calling thread in the same call, since Go may move a goroutine
+// between threads. C never keeps a Go pointer: buffers that outlive a call
+// are device or C memory. No C type appears in the exported API.
+//
+// # Kernels
+//
+// The kernels are CUDA C (package gpu/internal/kernels, embedded with
+// go:embed: cgo does not compile .cu files), using nothing newer than CUDA
+// 11.8 and no CUDA header, so that Debian's NVRTC 11.8 compiles them.
+// Device.Kernels compiles them with NVRTC on first use, for the newest
+// virtual architecture (compute_XY) that NVRTC supports and the device can
+// run, loads the PTX (the driver JIT-compiles it for the device), and
+// keeps it in a cache: $GOEP_PTX_CACHE, else $XDG_CACHE_HOME/goep/ptx or
+// ~/.cache/goep/ptx ("off" disables it), one file per hash of source,
+// options, NVRTC version and NVRTC path. KernelPTX and CompilePTX compile
+// without a device. The kernels, each the device counterpart of one of
+// package ep's C kernels and tested against a CPU reference:
+//
+//   - Layout (ep_layout): per-expert, per-rank and per-node counts, the
+//     place of each (token, slot) among its expert's pairs and of each token
+//     among those sent to each rank and node, and the first bad expert id.
+//   - PackRows: rows into expert-major (LL: one row per (token, expert),
+//     grouped by expert) or rank-grouped (HT: one row per (token, rank))
+//     buffers from Layout's ordinals and per-group base rows; CopyRows:
+//     gather, scatter or permute rows by index arrays; RowPointers: row
+//     numbers to row addresses.
+//   - ReduceRows (ep_reduce_rows): the weighted combine, CSR source lists
+//     per output row, optional weights, float32 or bfloat16 in and out,
+//     accumulated in float32 in a fixed order, bit for bit as ep computes
+//     it (NaN payloads aside).
+//   - ToBF16 and FromBF16 (ep_f32_to_bf16, ep_bf16_to_f32): round to
+//     nearest even by bit operations, NaN kept NaN, and widen.
+//
+// Kernels' methods queue work on a stream and return; arguments are device
+// addresses and sizes, checked on the host before anything is queued.
+//
+// # NCCL
+//
+// NCCLUniqueID is an mpi.IDGenerator (ncclGetUniqueId). NewNCCLComm(world,
+// device) is NCCL's MPI bootstrap: each rank opens its device (by default
+// its local rank modulo the visible devices, DeviceForRank), the ranks
+// agree that each has its libraries and device (so a rank missing NCCL or
+// a GPU makes every rank fail with its message instead of leaving the
+// others inside NCCL), rank 0's ID goes out by mpi.BootstrapID, and every
+// rank calls ncclCommInitRank. NewNCCLCommFromID joins with an ID shared
+// otherwise. NCCLComm.SendRecv posts sends and receives, any number per
+// peer, as one ncclGroupStart/ncclGroupEnd group on a stream: the transport
+// of a dispatch or combine. Failed NCCL calls return *NCCLError with
+// ncclGetErrorString's text and ncclGetLastError's message.
+//
+// # Tests
+//
+// Without a GPU: the loading and error paths; the MPI half of the
+// bootstrap under mpirun (a missing NCCL fails BootstrapID on every rank
+// with root's message); every kernel run on the CPU by an emulator that
+// compiles the same source as C and runs its threads in a shuffled order,
+// against the references; and TestKernelPTX, which compiles every kernel
+// with NVRTC for compute_80 and compute_90 and checks each entry point and
+// its parameters in the PTX. Under make test and CI (GOEP_REQUIRE_TOOLS=1,
+// or -tags ci) a missing NVRTC fails that test instead of skipping it.
+//
+// With a GPU: the tests built with -tags gpu (make test-gpu builds them
+// into bin/gpu; scripts/gpu/run-on-device.sh runs them on a GPU machine):
+// device query, memory round trips, pinned memory and streams, events,
+// the kernel suite on the device, NCCL on one rank and two ranks on one
+// GPU. They fail, never skip, where there is no device.
+//
+// # Not yet: expert parallelism on the GPU
+//
+// There is no ep.Group over device memory yet. What exists is its parts:
+// the layout, packing and combine kernels, and the NCCL transport. The
+// backend will need:
+//
+//   - Counts on the host, or not at all. NCCL receives need their sizes
+//     posted: either copy Layout's per-rank (HT) or per-expert (LL) counts to
+//     the host and exchange them (a SendRecv of 4 bytes per peer, or an MPI
+//     alltoall) before the data, or, for LL, send fixed-capacity blocks
+//     (MaxTokensPerRank rows per source rank and expert) with the counts
+//     alongside, which needs no host synchronisation (and so fits CUDA
+//     graphs).
+//   - LL dispatch: PackRows with Group = top-k ids and Base = the first row
+//     of each expert's block; since rank r owns experts [r*L, (r+1)*L), the
+//     packed buffer is grouped by destination rank, and one send per
+//     (destination rank, expert) lands each block in the receiver's
+//     expert-major buffer [L][Size*MaxTokensPerRank][Hidden] at the source
+//     rank's slot, with no copy on arrival. LL combine: the reverse
+//     transfers, then RowPointers and ReduceRows with the top-k weights
+//     (the kernel suite's DispatchCombine test chains exactly this on one
+//     rank).
+//   - HT dispatch: PackRows with Ord = TokRankOrd and Base = per-rank
+//     offsets, one send per peer; the receiver also needs each row's local
+//     top-k ids and weights (ep_ht_meta) and its per-expert counts
+//     (ep_count_local): two small kernels not written yet. HT combine:
+//     reverse transfers of the partial outputs, then ReduceRows without
+//     weights in a fixed order of ranks. Across nodes NCCL picks the
+//     transport; ep's one-crossing-per-node forwarding would be a later
+//     optimisation.
+//   - Double buffering and overlap: two buffer sets per group as in ep,
+//     events between the compute stream and the communication stream,
+//     Send/Wait split calls.
+//   - Failure handling: NCCL has no timeouts. A watchdog must poll
+//     ncclCommGetAsyncError and call NCCLComm.Abort past the group's
+//     timeout; that binding, ncclCommSplit and collective operations
+//     (ncclAllReduce, ncclAllToAll) are not bound yet.
+//   - The ep conformance suite run against the GPU group, as the kernel
+//     suite runs against both the emulator and the device.
+package gpu

@@ -1,0 +1,88 @@
+// Package kernels holds the CUDA C sources of package gpu's kernels, the
+// table of their entry points, and a CPU emulator that runs the same source
+// compiled as C, so that the kernels are tested on machines with no GPU.
+//
+// The .cu files are text for NVRTC: cgo does not compile them. Only
+// emulate.c, which includes them after prelude.cuh's host definitions, is
+// compiled here. Embedding the sources also makes them part of this
+// package's build hash, so that editing a .cu file rebuilds the emulator.
+package kernels
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+)
+
+//go:embed prelude.cuh layout.cu rows.cu reduce.cu convert.cu
+var files embed.FS
+
+// Files lists the source files in the order they are compiled.
+var Files = []string{"prelude.cuh", "layout.cu", "rows.cu", "reduce.cu", "convert.cu"}
+
+// Kernel is one entry point. Params has one letter per parameter, in order:
+// p = a pointer (a device address, 8 bytes), l = a 64-bit integer, i = a
+// 32-bit int.
+type Kernel struct {
+	Name   string
+	Params string
+}
+
+// List is every entry point, in the order of emulate.c's switch.
+var List = []Kernel{
+	{"goep_layout_count", "pliiiipilpp"},
+	{"goep_layout_scan", "pliiippp"},
+	{"goep_layout_assign", "pliiiipilpppp"},
+	{"goep_copy_rows", "pplpplll"},
+	{"goep_pack_rows", "plppppilil"},
+	{"goep_row_ptrs", "plpll"},
+	{"goep_reduce_rows", "pippplli"},
+	{"goep_f32_to_bf16", "ppl"},
+	{"goep_bf16_to_f32", "ppl"},
+}
+
+// Index returns the position of the named kernel in List, or -1.
+func Index(name string) int {
+	for i, k := range List {
+		if k.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Names lists the entry points' names.
+func Names() []string {
+	out := make([]string, len(List))
+	for i, k := range List {
+		out[i] = k.Name
+	}
+	return out
+}
+
+// File returns one source file's text.
+func File(name string) (string, error) {
+	b, err := files.ReadFile(name)
+	if err != nil {
+		return "", fmt.Errorf("kernels: no source file %q", name)
+	}
+	return string(b), nil
+}
+
+// Source is the whole program NVRTC compiles: every file in order, each
+// preceded by a #line directive so that compiler messages name the file.
+func Source() string {
+	var b strings.Builder
+	for _, f := range Files {
+		text, err := files.ReadFile(f)
+		if err != nil {
+			panic("kernels: embedded file missing: " + f) // a build error, not a run-time condition
+		}
+		fmt.Fprintf(&b, "#line 1 \"%s\"\n", f)
+		b.Write(text)
+		if len(text) > 0 && text[len(text)-1] != '\n' {
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}

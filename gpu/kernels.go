@@ -1,0 +1,368 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/goep/goep/gpu/internal/kernels"
+)
+
+// launcher runs kernels: a CUDA module on a device, or (in tests) the CPU
+// emulator of package kernels.
+type launcher interface {
+	// launch runs the named kernel on grid blocks of block threads; args
+	// hold one 8-byte slot per parameter.
+	launch(name string, grid, block uint32, args []uint64, s *Stream) error
+	// allocAsync and freeAsync are stream-ordered scratch memory.
+	allocAsync(n int, s *Stream) (DevicePtr, error)
+	freeAsync(p DevicePtr, s *Stream) error
+	memsetAsync(p DevicePtr, v byte, n int, s *Stream) error
+}
+
+// Kernels runs the package's kernels on one device. Every method queues
+// work on stream s (nil: the default stream) and returns without waiting;
+// arguments are device addresses (DevicePtr; 0 = none where allowed) and
+// sizes, checked on the host before anything is queued. The kernels' exact
+// semantics are in their sources (KernelSource), each the counterpart of a
+// CPU kernel of package ep, whose results they reproduce bit for bit.
+type Kernels struct {
+	l       launcher
+	arch    int
+	maxGrid uint32
+	chunk   int64 // tokens per layout chunk; 0 = automatic
+}
+
+// Kernels compiles (or finds in the PTX cache) the kernels for this device
+// and loads them, on first use; later calls return the same value.
+func (d *Device) Kernels() (*Kernels, error) {
+	d.kernelsOnce.Do(func() { d.kernels, d.kernelsErr = loadKernels(d) })
+	return d.kernels, d.kernelsErr
+}
+
+// Arch returns the virtual architecture the kernels were compiled for (90
+// = compute_90).
+func (k *Kernels) Arch() int { return k.arch }
+
+func newKernels(l launcher, arch int) *Kernels { return &Kernels{l: l, arch: arch, maxGrid: 8192} }
+
+// DType is an element type of the row kernels.
+type DType int
+
+// The element types; their values are those of ep's C kernels.
+const (
+	F32  DType = 0 // float32
+	BF16 DType = 1 // bfloat16 (ep.BF16)
+)
+
+func (t DType) String() string {
+	switch t {
+	case F32:
+		return "float32"
+	case BF16:
+		return "bfloat16"
+	}
+	return fmt.Sprintf("DType(%d)", int(t))
+}
+
+// Size returns the size of one element in bytes.
+func (t DType) Size() int {
+	if t == BF16 {
+		return 2
+	}
+	return 4
+}
+
+func (t DType) valid() bool { return t == F32 || t == BF16 }
+
+// argument helpers: one 8-byte slot per kernel parameter.
+func ptrArg(v DevicePtr) uint64 { return uint64(v) }
+func i64Arg(v int) uint64       { return uint64(int64(v)) }
+func intArg(v int) uint64       { return uint64(uint32(int32(v))) }
+
+// gridFor returns the blocks for n items handled one per block (perBlock =
+// 1) or one per thread (perBlock = block size), at least 1, at most maxGrid
+// (the kernels stride over the rest).
+func (k *Kernels) gridFor(n int64, perBlock int64) uint32 {
+	g := (n + perBlock - 1) / perBlock
+	if g < 1 {
+		g = 1
+	}
+	if g > int64(k.maxGrid) {
+		g = int64(k.maxGrid)
+	}
+	return uint32(g)
+}
+
+// rowBlock is the block size for work on rows of `units` units: a warp
+// multiple up to 256.
+func rowBlock(units int64) uint32 {
+	b := (units + 31) / 32 * 32
+	if b < 32 {
+		b = 32
+	}
+	if b > 256 {
+		b = 256
+	}
+	return uint32(b)
+}
+
+func argErr(op, format string, a ...any) error {
+	return fmt.Errorf("gpu: %s: %s", op, fmt.Sprintf(format, a...))
+}
+
+// LayoutArgs are the inputs and outputs of Layout: ep_layout's, on the
+// device. Int32 arrays unless noted; outputs may be 0 when not wanted.
+type LayoutArgs struct {
+	TopK           DevicePtr // [Tokens][K] expert ids, -1 = none
+	Tokens, K      int
+	Experts        int       // E
+	ExpertsPerRank int       // L: rank r owns experts [r*L, (r+1)*L)
+	Ranks          int       // R, with E <= R*L
+	NodeOf         DevicePtr // [Ranks]: each rank's node in [0, Nodes)
+	Nodes          int
+
+	PerExpert, PerRank, PerNode DevicePtr // [Experts], [Ranks], [Nodes]: counts
+	PairOrd                     DevicePtr // [Tokens][K]: place among its expert's pairs, -1 = masked
+	TokRankOrd                  DevicePtr // [Tokens][Ranks]: place among the tokens sent to the rank, -1 = not sent
+	TokNodeOrd                  DevicePtr // [Tokens][Nodes]: the same per node
+	// Bad, a uint64, becomes ^0 when every id is valid, else the first bad
+	// entry i = t*K+k and its kind as i<<2 | kind (DecodeBad).
+	Bad DevicePtr
+}
+
+// DecodeBad reads LayoutArgs.Bad: ok when every id was valid, else the
+// index t*K+k of the first bad entry and its kind (1: id outside [-1, E);
+// 2: an expert repeated within a token), as ep_layout reports them.
+func DecodeBad(v uint64) (index int64, kind int, ok bool) {
+	if v == math.MaxUint64 {
+		return -1, 0, true
+	}
+	return int64(v >> 2), int(v & 3), false
+}
+
+// Layout computes the dispatch layout of TopK (ep_layout). It allocates
+// its scratch memory on the stream.
+func (k *Kernels) Layout(s *Stream, a LayoutArgs) error {
+	const op = "Layout"
+	switch {
+	case a.Tokens < 0 || a.K < 1:
+		return argErr(op, "Tokens = %d, K = %d: need Tokens >= 0 and K >= 1", a.Tokens, a.K)
+	case int64(a.Tokens)*int64(a.K) > math.MaxInt32:
+		return argErr(op, "Tokens*K = %d pairs: at most %d", int64(a.Tokens)*int64(a.K), math.MaxInt32)
+	case a.Experts < 1 || a.ExpertsPerRank < 1 || a.Ranks < 1 || a.Nodes < 1:
+		return argErr(op, "Experts = %d, ExpertsPerRank = %d, Ranks = %d, Nodes = %d: each must be >= 1",
+			a.Experts, a.ExpertsPerRank, a.Ranks, a.Nodes)
+	case int64(a.Experts) > int64(a.Ranks)*int64(a.ExpertsPerRank):
+		return argErr(op, "%d experts do not fit in %d ranks of %d", a.Experts, a.Ranks, a.ExpertsPerRank)
+	case a.Tokens > 0 && a.TopK == 0:
+		return argErr(op, "TopK is 0 for %d tokens", a.Tokens)
+	case a.NodeOf == 0:
+		return argErr(op, "NodeOf is 0")
+	}
+	if a.Bad != 0 {
+		if err := k.l.memsetAsync(a.Bad, 0xff, 8, s); err != nil {
+			return err
+		}
+	}
+	T := int64(a.Tokens)
+	chunk := k.chunk
+	if chunk <= 0 {
+		chunk = (T + 1023) / 1024
+		if chunk < 1 {
+			chunk = 1
+		}
+	}
+	C := (T + chunk - 1) / chunk
+	W := int64(a.Experts) + int64(a.Ranks) + int64(a.Nodes)
+	countsBytes := C * W * 4
+	if countsBytes < 4 {
+		countsBytes = 4
+	}
+	counts, err := k.l.allocAsync(int(countsBytes), s)
+	if err != nil {
+		return err
+	}
+	const block = 128
+	grid := k.gridFor(C, block)
+	err = k.l.launch("goep_layout_count", grid, block, []uint64{
+		ptrArg(a.TopK), i64Arg(a.Tokens), intArg(a.K), intArg(a.Experts), intArg(a.ExpertsPerRank), intArg(a.Ranks), ptrArg(a.NodeOf), intArg(a.Nodes),
+		uint64(chunk), ptrArg(counts), ptrArg(a.Bad)}, s)
+	if err == nil {
+		err = k.l.launch("goep_layout_scan", k.gridFor(W, block), block, []uint64{
+			ptrArg(counts), uint64(C), intArg(a.Experts), intArg(a.Ranks), intArg(a.Nodes), ptrArg(a.PerExpert), ptrArg(a.PerRank), ptrArg(a.PerNode)}, s)
+	}
+	if err == nil {
+		err = k.l.launch("goep_layout_assign", grid, block, []uint64{
+			ptrArg(a.TopK), i64Arg(a.Tokens), intArg(a.K), intArg(a.Experts), intArg(a.ExpertsPerRank), intArg(a.Ranks), ptrArg(a.NodeOf), intArg(a.Nodes),
+			uint64(chunk), ptrArg(counts), ptrArg(a.PairOrd), ptrArg(a.TokRankOrd), ptrArg(a.TokNodeOrd)}, s)
+	}
+	return errors.Join(err, k.l.freeAsync(counts, s))
+}
+
+// CopyRowsArgs describe CopyRows: for i < N, row SrcIdx[i] of Src goes to
+// row DstIdx[i] of Dst (an index array of 0 means the identity). Negative
+// indices, and indices past SrcRows or DstRows, skip the row.
+type CopyRowsArgs struct {
+	Dst     DevicePtr
+	DstIdx  DevicePtr // int32 [N], or 0
+	DstRows int
+	Src     DevicePtr
+	SrcIdx  DevicePtr // int32 [N], or 0
+	SrcRows int
+	N       int
+	// RowBytes is the size of a row; rows move 16 bytes at a time when
+	// addresses and size allow, else 4, else 1.
+	RowBytes int
+}
+
+// CopyRows scatters, gathers or permutes rows (goep_copy_rows).
+func (k *Kernels) CopyRows(s *Stream, a CopyRowsArgs) error {
+	const op = "CopyRows"
+	if a.N < 0 || a.RowBytes < 0 || a.DstRows < 0 || a.SrcRows < 0 {
+		return argErr(op, "negative size (N %d, RowBytes %d, DstRows %d, SrcRows %d)", a.N, a.RowBytes, a.DstRows, a.SrcRows)
+	}
+	if a.N == 0 || a.RowBytes == 0 {
+		return nil
+	}
+	if a.Dst == 0 || a.Src == 0 {
+		return argErr(op, "Dst or Src is 0")
+	}
+	return k.l.launch("goep_copy_rows", k.gridFor(int64(a.N), 1), rowBlock(int64(a.RowBytes)/16), []uint64{
+		ptrArg(a.Dst), ptrArg(a.DstIdx), i64Arg(a.DstRows), ptrArg(a.Src), ptrArg(a.SrcIdx), i64Arg(a.SrcRows), i64Arg(a.N), i64Arg(a.RowBytes)}, s)
+}
+
+// PackRowsArgs describe PackRows: for each item j = t*Width+w with
+// o = Ord[j] >= 0, row t of Src goes to row Base[g]+o of Dst, where
+// g = Group[j] (or w when Group is 0) and Base[g] = 0 when Base is 0.
+// Items whose g is outside [0, Groups) or whose row is outside [0, DstRows)
+// are skipped.
+//
+// LL (expert-major): Ord = the layout's PairOrd, Width = K, Group = TopK,
+// Base[e] = first row of expert e's block. HT (rank-grouped): Ord =
+// TokRankOrd, Width = Ranks, Group = 0, Base[r] = first row of rank r's
+// block.
+type PackRowsArgs struct {
+	Dst     DevicePtr
+	DstRows int
+	Src     DevicePtr // [Tokens][RowBytes]
+	Ord     DevicePtr // int32 [Tokens][Width]
+	Group   DevicePtr // int32 [Tokens][Width], or 0
+	Base    DevicePtr // int32 [Groups], or 0
+	Groups  int       // 0: Width
+	Tokens  int
+	Width   int
+	// RowBytes is the size of a row.
+	RowBytes int
+}
+
+// PackRows writes token rows into grouped buffers (goep_pack_rows).
+func (k *Kernels) PackRows(s *Stream, a PackRowsArgs) error {
+	const op = "PackRows"
+	if a.Tokens < 0 || a.Width < 1 || a.RowBytes < 0 || a.DstRows < 0 || a.Groups < 0 {
+		return argErr(op, "bad size (Tokens %d, Width %d, RowBytes %d, DstRows %d, Groups %d)",
+			a.Tokens, a.Width, a.RowBytes, a.DstRows, a.Groups)
+	}
+	if a.Tokens == 0 || a.RowBytes == 0 {
+		return nil
+	}
+	if a.Dst == 0 || a.Src == 0 || a.Ord == 0 {
+		return argErr(op, "Dst, Src or Ord is 0")
+	}
+	groups := a.Groups
+	if groups == 0 {
+		groups = a.Width
+	}
+	n := int64(a.Tokens) * int64(a.Width)
+	return k.l.launch("goep_pack_rows", k.gridFor(n, 1), rowBlock(int64(a.RowBytes)/16), []uint64{
+		ptrArg(a.Dst), i64Arg(a.DstRows), ptrArg(a.Src), ptrArg(a.Ord), ptrArg(a.Group), ptrArg(a.Base), intArg(groups), i64Arg(a.Tokens), intArg(a.Width),
+		i64Arg(a.RowBytes)}, s)
+}
+
+// RowPointers sets dst[i] (uint64) to base + idx[i]*rowBytes, or to 0 where
+// idx[i] < 0, for i < n (idx 0: the identity): the source list of
+// ReduceRows from row numbers.
+func (k *Kernels) RowPointers(s *Stream, dst, base, idx DevicePtr, n, rowBytes int) error {
+	if n < 0 || rowBytes < 0 {
+		return argErr("RowPointers", "negative size (n %d, rowBytes %d)", n, rowBytes)
+	}
+	if n == 0 {
+		return nil
+	}
+	if dst == 0 {
+		return argErr("RowPointers", "dst is 0")
+	}
+	const block = 256
+	return k.l.launch("goep_row_ptrs", k.gridFor(int64(n), block), block, []uint64{
+		ptrArg(dst), uint64(base), ptrArg(idx), i64Arg(n), i64Arg(rowBytes)}, s)
+}
+
+// ReduceArgs describe ReduceRows: for each output row i < N,
+// Out[i] = sum over j in [Start[i], Start[i+1]) of Weights[j] * row Src[j],
+// accumulated in float32 in the order of j (ep_reduce_rows).
+type ReduceArgs struct {
+	Out     DevicePtr // [N][Hidden] of OutType
+	OutType DType
+	Src     DevicePtr // uint64 [Start[N]]: device addresses of rows of InType (0: skipped)
+	Weights DevicePtr // float32 [Start[N]], or 0 for all ones
+	Start   DevicePtr // int32 [N+1], non-decreasing
+	N       int
+	Hidden  int
+	InType  DType
+}
+
+// ReduceRows is the weighted combine (goep_reduce_rows).
+func (k *Kernels) ReduceRows(s *Stream, a ReduceArgs) error {
+	const op = "ReduceRows"
+	if a.N < 0 || a.Hidden < 0 {
+		return argErr(op, "negative size (N %d, Hidden %d)", a.N, a.Hidden)
+	}
+	if !a.OutType.valid() || !a.InType.valid() {
+		return argErr(op, "element types %v -> %v: need F32 or BF16", a.InType, a.OutType)
+	}
+	if a.N == 0 || a.Hidden == 0 {
+		return nil
+	}
+	if a.Out == 0 || a.Start == 0 || a.Src == 0 {
+		return argErr(op, "Out, Start or Src is 0")
+	}
+	return k.l.launch("goep_reduce_rows", k.gridFor(int64(a.N), 1), rowBlock(int64(a.Hidden)), []uint64{
+		ptrArg(a.Out), intArg(int(a.OutType)), ptrArg(a.Src), ptrArg(a.Weights), ptrArg(a.Start), i64Arg(a.N), i64Arg(a.Hidden), intArg(int(a.InType))}, s)
+}
+
+// ToBF16 rounds n float32 at src to bfloat16 at dst, to nearest even
+// (ep_f32_to_bf16).
+func (k *Kernels) ToBF16(s *Stream, dst, src DevicePtr, n int) error {
+	return k.convert("ToBF16", "goep_f32_to_bf16", s, dst, src, n)
+}
+
+// FromBF16 widens n bfloat16 at src to float32 at dst (ep_bf16_to_f32).
+func (k *Kernels) FromBF16(s *Stream, dst, src DevicePtr, n int) error {
+	return k.convert("FromBF16", "goep_bf16_to_f32", s, dst, src, n)
+}
+
+func (k *Kernels) convert(op, name string, s *Stream, dst, src DevicePtr, n int) error {
+	if n < 0 {
+		return argErr(op, "negative length %d", n)
+	}
+	if n == 0 {
+		return nil
+	}
+	if dst == 0 || src == 0 {
+		return argErr(op, "dst or src is 0")
+	}
+	const block = 256
+	return k.l.launch(name, k.gridFor(int64(n), block), block, []uint64{ptrArg(dst), ptrArg(src), i64Arg(n)}, s)
+}
+
+// checkArgs checks a launch's arguments against the kernel table.
+func checkArgs(name string, args []uint64) error {
+	x := kernels.Index(name)
+	if x < 0 {
+		return fmt.Errorf("gpu: no kernel %q", name)
+	}
+	if want := len(kernels.List[x].Params); len(args) != want {
+		return fmt.Errorf("gpu: kernel %s takes %d arguments, got %d", name, want, len(args))
+	}
+	return nil
+}

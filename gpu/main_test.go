@@ -1,0 +1,9 @@
+package gpu
+
+import (
+	"testing"
+
+	"github.com/goep/goep/internal/mpitesting"
+)
+
+func TestMain(m *testing.M) { mpitesting.Main(m) }

@@ -1,0 +1,319 @@
+package gpu
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/goep/goep/mpi"
+)
+
+// NCCLError is a failed NCCL call, with ncclGetErrorString's text and, when
+// the NCCL has it (2.13+), ncclGetLastError's more specific message.
+type NCCLError struct {
+	Call    string
+	Code    int
+	Message string
+	Last    string
+}
+
+func (e *NCCLError) Error() string {
+	s := fmt.Sprintf("gpu: %s: %s (%d)", e.Call, e.Message, e.Code)
+	if e.Last != "" {
+		s += ": " + e.Last
+	}
+	return s
+}
+
+func ncclErr(call string, r C.int, comm unsafe.Pointer) error {
+	if r == 0 {
+		return nil
+	}
+	e := &NCCLError{Call: call, Code: int(r), Message: "unknown NCCL status"}
+	if s := C.goep_nccl_error_string(r); s != nil {
+		e.Message = C.GoString(s)
+	}
+	if s := C.goep_nccl_last_error(comm); s != nil {
+		e.Last = C.GoString(s)
+	}
+	return e
+}
+
+// NCCLVersion returns the NCCL library's version code (22703 = 2.27.3).
+func NCCLVersion() (int, error) {
+	if err := ncclLib.load(); err != nil {
+		return 0, err
+	}
+	var v C.int
+	if err := ncclErr("ncclGetVersion", C.goep_nccl_version(&v), nil); err != nil {
+		return 0, err
+	}
+	return int(v), nil
+}
+
+// NCCLUniqueID creates an NCCL unique ID (ncclGetUniqueId): an
+// mpi.IDGenerator, for mpi.BootstrapID(world, 0, gpu.NCCLUniqueID). Without
+// the NCCL library it returns the *LibraryError that says so, which
+// BootstrapID hands to every rank.
+func NCCLUniqueID() (mpi.UniqueID, error) { return ncclUniqueID(ncclLib) }
+
+var _ mpi.IDGenerator = NCCLUniqueID
+
+func ncclUniqueID(lib *library) (mpi.UniqueID, error) {
+	var id mpi.UniqueID
+	if err := lib.load(); err != nil {
+		return id, err
+	}
+	var buf [mpi.UniqueIDBytes]C.uchar
+	if err := ncclErr("ncclGetUniqueId", C.goep_nccl_get_unique_id(&buf[0]), nil); err != nil {
+		return id, err
+	}
+	for i := range id {
+		id[i] = byte(buf[i])
+	}
+	return id, nil
+}
+
+// NCCLComm is an NCCL communicator of one rank, on one device.
+type NCCLComm struct {
+	dev        *Device
+	comm       unsafe.Pointer // ncclComm_t
+	rank, size int
+}
+
+// NewNCCLComm creates an NCCL communicator over the ranks of world, one
+// rank per MPI rank, as NCCL's MPI bootstrap does: each rank opens its
+// device (DeviceForRank's choice when device is negative), rank 0 creates
+// the unique ID (NCCLUniqueID) and mpi.BootstrapID broadcasts it, and every
+// rank calls ncclCommInitRank. It is collective. Before NCCL is entered the
+// ranks agree that each has its libraries and device, so that a rank that
+// lacks them makes every rank return an error naming it, instead of leaving
+// the others waiting inside ncclCommInitRank.
+func NewNCCLComm(world *mpi.Comm, device int) (*NCCLComm, error) {
+	local, lerr := localRank(world) // collective, whatever device is
+	var dev *Device
+	err := func() error {
+		if lerr != nil {
+			return lerr
+		}
+		ordinal := device
+		if ordinal < 0 {
+			var err error
+			if ordinal, err = deviceFor(world.Rank(), local); err != nil {
+				return err
+			}
+		}
+		if err := ncclLib.load(); err != nil {
+			return err
+		}
+		var err error
+		dev, err = OpenDevice(ordinal)
+		return err
+	}()
+	if err := agree(world, "NewNCCLComm", err); err != nil {
+		return nil, err
+	}
+	id, err := mpi.BootstrapID(world, 0, NCCLUniqueID)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: NewNCCLComm: %w", err)
+	}
+	return NewNCCLCommFromID(dev, id, world.Rank(), world.Size())
+}
+
+// NewNCCLCommFromID joins rank `rank` of an NCCL communicator of `size`
+// ranks whose unique ID the caller has shared by other means
+// (ncclCommInitRank). It blocks until every rank has joined.
+func NewNCCLCommFromID(dev *Device, id mpi.UniqueID, rank, size int) (*NCCLComm, error) {
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("gpu: NewNCCLCommFromID: rank %d of %d", rank, size)
+	}
+	if err := ncclLib.load(); err != nil {
+		return nil, err
+	}
+	var cid [mpi.UniqueIDBytes]C.uchar
+	for i, b := range id {
+		cid[i] = C.uchar(b)
+	}
+	var comm unsafe.Pointer
+	r := C.goep_nccl_comm_init_rank(dev.ctx, &comm, C.int(size), &cid[0], C.int(rank))
+	if err := ncclErr("ncclCommInitRank", r, nil); err != nil {
+		return nil, fmt.Errorf("%w (rank %d of %d on %v)", err, rank, size, dev)
+	}
+	return &NCCLComm{dev: dev, comm: comm, rank: rank, size: size}, nil
+}
+
+// DeviceForRank returns the device a rank of world uses by default: its
+// local rank (mpi.Topology) modulo the number of visible devices. With
+// simulated nodes (GOEP_RANKS_PER_NODE) the ranks of one host still share
+// its devices, so the rank's place among the ranks of its host counts
+// instead. It is collective.
+func DeviceForRank(world *mpi.Comm) (int, error) {
+	local, err := localRank(world)
+	if err != nil {
+		return 0, err
+	}
+	return deviceFor(world.Rank(), local)
+}
+
+func deviceFor(rank, local int) (int, error) {
+	n, err := DeviceCount()
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("%w visible to rank %d", ErrNoDevice, rank)
+	}
+	return local % n, nil
+}
+
+// localRank is the rank's place on its node, or on its host when nodes are
+// simulated. It is collective.
+func localRank(world *mpi.Comm) (int, error) {
+	topo, err := world.Topology()
+	if err != nil {
+		return 0, err
+	}
+	local, simulated := topo.LocalRank, topo.Simulated
+	if err := topo.Free(); err != nil {
+		return 0, err
+	}
+	if simulated {
+		return hostLocalRank(world)
+	}
+	return local, nil
+}
+
+// hostLocalRank returns the number of lower ranks of c on this host. It is
+// collective.
+func hostLocalRank(c *mpi.Comm) (int, error) {
+	const width = 256
+	host, err := mpi.ProcessorName()
+	if err != nil {
+		return 0, err
+	}
+	mine := make([]byte, width)
+	copy(mine, host)
+	all := make([]byte, width*c.Size())
+	if err := c.Allgather(mine, all); err != nil {
+		return 0, err
+	}
+	local := 0
+	for r := 0; r < c.Rank(); r++ {
+		if string(all[r*width:(r+1)*width]) == string(mine) {
+			local++
+		}
+	}
+	return local, nil
+}
+
+// agree makes every rank of c return an error if any rank's err is not nil:
+// the lowest failing rank's message, broadcast, so that all ranks report
+// the same cause. It is collective.
+func agree(c *mpi.Comm, op string, err error) error {
+	mine := []int32{0}
+	if err != nil {
+		mine[0] = 1
+	}
+	all := make([]int32, c.Size())
+	if cerr := mpi.AllgatherSlice(c, mine, all); cerr != nil {
+		return errors.Join(err, cerr)
+	}
+	root := -1
+	for r, f := range all {
+		if f != 0 {
+			root = r
+			break
+		}
+	}
+	if root < 0 {
+		return nil
+	}
+	msg := make([]byte, 1024)
+	if c.Rank() == root {
+		copy(msg[4:], err.Error())
+		binary.LittleEndian.PutUint32(msg, uint32(min(len(err.Error()), len(msg)-4)))
+	}
+	if cerr := c.Bcast(msg, root); cerr != nil {
+		return errors.Join(err, cerr)
+	}
+	if c.Rank() == root {
+		return fmt.Errorf("gpu: %s: rank %d: %w", op, root, err)
+	}
+	n := binary.LittleEndian.Uint32(msg)
+	return fmt.Errorf("gpu: %s: rank %d failed: %s", op, root, msg[4:4+n])
+}
+
+// Rank returns this rank's place in the communicator.
+func (c *NCCLComm) Rank() int { return c.rank }
+
+// Size returns the number of ranks.
+func (c *NCCLComm) Size() int { return c.size }
+
+// Device returns the device this rank uses.
+func (c *NCCLComm) Device() *Device { return c.dev }
+
+// Transfer is one point-to-point message of SendRecv: Bytes bytes at device
+// address Ptr, to or from rank Peer.
+type Transfer struct {
+	Peer  int
+	Ptr   DevicePtr
+	Bytes int
+}
+
+// SendRecv posts sends and receives in one NCCL group (ncclGroupStart,
+// ncclSend/ncclRecv per transfer, ncclGroupEnd) on stream s (nil: the
+// default stream), so that they progress together and cannot deadlock on
+// their order: the transport of a GPU dispatch or combine. A peer may be
+// this rank itself. Every send must match a receive of the same size on
+// its peer. It returns once the work is queued; s completes it.
+func (c *NCCLComm) SendRecv(s *Stream, sends, recvs []Transfer) error {
+	n := len(sends) + len(recvs)
+	if n == 0 {
+		return nil
+	}
+	isRecv := make([]C.int, 0, n)
+	peers := make([]C.int, 0, n)
+	ptrs := make([]C.uint64_t, 0, n)
+	bytes := make([]C.uint64_t, 0, n)
+	for k, list := range [][]Transfer{sends, recvs} {
+		for _, t := range list {
+			if t.Peer < 0 || t.Peer >= c.size || t.Bytes < 0 || (t.Bytes > 0 && t.Ptr == 0) {
+				return fmt.Errorf("gpu: SendRecv: bad transfer %+v for %d ranks", t, c.size)
+			}
+			isRecv = append(isRecv, C.int(k))
+			peers = append(peers, C.int(t.Peer))
+			ptrs = append(ptrs, C.uint64_t(t.Ptr))
+			bytes = append(bytes, C.uint64_t(t.Bytes))
+		}
+	}
+	r := C.goep_nccl_send_recv(c.dev.ctx, c.comm, s.handle(), C.int(n), &isRecv[0], &peers[0], &ptrs[0], &bytes[0])
+	return ncclErr("ncclSend/ncclRecv group", r, c.comm)
+}
+
+// Close destroys the communicator (ncclCommDestroy) after its queued work.
+func (c *NCCLComm) Close() error {
+	if c.comm == nil {
+		return nil
+	}
+	err := ncclErr("ncclCommDestroy", C.goep_nccl_comm_destroy(c.dev.ctx, c.comm), nil)
+	c.comm = nil
+	return err
+}
+
+// Abort destroys the communicator at once, abandoning queued work: for
+// error paths, where a peer may never arrive.
+func (c *NCCLComm) Abort() error {
+	if c.comm == nil {
+		return nil
+	}
+	err := ncclErr("ncclCommAbort", C.goep_nccl_comm_abort(c.dev.ctx, c.comm), nil)
+	c.comm = nil
+	return err
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# run-on-device.sh: run goep's GPU tests on a machine with an NVIDIA GPU and no Go.
+#
+#   scripts/gpu/run-on-device.sh [test-binary flags, e.g. -test.run 'GPUKernels|NCCL']
+#
+# Build on a machine with Go (no GPU needed):   make test-gpu
+# That writes bin/gpu/gpu.test (package gpu's tests with -tags gpu, no MPI),
+# bin/gpu/gpu-mpi.test (with -tags "gpu mpi") and a copy of this script.
+# Carry bin/gpu/ to the GPU machine and run bin/gpu/run-on-device.sh there (or
+# this script from a checkout that holds bin/gpu/).
+#
+# What the GPU machine needs:
+#   gpu.test       only glibc >= 2.34 (it links nothing else: the CUDA driver,
+#                  NVRTC and NCCL are opened with dlopen at run time), plus
+#                  libcuda.so.1 (the driver), an NVRTC (libnvrtc.so.13/.12/.11.2:
+#                  the CUDA toolkit's, or pip's nvidia-cuda-nvrtc) and NCCL
+#                  (libnccl.so.2: pip's nvidia-nccl-cu13, say). Nothing to carry.
+#   gpu-mpi.test   in addition Open MPI 4.1 (libmpi.so.40 and its libraries,
+#                  and mpirun); optional: run only where mpirun exists.
+# The libraries are searched where the toolkit and pip put them; set
+# GOEP_CUDA_LIB, GOEP_NVRTC_LIB, GOEP_NCCL_LIB (a path, or colon-separated
+# candidates) to choose. An NVRTC newer than the driver makes PTX the driver
+# cannot load (CUDA_ERROR_UNSUPPORTED_PTX_VERSION): point GOEP_NVRTC_LIB at one
+# no newer than the driver's CUDA version, printed below.
+#
+# Exit status: 0 only if every run passed. A test never passes for want of a
+# GPU: without one, or without a library, the gpu-tagged tests fail.
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+bin=${GOEP_GPU_BIN:-}
+if [ -z "$bin" ]; then
+  for d in "$here" "$here/../../bin/gpu"; do
+    if [ -x "$d/gpu.test" ]; then bin=$(cd "$d" && pwd); break; fi
+  done
+fi
+if [ -z "$bin" ] || [ ! -x "$bin/gpu.test" ]; then
+  echo "run-on-device.sh: no gpu.test next to this script or in bin/gpu: run 'make test-gpu' on a machine with Go, then carry bin/gpu/" >&2
+  exit 2
+fi
+
+# pip's NVIDIA wheels: when a variable is unset, offer the libraries that
+# python's site-packages hold as extra candidates after the usual ones.
+site_libs() {
+  command -v python3 >/dev/null || return 0
+  python3 - "$1" <<'PY' 2>/dev/null || true
+import glob, os, site, sys
+roots = set(site.getsitepackages() + [site.getusersitepackages()])
+try:
+    import nvidia
+    roots.update(os.path.dirname(p) for p in nvidia.__path__)
+except Exception:
+    pass
+found = []
+for r in sorted(roots):
+    found += sorted(glob.glob(os.path.join(r, "nvidia", "*", "lib", sys.argv[1])), reverse=True)
+print(":".join(found))
+PY
+}
+if [ -z "${GOEP_NVRTC_LIB:-}" ]; then
+  extra=$(site_libs 'libnvrtc.so*')
+  [ -n "$extra" ] && export GOEP_NVRTC_LIB="libnvrtc.so.13:libnvrtc.so.12:libnvrtc.so.11.2:libnvrtc.so:/usr/local/cuda/lib64/libnvrtc.so*:$extra"
+fi
+if [ -z "${GOEP_NCCL_LIB:-}" ]; then
+  extra=$(site_libs 'libnccl.so*')
+  [ -n "$extra" ] && export GOEP_NCCL_LIB="libnccl.so.2:$extra"
+fi
+
+# NCCL before 2.30 refuses two ranks on one GPU; 2.30 accepts them with this.
+export NCCL_MULTI_RANK_GPU_ENABLE=${NCCL_MULTI_RANK_GPU_ENABLE:-1}
+# A missing NVRTC fails the PTX tests instead of skipping them.
+export GOEP_REQUIRE_TOOLS=1
+
+echo "== machine"
+uname -srm
+ldd --version 2>/dev/null | head -1
+nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.total --format=csv 2>/dev/null || echo "nvidia-smi: not available"
+echo "GOEP_CUDA_LIB=${GOEP_CUDA_LIB:-}"
+echo "GOEP_NVRTC_LIB=${GOEP_NVRTC_LIB:-}"
+echo "GOEP_NCCL_LIB=${GOEP_NCCL_LIB:-}"
+echo "NCCL_MULTI_RANK_GPU_ENABLE=$NCCL_MULTI_RANK_GPU_ENABLE"
+echo "== shared libraries of gpu.test"
+ldd "$bin/gpu.test" || true
+
+status=0
+echo "== gpu.test (one process: device, memory, streams, events, kernels, PTX, NCCL one rank and two ranks on one GPU)"
+(cd "$bin" && ./gpu.test -test.v -test.count=1 -test.timeout=20m "$@") || status=1
+
+echo "== gpu-mpi.test under mpirun (NCCL bootstrap over MPI, 2 ranks)"
+if [ ! -x "$bin/gpu-mpi.test" ]; then
+  echo "not built: skipped"
+elif ! command -v mpirun >/dev/null; then
+  echo "no mpirun on this machine: skipped (needs Open MPI 4.1; gpu.test covered NCCL with two ranks in one process)"
+elif ldd "$bin/gpu-mpi.test" | grep -q 'not found'; then
+  echo "gpu-mpi.test lacks shared libraries here: skipped"
+  ldd "$bin/gpu-mpi.test" | grep 'not found'
+else
+  args=(--oversubscribe -np 2)
+  [ "$(id -u)" = 0 ] && args+=(--allow-run-as-root)
+  for v in NCCL_MULTI_RANK_GPU_ENABLE GOEP_REQUIRE_TOOLS GOEP_CUDA_LIB GOEP_NVRTC_LIB GOEP_NCCL_LIB; do
+    [ -n "${!v:-}" ] && args+=(-x "$v")
+  done
+  (cd "$bin" && mpirun "${args[@]}" ./gpu-mpi.test -test.count=1 -test.timeout=10m \
+    -test.run 'NCCL|Bootstrap|Agree|LocalRank' "$@") || status=1
+fi
+
+if [ "$status" = 0 ]; then echo "== run-on-device.sh: PASS"; else echo "== run-on-device.sh: FAIL"; fi
+exit "$status"
