@@ -73,7 +73,8 @@ test-gpu: deps
 	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/gpu-mpi.test ./gpu
 	cp scripts/gpu/run-on-device.sh bin/gpu/
 
-## test-slurm: mpi-hello under a real 2-node Slurm cluster on this machine (srun, sbatch+mpirun); root.
+## test-slurm: a real 2-node Slurm cluster on this machine (root): mpi-hello by srun and sbatch+mpirun,
+## the training (train.sbatch) and a small scaling study (study.sbatch) by srun and mpirun; 1.5-2 min.
 test-slurm:
 	GO=$(GO) scripts/slurm/test-slurm.sh
 

@@ -49,8 +49,13 @@ export SLURM_CONF=$CONF
 
 say() { echo "cluster.sh: $*" >&2; }
 
-# pids_alive lists "name pid" for each pid file in $STATE/run whose process still runs the
-# program it names (a recycled pid is ignored).
+# running PID: true if PID is a process that has not exited (a zombie, exited but not yet reaped
+# by its parent, has: where init does not reap promptly, zombies of stopped daemons linger).
+running() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" != Z ]; }
+
+# pids_alive lists "name pid" for each pid file of this script's in $STATE/run whose process still
+# runs the program it names (a recycled pid is ignored). The daemons' own pid files are elsewhere
+# ($STATE/run/daemons): a daemon removes its file while it shuts down, before it has exited.
 pids_alive() {
   local f name pid
   for f in "$STATE"/run/*.pid; do
@@ -59,10 +64,20 @@ pids_alive() {
     pid=$(cat "$f" 2>/dev/null || true)
     [[ "$pid" =~ ^[0-9]+$ ]] || continue
     # the program name: slurmctld, slurmd (for slurmd-nI)
-    if [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = "${name%%-*}" ]; then
+    if [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = "${name%%-*}" ] && running "$pid"; then
       echo "$name $pid"
     fi
   done
+}
+
+# stepds lists the slurmstepd processes of this cluster (their environment names its slurm.conf,
+# inherited from the slurmd this script started). slurmd daemonizes them: they outlive it briefly.
+stepds() {
+  local pid
+  for pid in $(pgrep -x slurmstepd 2>/dev/null || true); do
+    running "$pid" && tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_CONF=$CONF" && echo "$pid"
+  done
+  return 0
 }
 
 # ours reports whether $CONF is absent or was written by this script.
@@ -105,7 +120,18 @@ stop() {
     echo "$alive" | while read -r name pid; do kill -KILL "$pid" 2>/dev/null || true; done
     sleep 0.2
   fi
-  rm -f "$STATE"/run/slurm*.pid
+  for _ in $(seq 100); do   # the job steps' slurmstepd: up to 10 s more, then SIGKILL
+    [ -z "$(stepds)" ] && break
+    sleep 0.1
+  done
+  alive=$(stepds)
+  if [ -n "$alive" ]; then
+    say "slurmstepd still running after its slurmd stopped, killing: $(echo $alive)"
+    # shellcheck disable=SC2086
+    kill -KILL $alive 2>/dev/null || true
+    sleep 0.2
+  fi
+  rm -f "$STATE"/run/slurm*.pid "$STATE"/run/daemons/*.pid
   if [ -f "$STATE/run/munge.ours" ]; then
     munged --stop >/dev/null 2>&1 || true
     rm -f "$STATE/run/munge.ours"
@@ -132,7 +158,7 @@ start() {
   fi
 
   rm -rf "$STATE/spool" "$STATE/tmp"
-  mkdir -p "$CONF_DIR" "$STATE"/{run,log,spool/ctld}
+  mkdir -p "$CONF_DIR" "$STATE"/{run/daemons,log,spool/ctld}
   rm -f "$STATE"/log/*
   for i in $(seq "$nn"); do
     mkdir -p "$STATE/spool/n$i"
@@ -159,8 +185,8 @@ SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$STATE/spool/ctld
 SlurmdSpoolDir=$STATE/spool/%n
-SlurmctldPidFile=$STATE/run/slurmctld.pid
-SlurmdPidFile=$STATE/run/slurmd-%n.pid
+SlurmctldPidFile=$STATE/run/daemons/slurmctld.pid
+SlurmdPidFile=$STATE/run/daemons/slurmd-%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmdLogFile=$STATE/log/slurmd-%n.log
 TmpFS=$STATE/tmp/%n

@@ -12,12 +12,28 @@
 #                   MPI_Init, before the package's launch check can run)
 #   srun-singletons srun -n 2 --mpi=none with SLURM_NODELIST hidden, so Open MPI starts each task
 #                   as a singleton: the package's launch check must refuse with "use srun --mpi=pmix"
+#   train-srun      sbatch --wait train.sbatch: bin/moe-train by srun --mpi=pmix on 2 nodes x 2 ranks,
+#                   200 steps; exit 0, one log per rank, trace.h5 (h5dump): nodes 2, world_size 4,
+#                   /trace/loss of 200 rows; checkpoint ckpt-000200.h5
+#   train-mpirun    the same job again with LAUNCHER=mpirun and -steps 300: resumes from
+#                   ckpt-000200.h5 by itself; trace-from-000200.h5 says 2 nodes, 100 rows
+#   study-srun      sbatch --wait study.sbatch, a small sweep (layouts 1x1 1x2 1x4 2x2 2x4, LL and HT,
+#                   f32 and bf16): exit 0, every 2-node step's JSON says "nodes":2, study.h5 passes
+#                   ep-plot check and h5dump shows its tables and attributes, the two charts are
+#                   PNG files, model.md holds the predicted-vs-measured table, /model is stored
+#   study-mpirun    study.sbatch with LAUNCHER=mpirun, layouts 1x2 2x4, LL f32: exit 0, 1 and 2 nodes
+#   study-fails     a sweep ep-bench refuses (6 experts on 4 ranks): the job fails (non-zero) and
+#                   prints the log of each of the 4 ranks
+#   go-readers      go test -run TestSlurmOutputs ./internal/study: the trace read by moe.ReadTrace,
+#                   the study by internal/study (2-node rows from 2-node steps only), the model
 #   no-daemons      after stop, no slurmctld, slurmd, slurmstepd (or munged it started) is left
 # The cluster is always stopped (trap EXIT). Each check prints PASS or FAIL with its time; a
 # failure prints the check's output and the daemons' log tails. Exit status 1 if any failed.
+# Multi-node one-sided MPI needs OMPI_MCA_osc=sm,ucx (lib.sh sets it; see there why).
 #
-# Env: GO (the go command), GOEP_SLURM_TEST_LOGS (default out/test-slurm: one log per check),
-# GOEP_SLURM_TEST_TIMEOUT (seconds per check, default 120); cluster.sh's GOEP_SLURM_* variables.
+# Env: GO (the go command), GOEP_SLURM_TEST_LOGS (default out/test-slurm: one log per check,
+# and the jobs' outputs in train/ and study*/), GOEP_SLURM_TEST_TIMEOUT (seconds per check,
+# default 120; three times that for study-srun, ten job steps); cluster.sh's GOEP_SLURM_* variables.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -33,12 +49,17 @@ failed=()
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 eval "$("$CLUSTER" env)"   # SLURM_CONF for srun, sbatch
 
-daemons() { for d in slurmctld slurmd slurmstepd munged; do pgrep -x "$d" || true; done | sort; }
+# daemons: pids of the Slurm and munge daemons running now. A zombie (exited, its parent not yet
+# told) is not running: init reaps the stopped daemons' zombies a moment later.
+daemons() {
+  ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && ($3 == "slurmctld" || $3 == "slurmd" || $3 == "slurmstepd" || $3 == "munged") { print $1 }' | sort
+}
 
 "$ROOT/scripts/install-deps.sh" --slurm
 before=$(daemons)   # daemons of someone else's, running before this test: not ours to judge
-echo "test-slurm: building bin/mpi-hello"
-"$GO" build -tags mpi -o bin/mpi-hello ./examples/mpi-hello
+echo "test-slurm: building bin/mpi-hello bin/moe-train bin/ep-bench bin/ep-plot"
+for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
+"$GO" build -o bin/ep-plot ./examples/ep-plot
 
 trap '"$CLUSTER" stop' EXIT
 t=$SECONDS
@@ -124,6 +145,117 @@ errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "exit status $rc, want a fail
   [ "$n" = 2 ] || echo "$n of 2 tasks printed \"$want\";")
 [ -n "$errs" ] || echo "  srun-singletons: $(grep -m1 "$want" "$LOGS/srun-singletons.log")"
 result srun-singletons "$t" "$errs"
+
+# sbatch_wait NAME [SBATCH OPTIONS] SCRIPT [ARGS...]: sbatch --wait, the job's output (and sbatch's)
+# in LOGS/NAME.log; sets rc to the job's exit status. The job gets the caller's environment.
+sbatch_wait() {
+  local name=$1
+  shift
+  rc=0
+  timeout "${JOB_TMO:-$TMO}" sbatch --wait --output="$LOGS/$name.job" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+  cat "$LOGS/$name.job" >>"$LOGS/$name.log" 2>/dev/null || true
+  rm -f "$LOGS/$name.job"
+}
+
+# h5attr FILE NAME: the value of the root attribute NAME, as h5dump prints it.
+h5attr() { h5dump -a "/$2" "$1" 2>/dev/null | sed -n 's/^ *(0): *//p' | tr -d '"' | head -n 1; }
+# h5rows FILE DATASET: the number of rows of a table (h5ls: {rows/Inf} or {rows, cols/Inf}).
+h5rows() { h5ls "$1/$2" 2>/dev/null | sed -n 's/.*{\([0-9]*\).*/\1/p'; }
+
+# trace_errors FILE NODES RANKS ROWS: what is wrong with a moe-train trace.
+trace_errors() {
+  local f=$1 got
+  [ -s "$f" ] || { echo "no $f;"; return; }
+  got=$(h5attr "$f" nodes)
+  [ "$got" = "$2" ] || echo "$f: attribute nodes is \"$got\", want $2;"
+  got=$(h5attr "$f" world_size)
+  [ "$got" = "$3" ] || echo "$f: attribute world_size is \"$got\", want $3;"
+  got=$(h5rows "$f" trace/loss)
+  [ "$got" = "$4" ] || echo "$f: /trace/loss has \"$got\" rows, want $4;"
+}
+
+TRAIN=$LOGS/train
+# e. train.sbatch with srun: 2 nodes x 2 ranks.
+t=$SECONDS; rc=0
+(export GOEP_OUT_DIR=$TRAIN GOEP_STEP_TIMEOUT=$TMO
+  sbatch_wait train-srun scripts/slurm/train.sbatch -steps 200 -ckpt-every 100 -progress-every 100 -mode ht; exit "$rc") || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
+  trace_errors "$TRAIN/trace.h5" 2 4 200
+  [ -s "$TRAIN/ckpt-000200.h5" ] || echo "no checkpoint ckpt-000200.h5;"
+  for r in 0 1 2 3; do [ -f "$TRAIN/logs/train.$r.out" ] || echo "no log of rank $r;"; done
+  grep -q "srun --mpi=pmix -N 2 -n 4" "$LOGS/train-srun.log" || echo "no srun --mpi=pmix -N 2 -n 4 step;")
+result train-srun "$t" "$errs"
+
+# f. the same job with mpirun in the allocation, to step 300: it resumes from ckpt-000200.h5.
+t=$SECONDS; rc=0
+(export LAUNCHER=mpirun GOEP_OUT_DIR=$TRAIN GOEP_STEP_TIMEOUT=$TMO
+  sbatch_wait train-mpirun scripts/slurm/train.sbatch -steps 300 -ckpt-every 100 -progress-every 100 -mode ht; exit "$rc") || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
+  trace_errors "$TRAIN/trace-from-000200.h5" 2 4 100
+  [ "$(h5attr "$TRAIN/trace-from-000200.h5" start_step)" = 200 ] || echo "trace-from-000200.h5: start_step is not 200;"
+  [ -s "$TRAIN/ckpt-000300.h5" ] || echo "no checkpoint ckpt-000300.h5;"
+  grep -q "mpirun -np 4 --host n1:2,n2:2" "$LOGS/train-mpirun.log" || echo "no mpirun -np 4 --host n1:2,n2:2 step;")
+result train-mpirun "$t" "$errs"
+
+# The small sweep of the study checks (a few seconds per step here).
+small=(STUDY_DTYPES=f32,bf16 STUDY_TOKENS_LL=16,64 STUDY_TOKENS_HT=64,256 STUDY_HIDDEN=256 STUDY_TOPK=2
+  STUDY_EXPERTS=8 STUDY_ITERS=5 STUDY_WARMUP=1 GOEP_STEP_TIMEOUT=$TMO)
+
+# study_errors DIR LOG ROWS NODES: what is wrong with a study's outputs.
+study_errors() {
+  local dir=$1 log=$2 f
+  "$ROOT/bin/ep-plot" check -rows "$3" -nodes "$4" -attrs slurm_job_id,slurm_job_nodelist,date,sweep_layouts \
+    "$dir/study.h5" >>"$log" 2>&1 || echo "ep-plot check failed;"
+  for f in "$dir"/logs/*-2x*.jsonl; do
+    [ -e "$f" ] || continue
+    grep -q '"nodes":2,' "$f" || echo "$(basename "$f"): no \"nodes\":2 in the JSON of a 2-node step;"
+    ! grep -q '"nodes":1,' "$f" || echo "$(basename "$f"): \"nodes\":1 in the JSON of a 2-node step;"
+  done
+  h5dump -d /results/nodes "$dir/study.h5" >>"$log" 2>&1 || echo "h5dump -d /results/nodes failed;"
+  f=$(h5rows "$dir/study.h5" results/dispatch_us)
+  [ "$f" = "$3" ] || echo "/results/dispatch_us has \"$f\" rows (h5ls), want $3;"
+  [ -n "$(h5attr "$dir/study.h5" slurm_job_id)" ] || echo "no attribute slurm_job_id (h5dump);"
+}
+
+# g. study.sbatch with srun: 5 layouts x 2 modes, 8 rows per layout.
+t=$SECONDS; rc=0
+(export "${small[@]}" GOEP_OUT_DIR="$LOGS/study" STUDY_LAYOUTS="1x1 1x2 1x4 2x2 2x4" JOB_TMO=$((3 * TMO))
+  sbatch_wait study-srun --ntasks-per-node=4 scripts/slurm/study.sbatch; exit "$rc") || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
+  study_errors "$LOGS/study" "$LOGS/study-srun.log" 40 1,2
+  for f in ll-latency.png ht-bandwidth.png model.png; do
+    [ "$(head -c 4 "$LOGS/study/$f" 2>/dev/null | tail -c 3)" = PNG ] || echo "$f is not a PNG file;"
+  done
+  grep -q "^## Predicted against measured" "$LOGS/study/model.md" 2>/dev/null || echo "model.md has no predicted-vs-measured table;"
+  h5dump -a /model/ll/dispatch/alpha_us "$LOGS/study/study.h5" >/dev/null 2>&1 || echo "no /model/ll/dispatch in study.h5;")
+result study-srun "$t" "$errs"
+
+# h. study.sbatch with mpirun in the allocation.
+t=$SECONDS; rc=0
+(export "${small[@]}" LAUNCHER=mpirun GOEP_OUT_DIR="$LOGS/study-mpirun" STUDY_LAYOUTS="1x2 2x4" STUDY_MODES=ll STUDY_DTYPES=f32
+  sbatch_wait study-mpirun --ntasks-per-node=4 scripts/slurm/study.sbatch; exit "$rc") || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
+  study_errors "$LOGS/study-mpirun" "$LOGS/study-mpirun.log" 4 1,2
+  grep -q "mpirun -np 4 --host n1:2,n2:2" "$LOGS/study-mpirun.log" || echo "no mpirun -np 4 --host n1:2,n2:2 step;")
+result study-mpirun "$t" "$errs"
+
+# i. a step that fails prints every rank's log, and the job fails.
+t=$SECONDS; rc=0
+(export "${small[@]}" GOEP_OUT_DIR="$LOGS/study-fails" STUDY_LAYOUTS="2x4" STUDY_MODES=ll STUDY_DTYPES=f32 STUDY_EXPERTS=6
+  sbatch_wait study-fails --ntasks-per-node=4 scripts/slurm/study.sbatch; exit "$rc") || rc=$?
+errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "exit status $rc, want a failure (not 0, not a time-out);"
+  for r in 0 1 2 3; do
+    grep -q "^---- .*/000-2x4-ll\.$r\.err" "$LOGS/study-fails.log" || echo "the log of rank $r is not printed;"
+  done
+  grep -q "not a multiple of the 4 ranks" "$LOGS/study-fails.log" || echo "ep's error is not in the job's output;")
+result study-fails "$t" "$errs"
+
+# j. the project's readers: moe.ReadTrace, internal/study.
+t=$SECONDS; rc=0
+GOEP_SLURM_OUTPUTS=$LOGS "$GO" test -count=1 -run TestSlurmOutputs -v ./internal/study >"$LOGS/go-readers.log" 2>&1 || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "go test exit status $rc;"
+  grep -q -- "--- PASS: TestSlurmOutputs" "$LOGS/go-readers.log" || echo "TestSlurmOutputs did not pass (skipped?);")
+result go-readers "$t" "$errs"
 
 # d. stop, and nothing of ours is left running.
 t=$SECONDS
