@@ -296,7 +296,9 @@ func NewGroup[E Element](comm *mpi.Comm, cfg Config) (_ *Group[E], err error) {
 	if t.Nodes > 1 {
 		g.rl = newRMALayout(cfg, g.size, t.Nodes, g.rowBytes)
 		if g.rma, err = c.AllocateWindow(g.rl.size); err != nil {
-			return nil, fmt.Errorf("ep: NewGroup: allocating %d bytes of staging window: %w", g.rl.size, err)
+			return nil, fmt.Errorf("ep: NewGroup: allocating %d bytes of staging window for %d nodes: %w "+
+				"(the inter-node path needs a one-sided MPI component that works across hosts with MPI_THREAD_MULTIPLE: "+
+				"with Open MPI over TCP or shared memory, set OMPI_MCA_osc=sm,ucx)", g.rl.size, t.Nodes, err)
 		}
 		if err := g.rma.LockAll(); err != nil {
 			return nil, err
