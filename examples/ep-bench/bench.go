@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/internal/benchfmt"
 	"github.com/goep/goep/mpi"
 )
 
@@ -34,36 +35,9 @@ type config struct {
 	dtype                         string
 }
 
-// Result is one configuration's figures: the JSON line of -json.
-type Result struct {
-	Mode    string `json:"mode"`
-	Ranks   int    `json:"ranks"`
-	Nodes   int    `json:"nodes"`
-	Tokens  int    `json:"tokens"`
-	Hidden  int    `json:"hidden"`
-	TopK    int    `json:"topk"`
-	Experts int    `json:"experts"`
-	DType   string `json:"dtype"`
-	Iters   int    `json:"iters"`
-
-	BytesPerRank float64 `json:"bytes_per_rank"` // mean over ranks
-
-	DispatchUS   float64 `json:"dispatch_us"` // slowest rank's median
-	CombineUS    float64 `json:"combine_us"`
-	DispatchGBps float64 `json:"dispatch_gbps"` // per rank, mean over ranks
-	CombineGBps  float64 `json:"combine_gbps"`
-
-	AlltoallvDispatchUS   float64 `json:"alltoallv_dispatch_us,omitempty"`
-	AlltoallvCombineUS    float64 `json:"alltoallv_combine_us,omitempty"`
-	AlltoallvDispatchGBps float64 `json:"alltoallv_dispatch_gbps,omitempty"`
-	AlltoallvCombineGBps  float64 `json:"alltoallv_combine_gbps,omitempty"`
-	Speedup               float64 `json:"speedup_vs_alltoallv,omitempty"` // alltoallv (dispatch+combine) / ep (dispatch+combine)
-
-	MemcpyGBps         float64 `json:"memcpy_gbps"`          // glibc memcpy of the same bytes, per rank, all ranks at once
-	DispatchOfMemcpy   float64 `json:"dispatch_memcpy_frac"` // dispatch_gbps / memcpy_gbps
-	CombineOfMemcpy    float64 `json:"combine_memcpy_frac"`
-	BufferBytesPerRank int     `json:"buffer_bytes_per_rank"`
-}
+// Result is one configuration's figures: the JSON line of -json, in the
+// format the scaling study reads.
+type Result = benchfmt.Record
 
 func run(stdout, stderr io.Writer, args []string) int {
 	opt, err := parseFlags(stderr, args)
@@ -257,45 +231,19 @@ func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result,
 	var elem E
 	bytes := float64(pairs * c.hidden * sizeOf(elem))
 
+	// identity experts, in place: the buffer each implementation already holds
 	ours := func() (time.Duration, time.Duration, error) {
-		if err := world.Barrier(); err != nil {
-			return 0, 0, err
-		}
-		t0 := time.Now()
-		h, err := g.Dispatch(x, topk, weights)
-		if err != nil {
-			return 0, 0, err
-		}
-		d := time.Since(t0)
-		if err := world.Barrier(); err != nil {
-			return 0, 0, err
-		}
-		t1 := time.Now()
-		// identity experts, in place: the buffer ep already holds
-		if err := g.Combine(h, h.Recv(), out, nil); err != nil {
-			return 0, 0, err
-		}
-		return d, time.Since(t1), nil
+		var h *ep.Handle[E]
+		return timeRound(world,
+			func() (err error) { h, err = g.Dispatch(x, topk, weights); return err },
+			func() error { return g.Combine(h, h.Recv(), out, nil) })
 	}
 	refOut := make([]E, len(x))
 	theirs := func() (time.Duration, time.Duration, error) {
-		if err := world.Barrier(); err != nil {
-			return 0, 0, err
-		}
-		t0 := time.Now()
-		h, err := base.Dispatch(x, topk, weights)
-		if err != nil {
-			return 0, 0, err
-		}
-		d := time.Since(t0)
-		if err := world.Barrier(); err != nil {
-			return 0, 0, err
-		}
-		t1 := time.Now()
-		if err := base.Combine(h, h.Recv, refOut); err != nil {
-			return 0, 0, err
-		}
-		return d, time.Since(t1), nil
+		var h *ep.AlltoallvHandle[E]
+		return timeRound(world,
+			func() (err error) { h, err = base.Dispatch(x, topk, weights); return err },
+			func() error { return base.Combine(h, h.Recv, refOut) })
 	}
 	src, dst := make([]byte, int(bytes)), make([]byte, int(bytes))
 	for i := range src {
@@ -375,6 +323,27 @@ func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result,
 		res.DispatchOfMemcpy, res.CombineOfMemcpy = res.DispatchGBps/res.MemcpyGBps, res.CombineGBps/res.MemcpyGBps
 	}
 	return res, nil
+}
+
+// timeRound times a dispatch and then a combine, each started right after a
+// barrier so that no rank's lateness is counted.
+func timeRound(world *mpi.Comm, dispatch, combine func() error) (time.Duration, time.Duration, error) {
+	if err := world.Barrier(); err != nil {
+		return 0, 0, err
+	}
+	t0 := time.Now()
+	if err := dispatch(); err != nil {
+		return 0, 0, err
+	}
+	d := time.Since(t0)
+	if err := world.Barrier(); err != nil {
+		return 0, 0, err
+	}
+	t1 := time.Now()
+	if err := combine(); err != nil {
+		return 0, 0, err
+	}
+	return d, time.Since(t1), nil
 }
 
 func printTable(w io.Writer, r *Result, baseline bool) {

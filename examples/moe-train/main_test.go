@@ -57,19 +57,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// cleanEnv drops every launcher variable, as in a shell with no mpirun.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "OMPI_") || strings.HasPrefix(kv, "PMIX_") || strings.HasPrefix(kv, "PMI_") ||
-			strings.HasPrefix(kv, "SLURM_") || strings.HasPrefix(kv, "GOEP_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
 // small are the flags of a tiny, fast model.
 var small = []string{"-experts", "8", "-topk", "2", "-hidden", "16", "-ffn", "32", "-tokens", "32", "-timeout", "30s"}
 
@@ -81,7 +68,7 @@ func mpirun(t *testing.T, np int, limit time.Duration, args ...string) (string, 
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "mpirun", append(append(mpitesting.MPIRunArgs(np), bin), args...)...)
-	cmd.Env = cleanEnv()
+	cmd.Env = mpitesting.LauncherFreeEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	out, err := cmd.CombinedOutput()
@@ -216,7 +203,7 @@ func TestKilledRank(t *testing.T) {
 	args := append(append(mpitesting.MPIRunArgs(2), "-x", "GOEP_MOE_PID_DIR", bin), small...)
 	args = append(args, "-steps", "10000000", "-ckpt-every", "20", "-ckpt-dir", dir, "-trace", filepath.Join(dir, "trace.h5"), "-progress-every", "0")
 	cmd := exec.Command("mpirun", args...)
-	cmd.Env = append(cleanEnv(), "GOEP_MOE_PID_DIR="+pids)
+	cmd.Env = append(mpitesting.LauncherFreeEnv(), "GOEP_MOE_PID_DIR="+pids)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -2,12 +2,10 @@ package main
 
 import (
 	"bytes"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -26,23 +24,10 @@ func buildMPI(t *testing.T) string {
 	return bin
 }
 
-// cleanEnv drops every launcher variable, as in a shell with no mpirun.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "OMPI_") || strings.HasPrefix(kv, "PMIX_") || strings.HasPrefix(kv, "PMI_") ||
-			strings.HasPrefix(kv, "SLURM_") || strings.HasPrefix(kv, "GOEP_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
 func TestFourRanksShareOneID(t *testing.T) {
 	bin := buildMPI(t)
 	cmd := exec.Command("mpirun", append(mpitesting.MPIRunArgs(4), "-x", "GOEP_RANKS_PER_NODE=2", bin)...)
-	cmd.Env = append(cleanEnv(), "GOEP_RANKS_PER_NODE=2")
+	cmd.Env = append(mpitesting.LauncherFreeEnv(), "GOEP_RANKS_PER_NODE=2")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, string(out), "4 ranks on 2 node(s) (simulated)")
@@ -63,7 +48,7 @@ func TestNoLauncherIsRefused(t *testing.T) {
 	var outs []*bytes.Buffer
 	for i := 0; i < 2; i++ {
 		cmd := exec.Command(bin)
-		cmd.Env = cleanEnv()
+		cmd.Env = mpitesting.LauncherFreeEnv()
 		var b bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &b, &b
 		require.NoError(t, cmd.Start())
@@ -85,7 +70,7 @@ func TestSingleRankBuildRefusesMpirun(t *testing.T) {
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	cmd := exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin)...)
-	cmd.Env = cleanEnv()
+	cmd.Env = mpitesting.LauncherFreeEnv()
 	out, err = cmd.CombinedOutput()
 	require.Error(t, err, "%s", out)
 	assert.Contains(t, string(out), "built without the mpi build tag")

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/goep/goep/mpi"
@@ -86,4 +87,19 @@ func MPIRunArgs(np int) []string {
 		args = append([]string{"--allow-run-as-root"}, args...)
 	}
 	return args
+}
+
+// LauncherFreeEnv is this process's environment without any launcher or
+// goep variable (OMPI_, PMIX_, PMI_, SLURM_, GOEP_): that of a shell with no
+// mpirun, for starting programs as a user would by hand.
+func LauncherFreeEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "OMPI_") || strings.HasPrefix(kv, "PMIX_") || strings.HasPrefix(kv, "PMI_") ||
+			strings.HasPrefix(kv, "SLURM_") || strings.HasPrefix(kv, "GOEP_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
 }

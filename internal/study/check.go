@@ -55,7 +55,7 @@ func (s *Study) Check(w Want) error {
 	}
 	for i := range s.Records {
 		r := &s.Records[i]
-		if err := r.validate(); err != nil {
+		if err := r.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("row %d: %w", i, err))
 		}
 		if !(r.BytesPerRank >= 0) || !(r.MemcpyGBps > 0) {

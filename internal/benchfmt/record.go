@@ -1,0 +1,79 @@
+// Package benchfmt is the format of ep-bench's results: one Record per
+// measured configuration, written by ep-bench -json as a JSON line and read
+// by the scaling study (internal/study). It has no dependencies, so the
+// benchmark does not link what the study needs.
+package benchfmt
+
+import "fmt"
+
+// Record is one measured configuration.
+type Record struct {
+	Mode    string `json:"mode"` // "ll" or "ht"
+	Ranks   int    `json:"ranks"`
+	Nodes   int    `json:"nodes"`
+	Tokens  int    `json:"tokens"` // per rank
+	Hidden  int    `json:"hidden"`
+	TopK    int    `json:"topk"`
+	Experts int    `json:"experts"`
+	DType   string `json:"dtype"` // "f32" or "bf16"
+	Iters   int    `json:"iters"`
+
+	BytesPerRank float64 `json:"bytes_per_rank"` // bytes a rank's rows carry, mean over ranks
+
+	DispatchUS   float64 `json:"dispatch_us"` // the slowest rank's median
+	CombineUS    float64 `json:"combine_us"`
+	DispatchGBps float64 `json:"dispatch_gbps"` // per rank, mean over ranks
+	CombineGBps  float64 `json:"combine_gbps"`
+
+	// The same work written by hand with MPI_Alltoallv (ep.AlltoallvGroup);
+	// absent when the baseline was not run.
+	AlltoallvDispatchUS   float64 `json:"alltoallv_dispatch_us,omitempty"`
+	AlltoallvCombineUS    float64 `json:"alltoallv_combine_us,omitempty"`
+	AlltoallvDispatchGBps float64 `json:"alltoallv_dispatch_gbps,omitempty"`
+	AlltoallvCombineGBps  float64 `json:"alltoallv_combine_gbps,omitempty"`
+	Speedup               float64 `json:"speedup_vs_alltoallv,omitempty"` // alltoallv (dispatch+combine) / ep (dispatch+combine)
+
+	MemcpyGBps         float64 `json:"memcpy_gbps"`          // glibc memcpy of the same bytes, per rank, all ranks at once
+	DispatchOfMemcpy   float64 `json:"dispatch_memcpy_frac"` // DispatchGBps / MemcpyGBps
+	CombineOfMemcpy    float64 `json:"combine_memcpy_frac"`
+	BufferBytesPerRank int     `json:"buffer_bytes_per_rank"`
+
+	// Step is the index of the study's job step that produced the record
+	// (its position in the study's steps attribute); set by the collector,
+	// not part of the JSON.
+	Step int `json:"-"`
+}
+
+// ElemBytes is the size of one element on the wire: 4 for f32, 2 for bf16.
+func (r *Record) ElemBytes() int {
+	if r.DType == "f32" {
+		return 4
+	}
+	return 2
+}
+
+// RanksPerNode is the number of ranks on each node (ranks / nodes).
+func (r *Record) RanksPerNode() int {
+	if r.Nodes <= 0 {
+		return r.Ranks
+	}
+	return r.Ranks / r.Nodes
+}
+
+// Validate reports what is wrong with a record read from JSON.
+func (r *Record) Validate() error {
+	switch {
+	case r.Mode != "ll" && r.Mode != "ht":
+		return fmt.Errorf("mode %q is not ll or ht", r.Mode)
+	case r.DType != "f32" && r.DType != "bf16":
+		return fmt.Errorf("dtype %q is not f32 or bf16", r.DType)
+	case r.Ranks < 1 || r.Nodes < 1 || r.Nodes > r.Ranks || r.Ranks%r.Nodes != 0:
+		return fmt.Errorf("%d ranks on %d nodes: want ranks >= 1, a multiple of nodes >= 1", r.Ranks, r.Nodes)
+	case r.Tokens < 0 || r.Hidden < 1 || r.TopK < 1 || r.Experts < 1 || r.Iters < 1:
+		return fmt.Errorf("tokens %d, hidden %d, topk %d, experts %d, iters %d: out of range",
+			r.Tokens, r.Hidden, r.TopK, r.Experts, r.Iters)
+	case r.DispatchUS <= 0 || r.CombineUS <= 0:
+		return fmt.Errorf("dispatch_us %g and combine_us %g must be positive", r.DispatchUS, r.CombineUS)
+	}
+	return nil
+}
