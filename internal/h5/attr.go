@@ -131,25 +131,35 @@ func (f *File) openObject(op, p string, create bool) (hid, error) {
 // objPath ("" or "/" for the root), sorted.
 func (f *File) AttrNames(objPath string) ([]string, error) {
 	const op = "list attributes"
+	var names []string
+	err := f.readObject(op, objPath, func(obj hid, p string) error {
+		var ok bool
+		if names, ok = cAttrNames(obj); !ok {
+			return &Error{op, f.path, p, libErr("")}
+		}
+		return nil
+	})
+	return names, err
+}
+
+// readObject opens the group or dataset at objPath for reading, under the
+// package lock, and runs read on it.
+func (f *File) readObject(op, objPath string, read func(obj hid, p string) error) error {
 	p, err := cleanPath(objPath)
 	if err != nil {
-		return nil, &Error{op, f.Path(), objPath, err}
+		return &Error{op, f.Path(), objPath, err}
 	}
 	lock()
 	defer unlock()
 	if err := f.check(op, p, false); err != nil {
-		return nil, err
+		return err
 	}
 	obj, err := f.openObject(op, p, false)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer cClose(obj)
-	names, ok := cAttrNames(obj)
-	if !ok {
-		return nil, &Error{op, f.path, p, libErr("")}
-	}
-	return names, nil
+	return read(obj, p)
 }
 
 // AttrString reads a string attribute.
@@ -227,40 +237,32 @@ func attrKindName(k attrKind) string {
 // (and holds one value if scalar) and reads it with get.
 func readAttr[T any](f *File, objPath, name string, want attrKind, scalar bool, get func(hid, attrInfo) ([]T, bool)) ([]T, error) {
 	const op = "read attribute"
-	p, err := cleanPath(objPath)
+	var v []T
+	err := f.readObject(op, objPath, func(obj hid, p string) error {
+		bad := func(e error) error { return &Error{op, f.path, p, fmt.Errorf("attribute %q: %w", name, e)} }
+		switch e := cAttrExists(obj, name); {
+		case e < 0:
+			return bad(libErr(""))
+		case e == 0:
+			return bad(ErrNotFound)
+		}
+		info, ok := cAttrInfo(obj, name)
+		if !ok {
+			return bad(libErr(""))
+		}
+		if info.kind != want {
+			return bad(wrap(ErrType, fmt.Sprintf("it is %s, not %s", attrKindName(info.kind), attrKindName(want))))
+		}
+		if scalar && info.n != 1 {
+			return bad(wrap(ErrShape, fmt.Sprintf("it holds %d values, not 1", info.n)))
+		}
+		if v, ok = get(obj, info); !ok {
+			return bad(libErr("reading it"))
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, &Error{op, f.Path(), objPath, err}
-	}
-	lock()
-	defer unlock()
-	if err := f.check(op, p, false); err != nil {
 		return nil, err
-	}
-	obj, err := f.openObject(op, p, false)
-	if err != nil {
-		return nil, err
-	}
-	defer cClose(obj)
-	bad := func(e error) error { return &Error{op, f.path, p, fmt.Errorf("attribute %q: %w", name, e)} }
-	switch e := cAttrExists(obj, name); {
-	case e < 0:
-		return nil, bad(libErr(""))
-	case e == 0:
-		return nil, bad(ErrNotFound)
-	}
-	info, ok := cAttrInfo(obj, name)
-	if !ok {
-		return nil, bad(libErr(""))
-	}
-	if info.kind != want {
-		return nil, bad(wrap(ErrType, fmt.Sprintf("it is %s, not %s", attrKindName(info.kind), attrKindName(want))))
-	}
-	if scalar && info.n != 1 {
-		return nil, bad(wrap(ErrShape, fmt.Sprintf("it holds %d values, not 1", info.n)))
-	}
-	v, ok := get(obj, info)
-	if !ok {
-		return nil, bad(libErr("reading it"))
 	}
 	return v, nil
 }
