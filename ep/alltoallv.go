@@ -1,295 +1,425 @@
 package ep
 
 import (
-	"fmt"
+	"errors"
 	"math"
 	"runtime"
 	"unsafe"
 
+	"github.com/goep/goep/internal/dtype"
 	"github.com/goep/goep/mpi"
 )
 
-// AlltoallvGroup does what Group does the way one writes it by hand with
-// two-sided MPI: pack the rows by destination rank, exchange the counts with
-// MPI_Alltoall, move rows and metadata with MPI_Alltoallv, unpack; combine
-// goes back the same way and reduces with the same kernel and order. It is
-// the baseline ep-bench measures Group against, and an independent reference
-// for tests: on one node its results are bit-identical to Group's. Its
-// buffers are on the Go heap and reused from call to call, so a handle's rows
-// are valid until the next Dispatch; its collectives block inside MPI (no
-// timeout).
-type AlltoallvGroup[E Element] struct {
-	cfg      Config
-	comm     *mpi.Comm
-	shape    shape
-	rank     int
-	size     int
-	dtype    int
-	rowBytes int
-	acc      []float32
+// Alltoallv is the Backend that does what CPU does the way one writes it by
+// hand with two-sided MPI: pack the rows by destination rank, exchange the
+// counts with MPI_Alltoall, move rows and metadata with MPI_Alltoallv,
+// unpack; combine goes back the same way and reduces with the same kernel in
+// the same order, so on one node its results are bit-identical to CPU's. Its
+// buffers are on the Go heap, two sets as CPU's, and it treats the ranks as
+// one flat node. Its collectives run under the group's timeout; a rank that
+// stops makes the others return a *TimeoutError that cannot name it (Peer
+// -1: a collective does not say who is missing), and the communicator it
+// used is then left to MPI_Finalize.
+var Alltoallv Backend = alltoallvBackend{}
 
-	// Reused buffers: packed rows and metadata out, rows and metadata in,
-	// the unpacked expert-major rows (LL), and the combine's way back.
-	sendRows, recvRows, unpacked, packBack, back []E
-	sendMeta, recvMeta                           []int32
+// AlltoallvBlocking is Alltoallv with plain blocking MPI calls and no
+// timeout, exactly as a hand-written program: the baseline ep-bench times.
+var AlltoallvBlocking Backend = alltoallvBackend{blocking: true}
+
+type alltoallvBackend struct{ blocking bool }
+
+func (b alltoallvBackend) Name() string {
+	if b.blocking {
+		return "alltoallv-blocking"
+	}
+	return "alltoallv"
 }
 
-// AlltoallvHandle is the result of an AlltoallvGroup dispatch, laid out like
-// a Handle's.
-type AlltoallvHandle[E Element] struct {
-	// Recv: LL [L][Size*MaxTokensPerRank][Hidden] expert-major; HT
-	// [NumRecv][Hidden] grouped by source rank.
-	Recv         []E
-	ExpertCounts []int
-	RecvTopK     []int32   // HT: [NumRecv][TopK] local ids
-	RecvWeights  []float32 // HT: [NumRecv][TopK]; LL: per row [L][Size*MaxTokensPerRank]
-
-	T          int
-	topk       []int32
-	weights    []float32
-	rt         *routing
-	sendCounts []int // rows to each rank in the dispatch
-	recvCounts []int // rows from each rank
-	// LL: where each received row went (index into Recv rows), in arrival
-	// order; HT rows stay where they arrived.
-	slot []int32
-}
-
-// NewAlltoallvGroup makes the baseline over comm. It is collective.
-func NewAlltoallvGroup[E Element](comm *mpi.Comm, cfg Config) (*AlltoallvGroup[E], error) {
-	if comm == nil {
-		return nil, fmt.Errorf("ep: NewAlltoallvGroup: nil communicator")
-	}
-	if err := cfg.validate(comm.Size()); err != nil {
-		return nil, err
-	}
+func (b alltoallvBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	c, err := comm.Split(0, comm.Rank(), "ep-alltoallv")
 	if err != nil {
 		return nil, err
 	}
-	c.SetTimeout(0) // plain blocking MPI calls, as in a hand-written program
-	dtype, _ := dtypeOf[E]()
+	if b.blocking {
+		c.SetTimeout(0)
+	}
 	R := c.Size()
-	nodeOf := make([]int32, R) // one node: the baseline is flat
-	return &AlltoallvGroup[E]{cfg: cfg, comm: c, rank: c.Rank(), size: R, dtype: dtype,
-		rowBytes: cfg.Hidden * sizeOf[E](), acc: make([]float32, cfg.Hidden),
-		shape: shape{E: cfg.NumExperts, L: cfg.NumExperts / R, R: R, K: cfg.TopK, nodeOf: nodeOf, nodes: 1}}, nil
+	a := &alltoallvEngine{spec: spec, comm: c, R: R, me: c.Rank(), L: spec.NumExperts / R, K: spec.TopK,
+		H: spec.Hidden, M: spec.MaxTokensPerRank, rowBytes: spec.RowBytes, nodeOf: make([]int, R)}
+	a.span = R * a.M
+	if spec.Mode == LowLatency {
+		for b := range a.sets {
+			s := &a.sets[b]
+			rows := a.L * a.span
+			s.rows = make([]byte, rows*a.rowBytes)
+			s.outputs = make([]byte, rows*a.rowBytes)
+			s.weights = make([]float32, rows)
+			s.tokens = make([]int32, rows)
+		}
+	}
+	return a, nil
 }
 
-// Close frees the baseline's communicator. It is collective.
-func (a *AlltoallvGroup[E]) Close() error { return a.comm.Free() }
-
-// exchange is Alltoall(counts) -> Alltoallv(rows) -> Alltoallv(meta).
-func (a *AlltoallvGroup[E]) exchange(rows []E, sendCounts []int, meta []int32, metaPerRow int) ([]E, []int32, []int, error) {
-	R := a.size
-	counts := make([]int32, R)
-	for d, n := range sendCounts {
-		counts[d] = int32(n)
-	}
-	got := make([]int32, R)
-	if err := mpi.AlltoallSlice(a.comm, counts, got); err != nil {
-		return nil, nil, nil, err
-	}
-	recvCounts := make([]int, R)
-	for s, n := range got {
-		recvCounts[s] = int(n)
-	}
-	recv, rmeta, err := a.move(rows, sendCounts, recvCounts, meta, metaPerRow, a.recvRows, a.recvMeta)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	a.recvRows, a.recvMeta = recv, rmeta
-	return recv, rmeta, recvCounts, nil
+// alltoallvEngine is the baseline's engine.
+type alltoallvEngine struct {
+	spec                      Spec
+	comm                      *mpi.Comm
+	R, me, L, K, H, M, span   int
+	rowBytes                  int
+	nodeOf                    []int
+	sets                      [2]a2aSet
+	sendRows, recvRows, packd []byte
+	sendMeta, recvMeta        []int32
+	sendVals                  []float32
+	pin                       runtime.Pinner
+	sc, sd, rc, rd            []int // alltoallv counts and displacements, in elements
+	counts, got               []int32
+	src                       []ptr
+	w                         []float32
+	start                     []int32
 }
 
-// move sends rows (and metaPerRow int32 per row) with counts known on both
-// sides, receiving into recv and rmeta (grown as needed).
-func (a *AlltoallvGroup[E]) move(rows []E, sendCounts, recvCounts []int, meta []int32, metaPerRow int, recv []E, rmeta []int32) ([]E, []int32, error) {
-	R, H := a.size, a.cfg.Hidden
-	sc, sd, rc, rd := make([]int, R), make([]int, R), make([]int, R), make([]int, R)
-	mc, md, nc, nd := make([]int, R), make([]int, R), make([]int, R), make([]int, R)
-	total := 0
-	for p := 0; p < R; p++ {
-		if p > 0 {
-			sd[p] = sd[p-1] + sc[p-1]
-			md[p] = md[p-1] + mc[p-1]
-			rd[p] = rd[p-1] + rc[p-1]
-			nd[p] = nd[p-1] + nc[p-1]
-		}
-		sc[p], mc[p] = sendCounts[p]*H, sendCounts[p]*metaPerRow
-		rc[p], nc[p] = recvCounts[p]*H, recvCounts[p]*metaPerRow
-		total += recvCounts[p]
-	}
-	recv = growTo(recv, total*H)
-	if err := mpi.AlltoallvSlice(a.comm, rows, sc, sd, recv, rc, rd); err != nil {
-		return nil, nil, err
-	}
-	if metaPerRow > 0 {
-		rmeta = growTo(rmeta, total*metaPerRow)
-		if err := mpi.AlltoallvSlice(a.comm, meta, mc, md, rmeta, nc, nd); err != nil {
-			return nil, nil, err
-		}
-	}
-	return recv, rmeta, nil
+// a2aSet is one buffer set: what a dispatch fills and its combine reads.
+type a2aSet struct {
+	rows, outputs []byte
+	weights       []float32
+	topk          []int32
+	tokens        []int32
+	back          []byte    // the outputs of this set's combine, back home
+	backVals      []float32 // and their row values
+	passed        []int32   // per rank: whether it passed row values
 }
 
-// Dispatch is Group.Dispatch done by hand. It is collective.
-func (a *AlltoallvGroup[E]) Dispatch(x []E, topk []int32, weights []float32) (*AlltoallvHandle[E], error) {
-	op := "alltoallv " + a.cfg.Mode.String() + " dispatch"
-	H, K, L, R := a.cfg.Hidden, a.cfg.TopK, a.shape.L, a.size
-	if len(topk)%K != 0 || len(x) != len(topk)/K*H || len(weights) != len(topk) || len(topk)/K > a.cfg.MaxTokensPerRank {
-		return nil, inputErrorf(op, "inputs of %d, %d and %d values do not fit TopK = %d, Hidden = %d, MaxTokensPerRank = %d",
-			len(x), len(topk), len(weights), K, H, a.cfg.MaxTokensPerRank)
-	}
-	T := len(topk) / K
-	rt, err := computeRouting(op, a.shape, topk, T)
-	if err != nil {
-		return nil, err
-	}
-	h := &AlltoallvHandle[E]{T: T, topk: topk, weights: weights, rt: rt, sendCounts: make([]int, R)}
-	// Pack by destination: LL one row per (token, expert) pair with (expert,
-	// weight bits); HT one row per (token, rank) with the token's top-k ids
-	// and weights.
-	rows, meta := a.sendRows[:0], a.sendMeta[:0]
-	metaPerRow := 2
-	if a.cfg.Mode == HighThroughput {
-		metaPerRow = 2 * K
-	}
-	for d := 0; d < R; d++ {
-		for t := 0; t < T; t++ {
-			if a.cfg.Mode == LowLatency {
-				for k := 0; k < K; k++ {
-					if e := topk[t*K+k]; e >= 0 && int(e)/L == d {
-						rows = append(rows, x[t*H:(t+1)*H]...)
-						meta = append(meta, e, int32(f32bits(weights[t*K+k])))
-						h.sendCounts[d]++
-					}
-				}
-			} else if rt.tokRankOrd[t*R+d] >= 0 {
-				rows = append(rows, x[t*H:(t+1)*H]...)
-				meta = append(meta, topk[t*K:(t+1)*K]...)
-				for k := 0; k < K; k++ {
-					meta = append(meta, int32(f32bits(weights[t*K+k])))
-				}
-				h.sendCounts[d]++
-			}
-		}
-	}
-	a.sendRows, a.sendMeta = rows, meta
-	recv, rmeta, recvCounts, err := a.exchange(rows, h.sendCounts, meta, metaPerRow)
-	if err != nil {
-		return nil, err
-	}
-	h.recvCounts = recvCounts
-	n := len(recv) / H
-	h.ExpertCounts = make([]int, L)
-	if a.cfg.Mode == HighThroughput { // rows arrive grouped by source: already the layout
-		h.Recv = recv
-		h.RecvTopK = make([]int32, n*K)
-		h.RecvWeights = make([]float32, n*K)
-		for r := 0; r < n; r++ {
-			for k := 0; k < K; k++ {
-				e := rmeta[r*2*K+k]
-				if e >= 0 && int(e)/L == a.rank {
-					h.RecvTopK[r*K+k] = e - int32(a.rank*L)
-					h.RecvWeights[r*K+k] = f32frombits(uint32(rmeta[r*2*K+K+k]))
-					h.ExpertCounts[e-int32(a.rank*L)]++
-				} else {
-					h.RecvTopK[r*K+k] = -1
-				}
-			}
-		}
-		return h, nil
-	}
-	// LL: unpack each row into its expert's block.
-	span := R * a.cfg.MaxTokensPerRank
-	a.unpacked = growTo(a.unpacked, L*span*H)
-	h.Recv = a.unpacked
-	h.RecvWeights = make([]float32, L*span)
-	h.slot = make([]int32, n)
-	for r := 0; r < n; r++ {
-		l := int(rmeta[2*r]) - a.rank*L
-		j := l*span + h.ExpertCounts[l]
-		h.ExpertCounts[l]++
-		copy(h.Recv[j*H:(j+1)*H], recv[r*H:(r+1)*H])
-		h.RecvWeights[j] = f32frombits(uint32(rmeta[2*r+1]))
-		h.slot[r] = int32(j)
-	}
-	return h, nil
+// a2aState is what one dispatch keeps.
+type a2aState struct {
+	sendCounts, recvCounts []int   // rows to and from each rank
+	slot                   []int32 // LL: the row of Recv each arriving row went to, in arrival order
+	expert, source         []int
+	cached                 bool
 }
 
-// Combine is Group.Combine done by hand: y laid out like h.Recv. It is
-// collective.
-func (a *AlltoallvGroup[E]) Combine(h *AlltoallvHandle[E], y, out []E) error {
-	H, K, R := a.cfg.Hidden, a.cfg.TopK, a.size
-	if len(y) != len(h.Recv) || len(out) != h.T*H {
-		return inputErrorf("alltoallv combine", "len(y) = %d (want %d), len(out) = %d (want %d)", len(y), len(h.Recv), len(out), h.T*H)
+func (a *alltoallvEngine) Placement() Placement {
+	return Placement{Node: 0, Nodes: 1, NodeOf: a.nodeOf}
+}
+
+func (a *alltoallvEngine) Memory() Memory { return HostMemory }
+
+func (a *alltoallvEngine) BufferBytes() int {
+	n := 0
+	for _, s := range a.sets {
+		n += len(s.rows) + len(s.outputs) + len(s.back) + 4*(len(s.weights)+len(s.topk)+len(s.tokens)+len(s.backVals))
 	}
-	send := y
-	if a.cfg.Mode == LowLatency { // pack back in arrival order
-		a.packBack = growTo(a.packBack, len(h.slot)*H)
-		send = a.packBack
-		for r, j := range h.slot {
-			copy(send[r*H:(r+1)*H], y[int(j)*H:(int(j)+1)*H])
-		}
-	}
-	back, _, err := a.move(send, h.recvCounts, h.sendCounts, nil, 0, a.back, nil)
-	if err != nil {
+	return n
+}
+
+func (a *alltoallvEngine) Close() error {
+	if err := a.comm.Free(); err != nil && !errors.Is(err, mpi.ErrTimeout) {
 		return err
 	}
-	a.back = back
-	// Rows come back grouped by the rank that held them, in the order this
-	// rank packed them; reduce each token's rows in top-k order (LL) or rank
-	// order (HT).
-	first := make([]int, R+1)
-	for d := 0; d < R; d++ {
-		first[d+1] = first[d] + h.sendCounts[d]
+	return nil // a communicator left broken by a timeout cannot be freed: MPI_Finalize takes it
+}
+
+// timeout turns an MPI timeout into the contract's TimeoutError.
+func (a *alltoallvEngine) timeout(op, what string, err error) error {
+	if errors.Is(err, mpi.ErrTimeout) {
+		return &TimeoutError{Op: op, Peer: -1, What: what, After: a.spec.Timeout}
 	}
-	next := append([]int(nil), first[:R]...)
-	var pin runtime.Pinner
-	defer pin.Unpin()
-	base := pinned(&pin, back)
-	rowAt := func(i int) ptr { return unsafe.Add(base, i*a.rowBytes) }
-	start := make([]int32, h.T+1)
-	var src []ptr
-	var w []float32
-	L := a.shape.L
-	if a.cfg.Mode == LowLatency {
-		// Packed per destination in (token, slot) order: walk in that order.
-		idx := make([]int32, h.T*K)
-		for d := 0; d < R; d++ {
-			for t := 0; t < h.T; t++ {
+	return err
+}
+
+func (a *alltoallvEngine) state(d *Dispatch) *a2aState {
+	st, ok := d.State.(*a2aState)
+	if !ok {
+		st = &a2aState{}
+		d.State = st
+	}
+	st.sendCounts = growTo(st.sendCounts, a.R)
+	st.recvCounts = growTo(st.recvCounts, a.R)
+	st.expert = growTo(st.expert, a.L)
+	st.source = growTo(st.source, a.R*a.L)
+	return st
+}
+
+// DispatchSend packs by destination (LL: one row per (token, expert) pair
+// with its expert, token and weight; HT: one row per (token, rank) with the
+// token and its top-k ids and weights), exchanges the counts (unless cached)
+// and moves everything.
+func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
+	op := "alltoallv " + a.spec.Mode.String() + " dispatch"
+	st := a.state(d)
+	x, rt, K, L := hostBytes(d.X), d.Route, a.K, a.L
+	meta := 3 // LL: expert, token, weight bits
+	if a.spec.Mode == HighThroughput {
+		meta = 1 + 2*K // token, top-k ids, weight bits
+	}
+	rows, words := a.sendRows[:0], a.sendMeta[:0]
+	clear(st.sendCounts)
+	for dst := 0; dst < a.R; dst++ {
+		for t := 0; t < rt.T; t++ {
+			row := x[t*a.rowBytes : (t+1)*a.rowBytes]
+			if a.spec.Mode == LowLatency {
 				for k := 0; k < K; k++ {
-					if e := h.topk[t*K+k]; e >= 0 && int(e)/L == d {
-						idx[t*K+k] = int32(next[d])
-						next[d]++
+					if e := d.TopK[t*K+k]; e >= 0 && int(e)/L == dst {
+						rows = append(rows, row...)
+						words = append(words, e, int32(t), int32(math.Float32bits(d.Weights[t*K+k])))
+						st.sendCounts[dst]++
+					}
+				}
+			} else if rt.TokRankOrd[t*a.R+dst] >= 0 {
+				rows = append(rows, row...)
+				words = append(words, int32(t))
+				words = append(words, d.TopK[t*K:(t+1)*K]...)
+				for k := 0; k < K; k++ {
+					words = append(words, int32(math.Float32bits(d.Weights[t*K+k])))
+				}
+				st.sendCounts[dst]++
+			}
+		}
+	}
+	a.sendRows, a.sendMeta = rows, words
+	if d.From != nil {
+		copy(st.recvCounts, d.From.State.(*a2aState).recvCounts)
+		st.cached = true
+	} else {
+		a.counts, a.got = growTo(a.counts, a.R), growTo(a.got, a.R)
+		for i, n := range st.sendCounts {
+			a.counts[i] = int32(n)
+		}
+		if err := mpi.AlltoallSlice(a.comm, a.counts, a.got); err != nil {
+			return a.timeout(op, "the counts of an MPI_Alltoall", err)
+		}
+		for i, n := range a.got {
+			st.recvCounts[i] = int(n)
+		}
+		st.cached = false
+	}
+	var err error
+	if a.recvRows, err = moveV(a, a.sendRows, st.sendCounts, st.recvCounts, a.rowBytes, a.recvRows); err != nil {
+		return a.timeout(op, "the rows of an MPI_Alltoallv", err)
+	}
+	if a.recvMeta, err = moveV(a, a.sendMeta, st.sendCounts, st.recvCounts, meta, a.recvMeta); err != nil {
+		return a.timeout(op, "the metadata of an MPI_Alltoallv", err)
+	}
+	return nil
+}
+
+// moveV is one MPI_Alltoallv of per-rank counts of rows of width elements,
+// into recv (grown as needed).
+func moveV[T dtype.Number](a *alltoallvEngine, send []T, sendRows, recvRows []int, width int, recv []T) ([]T, error) {
+	a.sc, a.sd, a.rc, a.rd = growTo(a.sc, a.R), growTo(a.sd, a.R), growTo(a.rc, a.R), growTo(a.rd, a.R)
+	total := 0
+	for p := 0; p < a.R; p++ {
+		a.sc[p], a.rc[p] = sendRows[p]*width, recvRows[p]*width
+		a.sd[p], a.rd[p] = 0, total
+		if p > 0 {
+			a.sd[p] = a.sd[p-1] + a.sc[p-1]
+		}
+		total += a.rc[p]
+	}
+	recv = growTo(recv, total)
+	return recv, mpi.AlltoallvSlice(a.comm, send, a.sc, a.sd, recv, a.rc, a.rd)
+}
+
+// DispatchWait unpacks: LL rows into their experts' blocks in arrival order
+// (by source rank, then token: the CPU engine's order); HT rows stay as they
+// arrived, grouped by source, with their top-k ids made local.
+func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
+	st := d.State.(*a2aState)
+	set := &a.sets[d.Set]
+	K, L, H := a.K, a.L, a.rowBytes
+	n := 0
+	for _, c := range st.recvCounts {
+		n += c
+	}
+	clear(st.expert)
+	clear(st.source)
+	if a.spec.Mode == HighThroughput {
+		set.rows = growTo(set.rows, n*H)
+		set.outputs = growTo(set.outputs, n*H)
+		set.tokens, set.topk, set.weights = growTo(set.tokens, n), growTo(set.topk, n*K), growTo(set.weights, n*K)
+		copy(set.rows, a.recvRows)
+		s, left := 0, 0
+		for r := 0; r < n; r++ {
+			for left == 0 {
+				left, s = st.recvCounts[s], s+1
+			}
+			left--
+			st.source[s-1]++
+			w := a.recvMeta[r*(1+2*K):]
+			set.tokens[r] = w[0]
+			for k := 0; k < K; k++ {
+				if e := int(w[1+k]); e >= 0 && e/L == a.me {
+					set.topk[r*K+k] = int32(e - a.me*L)
+					set.weights[r*K+k] = math.Float32frombits(uint32(w[1+K+k]))
+					st.expert[e-a.me*L]++
+				} else {
+					set.topk[r*K+k], set.weights[r*K+k] = -1, 0
+				}
+			}
+		}
+		d.Recv = Received{Rows: Host(set.rows[:n*H]), Outputs: Host(set.outputs[:n*H]), Weights: Host(set.weights[:n*K]),
+			TopK: Host(set.topk[:n*K]), Tokens: Host(set.tokens[:n]), ExpertCounts: st.expert, SourceCounts: st.source[:a.R],
+			NumRecv: n}
+		return nil
+	}
+	st.slot = growTo(st.slot, n)
+	s, left := 0, 0
+	for r := 0; r < n; r++ {
+		for left == 0 {
+			left, s = st.recvCounts[s], s+1
+		}
+		left--
+		w := a.recvMeta[3*r:]
+		l := int(w[0]) - a.me*L
+		j := l*a.span + st.expert[l]
+		st.expert[l]++
+		st.source[(s-1)*L+l]++
+		copy(set.rows[j*H:(j+1)*H], a.recvRows[r*H:(r+1)*H])
+		set.tokens[j], set.weights[j] = w[1], math.Float32frombits(uint32(w[2]))
+		st.slot[r] = int32(j)
+	}
+	d.Recv = Received{Rows: Host(set.rows), Outputs: Host(set.outputs), Weights: Host(set.weights),
+		Tokens: Host(set.tokens), ExpertCounts: st.expert, SourceCounts: st.source, NumRecv: n}
+	return nil
+}
+
+// CombineSend moves the expert outputs (and row values) back the way the
+// rows came.
+func (a *alltoallvEngine) CombineSend(c *Combine) error {
+	op := "alltoallv " + a.spec.Mode.String() + " combine"
+	d := c.Dispatch
+	st := d.State.(*a2aState)
+	set := &a.sets[d.Set]
+	y, H := hostBytes(c.Y), a.rowBytes
+	withValues := !c.RowValues.IsZero()
+	send, vals := y, a.sendVals[:0]
+	if a.spec.Mode == LowLatency { // pack back in arrival order
+		a.packd = growTo(a.packd, len(st.slot)*H)
+		send = a.packd
+		for r, j := range st.slot {
+			copy(send[r*H:(r+1)*H], y[int(j)*H:(int(j)+1)*H])
+			if withValues {
+				vals = append(vals, c.RowValues.Host()[j])
+			}
+		}
+	} else if withValues {
+		vals = append(vals, c.RowValues.Host()...)
+	}
+	a.sendVals = vals
+	var err error
+	if set.back, err = moveV(a, send, st.recvCounts, st.sendCounts, H, set.back); err != nil {
+		return a.timeout(op, "the outputs of an MPI_Alltoallv", err)
+	}
+	// Every rank says whether it passed values (the others need to know),
+	// then the values travel if all did.
+	width := 1
+	if a.spec.Mode == HighThroughput {
+		width = a.K
+	}
+	a.counts, a.got = growTo(a.counts, a.R), growTo(a.got, a.R)
+	for i := range a.counts {
+		a.counts[i] = 0
+		if withValues {
+			a.counts[i] = 1
+		}
+	}
+	if err := mpi.AlltoallSlice(a.comm, a.counts, a.got); err != nil {
+		return a.timeout(op, "an MPI_Alltoall", err)
+	}
+	set.passed = append(set.passed[:0], a.got...)
+	missing := false
+	for _, v := range a.got {
+		missing = missing || v == 0
+	}
+	if withValues && !missing {
+		if set.backVals, err = moveV(a, a.sendVals, st.recvCounts, st.sendCounts, width, set.backVals); err != nil {
+			return a.timeout(op, "the values of an MPI_Alltoallv", err)
+		}
+	}
+	return nil
+}
+
+// CombineWait reduces each token's rows in top-k order (LL) or rank order
+// (HT), as the CPU engine does on one node.
+func (a *alltoallvEngine) CombineWait(c *Combine) error {
+	op := "alltoallv " + a.spec.Mode.String() + " combine"
+	d := c.Dispatch
+	st, rt := d.State.(*a2aState), d.Route
+	set := &a.sets[d.Set]
+	K, L, H := a.K, a.L, a.rowBytes
+	if len(set.back) > 0 {
+		a.pin.Pin(unsafe.SliceData(set.back)) // the reduce's table points into it
+		defer a.pin.Unpin()
+	}
+	base := unsafe.Pointer(unsafe.SliceData(set.back))
+	rowAt := func(i int) ptr { return unsafe.Add(base, i*H) }
+	a.start = growTo(a.start, rt.T+1)
+	src, w := a.src[:0], a.w[:0]
+	first := make([]int, a.R+1) // where each rank's rows start among those back
+	for r := 0; r < a.R; r++ {
+		first[r+1] = first[r] + st.sendCounts[r]
+	}
+	missing := -1
+	for r, v := range set.passed {
+		if v == 0 && missing < 0 {
+			missing = r
+		}
+	}
+	withValues := !c.SlotValues.IsZero() && missing < 0
+	var slots []float32
+	if !c.SlotValues.IsZero() {
+		slots = c.SlotValues.Host()
+		clear(slots)
+	}
+	if a.spec.Mode == LowLatency {
+		// Packed per destination in (token, slot) order: number them in that order.
+		idx := make([]int32, rt.T*K)
+		next := append([]int(nil), first[:a.R]...)
+		for dst := 0; dst < a.R; dst++ {
+			for t := 0; t < rt.T; t++ {
+				for k := 0; k < K; k++ {
+					if e := d.TopK[t*K+k]; e >= 0 && int(e)/L == dst {
+						idx[t*K+k] = int32(next[dst])
+						next[dst]++
 					}
 				}
 			}
 		}
-		for t := 0; t < h.T; t++ {
-			start[t] = int32(len(src))
+		for t := 0; t < rt.T; t++ {
+			a.start[t] = int32(len(src))
 			for k := 0; k < K; k++ {
-				if h.topk[t*K+k] >= 0 {
+				if d.TopK[t*K+k] >= 0 {
 					src = append(src, rowAt(int(idx[t*K+k])))
-					w = append(w, h.weights[t*K+k])
+					w = append(w, c.Weights[t*K+k])
+					if withValues {
+						slots[t*K+k] = set.backVals[idx[t*K+k]]
+					}
 				}
 			}
 		}
 	} else {
-		for t := 0; t < h.T; t++ {
-			start[t] = int32(len(src))
-			for d := 0; d < R; d++ {
-				if h.rt.tokRankOrd[t*R+d] >= 0 {
-					src = append(src, rowAt(first[d]+int(h.rt.tokRankOrd[t*R+d])))
+		for t := 0; t < rt.T; t++ {
+			a.start[t] = int32(len(src))
+			for r := 0; r < a.R; r++ {
+				if o := rt.TokRankOrd[t*a.R+r]; o >= 0 {
+					i := first[r] + int(o)
+					src = append(src, rowAt(i))
+					if withValues {
+						for k := 0; k < K; k++ {
+							slots[t*K+k] += set.backVals[i*K+k]
+						}
+					}
 				}
 			}
 		}
+		w = nil
 	}
-	start[h.T] = int32(len(src))
-	reduceRows(pinned(&pin, out), a.dtype, src, w, start, h.T, H, a.dtype, a.acc)
+	a.start[rt.T] = int32(len(src))
+	a.src, a.w = src, w
+	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), a.spec.Elem, src, w, a.start, rt.T, a.H, a.spec.Elem)
+	clear(a.src) // it pointed into set.back, Go memory pinned for the call only
+	if !c.SlotValues.IsZero() && missing >= 0 {
+		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
+	}
 	return nil
 }
-
-func f32bits(f float32) uint32     { return math.Float32bits(f) }
-func f32frombits(u uint32) float32 { return math.Float32frombits(u) }

@@ -2,6 +2,7 @@ package ep_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/goep/goep/ep"
@@ -33,17 +34,16 @@ func BenchmarkDispatchCombine(b *testing.B) {
 			continue
 		}
 		b.Run(fmt.Sprintf("%s/%dtok/h%d/top%d", c.name, c.tokens, c.hidden, c.topk), func(b *testing.B) {
-			sc := scenario{experts: c.experts, topk: c.topk, maxTok: c.tokens, hidden: c.hidden, seed: 5,
-				tokens: func(int, int) int { return c.tokens }, route: randomRoute(0)}
-			g, err := ep.NewGroup[ep.BF16](w, sc.config(c.mode))
+			cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: c.tokens, Hidden: c.hidden, TopK: c.topk}
+			g, err := ep.NewGroup[ep.BF16](w, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer g.Close()
-			in := sc.input(w.Rank(), R)
-			x := payload[ep.BF16](w.Rank(), in.T, c.hidden)
-			out := make([]ep.BF16, len(x))
-			lay, err := g.Layout(in.topk)
+			topk, weights := benchRouting(w.Rank(), c.tokens, c.topk, c.experts)
+			x := ep.Host(make([]ep.BF16, c.tokens*c.hidden))
+			out := ep.Host(make([]ep.BF16, c.tokens*c.hidden))
+			lay, err := g.Layout(topk)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -60,7 +60,7 @@ func BenchmarkDispatchCombine(b *testing.B) {
 			b.SetBytes(int64(rows * c.hidden * 2))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				h, err := g.Dispatch(x, in.topk, in.weights)
+				h, err := g.Dispatch(x, topk, weights)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -70,4 +70,16 @@ func BenchmarkDispatchCombine(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchRouting draws each token's top-k experts uniformly (distinct).
+func benchRouting(rank, T, K, E int) ([]int32, []float32) {
+	rng := rand.New(rand.NewPCG(5, uint64(rank)))
+	topk, w := make([]int32, T*K), make([]float32, T*K)
+	for t := 0; t < T; t++ {
+		for k, e := range rng.Perm(E)[:K] {
+			topk[t*K+k], w[t*K+k] = int32(e), rng.Float32()
+		}
+	}
+	return topk, w
 }

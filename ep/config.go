@@ -56,6 +56,9 @@ type Config struct {
 	MaxRecvTokensPerRank int
 	// Timeout bounds every wait for a peer; 0 means DefaultTimeout.
 	Timeout time.Duration
+	// Backend moves the rows; nil means CPU, the shared-memory and
+	// one-sided MPI engine of this package.
+	Backend Backend
 }
 
 // validate checks the config for a communicator of size ranks.
@@ -84,10 +87,26 @@ func (c Config) validate(size int) error {
 	return nil
 }
 
+// backend is c.Backend, or CPU when unset.
+func (c Config) backend() Backend {
+	if c.Backend == nil {
+		return CPU
+	}
+	return c.Backend
+}
+
+// maxRecv is the most rows one rank receives in an HT dispatch.
+func (c Config) maxRecv(ranks int) int {
+	if c.MaxRecvTokensPerRank > 0 {
+		return c.MaxRecvTokensPerRank
+	}
+	return ranks * c.MaxTokensPerRank
+}
+
 // fingerprint encodes everything that must agree across ranks.
-func (c Config) fingerprint(dtype int) []int64 {
+func (c Config) fingerprint(elem DType) []int64 {
 	return []int64{int64(c.Mode), int64(c.NumExperts), int64(c.MaxTokensPerRank), int64(c.Hidden),
-		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(dtype)}
+		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem)}
 }
 
 var fingerprintFields = []string{"Mode", "NumExperts", "MaxTokensPerRank", "Hidden", "TopK",

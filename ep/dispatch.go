@@ -1,35 +1,20 @@
 package ep
 
-import (
-	"fmt"
-	"slices"
-)
-
-// DispatchRequest is a dispatch whose sends are done; Wait receives.
+// DispatchRequest is a dispatch whose sends are done; Wait receives. It is a
+// small value: copy it freely.
 type DispatchRequest[E Element] struct {
-	h      *Handle[E]
-	cached bool
-	waited bool
+	s   *handleState[E]
+	gen uint64
 }
 
-// CombineRequest is a combine whose sends are done; Wait receives and reduces.
-type CombineRequest[E Element] struct {
-	h      *Handle[E]
-	out    []E
-	opts   CombineOptions
-	op     uint64
-	waited bool
-}
-
-func (g *Group[E]) opName(what string) string { return g.cfg.Mode.String() + " " + what }
-
-// Dispatch sends x ([tokens][Hidden]) to the ranks owning each token's
-// experts (topk and weights: [tokens][TopK], -1 = none) and returns the
-// handle of what this rank received. It is DispatchSend then Wait.
-func (g *Group[E]) Dispatch(x []E, topk []int32, weights []float32) (*Handle[E], error) {
+// Dispatch sends x ([tokens][Hidden], in Memory()) to the ranks owning each
+// token's experts (topk and weights: [tokens][TopK] on the host, -1 = none)
+// and returns the handle of what this rank received. It is DispatchSend then
+// Wait.
+func (g *Group[E]) Dispatch(x Tensor[E], topk []int32, weights []float32) (Handle[E], error) {
 	req, err := g.DispatchSend(x, topk, weights)
 	if err != nil {
-		return nil, err
+		return Handle[E]{}, err
 	}
 	return req.Wait()
 }
@@ -37,209 +22,200 @@ func (g *Group[E]) Dispatch(x []E, topk []int32, weights []float32) (*Handle[E],
 // DispatchSend does the sending half of a dispatch: when it returns, this
 // rank's rows are in (or on their way to) the receivers' buffers and x may
 // be reused. Compute can run before Wait.
-func (g *Group[E]) DispatchSend(x []E, topk []int32, weights []float32) (*DispatchRequest[E], error) {
-	op := g.opName("dispatch")
+func (g *Group[E]) DispatchSend(x Tensor[E], topk []int32, weights []float32) (DispatchRequest[E], error) {
+	op := g.names.dispatch
 	if err := g.usable(op); err != nil {
-		return nil, err
+		return DispatchRequest[E]{}, err
 	}
 	T, err := g.checkTokens(op, x, topk, weights)
 	if err != nil {
-		return nil, err
+		return DispatchRequest[E]{}, err
 	}
-	rt, err := computeRouting(op, g.shape, topk, T)
+	if err := g.checkSetFree(op); err != nil {
+		return DispatchRequest[E]{}, err
+	}
+	if err := g.scratchRT.compute(op, g.sh, topk, T); err != nil {
+		return DispatchRequest[E]{}, err
+	}
+	s, err := g.newState(op)
 	if err != nil {
-		return nil, err
+		return DispatchRequest[E]{}, err
 	}
-	h := &Handle[E]{g: g, T: T, topk: slices.Clone(topk), weights: slices.Clone(weights), rt: rt}
-	return g.send(op, h, x, false)
+	s.rt, g.scratchRT = g.scratchRT, s.rt // the checked routing becomes the record's, without a copy
+	s.topk = append(s.topk[:0], topk...)
+	s.weights = append(s.weights[:0], weights...)
+	return g.send(op, s, x, nil)
 }
 
 // DispatchCached dispatches x with the routing of an earlier handle, skipping
 // the layout and the count exchange (every rank must use DispatchCached for
-// this call). weights nil keeps the earlier weights. It is how the gradient of
-// a combine reaches the expert rows.
-func (g *Group[E]) DispatchCached(prev *Handle[E], x []E, weights []float32) (*Handle[E], error) {
+// this call). weights nil keeps the earlier weights. It is how the gradient
+// of a combine reaches the expert rows.
+func (g *Group[E]) DispatchCached(prev Handle[E], x Tensor[E], weights []float32) (Handle[E], error) {
 	req, err := g.DispatchCachedSend(prev, x, weights)
 	if err != nil {
-		return nil, err
+		return Handle[E]{}, err
 	}
 	return req.Wait()
 }
 
 // DispatchCachedSend is the sending half of DispatchCached.
-func (g *Group[E]) DispatchCachedSend(prev *Handle[E], x []E, weights []float32) (*DispatchRequest[E], error) {
-	op := g.opName("cached dispatch")
+func (g *Group[E]) DispatchCachedSend(prev Handle[E], x Tensor[E], weights []float32) (DispatchRequest[E], error) {
+	op := g.names.cached
 	if err := g.usable(op); err != nil {
-		return nil, err
+		return DispatchRequest[E]{}, err
 	}
-	if err := g.checkHandle(op, prev); err != nil {
-		return nil, err
+	p, err := g.checkHandle(op, prev)
+	if err != nil {
+		return DispatchRequest[E]{}, err
 	}
 	if weights == nil {
-		weights = prev.weights
+		weights = p.weights
 	}
-	if _, err := g.checkTokens(op, x, prev.topk, weights); err != nil {
-		return nil, err
+	if _, err := g.checkTokens(op, x, p.topk, weights); err != nil {
+		return DispatchRequest[E]{}, err
 	}
-	h := &Handle[E]{g: g, T: prev.T, topk: prev.topk, weights: slices.Clone(weights), rt: prev.rt,
-		cnt: prev.cnt, off: prev.off, n: prev.n, recvOff: prev.recvOff, sendOff: prev.sendOff, fwd: prev.fwd}
-	return g.send(op, h, x, true)
+	if err := g.checkSetFree(op); err != nil {
+		return DispatchRequest[E]{}, err
+	}
+	s, err := g.newState(op)
+	if err != nil {
+		return DispatchRequest[E]{}, err
+	}
+	if s == p { // the ring came round to prev itself: its routing is already there
+		s.weights = append(s.weights[:0], weights...)
+	} else {
+		s.rt.copyFrom(&p.rt)
+		s.topk = append(s.topk[:0], p.topk...)
+		s.weights = append(s.weights[:0], weights...)
+	}
+	return g.send(op, s, x, &p.d)
 }
 
-func (g *Group[E]) send(op string, h *Handle[E], x []E, cached bool) (*DispatchRequest[E], error) {
-	b := int(g.dispatches % 2)
-	if g.cfg.Mode == LowLatency && g.llPending[b] != nil {
-		return nil, inputErrorf(op, "two LL dispatches are already waiting for their combine: combine the handle of the earlier one (buffer set %d) first", b)
+// send numbers the dispatch and hands it to the engine.
+func (g *Group[E]) send(op string, s *handleState[E], x Tensor[E], from *Dispatch) (DispatchRequest[E], error) {
+	b := 0
+	if g.spec.Mode == LowLatency {
+		b = int(g.dispatches % 2)
 	}
-	g.dispatches++
 	g.op++
-	h.op, h.parity = g.op, b
-	if g.cfg.Mode == LowLatency {
-		g.llPending[b] = h
-		if err := g.llSend(op, h, x, cached); err != nil {
-			return nil, err
-		}
-	} else {
-		g.htLast = h.op
-		if err := g.htSend(op, h, x, cached); err != nil {
-			return nil, err
-		}
+	g.dispatches++
+	s.d = Dispatch{Op: g.op, Set: b, From: from, X: AsBytes(x), TopK: s.topk, Weights: s.weights, Route: &s.rt,
+		State: s.d.State}
+	if err := g.engineError(g.eng.DispatchSend(&s.d)); err != nil {
+		s.d.From = nil
+		return DispatchRequest[E]{}, err
 	}
-	return &DispatchRequest[E]{h: h, cached: cached}, nil
+	s.d.From = nil // valid during DispatchSend only
+	s.sent = true
+	if g.spec.Mode == LowLatency {
+		g.pending[b] = s
+	} else {
+		g.htLast = s.d.Op
+	}
+	return DispatchRequest[E]{s: s, gen: s.gen}, nil
 }
 
 // Wait completes the dispatch and returns its handle.
-func (r *DispatchRequest[E]) Wait() (*Handle[E], error) {
-	g := r.h.g
-	op := g.opName("dispatch")
-	if r.waited {
-		return nil, inputErrorf(op, "Wait called twice")
+func (r DispatchRequest[E]) Wait() (Handle[E], error) {
+	s := r.s
+	if s == nil || s.gen != r.gen {
+		return Handle[E]{}, inputErrorf("dispatch", "Wait on a zero or stale DispatchRequest")
 	}
-	r.waited = true
+	g := s.g
+	op := g.names.dispatch
+	if s.ready {
+		return Handle[E]{}, inputErrorf(op, "Wait called twice")
+	}
 	if err := g.usable(op); err != nil {
-		return nil, err
+		return Handle[E]{}, err
 	}
-	var err error
-	if g.cfg.Mode == LowLatency {
-		err = g.llWait(op, r.h, r.cached)
-	} else {
-		err = g.htWait(op, r.h, r.cached)
-	}
-	if err != nil {
-		return nil, err
-	}
-	r.h.ready = true
-	return r.h, nil
-}
-
-// Combine brings the expert outputs y (laid out like h.Recv(); h.Recv() or
-// h.CombineBuffer() themselves avoid a copy) back to the tokens' ranks and
-// reduces them into out ([tokens][Hidden]): LL, out[t] = sum over k of
-// weight[t][k] * y(pair t,k); HT, out[t] = sum over the ranks t went to of
-// their y row of t. It is CombineSend then Wait.
-func (g *Group[E]) Combine(h *Handle[E], y, out []E, opts *CombineOptions) error {
-	req, err := g.CombineSend(h, y, out, opts)
-	if err != nil {
-		return err
-	}
-	return req.Wait()
-}
-
-// CombineSend does the sending half of a combine: y has been published (or
-// copied) and may be reused when it returns.
-func (g *Group[E]) CombineSend(h *Handle[E], y, out []E, opts *CombineOptions) (*CombineRequest[E], error) {
-	op := g.opName("combine")
-	if err := g.usable(op); err != nil {
-		return nil, err
-	}
-	if err := g.checkHandle(op, h); err != nil {
-		return nil, err
-	}
-	var o CombineOptions
-	if opts != nil {
-		o = *opts
-	}
-	if err := g.checkCombine(op, h, y, out, o); err != nil {
-		return nil, err
-	}
-	g.op++
-	req := &CombineRequest[E]{h: h, out: out, opts: o, op: g.op}
-	var err error
-	if g.cfg.Mode == LowLatency {
-		err = g.llCombineSend(op, req, y)
-	} else {
-		err = g.htCombineSend(op, req, y)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return req, nil
-}
-
-// Wait completes the combine: out holds the reduced rows.
-func (r *CombineRequest[E]) Wait() error {
-	g := r.h.g
-	op := g.opName("combine")
-	if r.waited {
-		return inputErrorf(op, "Wait called twice")
-	}
-	r.waited = true
-	if err := g.usable(op); err != nil {
-		return err
-	}
-	if g.cfg.Mode == LowLatency {
-		return g.llCombineWait(op, r)
-	}
-	return g.htCombineWait(op, r)
-}
-
-func (g *Group[E]) checkCombine(op string, h *Handle[E], y, out []E, o CombineOptions) error {
-	H, K := g.cfg.Hidden, g.cfg.TopK
-	recvRows := h.NumRecv()
-	rowValues := recvRows * K
-	if g.cfg.Mode == LowLatency {
-		if h.done {
-			return inputErrorf(op, "the handle has already been combined")
+	if err := g.engineError(g.eng.DispatchWait(&s.d)); err != nil {
+		if g.pending[s.d.Set] == s {
+			g.pending[s.d.Set] = nil
 		}
-		recvRows = g.shape.L * g.size * g.cfg.MaxTokensPerRank
-		rowValues = recvRows
-		if o.WeightsOverride != nil && len(o.WeightsOverride) != h.T*K {
-			return inputErrorf(op, "len(WeightsOverride) = %d, want tokens*TopK = %d*%d", len(o.WeightsOverride), h.T, K)
+		s.sent = false
+		return Handle[E]{}, err
+	}
+	s.ready = true
+	return Handle[E]{s: s, gen: s.gen}, nil
+}
+
+// checkTokens validates the inputs of a dispatch on this rank.
+func (g *Group[E]) checkTokens(op string, x Tensor[E], topk []int32, weights []float32) (int, error) {
+	H, K := g.spec.Hidden, g.spec.TopK
+	if len(topk)%K != 0 {
+		return 0, inputErrorf(op, "len(topk) = %d is not a multiple of TopK = %d", len(topk), K)
+	}
+	T := len(topk) / K
+	if T > g.spec.MaxTokensPerRank {
+		return 0, inputErrorf(op, "%d tokens exceed MaxTokensPerRank = %d", T, g.spec.MaxTokensPerRank)
+	}
+	if x.Len() != T*H {
+		return 0, inputErrorf(op, "len(x) = %d, want tokens*Hidden = %d*%d = %d", x.Len(), T, H, T*H)
+	}
+	if len(weights) != T*K {
+		return 0, inputErrorf(op, "len(weights) = %d, want tokens*TopK = %d*%d = %d", len(weights), T, K, T*K)
+	}
+	return T, g.checkMemory(op, "x", x.Memory())
+}
+
+// checkMemory refuses a tensor outside the engine's memory.
+func (g *Group[E]) checkMemory(op, what string, m Memory) error {
+	if m != g.mem {
+		return inputErrorf(op, "%s is in %v memory; the %s backend works on %v memory", what, m, g.Backend(), g.mem)
+	}
+	return nil
+}
+
+// checkSetFree refuses a dispatch whose buffers are still needed: in LL, a
+// buffer set whose handle has not been combined; in HT, a receive buffer
+// whose dispatch or combine is still in flight.
+func (g *Group[E]) checkSetFree(op string) error {
+	if g.spec.Mode == LowLatency {
+		b := int(g.dispatches % 2)
+		if g.pending[b] != nil {
+			return inputErrorf(op, "two LL dispatches are already waiting for their combine: combine the handle of the earlier one (buffer set %d) first", b)
 		}
-	} else if o.WeightsOverride != nil {
-		return inputErrorf(op, "WeightsOverride is for LL mode: an HT combine is an unweighted sum (the expert side applies the weights)")
+		return nil
 	}
-	if len(y) != recvRows*H {
-		return inputErrorf(op, "len(y) = %d, want %d rows of %d = %d (laid out like Recv())", len(y), recvRows, H, recvRows*H)
-	}
-	if len(out) != h.T*H {
-		return inputErrorf(op, "len(out) = %d, want tokens*Hidden = %d*%d = %d", len(out), h.T, H, h.T*H)
-	}
-	if (o.RowValues == nil) != (o.SlotValues == nil) {
-		return inputErrorf(op, "set both RowValues and SlotValues, or neither")
-	}
-	if o.RowValues != nil {
-		if len(o.RowValues) != rowValues {
-			return inputErrorf(op, "len(RowValues) = %d, want %d", len(o.RowValues), rowValues)
-		}
-		if len(o.SlotValues) != h.T*K {
-			return inputErrorf(op, "len(SlotValues) = %d, want tokens*TopK = %d*%d", len(o.SlotValues), h.T, K)
+	for _, s := range g.states {
+		if s != nil && ((s.sent && !s.ready) || s.inComb) {
+			return inputErrorf(op, "an HT dispatch or combine is still in flight: call its Wait first")
 		}
 	}
 	return nil
 }
 
-// waitCombineDone waits until every rank of this node has finished reading
-// this rank's and its peers' buffers of set b in the last combine on it, so
-// that they can be written again.
-func (g *Group[E]) waitCombineDone(op string, b int) error {
-	last := g.lastCombine[b]
-	if last == 0 {
-		return nil
+// checkHandle resolves a handle of this group whose dispatch has completed.
+func (g *Group[E]) checkHandle(op string, h Handle[E]) (*handleState[E], error) {
+	if h.s == nil {
+		return nil, inputErrorf(op, "nil handle")
 	}
-	flags := make([]ptr, len(g.nodeRanks))
-	for i, r := range g.nodeRanks {
-		flags[i] = g.flag(r, fCombDone(b))
+	if h.s.g != g {
+		return nil, inputErrorf(op, "the handle belongs to another group")
 	}
-	return g.waitFlags(op, fmt.Sprintf("the end of its combine #%d", last), flags, g.nodeRanks, last)
+	if h.s.gen != h.gen {
+		return nil, inputErrorf(op, "the handle is stale: it was made more than %d dispatches ago, and its record has been reused", handleRing)
+	}
+	if !h.s.ready {
+		return nil, inputErrorf(op, "the handle's dispatch has not completed (call Wait)")
+	}
+	return h.s, nil
+}
+
+// Layout computes the routing of topk ([tokens][TopK] expert ids, -1 =
+// none), checking the ids. It is local: no communication.
+func (g *Group[E]) Layout(topk []int32) (*Layout, error) {
+	if err := g.usable("Layout"); err != nil {
+		return nil, err
+	}
+	if len(topk)%g.spec.TopK != 0 {
+		return nil, inputErrorf("Layout", "len(topk) = %d is not a multiple of TopK = %d", len(topk), g.spec.TopK)
+	}
+	var r Routing
+	if err := r.compute("Layout", g.sh, topk, len(topk)/g.spec.TopK); err != nil {
+		return nil, err
+	}
+	return r.layout(g.size), nil
 }

@@ -1,6 +1,9 @@
 // Package ep is expert-parallel dispatch and combine for Mixture-of-Experts
 // layers over MPI: the Go counterpart of NCCL EP's ncclEpDispatch and
-// ncclEpCombine, running on CPU memory.
+// ncclEpCombine. It states one contract, the Group, and runs it on
+// interchangeable backends: CPU (the default: MPI shared memory inside a
+// node, one-sided MPI across nodes), Alltoallv (two-sided MPI, the
+// baseline), and the GPU backend of package epgpu.
 //
 // A Group is created collectively from an MPI communicator and a Config.
 // Experts are spread evenly: rank r owns experts [r*L, (r+1)*L) where
@@ -9,9 +12,18 @@
 // run; Combine brings their outputs back to the token's rank and sums them.
 //
 //	g, _ := ep.NewGroup[ep.BF16](world, ep.Config{Mode: ep.LowLatency, ...})
-//	h, _ := g.Dispatch(x, topk, weights)   // x: [T][Hidden], topk and weights: [T][TopK]
+//	h, _ := g.Dispatch(ep.Host(x), topk, weights) // x: [T][Hidden], topk and weights: [T][TopK]
 //	y := expertsForward(h.Recv(), h.ExpertCounts())
-//	_ = g.Combine(h, y, out, nil)           // out: [T][Hidden]
+//	_ = g.Combine(h, y, ep.Host(out), nil)       // out: [T][Hidden]
+//
+// # Memory
+//
+// Rows are Tensors: a flat array of elements in some Memory, the host's
+// (Host wraps a slice, Tensor.Host gives it back) or a device's (OnDevice
+// names an address). A group's tensors are in Group.Memory(), and the tensors
+// passed to it must be too. Alloc, Upload, Download and ToHost work on any
+// memory. topk, weights and WeightsOverride are host slices: the group checks
+// them before anything is queued.
 //
 // # Modes
 //
@@ -31,33 +43,38 @@
 // received rows, NumRecv() of them, are grouped by source rank in rank order,
 // each group in token order, with their top-k expert ids made local
 // (-1 = an expert elsewhere, its weight zeroed) and their weights. Across
-// nodes a token travels once per destination node, to the rank with the same
-// local rank there, which forwards it inside its node. Combine sums the
-// per-rank partial outputs (the expert side applies the weights) back on the
-// token's rank. The rows stay valid until the next dispatch.
+// nodes the CPU backend sends a token once per destination node, to the rank
+// with the same local rank there, which forwards it inside its node. Combine
+// sums the per-rank partial outputs (the expert side applies the weights)
+// back on the token's rank. The rows stay valid until the next dispatch; a
+// dispatch or combine must be waited before the next dispatch.
 //
-// # Transport and memory
+// # Handles
 //
-// Inside a node every rank maps every other rank's buffers (an MPI-3
-// shared-memory window: the counterpart of NCCL's load/store LSA path), so a
-// dispatched row is copied once, from the sender's tensor into its slot in the
-// receiver's buffer, and combine reads the expert outputs straight from the
-// expert rank's buffer. Across nodes rows go by MPI one-sided puts into a
-// staging window (the counterpart of GIN), then are copied (LL) or forwarded
-// (HT) inside the node. Ranks signal each other with 64-bit sequence flags,
-// written with release order after the data and read with acquire order
-// before it. Every wait has the group's timeout and returns a *TimeoutError
-// naming the rank that did not arrive; the group is then unusable.
+// A Handle is a small value naming a dispatch: copy it freely. It is needed
+// to combine and can be reused by DispatchCached while the routing is
+// unchanged. A group keeps the records of its 8 most recent dispatches, so
+// that steady-state calls allocate nothing; an older handle is stale: its
+// views are empty and calls refuse it.
 //
-// Buffers live in MPI windows, not on the Go heap. Recv, CombineBuffer and the
-// other views of a handle point into them; Close releases them. Passing
-// Recv() or CombineBuffer() itself as Combine's expert output avoids a copy.
+// # Backends
+//
+// A Backend (Config.Backend) opens an Engine per group. The Group does what
+// every backend shares, written once: it checks every input (ids, lengths,
+// memories, handles), computes the routing (Routing, the layout kernel's
+// result), numbers the calls, enforces the buffer rules above and turns
+// engine failures into a broken group; the Engine moves the rows. A new
+// backend implements Engine and proves itself with the conformance suite of
+// package ep/eptest. The CPU backend's zero-copy views are host tensors over
+// its MPI windows: passing Recv() or CombineBuffer() itself as Combine's
+// expert output avoids a copy.
 //
 // # Determinism
 //
 // Combine accumulates in float32 in a fixed order (LL: by top-k slot; HT:
 // node by node, ranks in order inside a node), never in arrival order, so the
 // same inputs give bit-identical outputs. bfloat16 outputs are rounded once.
+// On one node the CPU and Alltoallv backends agree bit for bit.
 //
 // # Backward
 //
@@ -69,11 +86,16 @@
 // SlotValues carry one float per row back to its (token, slot), for the
 // gradient of the gate weights.
 //
-// # Errors
+// # Collective calls and errors
 //
+// NewGroup, Dispatch (and its halves and cached forms), Combine (and its
+// halves) and Close are collective: all ranks must call the same operations
+// in the same order. Layout, the accessors and the Handle's views are local.
 // Bad input (an expert id out of range or repeated in a token, more tokens
-// than MaxTokensPerRank, wrong slice lengths, a handle from another group,
-// use after Close) is reported on the calling rank before anything is
-// written. Every call is collective: all ranks must call the same operations
-// in the same order.
+// than MaxTokensPerRank, wrong lengths, a tensor in the wrong memory, a
+// handle from another group or stale, use after Close) is an *InputError on
+// the calling rank before anything is written; the group stays usable. A
+// rank that stops taking part makes the others return a *TimeoutError after
+// Config.Timeout, naming it where the backend can; the group is then
+// unusable. Errors of a call name it ("ll dispatch", "ht combine").
 package ep

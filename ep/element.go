@@ -1,7 +1,7 @@
 package ep
 
 /*
-#cgo CFLAGS: -O3 -std=gnu11
+#cgo CFLAGS: -O3 -std=gnu11 -I${SRCDIR}/../internal/dtype
 #include "kernels.h"
 */
 import "C"
@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/goep/goep/internal/dtype"
 )
 
 // BF16 is a bfloat16 number: the top 16 bits of a float32.
@@ -17,6 +19,15 @@ type BF16 uint16
 
 // Element is the element types a Group moves.
 type Element interface{ float32 | BF16 }
+
+// DType names an element type to a Backend: Float32 or BFloat16.
+type DType = dtype.Code
+
+// The element types of Element, as DType.
+const (
+	Float32  DType = dtype.F32
+	BFloat16 DType = dtype.BF16
+)
 
 // BF16From rounds f to the nearest bfloat16, ties to even.
 func BF16From(f float32) BF16 {
@@ -53,16 +64,11 @@ func FromBF16(dst []float32, src []BF16) error {
 	return nil
 }
 
-// dtypeOf is the kernels' code for E, and its name.
-func dtypeOf[E Element]() (int, string) {
+// DTypeOf is the DType of E.
+func DTypeOf[E Element]() DType {
 	var z E
 	if _, ok := any(z).(float32); ok {
-		return C.EP_F32, "float32"
+		return Float32
 	}
-	return C.EP_BF16, "bfloat16"
-}
-
-func sizeOf[E Element]() int {
-	var z E
-	return int(unsafe.Sizeof(z))
+	return BFloat16
 }

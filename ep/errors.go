@@ -12,15 +12,23 @@ var ErrClosed = errors.New("ep: group is closed")
 // ErrTimeout is matched (errors.Is) by every *TimeoutError.
 var ErrTimeout = errors.New("ep: timeout")
 
+// ErrBadInput is matched (errors.Is) by every *InputError.
+var ErrBadInput = errors.New("ep: bad input")
+
 // TimeoutError reports a peer that did not arrive within the group's timeout.
+// The group is unusable afterwards.
 type TimeoutError struct {
-	Op    string        // the call, e.g. "LL dispatch"
-	Peer  int           // the rank that did not arrive
+	Op    string        // the call, e.g. "ll dispatch"
+	Peer  int           // the rank that did not arrive; -1 when the engine cannot tell (an MPI collective)
 	What  string        // what was waited for
 	After time.Duration // the timeout
 }
 
 func (e *TimeoutError) Error() string {
+	if e.Peer < 0 {
+		return fmt.Sprintf("ep: %s: a rank did not arrive within %v (waiting for %s, which cannot say which): it has stopped or stalled",
+			e.Op, e.After, e.What)
+	}
 	return fmt.Sprintf("ep: %s: rank %d did not arrive within %v (waiting for %s): it has stopped or stalled",
 		e.Op, e.Peer, e.After, e.What)
 }
@@ -28,6 +36,22 @@ func (e *TimeoutError) Error() string {
 // Is reports whether target is ErrTimeout.
 func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
 
-func inputErrorf(op, format string, a ...any) error {
-	return fmt.Errorf("ep: %s: "+format, append([]any{op}, a...)...)
+// InputError reports a call refused because of its arguments, before
+// anything was written: the group stays usable.
+type InputError struct {
+	Op  string // the call, e.g. "ht combine"
+	Msg string // what was wrong, naming the bad value
 }
+
+func (e *InputError) Error() string { return "ep: " + e.Op + ": " + e.Msg }
+
+// Is reports whether target is ErrBadInput.
+func (e *InputError) Is(target error) bool { return target == ErrBadInput }
+
+func inputErrorf(op, format string, a ...any) error {
+	return &InputError{Op: op, Msg: fmt.Sprintf(format, a...)}
+}
+
+// InputErrorf makes an *InputError, for Engines that refuse an input only
+// they can check.
+func InputErrorf(op, format string, a ...any) error { return inputErrorf(op, format, a...) }

@@ -21,15 +21,15 @@ func ExampleGroup_Dispatch() {
 		log.Fatal(err)
 	}
 	defer g.Close()
-	x := []float32{1, 0, 0, 0, 2, 0, 0, 0}   // 2 tokens of 4 elements
-	topk := []int32{0, 1, 1, -1}             // token 0 -> experts 0 and 1; token 1 -> expert 1
-	weights := []float32{0.75, 0.25, 0.5, 0} // gate weights per (token, slot)
-	h, err := g.Dispatch(x, topk, weights)   // rows land in the experts' ranks
+	x := []float32{1, 0, 0, 0, 2, 0, 0, 0}          // 2 tokens of 4 elements
+	topk := []int32{0, 1, 1, -1}                    // token 0 -> experts 0 and 1; token 1 -> expert 1
+	weights := []float32{0.75, 0.25, 0.5, 0}        // gate weights per (token, slot)
+	h, err := g.Dispatch(ep.Host(x), topk, weights) // rows land in the experts' ranks
 	if err != nil {
 		log.Fatal(err)
 	}
-	out := make([]float32, len(x))                           // the experts would transform h.Recv() here
-	if err := g.Combine(h, h.Recv(), out, nil); err != nil { // weighted sum back home
+	out := make([]float32, len(x))                                    // the experts would transform h.Recv() here
+	if err := g.Combine(h, h.Recv(), ep.Host(out), nil); err != nil { // weighted sum back home
 		log.Fatal(err)
 	}
 	fmt.Println(out[0], out[4])

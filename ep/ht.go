@@ -1,403 +1,520 @@
 package ep
 
-/*
-#include "kernels.h"
-*/
-import "C"
-
 import (
-	"runtime"
 	"unsafe"
 
-	"github.com/goep/goep/mpi"
+	"github.com/goep/goep/internal/dtype"
 )
 
-// High-throughput protocol, for one call with sequence number q:
+// High-throughput protocol, for a call with sequence number q (one buffer
+// set):
 //
-//	dispatch send: allgather every rank's tokens per rank and per node (the
-//	  row offsets follow); copy each token once into every rank of this node
-//	  that owns one of its experts, with its metadata; raise their data flags
-//	  for this rank; put each token once per other node, with its global
-//	  top-k and weights, into the staging window of the rank with this
-//	  rank's local rank there (its rail peer).
+//	dispatch send: share every rank's tokens per rank and per node (the row
+//	  offsets follow from them); wait until the node's ranks finished reading
+//	  this rank's buffers; post each token once into every rank of this node
+//	  that owns one of its experts, with its metadata, and raise their data
+//	  flags; post each token once per other node, with its global top-k ids
+//	  and weights, into the staging of the rank with this rank's local rank
+//	  there (its rail peer), and raise its staged flag.
 //	dispatch wait: as a rail peer, wait for each other node's staged tokens
 //	  and forward them into the ranks of this node that own their experts,
 //	  raising those ranks' data flags on behalf of the original sender; then
 //	  wait for every source's data flag.
-//	combine send: publish where the partial outputs are and raise
-//	  combine-ready.
+//	combine send: say where the partial outputs are and raise combine-ready
+//	  at this node's ranks, which read them in place.
 //	combine wait: wait for this node's combine-ready; as a rail peer, sum
-//	  this node's partials of each forwarded token and put the sums back to
-//	  the sender's staging window; then sum, for each own token, the partials
-//	  of this node's ranks (read in place) and of other nodes (staged), node
-//	  by node in a fixed order; raise combine-done.
+//	  this node's partials of each forwarded token and post the sums back to
+//	  the sender; then sum, for each own token, the partials of this node's
+//	  ranks (in place) and the sums of other nodes (staged), node by node in
+//	  a fixed order; tell the node's ranks their buffers are free.
+type htMode struct {
+	e                              *engine
+	R, L, M, K, H, rowBytes, nodes int
+	myNode                         int
+	maxRecv                        int
+	forwarder                      []int // per rank: the rank of this node that forwards its tokens here
+	railPeers                      []int // per other node, the rail peer there; in node order
+	recv, tok, topk, w, comb, vals int   // segment areas, [maxRecv] rows
+	stage, stok, stopk, sw         int   // staging: tokens from each node's rail sender, [nodes][M]
+	sums, svals                    int   // staging: each node's sums of this rank's tokens, [nodes][M]
+	mine                           []int32
+	lists                          [][]int32 // per rank of this node: the tokens (or staged rows) it gets
+	meta                           []byte
+	partials                       []byte
+	vsum                           []float32
+	start                          []int32
+	src, vals2                     []ptr
+	area                           []int
+	counts                         []int32
+}
 
-// htCounts is this rank's row of the allgathered count matrix: tokens per
-// rank, then per node.
-func (g *Group[E]) htCountStride() int { return g.size + g.shape.nodes }
+// htState is what a dispatch keeps between its halves and for its combine.
+type htState struct {
+	n       []int32 // [R][R+nodes]: tokens from s to each rank, then to each node
+	recvOff []int   // [R+1]: where each source's rows start among this rank's
+	sendOff []int   // [R]: where this rank's rows start at each destination
+	fwd     []fwdPlan
+	cached  bool  // the forwarding plans came with a cached dispatch
+	expert  []int // [L]
+	source  []int // [R]
+}
 
-// htOffset is where rows from source s start among rank d's received rows.
-func (h *Handle[E]) htOffset(s, d int) int {
-	stride := h.g.htCountStride()
+// fwdPlan is what a rail peer forwards inside its node for the sender of
+// one other node: for each staged row j, the ranks and rows it goes to,
+// CSR-style.
+type fwdPlan struct {
+	src   int     // the sender
+	rows  int     // rows staged
+	start []int32 // [rows+1]
+	dst   []int32 // destination rank
+	row   []int32 // row at the destination
+}
+
+func newHT(e *engine, seg, win *areas) *htMode {
+	s := e.spec
+	R := e.t.size
+	m := &htMode{e: e, R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
+		rowBytes: s.RowBytes, nodes: e.nodes, myNode: e.node, maxRecv: s.maxRecv(R)}
+	m.forwarder = make([]int, R)
+	for r := 0; r < R; r++ {
+		m.forwarder[r] = r
+		if !e.t.local[r] {
+			m.forwarder[r] = e.t.nodeRanks[e.topo.LocalRankOf[r]]
+		}
+	}
+	for n := 0; n < m.nodes; n++ {
+		if n != m.myNode {
+			m.railPeers = append(m.railPeers, e.rail[n])
+		}
+	}
+	n, K, M := m.maxRecv, m.K, m.M
+	m.recv = seg.take(n * m.rowBytes)
+	m.tok = seg.take(4 * n)
+	m.topk = seg.take(4 * n * K)
+	m.w = seg.take(4 * n * K)
+	m.comb = seg.take(n * m.rowBytes)
+	m.vals = seg.take(4 * n * K)
+	m.stage = win.take(m.nodes * M * m.rowBytes)
+	m.stok = win.take(4 * m.nodes * M)
+	m.stopk = win.take(4 * m.nodes * M * K)
+	m.sw = win.take(4 * m.nodes * M * K)
+	m.sums = win.take(m.nodes * M * m.rowBytes)
+	m.svals = win.take(4 * m.nodes * M * K)
+	m.lists = make([][]int32, R)
+	return m
+}
+
+func (m *htMode) stride() int { return m.R + m.nodes }
+
+func (m *htMode) state(d *Dispatch) *htState {
+	st, ok := d.State.(*htState)
+	if !ok {
+		st = &htState{}
+		d.State = st
+	}
+	st.n = growTo(st.n, m.R*m.stride())
+	st.recvOff = growTo(st.recvOff, m.R+1)
+	st.sendOff = growTo(st.sendOff, m.R)
+	st.expert = growTo(st.expert, m.L)
+	st.source = growTo(st.source, m.R)
+	for len(st.fwd) < m.nodes {
+		st.fwd = append(st.fwd, fwdPlan{})
+	}
+	return st
+}
+
+// listsFor returns empty per-rank lists, keeping their storage.
+func (m *htMode) listsFor() [][]int32 {
+	for i := range m.lists {
+		m.lists[i] = m.lists[i][:0]
+	}
+	return m.lists
+}
+
+func (m *htMode) send(d *Dispatch) error {
+	e, t := m.e, &m.e.t
+	op := e.names.dispatch
+	q, me, rt := d.Op, t.me, d.Route
+	st := m.state(d)
+	st.cached = d.From != nil
+	if st.cached {
+		st.copyFrom(d.From.State.(*htState))
+	} else if err := m.exchangeCounts(op, st, q, rt); err != nil {
+		return err
+	}
+	if err := t.awaitReaders(op, 0, e.last[0]); err != nil {
+		return err
+	}
+	// This node: each token once into every rank that owns one of its
+	// experts, with its metadata.
+	rows := m.listsFor()
+	for tk := 0; tk < rt.T; tk++ {
+		for _, dst := range t.nodeRanks {
+			if o := rt.TokRankOrd[tk*m.R+dst]; o >= 0 {
+				t.post(dst, m.recv+(st.sendOff[dst]+int(o))*m.rowBytes, -1, int64(tk*m.rowBytes), m.rowBytes)
+				rows[dst] = append(rows[dst], int32(tk))
+			}
+		}
+	}
+	if err := t.flush(hostBytes(d.X)); err != nil {
+		return err
+	}
+	for _, dst := range t.nodeRanks {
+		first := st.sendOff[dst]
+		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*m.K), t.lsa(dst, m.w+4*first*m.K),
+			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst)
+	}
+	if err := t.raise(t.nodeRanks, flagData, 0, me, q); err != nil {
+		return err
+	}
+	return m.sendAcross(d)
+}
+
+// exchangeCounts shares this rank's tokens per rank and per node, gathers
+// every rank's, and derives the row offsets.
+func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing) error {
+	t := &m.e.t
+	me, R, stride := t.me, m.R, m.stride()
+	m.mine = append(append(m.mine[:0], rt.PerRank...), rt.PerNode...)
+	if err := t.shareCounts(0, q, m.mine); err != nil {
+		return err
+	}
+	if err := t.await(op, "its counts", flagCounts, 0, t.all, nil, q); err != nil {
+		return err
+	}
+	for s := 0; s < R; s++ {
+		if s == me {
+			copy(st.n[s*stride:(s+1)*stride], m.mine)
+		} else {
+			copy(st.n[s*stride:(s+1)*stride], t.counts(0, s))
+		}
+	}
+	for dst := 0; dst < R; dst++ {
+		total := 0
+		for s := 0; s < R; s++ {
+			total += int(st.n[s*stride+dst])
+		}
+		if total > m.maxRecv {
+			// Every rank sees the same matrix and fails the same way,
+			// before anything is written.
+			return inputErrorf(op, "rank %d would receive %d rows, more than MaxRecvTokensPerRank = %d", dst, total, m.maxRecv)
+		}
+	}
+	st.recvOff[0] = 0
+	for s := 0; s < R; s++ {
+		st.recvOff[s+1] = st.recvOff[s] + int(st.n[s*stride+me])
+	}
+	for dst := 0; dst < R; dst++ {
+		off := 0
+		for s := 0; s < me; s++ {
+			off += int(st.n[s*stride+dst])
+		}
+		st.sendOff[dst] = off
+	}
+	return nil
+}
+
+// sendAcross posts each token once per other node, with its global top-k ids
+// and weights, to the rail peer there, and raises its staged flag.
+func (m *htMode) sendAcross(d *Dispatch) error {
+	t := &m.e.t
+	rt, K, M := d.Route, m.K, m.M
+	total := 0
+	for n := 0; n < m.nodes; n++ {
+		if n != m.myNode {
+			total += int(rt.PerNode[n])
+		}
+	}
+	// Staged metadata, packed per node: tokens, then top-k ids, then weights.
+	m.meta = growTo(m.meta, 4*total*(1+2*K))
+	base := unsafe.Pointer(unsafe.SliceData(m.meta))
+	words := unsafe.Slice((*int32)(base), total*(1+K))
+	tok, ids := words[:total], words[total:]
+	wts := unsafe.Slice((*float32)(unsafe.Add(base, 4*total*(1+K))), total*K)
+	first := 0 // this node's first packed row
+	for n := 0; n < m.nodes; n++ {
+		if n == m.myNode || rt.PerNode[n] == 0 {
+			continue
+		}
+		r := m.e.rail[n]
+		for tk := 0; tk < rt.T; tk++ {
+			o := int(rt.TokNodeOrd[tk*m.nodes+n])
+			if o < 0 {
+				continue
+			}
+			t.post(r, -1, m.stage+(m.myNode*M+o)*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			tok[first+o] = int32(tk)
+			copy(ids[(first+o)*K:], d.TopK[tk*K:(tk+1)*K])
+			copy(wts[(first+o)*K:], d.Weights[tk*K:(tk+1)*K])
+		}
+		first += int(rt.PerNode[n])
+	}
+	if err := t.flush(hostBytes(d.X)); err != nil {
+		return err
+	}
+	first = 0
+	for n := 0; n < m.nodes; n++ {
+		if n == m.myNode || rt.PerNode[n] == 0 {
+			continue
+		}
+		r, c := m.e.rail[n], int(rt.PerNode[n])
+		t.post(r, -1, m.stok+4*m.myNode*M, int64(4*first), 4*c)
+		t.post(r, -1, m.stopk+4*m.myNode*M*K, int64(4*(total+first*K)), 4*c*K)
+		t.post(r, -1, m.sw+4*m.myNode*M*K, int64(4*(total*(1+K)+first*K)), 4*c*K)
+		first += c
+	}
+	if err := t.flush(m.meta); err != nil {
+		return err
+	}
+	return t.raise(m.railPeers, flagStaged, 0, t.me, d.Op)
+}
+
+func (m *htMode) wait(d *Dispatch) error {
+	e, t := m.e, &m.e.t
+	op := e.names.dispatch
+	q, me, K := d.Op, t.me, m.K
+	st := d.State.(*htState)
+	for a := 0; a < m.nodes; a++ {
+		if a == m.myNode {
+			continue
+		}
+		if err := m.forward(op, d, st, a); err != nil {
+			return err
+		}
+	}
+	if err := t.await(op, "rows it sends or forwards", flagData, 0, t.all, m.forwarder, q); err != nil {
+		return err
+	}
+	n := st.recvOff[m.R]
+	m.counts = growTo(m.counts, m.L)
+	countLocal(t.lsa(me, m.topk), n, K, m.counts)
+	for l, c := range m.counts {
+		st.expert[l] = int(c)
+	}
+	for s := 0; s < m.R; s++ {
+		st.source[s] = st.recvOff[s+1] - st.recvOff[s]
+	}
+	d.Recv = Received{
+		Rows:         hostTensor[byte](e, m.recv, n*m.rowBytes),
+		Outputs:      hostTensor[byte](e, m.comb, n*m.rowBytes),
+		Weights:      hostTensor[float32](e, m.w, n*K),
+		TopK:         hostTensor[int32](e, m.topk, n*K),
+		Tokens:       hostTensor[int32](e, m.tok, n),
+		ExpertCounts: st.expert,
+		SourceCounts: st.source,
+		NumRecv:      n,
+	}
+	return nil
+}
+
+// forward waits, as a rail peer, for the tokens the sender of node a staged
+// here and forwards them into the ranks of this node that own their
+// experts, raising their data flags on the sender's behalf.
+func (m *htMode) forward(op string, d *Dispatch, st *htState, a int) error {
+	t := &m.e.t
+	K, M, stride := m.K, m.M, m.stride()
+	s := m.e.rail[a]
+	if err := t.await(op, "its tokens for this node", flagStaged, 0, t.all[s:s+1], nil, d.Op); err != nil {
+		return err
+	}
+	n := int(st.n[s*stride+m.R+m.myNode])
+	tok := unsafe.Slice((*int32)(t.staged(m.stok+4*a*M)), n)
+	topk := unsafe.Slice((*int32)(t.staged(m.stopk+4*a*M*K)), n*K)
+	w := unsafe.Slice((*float32)(t.staged(m.sw+4*a*M*K)), n*K)
+	if !st.cached {
+		m.planForward(&st.fwd[a], st, s, topk, n)
+	}
+	p := &st.fwd[a]
+	perDst := m.listsFor()
+	for j := 0; j < n; j++ {
+		for i := p.start[j]; i < p.start[j+1]; i++ {
+			dst := int(p.dst[i])
+			t.post(dst, m.recv+int(p.row[i])*m.rowBytes, -1, int64(m.stage+(a*M+j)*m.rowBytes), m.rowBytes)
+			perDst[dst] = append(perDst[dst], int32(j))
+		}
+	}
+	if err := t.flush(t.win.Local()); err != nil {
+		return err
+	}
+	for _, dst := range t.nodeRanks {
+		first := st.recvOffAt(s, dst, stride, m.R)
+		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*K), t.lsa(dst, m.w+4*first*K),
+			perDst[dst], tok, topk, w, K, m.L, dst)
+	}
+	return t.raise(t.nodeRanks, flagData, 0, s, d.Op)
+}
+
+// recvOffAt is where rows from source s start among rank dst's rows.
+func (st *htState) recvOffAt(s, dst, stride, R int) int {
 	off := 0
 	for p := 0; p < s; p++ {
-		off += int(h.n[p*stride+d])
+		off += int(st.n[p*stride+dst])
 	}
 	return off
 }
 
-func (g *Group[E]) htSend(op string, h *Handle[E], x []E, cached bool) error {
-	q := h.op
-	R, M, K, nodes := g.size, g.cfg.MaxTokensPerRank, g.cfg.TopK, g.shape.nodes
-	me, rowBytes, stride := g.rank, g.rowBytes, g.htCountStride()
-	if !cached {
-		mine := append(append([]int32{}, h.rt.perRank...), h.rt.perNode...)
-		if err := g.publishCounts(h.parity, q, mine); err != nil {
-			return err
-		}
-		h.n = make([]int32, R*stride)
-		copy(h.n[me*stride:], mine)
-		if err := g.gatherCounts(op, h.parity, q, h.n, 0, R); err != nil {
-			return err
-		}
-		limit := maxRecv(g.cfg, R)
-		for d := 0; d < R; d++ {
-			total := 0
-			for s := 0; s < R; s++ {
-				total += int(h.n[s*stride+d])
-			}
-			if total > limit {
-				// Every rank sees the same matrix and fails the same way,
-				// before anything is written.
-				return inputErrorf(op, "rank %d would receive %d rows, more than MaxRecvTokensPerRank = %d", d, total, limit)
-			}
-		}
-		h.recvOff = make([]int, R+1)
-		for s := 0; s < R; s++ {
-			h.recvOff[s+1] = h.recvOff[s] + int(h.n[s*stride+me])
-		}
-		h.sendOff = make([]int, R)
-		for d := 0; d < R; d++ {
-			h.sendOff[d] = h.htOffset(me, d)
-		}
-	}
-	if err := g.waitCombineDone(op, 0); err != nil {
-		return err
-	}
-	var pin runtime.Pinner
-	defer pin.Unpin()
-	xp := pinned(&pin, x)
-	dst, src := g.sc.dst[:0], g.sc.src[:0]
-	rows := g.sc.listsFor(R) // tokens going to each rank of this node, in order
-	for t := 0; t < h.T; t++ {
-		for _, d := range g.nodeRanks {
-			if o := h.rt.tokRankOrd[t*R+d]; o >= 0 {
-				dst = append(dst, g.at(d, g.sl.htRecv+(h.sendOff[d]+int(o))*rowBytes))
-				src = append(src, unsafe.Add(xp, t*rowBytes))
-				rows[d] = append(rows[d], int32(t))
-			}
-		}
-	}
-	g.sc.dst, g.sc.src = dst, src
-	copyRows(dst, src, rowBytes)
-	clear(src) // it pointed into x, pinned only for this call: cgo rejects stale Go pointers
-	for _, d := range g.nodeRanks {
-		g.htMeta(d, h.sendOff[d], rows[d], nil, h.topk, h.weights)
-	}
-	flags := make([]ptr, len(g.nodeRanks))
-	for i, d := range g.nodeRanks {
-		flags[i] = g.flag(d, fData(0, me, R))
-	}
-	signal(flags, q)
-	if g.rma == nil {
-		return nil
-	}
-	// Once per other node, to the rail peer there: the rows, then their
-	// tokens, top-k ids and weights packed in one buffer.
-	var rails []int
-	total := 0
-	for n := 0; n < nodes; n++ {
-		if n != g.myNode {
-			rails = append(rails, g.rail[n])
-			total += int(h.rt.perNode[n])
-		}
-	}
-	meta := g.sc.metaBytes(4 * total * (1 + 2*K))
-	tok := view[int32](ptr(unsafe.SliceData(meta)), total)
-	ids := view[int32](unsafe.Add(ptr(unsafe.SliceData(meta)), 4*total), total*K)
-	wts := view[float32](unsafe.Add(ptr(unsafe.SliceData(meta)), 4*total*(1+K)), total*K)
-	blocks, metaBlocks := g.sc.blocks[:0], g.sc.blocks2[:0]
-	first := 0 // this node's first packed row
-	for n := 0; n < nodes; n++ {
-		if n == g.myNode || h.rt.perNode[n] == 0 {
-			continue
-		}
-		r, cnt := g.rail[n], int(h.rt.perNode[n])
-		for t := 0; t < h.T; t++ {
-			o := int(h.rt.tokNodeOrd[t*nodes+n])
-			if o < 0 {
-				continue
-			}
-			blocks = append(blocks, mpi.Block{SrcOffset: t * rowBytes, Len: rowBytes, Target: r,
-				DstOffset: g.rl.htStage + (g.myNode*M+o)*rowBytes})
-			tok[first+o] = int32(t)
-			copy(ids[(first+o)*K:], h.topk[t*K:(t+1)*K])
-			copy(wts[(first+o)*K:], h.weights[t*K:(t+1)*K])
-		}
-		metaBlocks = append(metaBlocks,
-			mpi.Block{SrcOffset: 4 * first, Len: 4 * cnt, Target: r, DstOffset: g.rl.htTok + 4*g.myNode*M},
-			mpi.Block{SrcOffset: 4 * (total + first*K), Len: 4 * cnt * K, Target: r, DstOffset: g.rl.htTopk + 4*g.myNode*M*K},
-			mpi.Block{SrcOffset: 4 * (total*(1+K) + first*K), Len: 4 * cnt * K, Target: r, DstOffset: g.rl.htW + 4*g.myNode*M*K})
-		first += cnt
-	}
-	g.sc.blocks, g.sc.blocks2 = blocks, metaBlocks
-	if err := g.rma.PutBlocks(bytesOf(x), blocks); err != nil {
-		return g.fail(err)
-	}
-	if err := g.rma.PutBlocks(meta, metaBlocks); err != nil {
-		return g.fail(err)
-	}
-	return g.putFlags(rails, func(int) int { return rDataHT(g.myNode, R) }, q)
-}
-
-// htMeta writes the metadata of rows received by rank d (on this node),
-// starting at row first: rows[i] indexes srcTopk/srcW (and srcTok, or is the
-// token itself when srcTok is nil).
-func (g *Group[E]) htMeta(d, first int, rows, srcTok, srcTopk []int32, srcW []float32) {
-	if len(rows) == 0 {
-		return
-	}
-	K := g.cfg.TopK
-	C.ep_ht_meta((*C.int32_t)(g.at(d, g.sl.htTok+4*first)), (*C.int32_t)(g.at(d, g.sl.htTopk+4*first*K)),
-		(*C.float)(g.at(d, g.sl.htW+4*first*K)), i32p(rows), C.int64_t(len(rows)),
-		i32p(srcTok), i32p(srcTopk), f32p(srcW), C.int(K), C.int(g.shape.L), C.int(d))
-}
-
-func (g *Group[E]) htWait(op string, h *Handle[E], cached bool) error {
-	q := h.op
-	R, L, M, K, nodes := g.size, g.shape.L, g.cfg.MaxTokensPerRank, g.cfg.TopK, g.shape.nodes
-	me, rowBytes, stride := g.rank, g.rowBytes, g.htCountStride()
-	if g.rma != nil {
-		if !cached {
-			h.fwd = make([]*fwdPlan, nodes)
-		}
-		for a := 0; a < nodes; a++ {
-			if a == g.myNode {
-				continue
-			}
-			s := g.rail[a]
-			if err := g.waitFlags(op, "its tokens for this node", []ptr{g.rmaFlag(rDataHT(a, R))}, []int{s}, q); err != nil {
-				return err
-			}
-			n := int(h.n[s*stride+R+g.myNode])
-			tok := view[int32](g.rmaAt(g.rl.htTok+4*a*M), n)
-			topk := view[int32](g.rmaAt(g.rl.htTopk+4*a*M*K), n*K)
-			w := view[float32](g.rmaAt(g.rl.htW+4*a*M*K), n*K)
-			if !cached {
-				h.fwd[a] = g.planForward(h, s, topk, n)
-			}
-			p := h.fwd[a]
-			dst, src := g.sc.dst[:0], g.sc.src[:0]
-			perDst := g.sc.listsFor(R)
-			for j := 0; j < n; j++ {
-				for i := p.start[j]; i < p.start[j+1]; i++ {
-					d := int(p.dst[i])
-					dst = append(dst, g.at(d, g.sl.htRecv+int(p.row[i])*rowBytes))
-					src = append(src, g.rmaAt(g.rl.htStage+(a*M+j)*rowBytes))
-					perDst[d] = append(perDst[d], int32(j))
-				}
-			}
-			g.sc.dst, g.sc.src = dst, src
-			copyRows(dst, src, rowBytes)
-			flags := make([]ptr, len(g.nodeRanks))
-			for i, d := range g.nodeRanks {
-				g.htMeta(d, h.htOffset(s, d), perDst[d], tok, topk, w)
-				flags[i] = g.flag(d, fData(0, s, R))
-			}
-			signal(flags, q)
-		}
-	}
-	flags := make([]ptr, R)
-	peers := make([]int, R)
-	for s := 0; s < R; s++ {
-		flags[s], peers[s] = g.flag(me, fData(0, s, R)), s
-		if !g.local[s] {
-			peers[s] = g.rail[g.shape.nodeOf[s]] // forwarded by this node's rail peer of s
-		}
-	}
-	if err := g.waitFlags(op, "rows it sends or forwards", flags, peers, q); err != nil {
-		return err
-	}
-	counts := make([]int32, L)
-	n := h.recvOff[R]
-	C.ep_count_local(i32p(view[int32](g.at(me, g.sl.htTopk), n*K)), C.int64_t(n), C.int(K), C.int(L), i32p(counts))
-	h.expertCounts = ints(counts)
-	return nil
-}
-
-// planForward decides, for the n tokens rail peer s staged here, which ranks
-// of this node get each and at which row.
-func (g *Group[E]) planForward(h *Handle[E], s int, topk []int32, n int) *fwdPlan {
-	R, L, K := g.size, g.shape.L, g.cfg.TopK
-	p := &fwdPlan{src: s, rows: n, start: make([]int32, n+1)}
-	next := make([]int, R)
-	for _, d := range g.nodeRanks {
-		next[d] = h.htOffset(s, d)
+// planForward decides, for the n tokens rail sender s staged here, which
+// ranks of this node get each and at which row.
+func (m *htMode) planForward(p *fwdPlan, st *htState, s int, topk []int32, n int) {
+	t := &m.e.t
+	p.src, p.rows = s, n
+	p.start, p.dst, p.row = growTo(p.start, n+1), p.dst[:0], p.row[:0]
+	next := growTo(m.area, m.R) // reused: the next row at each destination
+	m.area = next
+	for _, dst := range t.nodeRanks {
+		next[dst] = st.recvOffAt(s, dst, m.stride(), m.R)
 	}
 	for j := 0; j < n; j++ {
 		p.start[j] = int32(len(p.dst))
-		for _, d := range g.nodeRanks {
-			for k := 0; k < K; k++ {
-				if e := int(topk[j*K+k]); e >= 0 && e/L == d {
-					p.dst = append(p.dst, int32(d))
-					p.row = append(p.row, int32(next[d]))
-					next[d]++
+		for _, dst := range t.nodeRanks {
+			for k := 0; k < m.K; k++ {
+				if x := int(topk[j*m.K+k]); x >= 0 && x/m.L == dst {
+					p.dst = append(p.dst, int32(dst))
+					p.row = append(p.row, int32(next[dst]))
+					next[dst]++
 					break
 				}
 			}
 		}
 	}
 	p.start[n] = int32(len(p.dst))
-	return p
 }
 
-func (g *Group[E]) htCombineSend(op string, req *CombineRequest[E], y []E) error {
-	h, q := req.h, req.op
-	me := g.rank
-	if err := g.waitCombineDone(op, 0); err != nil {
+// copyFrom makes st a copy of src (a cached dispatch reuses its routing).
+func (st *htState) copyFrom(src *htState) {
+	if st == src {
+		return
+	}
+	copy(st.n, src.n)
+	copy(st.recvOff, src.recvOff)
+	copy(st.sendOff, src.sendOff)
+	for i := range src.fwd {
+		f, g := &st.fwd[i], &src.fwd[i]
+		f.src, f.rows = g.src, g.rows
+		f.start = append(f.start[:0], g.start...)
+		f.dst = append(f.dst[:0], g.dst...)
+		f.row = append(f.row[:0], g.row...)
+	}
+}
+
+func (m *htMode) combineSend(c *Combine) error {
+	e, t := m.e, &m.e.t
+	d := c.Dispatch
+	if err := t.awaitReaders(e.names.combine, 0, e.last[0]); err != nil {
 		return err
 	}
-	recv, comb := view[E](g.at(me, g.sl.htRecv), len(y)), h.CombineBuffer()
 	ysrc := ySrcComb
-	switch {
-	case sameSlice(y, recv):
-		if h.op != g.lastHTDispatch() {
-			return inputErrorf(op, "y is the receive buffer of an earlier dispatch, which a later dispatch has overwritten")
-		}
+	switch c.YIn {
+	case YInRows:
 		ysrc = ySrcRecv
-	case sameSlice(y, comb):
-	default:
-		copy(comb, y)
+	case YElsewhere:
+		copy(hostBytes(d.Recv.Outputs), hostBytes(c.Y))
 	}
-	if req.opts.RowValues != nil {
-		copy(view[float32](g.at(me, g.sl.htVals), len(req.opts.RowValues)), req.opts.RowValues)
+	if !c.RowValues.IsZero() {
+		copy(hostTensor[float32](e, m.vals, c.RowValues.Len()).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
-	signal([]ptr{g.flag(me, fYSrc(0))}, uint64(ysrc))
-	signal([]ptr{g.flag(me, fCombReady(0))}, q)
+	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op<<ySrcBits|uint64(ysrc))
+}
+
+func (m *htMode) combineWait(c *Combine) error {
+	e, t := m.e, &m.e.t
+	op := e.names.combine
+	d := c.Dispatch
+	st := d.State.(*htState)
+	rt, R, K, M := d.Route, m.R, m.K, m.M
+	if err := t.await(op, "its partial outputs", flagReady, 0, t.nodeRanks, nil, c.Op<<ySrcBits); err != nil {
+		return err
+	}
+	area := growTo(m.area, R) // where each rank of this node keeps its partials
+	m.area = area
+	missing := -1
+	for _, r := range t.nodeRanks {
+		where := t.flagValue(flagReady, 0, r, r)
+		area[r] = m.comb
+		if where&ySrcComb == 0 {
+			area[r] = m.recv
+		}
+		if !c.SlotValues.IsZero() && where&ySrcValues == 0 {
+			missing = r
+		}
+	}
+	withValues := !c.SlotValues.IsZero() && missing < 0
+	if err := m.returnSums(op, c, st, area, withValues); err != nil {
+		return err
+	}
+	// This rank's tokens: node by node, ranks in local order inside this node.
+	start, src, vals := growTo(m.start, rt.T+1), m.src[:0], m.vals2[:0]
+	for tk := 0; tk < rt.T; tk++ {
+		start[tk] = int32(len(src))
+		for b := 0; b < m.nodes; b++ {
+			if b == m.myNode {
+				for _, r := range t.nodeRanks {
+					if o := rt.TokRankOrd[tk*R+r]; o >= 0 {
+						row := st.sendOff[r] + int(o)
+						src = append(src, t.lsa(r, area[r]+row*m.rowBytes))
+						vals = append(vals, t.lsa(r, m.vals+4*row*K))
+					}
+				}
+			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 {
+				src = append(src, t.staged(m.sums+(b*M+int(o))*m.rowBytes))
+				vals = append(vals, t.staged(m.svals+4*(b*M+int(o))*K))
+			}
+		}
+	}
+	start[rt.T] = int32(len(src))
+	m.start, m.src, m.vals2 = start, src, vals
+	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
+	if withValues {
+		sumValues(c.SlotValues.Host(), vals, start, rt.T, K)
+	}
+	if err := t.releaseReaders(0, c.Op); err != nil {
+		return err
+	}
+	if missing >= 0 {
+		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
+	}
 	return nil
 }
 
-// lastHTDispatch is the sequence number of the newest HT dispatch: the one
-// whose rows the receive buffer holds.
-func (g *Group[E]) lastHTDispatch() uint64 { return g.htLast }
-
-func (g *Group[E]) htCombineWait(op string, req *CombineRequest[E]) error {
-	h, q := req.h, req.op
-	R, M, K, H, nodes := g.size, g.cfg.MaxTokensPerRank, g.cfg.TopK, g.cfg.Hidden, g.shape.nodes
-	me, rowBytes := g.rank, g.rowBytes
-	flags := make([]ptr, len(g.nodeRanks))
-	for i, d := range g.nodeRanks {
-		flags[i] = g.flag(d, fCombReady(0))
+// returnSums does the rail duty of a combine: for each other node's sender,
+// sum this node's partials of the tokens forwarded for it and post the sums
+// back; then wait for the sums of this rank's tokens from the other nodes.
+func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, withValues bool) error {
+	t := &m.e.t
+	K, M := m.K, m.M
+	for a := 0; a < m.nodes; a++ {
+		if a == m.myNode {
+			continue
+		}
+		p := &st.fwd[a]
+		if p.rows == 0 {
+			continue
+		}
+		src, vals := growTo(m.src, len(p.dst)), growTo(m.vals2, len(p.dst))
+		m.src, m.vals2 = src, vals
+		for i := range p.dst {
+			r, row := int(p.dst[i]), int(p.row[i])
+			src[i] = t.lsa(r, area[r]+row*m.rowBytes)
+			vals[i] = t.lsa(r, m.vals+4*row*K)
+		}
+		m.partials = growTo(m.partials, p.rows*m.rowBytes)
+		reduceRows(unsafe.Pointer(unsafe.SliceData(m.partials)), m.e.spec.Elem, src, nil, p.start, p.rows, m.H, m.e.spec.Elem)
+		t.post(p.src, -1, m.sums+m.myNode*M*m.rowBytes, 0, p.rows*m.rowBytes)
+		if err := t.flush(m.partials[:p.rows*m.rowBytes]); err != nil {
+			return err
+		}
+		if withValues {
+			m.vsum = growTo(m.vsum, p.rows*K)
+			sumValues(m.vsum, vals, p.start, p.rows, K)
+			t.post(p.src, -1, m.svals+4*m.myNode*M*K, 0, 4*p.rows*K)
+			if err := t.flush(dtype.Bytes(m.vsum)); err != nil {
+				return err
+			}
+		}
 	}
-	if err := g.waitFlags(op, "its partial outputs", flags, g.nodeRanks, q); err != nil {
+	if err := t.raise(m.railPeers, flagSums, 0, t.me, c.Op); err != nil {
 		return err
 	}
-	area := make([]int, R) // where each rank of this node keeps its partials
-	missingValues := -1
-	for _, d := range g.nodeRanks {
-		ys := int(loadFlag(g.flag(d, fYSrc(0))))
-		area[d] = g.sl.htComb
-		if ys&3 == ySrcRecv {
-			area[d] = g.sl.htRecv
-		}
-		if req.opts.SlotValues != nil && ys&ySrcValues == 0 {
-			missingValues = d
-		}
-	}
-	withValues := req.opts.SlotValues != nil && missingValues < 0
-	if g.rma != nil { // rail duty: this node's sums of the tokens forwarded here
-		var targets []int
-		for a := 0; a < nodes; a++ {
-			if a == g.myNode {
-				continue
-			}
-			p := h.fwd[a]
-			targets = append(targets, p.src)
-			if p.rows == 0 {
-				continue
-			}
-			src, vals := growTo(g.sc.src, len(p.dst)), growTo(g.sc.vals, len(p.dst))
-			g.sc.src, g.sc.vals = src, vals
-			for i := range p.dst {
-				d, row := int(p.dst[i]), int(p.row[i])
-				src[i] = g.at(d, area[d]+row*rowBytes)
-				vals[i] = g.at(d, g.sl.htVals+4*row*K)
-			}
-			if len(g.partials) < p.rows*H { // grows once, to the most rows a rail peer sends
-				g.partials = make([]E, g.cfg.MaxTokensPerRank*H)
-			}
-			sums := g.partials[:p.rows*H]
-			reduceRows(unsafe.Pointer(unsafe.SliceData(sums)), g.dtype, src, nil, p.start, p.rows, H, g.dtype, g.acc)
-			blocks := []mpi.Block{{Len: p.rows * rowBytes, Target: p.src, DstOffset: g.rl.htCStage + g.myNode*M*rowBytes}}
-			if err := g.rma.PutBlocks(bytesOf(sums), blocks); err != nil {
-				return g.fail(err)
-			}
-			if withValues {
-				vsum := make([]float32, p.rows*K)
-				sumValues(vsum, vals, p.start, p.rows, K)
-				vb := []mpi.Block{{Len: 4 * len(vsum), Target: p.src, DstOffset: g.rl.htCVals + 4*g.myNode*M*K}}
-				if err := g.rma.PutBlocks(bytesOf(vsum), vb); err != nil {
-					return g.fail(err)
-				}
-			}
-		}
-		if err := g.putFlags(targets, func(int) int { return rCombHT(g.myNode, R, nodes) }, q); err != nil {
-			return err
-		}
-		var rflags []ptr
-		var peers []int
-		for b := 0; b < nodes; b++ {
-			if b != g.myNode {
-				rflags = append(rflags, g.rmaFlag(rCombHT(b, R, nodes)))
-				peers = append(peers, g.rail[b])
-			}
-		}
-		if err := g.waitFlags(op, "the sums of its node", rflags, peers, q); err != nil {
-			return err
-		}
-	}
-	// This rank's tokens: node by node, ranks in local order inside this node.
-	start, src, vals := growTo(g.sc.start, h.T+1), g.sc.src[:0], g.sc.vals[:0]
-	for t := 0; t < h.T; t++ {
-		start[t] = int32(len(src))
-		for b := 0; b < nodes; b++ {
-			if b == g.myNode {
-				for _, d := range g.nodeRanks {
-					if o := h.rt.tokRankOrd[t*R+d]; o >= 0 {
-						row := h.sendOff[d] + int(o)
-						src = append(src, g.at(d, area[d]+row*rowBytes))
-						vals = append(vals, g.at(d, g.sl.htVals+4*row*K))
-					}
-				}
-			} else if o := h.rt.tokNodeOrd[t*nodes+b]; o >= 0 {
-				src = append(src, g.rmaAt(g.rl.htCStage+(b*M+int(o))*rowBytes))
-				vals = append(vals, g.rmaAt(g.rl.htCVals+4*(b*M+int(o))*K))
-			}
-		}
-	}
-	start[h.T] = int32(len(src))
-	g.sc.start, g.sc.src, g.sc.vals = start, src, vals
-	var pin runtime.Pinner
-	defer pin.Unpin()
-	reduceRows(pinned(&pin, req.out), g.dtype, src, nil, start, h.T, H, g.dtype, g.acc)
-	if withValues {
-		sumValues(req.opts.SlotValues, vals, start, h.T, K)
-	}
-	signal([]ptr{g.flag(me, fCombDone(0))}, q)
-	g.lastCombine[0] = q
-	if missingValues >= 0 {
-		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missingValues)
-	}
-	return nil
+	return t.await(op, "the sums of its node", flagSums, 0, m.railPeers, nil, c.Op)
 }

@@ -4,7 +4,7 @@
 #define GOEP_EP_KERNELS_H
 #include <stdint.h>
 
-enum { EP_F32 = 0, EP_BF16 = 1 };
+#include "dtype.h"  // GOEP_ELEM_F32, GOEP_ELEM_BF16: internal/dtype
 
 // ep_bf16_bits rounds the float32 with bits u to the nearest bfloat16, ties to
 // even; NaN stays NaN (quietened), overflow becomes infinity. Branch-free, so
@@ -19,13 +19,15 @@ static inline uint16_t ep_bf16_bits(uint32_t u) {
 int64_t ep_layout(const int32_t *topk, int64_t T, int K, int E, int L, int R,
                   const int32_t *node_of, int nodes,
                   int32_t *per_expert, int32_t *per_rank, int32_t *per_node,
-                  int32_t *pair_ord, int32_t *tok_rank_ord, int32_t *tok_node_ord, int *bad_kind);
+                  int32_t *pair_ord, int32_t *tok_rank_ord, int32_t *tok_node_ord);
 void ep_ht_meta(int32_t *tok_out, int32_t *topk_out, float *w_out, const int32_t *rows, int64_t n,
                 const int32_t *src_tok, const int32_t *src_topk, const float *src_w, int K, int L, int d);
 void ep_count_local(const int32_t *topk_local, int64_t n, int K, int L, int32_t *counts);
 
 // rows.c
 void ep_copy_rows(void *const *dst, const void *const *src, const int64_t *lens, int64_t n, int64_t row_bytes);
+void ep_scatter_rows(void *const *dst, const char *src, const int64_t *src_off, const int64_t *lens, int64_t n,
+                     int64_t row_bytes);
 void ep_reduce_rows(void *out, int out_dtype, const void *const *src, const float *w, const int32_t *start,
                     int64_t n, int64_t hidden, int dtype, float *acc);
 void ep_gather_values(float *out, const float *const *src, int64_t n);
@@ -37,7 +39,7 @@ void ep_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
 
 // sync.c
 void ep_signal(uint64_t *const *flags, int n, uint64_t value);
-int ep_wait_all(const uint64_t *const *flags, int n, uint64_t target, int64_t timeout_ns, int *missing);
+int ep_wait_all(const uint64_t *const *flags, int n, uint64_t target, int64_t timeout_ns);
 uint64_t ep_load(const uint64_t *flag);
 void ep_fence(void);
 #endif

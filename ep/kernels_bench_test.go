@@ -12,7 +12,7 @@ import (
 // 8 ranks). Run with: go test -bench Kernel -run ^$ ./ep
 
 func benchReduce[E Element](b *testing.B, tokens, k, hidden int, weighted bool) {
-	rowBytes := hidden * sizeOf[E]()
+	rowBytes := hidden * DTypeOf[E]().Size()
 	rows := make([]E, tokens*k*hidden)
 	var pin runtime.Pinner
 	defer pin.Unpin()
@@ -38,12 +38,11 @@ func benchReduce[E Element](b *testing.B, tokens, k, hidden int, weighted bool) 
 	if !weighted {
 		w = nil
 	}
-	dtype, _ := dtypeOf[E]()
-	acc := make([]float32, hidden)
+	dtype := DTypeOf[E]()
 	b.SetBytes(int64(len(src) * rowBytes))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		reduceRows(unsafe.Pointer(&out[0]), dtype, src, w, start, tokens, hidden, dtype, acc)
+		reduceRows(unsafe.Pointer(&out[0]), dtype, src, w, start, tokens, hidden, dtype)
 	}
 }
 
@@ -85,9 +84,10 @@ func BenchmarkKernelLayout(b *testing.B) {
 			topk[t*K+k] = int32((t*7 + k*9) % E)
 		}
 	}
+	var r Routing
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := computeRouting("bench", sh, topk, T); err != nil {
+		if err := r.compute("bench", sh, topk, T); err != nil {
 			b.Fatal(err)
 		}
 	}

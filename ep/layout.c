@@ -9,9 +9,9 @@
 // of its expert in token order (-1 when masked), tok_rank_ord[t*R+r] the place
 // of token t among the tokens sent to rank r (-1 when not sent), and
 // tok_node_ord[t*nodes+n] the same per node. Any output may be NULL. It
-// returns -1, or the index t*K+k of the first bad entry with *bad_kind = 1
-// (id out of [-1, E)) or 2 (an expert repeated within a token); the outputs
-// are then unspecified.
+// returns -1, or 4*(t*K+k) + kind for the first bad entry t*K+k, kind 1 for
+// an id out of [-1, E) and 2 for an expert repeated within a token; the
+// outputs are then unspecified.
 //
 // ep_ht_meta writes, for n received rows, the metadata a rank d keeps with
 // each row: its source token (src_tok[row], or row itself when src_tok is
@@ -26,7 +26,7 @@
 int64_t ep_layout(const int32_t *topk, int64_t T, int K, int E, int L, int R,
                   const int32_t *node_of, int nodes,
                   int32_t *per_expert, int32_t *per_rank, int32_t *per_node,
-                  int32_t *pair_ord, int32_t *tok_rank_ord, int32_t *tok_node_ord, int *bad_kind) {
+                  int32_t *pair_ord, int32_t *tok_rank_ord, int32_t *tok_node_ord) {
   int32_t pe[E > 0 ? E : 1], pr[R > 0 ? R : 1], pn[nodes > 0 ? nodes : 1];
   memset(pe, 0, sizeof(int32_t) * (size_t)E);
   memset(pr, 0, sizeof(int32_t) * (size_t)R);
@@ -34,7 +34,6 @@ int64_t ep_layout(const int32_t *topk, int64_t T, int K, int E, int L, int R,
   int32_t last_rank[R > 0 ? R : 1], last_node[nodes > 0 ? nodes : 1];  // last token counted, per rank / node
   for (int r = 0; r < R; r++) last_rank[r] = -1;
   for (int n = 0; n < nodes; n++) last_node[n] = -1;
-  *bad_kind = 0;
   for (int64_t t = 0; t < T; t++) {
     const int32_t *ids = topk + t * K;
     if (tok_rank_ord)
@@ -47,9 +46,9 @@ int64_t ep_layout(const int32_t *topk, int64_t T, int K, int E, int L, int R,
         if (pair_ord) pair_ord[t * K + k] = -1;
         continue;
       }
-      if (e < -1 || e >= E) { *bad_kind = 1; return t * K + k; }
+      if (e < -1 || e >= E) return 4 * (t * K + k) + 1;
       for (int j = 0; j < k; j++)
-        if (ids[j] == e) { *bad_kind = 2; return t * K + k; }
+        if (ids[j] == e) return 4 * (t * K + k) + 2;
       if (pair_ord) pair_ord[t * K + k] = pe[e];
       pe[e]++;
       int r = e / L;

@@ -20,15 +20,18 @@ type Layout struct {
 	TokenInRank     []bool // [NumTokens][ranks]: whether token t goes to rank r
 }
 
-// routing is the layout kernel's full result.
-type routing struct {
-	T          int
-	perExpert  []int32 // [E]
-	perRank    []int32 // [R]
-	perNode    []int32 // [nodes]
-	pairOrd    []int32 // [T*K]: place of pair (t,k) among its expert's pairs, -1 if masked
-	tokRankOrd []int32 // [T*R]: place of token t among tokens to rank r, -1 if not sent
-	tokNodeOrd []int32 // [T*nodes]
+// Routing is the layout kernel's whole result for one dispatch: the counts
+// of Layout and the place of every pair and token in its group. Engines read
+// it; the Group computes it (and checks the expert ids) before any engine
+// sees a call.
+type Routing struct {
+	T          int     // tokens
+	PerExpert  []int32 // [experts]: (token, expert) pairs per expert
+	PerRank    []int32 // [ranks]: tokens per rank, once per rank
+	PerNode    []int32 // [nodes]: tokens per node, once per node
+	PairOrd    []int32 // [T][TopK]: place of pair (t,k) among its expert's pairs in token order; -1 if masked
+	TokRankOrd []int32 // [T][ranks]: place of token t among the tokens to rank r; -1 if not sent
+	TokNodeOrd []int32 // [T][nodes]: the same per node
 }
 
 // shape is what the layout kernel needs to know about the group.
@@ -36,6 +39,10 @@ type shape struct {
 	E, L, R, K int
 	nodeOf     []int32
 	nodes      int
+}
+
+func (sh shape) String() string {
+	return fmt.Sprintf("%d experts on %d ranks (%d each), top-%d, %d nodes", sh.E, sh.R, sh.L, sh.K, sh.nodes)
 }
 
 func i32p(s []int32) *C.int32_t {
@@ -52,49 +59,49 @@ func f32p(s []float32) *C.float {
 	return (*C.float)(unsafe.Pointer(&s[0]))
 }
 
-// computeRouting runs the layout kernel on T tokens; op names the call in
-// errors.
-func computeRouting(op string, sh shape, topk []int32, T int) (*routing, error) {
+// compute runs the layout kernel on the T tokens of topk ([T][K]) into r,
+// reusing r's storage; op names the call in errors.
+func (r *Routing) compute(op string, sh shape, topk []int32, T int) error {
 	if len(topk) != T*sh.K {
-		return nil, inputErrorf(op, "len(topk) = %d, want tokens*TopK = %d*%d", len(topk), T, sh.K)
+		return inputErrorf(op, "len(topk) = %d, want tokens*TopK = %d*%d", len(topk), T, sh.K)
 	}
-	r := &routing{T: T, perExpert: make([]int32, sh.E), perRank: make([]int32, sh.R), perNode: make([]int32, sh.nodes),
-		pairOrd: make([]int32, T*sh.K), tokRankOrd: make([]int32, T*sh.R), tokNodeOrd: make([]int32, T*sh.nodes)}
-	var kind C.int
-	bad := C.ep_layout(i32p(topk), C.int64_t(T), C.int(sh.K), C.int(sh.E), C.int(sh.L), C.int(sh.R),
-		i32p(sh.nodeOf), C.int(sh.nodes), i32p(r.perExpert), i32p(r.perRank), i32p(r.perNode),
-		i32p(r.pairOrd), i32p(r.tokRankOrd), i32p(r.tokNodeOrd), &kind)
+	r.T = T
+	r.PerExpert = growTo(r.PerExpert, sh.E)
+	r.PerRank = growTo(r.PerRank, sh.R)
+	r.PerNode = growTo(r.PerNode, sh.nodes)
+	r.PairOrd = growTo(r.PairOrd, T*sh.K)
+	r.TokRankOrd = growTo(r.TokRankOrd, T*sh.R)
+	r.TokNodeOrd = growTo(r.TokNodeOrd, T*sh.nodes)
+	bad := int64(C.ep_layout(i32p(topk), C.int64_t(T), C.int(sh.K), C.int(sh.E), C.int(sh.L), C.int(sh.R),
+		i32p(sh.nodeOf), C.int(sh.nodes), i32p(r.PerExpert), i32p(r.PerRank), i32p(r.PerNode),
+		i32p(r.PairOrd), i32p(r.TokRankOrd), i32p(r.TokNodeOrd)))
 	if bad >= 0 {
-		t, k := int(bad)/sh.K, int(bad)%sh.K
+		kind, i := bad%4, bad/4
+		t, k := int(i)/sh.K, int(i)%sh.K
 		if kind == 1 {
-			return nil, inputErrorf(op, "topk[%d][%d] = %d is out of range [-1, %d)", t, k, topk[bad], sh.E)
+			return inputErrorf(op, "topk[%d][%d] = %d is out of range [-1, %d)", t, k, topk[i], sh.E)
 		}
-		return nil, inputErrorf(op, "token %d names expert %d twice (top-k slot %d repeats an earlier slot)", t, topk[bad], k)
+		return inputErrorf(op, "token %d names expert %d twice (top-k slot %d repeats an earlier slot)", t, topk[i], k)
 	}
-	return r, nil
+	return nil
 }
 
-// Layout computes the routing of topk ([tokens][TopK] expert ids, -1 =
-// none). It is local: no communication.
-func (g *Group[E]) Layout(topk []int32) (*Layout, error) {
-	if err := g.usable("Layout"); err != nil {
-		return nil, err
-	}
-	if len(topk)%g.cfg.TopK != 0 {
-		return nil, inputErrorf("Layout", "len(topk) = %d is not a multiple of TopK = %d", len(topk), g.cfg.TopK)
-	}
-	T := len(topk) / g.cfg.TopK
-	r, err := computeRouting("Layout", g.shape, topk, T)
-	if err != nil {
-		return nil, err
-	}
-	return r.layout(g.size), nil
+// copyFrom makes r a copy of src, reusing r's storage.
+func (r *Routing) copyFrom(src *Routing) {
+	r.T = src.T
+	r.PerExpert = append(r.PerExpert[:0], src.PerExpert...)
+	r.PerRank = append(r.PerRank[:0], src.PerRank...)
+	r.PerNode = append(r.PerNode[:0], src.PerNode...)
+	r.PairOrd = append(r.PairOrd[:0], src.PairOrd...)
+	r.TokRankOrd = append(r.TokRankOrd[:0], src.TokRankOrd...)
+	r.TokNodeOrd = append(r.TokNodeOrd[:0], src.TokNodeOrd...)
 }
 
-func (r *routing) layout(ranks int) *Layout {
-	l := &Layout{NumTokens: r.T, TokensPerExpert: ints(r.perExpert), TokensPerRank: ints(r.perRank),
-		TokensPerNode: ints(r.perNode), TokenInRank: make([]bool, r.T*ranks)}
-	for i, o := range r.tokRankOrd {
+// layout is the user-facing summary of r.
+func (r *Routing) layout(ranks int) *Layout {
+	l := &Layout{NumTokens: r.T, TokensPerExpert: ints(r.PerExpert), TokensPerRank: ints(r.PerRank),
+		TokensPerNode: ints(r.PerNode), TokenInRank: make([]bool, r.T*ranks)}
+	for i, o := range r.TokRankOrd[:r.T*ranks] {
 		l.TokenInRank[i] = o >= 0
 	}
 	return l
@@ -108,6 +115,11 @@ func ints(s []int32) []int {
 	return out
 }
 
-func (sh shape) String() string {
-	return fmt.Sprintf("%d experts on %d ranks (%d each), top-%d, %d nodes", sh.E, sh.R, sh.L, sh.K, sh.nodes)
+// growTo returns s with length n, reallocating only when it is too small
+// (never nil: an empty result is a zero-length slice, which costs nothing).
+func growTo[T any](s []T, n int) []T {
+	if cap(s) < n || s == nil {
+		return make([]T, n)
+	}
+	return s[:n]
 }

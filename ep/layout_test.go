@@ -12,14 +12,14 @@ import (
 
 // referenceRouting is the layout computed the obvious way, to check the C
 // kernel against.
-func referenceRouting(sh shape, topk []int32, T int) (*routing, string) {
-	r := &routing{T: T, perExpert: make([]int32, sh.E), perRank: make([]int32, sh.R), perNode: make([]int32, sh.nodes),
-		pairOrd: make([]int32, T*sh.K), tokRankOrd: make([]int32, T*sh.R), tokNodeOrd: make([]int32, T*sh.nodes)}
-	for i := range r.tokRankOrd {
-		r.tokRankOrd[i] = -1
+func referenceRouting(sh shape, topk []int32, T int) (*Routing, string) {
+	r := &Routing{T: T, PerExpert: make([]int32, sh.E), PerRank: make([]int32, sh.R), PerNode: make([]int32, sh.nodes),
+		PairOrd: make([]int32, T*sh.K), TokRankOrd: make([]int32, T*sh.R), TokNodeOrd: make([]int32, T*sh.nodes)}
+	for i := range r.TokRankOrd {
+		r.TokRankOrd[i] = -1
 	}
-	for i := range r.tokNodeOrd {
-		r.tokNodeOrd[i] = -1
+	for i := range r.TokNodeOrd {
+		r.TokNodeOrd[i] = -1
 	}
 	for t := 0; t < T; t++ {
 		for k := 0; k < sh.K; k++ {
@@ -34,17 +34,17 @@ func referenceRouting(sh shape, topk []int32, T int) (*routing, string) {
 		for k := 0; k < sh.K; k++ {
 			e := topk[t*sh.K+k]
 			if e < 0 {
-				r.pairOrd[t*sh.K+k] = -1
+				r.PairOrd[t*sh.K+k] = -1
 				continue
 			}
-			r.pairOrd[t*sh.K+k] = r.perExpert[e]
-			r.perExpert[e]++
+			r.PairOrd[t*sh.K+k] = r.PerExpert[e]
+			r.PerExpert[e]++
 		}
 		for rank := 0; rank < sh.R; rank++ {
 			for k := 0; k < sh.K; k++ {
 				if e := topk[t*sh.K+k]; e >= 0 && int(e)/sh.L == rank {
-					r.tokRankOrd[t*sh.R+rank] = r.perRank[rank]
-					r.perRank[rank]++
+					r.TokRankOrd[t*sh.R+rank] = r.PerRank[rank]
+					r.PerRank[rank]++
 					break
 				}
 			}
@@ -52,8 +52,8 @@ func referenceRouting(sh shape, topk []int32, T int) (*routing, string) {
 		for n := 0; n < sh.nodes; n++ {
 			for k := 0; k < sh.K; k++ {
 				if e := topk[t*sh.K+k]; e >= 0 && int(sh.nodeOf[int(e)/sh.L]) == n {
-					r.tokNodeOrd[t*sh.nodes+n] = r.perNode[n]
-					r.perNode[n]++
+					r.TokNodeOrd[t*sh.nodes+n] = r.PerNode[n]
+					r.PerNode[n]++
 					break
 				}
 			}
@@ -63,9 +63,9 @@ func referenceRouting(sh shape, topk []int32, T int) (*routing, string) {
 }
 
 // layoutCase builds a shape and top-k ids from raw numbers.
-func layoutCase(ids []int32, k, ranks, local, perNode uint8) (shape, []int32, int) {
+func layoutCase(ids []int32, k, ranks, local, PerNode uint8) (shape, []int32, int) {
 	K, R, L := 1+int(k%6), 1+int(ranks%6), 1+int(local%4)
-	P := 1 + int(perNode)%R
+	P := 1 + int(PerNode)%R
 	sh := shape{E: R * L, L: L, R: R, K: K, nodeOf: make([]int32, R), nodes: (R + P - 1) / P}
 	for r := range sh.nodeOf {
 		sh.nodeOf[r] = int32(r / P)
@@ -75,7 +75,8 @@ func layoutCase(ids []int32, k, ranks, local, perNode uint8) (shape, []int32, in
 }
 
 func checkLayoutCase(t *testing.T, sh shape, topk []int32, T int) {
-	got, err := computeRouting("test", sh, topk, T)
+	got := &Routing{}
+	err := got.compute("test", sh, topk, T)
 	want, wantErr := referenceRouting(sh, topk, T)
 	if wantErr != "" {
 		require.Error(t, err, "%v: %v", sh, topk)
@@ -122,12 +123,12 @@ func TestLayoutKernelAgainstReference(t *testing.T) {
 func FuzzLayout(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 255, 1}, uint8(2), uint8(3), uint8(2), uint8(1))
 	f.Add([]byte{7, 7, 1, 2}, uint8(1), uint8(1), uint8(3), uint8(0))
-	f.Fuzz(func(t *testing.T, raw []byte, k, ranks, local, perNode uint8) {
+	f.Fuzz(func(t *testing.T, raw []byte, k, ranks, local, PerNode uint8) {
 		ids := make([]int32, len(raw))
 		for i, b := range raw {
 			ids[i] = int32(b%32) - 2 // -2 .. 29: covers invalid ids too
 		}
-		sh, topk, T := layoutCase(ids, k, ranks, local, perNode)
+		sh, topk, T := layoutCase(ids, k, ranks, local, PerNode)
 		checkLayoutCase(t, sh, topk, T)
 	})
 }

@@ -1,366 +1,375 @@
 package ep
 
 import (
-	"fmt"
-	"runtime"
+	"math"
 	"unsafe"
-
-	"github.com/goep/goep/mpi"
 )
 
-// Low-latency protocol, for one call with sequence number q on buffer set b:
+// Low-latency protocol, for a call with sequence number q on buffer set b:
 //
-//	dispatch send: publish this rank's per-expert counts (a store into its own
-//	  segment, puts to other nodes); wait for the counts of lower ranks, which
-//	  fix where this rank's rows start in each expert block; copy every
-//	  (token, expert) row straight into its slot in the owner's segment (other
-//	  nodes: put into the owner's staging window); raise the data flag at
-//	  every rank.
-//	dispatch wait: wait for the counts of higher ranks and for every rank's
-//	  data flag; copy rows staged by other nodes into their slots.
-//	combine send: publish where the expert outputs are (in place, or copied
-//	  into the combine buffer) and raise combine-ready; put the rows of
-//	  tokens from other nodes into their owners' staging windows.
-//	combine wait: wait for every rank's combine-ready, reduce each token's
-//	  rows straight from the experts' segments (or the staging window) in
-//	  top-k order, raise combine-done.
+//	dispatch send: wait until the node's ranks finished reading set b in
+//	  the last combine on it; share this rank's per-expert counts and wait
+//	  for those of lower ranks, which fix where its rows start in each
+//	  expert's block (so the blocks come out packed, by source rank); post
+//	  every (token, expert) row with its token index and weight to its slot
+//	  at the expert's owner; raise the data flag at every rank.
+//	dispatch wait: wait for the counts of higher ranks and every rank's
+//	  data flag; land rows that came through staging.
+//	combine send: say where the expert outputs are (in place, or copied
+//	  into the combine buffer) and expose them to every token's rank; raise
+//	  combine-ready, its value carrying where the outputs are.
+//	combine wait: wait for every rank's combine-ready; reduce each token's
+//	  rows in top-k order, read where each expert rank exposed them; tell
+//	  the node's ranks their buffers are free.
 //
-// A rank writes buffer set b again only after every rank of its node raised
-// combine-done for the last combine on b; across nodes the order of calls
-// guarantees it (a rank two dispatches ahead has combined, which needed
-// every rank's combine-ready).
+// Staged positions: rank s's rows for rank d sit in d's staging at
+// [s][cap], d's experts in order, each expert's pairs in token order; the
+// outputs exposed back to a token's rank sit in its combine staging in its
+// own pair order (experts in order, pairs in token order).
+type llMode struct {
+	e                                *engine
+	R, E, L, M, K, H, rowBytes, span int
 
-func (g *Group[E]) llSend(op string, h *Handle[E], x []E, cached bool) error {
-	b, q := h.parity, h.op
-	R, NE, L, M, K := g.size, g.shape.E, g.shape.L, g.cfg.MaxTokensPerRank, g.cfg.TopK
-	me, rowBytes := g.rank, g.rowBytes
-	if err := g.waitCombineDone(op, b); err != nil {
-		return err
-	}
-	var myOff []int32 // where this rank's rows start in each expert's block
-	if cached {
-		myOff = h.off[me*NE : (me+1)*NE]
-	} else {
-		if err := g.publishCounts(b, q, h.rt.perExpert); err != nil {
-			return err
-		}
-		h.cnt = make([]int32, R*NE)
-		copy(h.cnt[me*NE:], h.rt.perExpert)
-		if err := g.gatherCounts(op, b, q, h.cnt, 0, me); err != nil {
-			return err
-		}
-		myOff = make([]int32, NE)
-		for s := 0; s < me; s++ {
-			for e := 0; e < NE; e++ {
-				myOff[e] += h.cnt[s*NE+e]
-			}
-		}
-	}
+	// Segment areas per buffer set: received rows [L][span] with token and
+	// weight per row; the combine buffer laid out the same, with values.
+	recv, tok, w, comb, vals [2]int
+	// Staging areas per buffer set: rows from each rank [R][cap] with token
+	// and weight; exposed outputs [M*K] with values.
+	stage, stageTok, stageW, cstage, cvals [2]int
+	cap                                    int
 
-	var pin runtime.Pinner
-	defer pin.Unpin()
-	xp := pinned(&pin, x)
-	span := R * M
-	// Where this rank's rows for each expert start in its owner's staging
-	// area (other nodes only): experts of one owner in order.
-	var stagePos []int32
-	if g.rma != nil {
-		stagePos = make([]int32, NE)
-		for d := 0; d < R; d++ {
-			var p int32
-			for e := d * L; e < (d+1)*L; e++ {
-				stagePos[e] = p
-				p += h.rt.perExpert[e]
-			}
-		}
-	}
-	dst, src, blocks := g.sc.dst[:0], g.sc.src[:0], g.sc.blocks[:0]
-	// Token and weight of each row staged at another node, packed for one
-	// put per owner: tokens of all owners, then weights, each owner's at base[d].
-	var meta []byte
-	var stageTok []int32
-	var stageW []float32
-	var base []int
-	if g.rma != nil {
-		base = make([]int, R+1)
-		for d := 0; d < R; d++ {
-			base[d+1] = base[d]
-			if !g.local[d] {
-				for e := d * L; e < (d+1)*L; e++ {
-					base[d+1] += int(h.rt.perExpert[e])
-				}
-			}
-		}
-		meta = g.sc.metaBytes(8 * base[R])
-		stageTok, stageW = view[int32](ptr(unsafe.SliceData(meta)), base[R]), view[float32](unsafe.Add(ptr(unsafe.SliceData(meta)), 4*base[R]), base[R])
-	}
-	for t := 0; t < h.T; t++ {
-		for k := 0; k < K; k++ {
-			e := int(h.topk[t*K+k])
-			if e < 0 {
-				continue
-			}
-			d, l, ord := e/L, e%L, h.rt.pairOrd[t*K+k]
-			if g.local[d] {
-				row := l*span + int(myOff[e]+ord)
-				dst = append(dst, g.at(d, g.sl.llRecv[b]+row*rowBytes))
-				src = append(src, unsafe.Add(xp, t*rowBytes))
-				view[int32](g.at(d, g.sl.llTok[b]), L*span)[row] = int32(t)
-				view[float32](g.at(d, g.sl.llW[b]), L*span)[row] = h.weights[t*K+k]
-				continue
-			}
-			p := int(stagePos[e] + ord)
-			blocks = append(blocks, mpi.Block{SrcOffset: t * rowBytes, Len: rowBytes, Target: d,
-				DstOffset: g.rl.llStage[b] + (me*g.rl.llCap+p)*rowBytes})
-			stageTok[base[d]+p], stageW[base[d]+p] = int32(t), h.weights[t*K+k]
-		}
-	}
-	g.sc.dst, g.sc.src, g.sc.blocks = dst, src, blocks
-	copyRows(dst, src, rowBytes)
-	clear(src) // it pointed into x, pinned only for this call: cgo rejects stale Go pointers
-	local := make([]ptr, len(g.nodeRanks))
-	for i, d := range g.nodeRanks {
-		local[i] = g.flag(d, fData(b, me, R))
-	}
-	signal(local, q)
-	if g.rma == nil {
-		return nil
-	}
-	if err := g.rma.PutBlocks(bytesOf(x), blocks); err != nil {
-		return g.fail(err)
-	}
-	metaBlocks := g.sc.blocks2[:0]
-	for d := 0; d < R; d++ {
-		if n := base[d+1] - base[d]; n > 0 {
-			metaBlocks = append(metaBlocks,
-				mpi.Block{SrcOffset: 4 * base[d], Len: 4 * n, Target: d, DstOffset: g.rl.llStageTok[b] + 4*me*g.rl.llCap},
-				mpi.Block{SrcOffset: 4 * (base[R] + base[d]), Len: 4 * n, Target: d, DstOffset: g.rl.llStageW[b] + 4*me*g.rl.llCap})
-		}
-	}
-	g.sc.blocks2 = metaBlocks
-	if err := g.rma.PutBlocks(meta, metaBlocks); err != nil {
-		return g.fail(err)
-	}
-	return g.putFlags(g.remoteRanks(), func(int) int { return rData(b, me, R) }, q)
+	meta   []byte    // packed token and weight words of this rank's pairs, by expert
+	spos   []int32   // [E]: stagedPos of this rank's pairs
+	srcOff []int64   // per pair posted: its row in x
+	start  []int32   // reduce: per token, its first source
+	src    []ptr     // reduce: source rows
+	wts    []float32 // reduce: their weights
+	vp     []ptr     // slot values: source of each (token, slot)
+	where  []uint64  // combine: where each rank's outputs are
 }
 
-func (g *Group[E]) llWait(op string, h *Handle[E], cached bool) error {
-	b, q := h.parity, h.op
-	R, NE, L, M := g.size, g.shape.E, g.shape.L, g.cfg.MaxTokensPerRank
-	me, rowBytes, span := g.rank, g.rowBytes, R*M
-	if !cached {
-		if err := g.gatherCounts(op, b, q, h.cnt, me+1, R); err != nil {
-			return err
-		}
-		h.off = make([]int32, R*NE)
-		for s := 1; s < R; s++ {
-			for e := 0; e < NE; e++ {
-				h.off[s*NE+e] = h.off[(s-1)*NE+e] + h.cnt[(s-1)*NE+e]
-			}
-		}
+// llState is what a dispatch keeps between its halves and for its combine.
+type llState struct {
+	cnt      []int32 // [R][E]: pairs from each rank to each expert
+	off      []int32 // [R][E]: where rank s's rows of expert e start in e's block
+	pos      []int32 // [E]: where this rank's pairs of expert e start in its own order
+	expert   []int   // [L]: rows received per local expert
+	source   []int   // [R][L]: rows received per source and local expert
+	complete bool    // off holds every rank's row (set at wait)
+}
+
+func newLL(e *engine, seg, win *areas) *llMode {
+	s := e.spec
+	R := e.t.size
+	m := &llMode{e: e, R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
+		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank}
+	rows := m.L * m.span
+	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
+	for b := 0; b < 2; b++ {
+		m.recv[b] = seg.take(rows * m.rowBytes)
+		m.tok[b] = seg.take(4 * rows)
+		m.w[b] = seg.take(4 * rows)
+		m.comb[b] = seg.take(rows * m.rowBytes)
+		m.vals[b] = seg.take(4 * rows)
+		m.stage[b] = win.take(R * m.cap * m.rowBytes)
+		m.stageTok[b] = win.take(4 * R * m.cap)
+		m.stageW[b] = win.take(4 * R * m.cap)
+		m.cstage[b] = win.take(m.M * m.K * m.rowBytes)
+		m.cvals[b] = win.take(4 * m.M * m.K)
 	}
-	flags := make([]ptr, R)
-	peers := make([]int, R)
-	for s := 0; s < R; s++ {
-		peers[s] = s
-		if g.local[s] {
-			flags[s] = g.flag(me, fData(b, s, R))
+	return m
+}
+
+func (m *llMode) state(d *Dispatch) *llState {
+	st, ok := d.State.(*llState)
+	if !ok {
+		st = &llState{}
+		d.State = st
+	}
+	st.cnt = growTo(st.cnt, m.R*m.E)
+	st.off = growTo(st.off, m.R*m.E)
+	st.pos = growTo(st.pos, m.E)
+	st.expert = growTo(st.expert, m.L)
+	st.source = growTo(st.source, m.R*m.L)
+	return st
+}
+
+// stagedPos sets pos[x], for every expert x, to where rank s's pairs of x
+// start among its pairs for x's owner: the owner's earlier experts first.
+func (m *llMode) stagedPos(st *llState, s int, pos []int32) {
+	for x := 0; x < m.E; x++ {
+		if x%m.L == 0 {
+			pos[x] = 0
 		} else {
-			flags[s] = g.rmaFlag(rData(b, s, R))
+			pos[x] = pos[x-1] + st.cnt[s*m.E+x-1]
 		}
 	}
-	if err := g.waitFlags(op, "its rows", flags, peers, q); err != nil {
+}
+
+func (m *llMode) send(d *Dispatch) error {
+	e, t := m.e, &m.e.t
+	op := e.names.dispatch
+	b, q, me, rt := d.Set, d.Op, t.me, d.Route
+	st := m.state(d)
+	if err := t.awaitReaders(op, b, e.last[b]); err != nil {
 		return err
 	}
-	if g.rma != nil { // rows staged by other nodes go to their slots
-		dst, src, lens := g.sc.dst[:0], g.sc.src[:0], g.sc.lens[:0]
-		tok := view[int32](g.at(me, g.sl.llTok[b]), L*span)
-		w := view[float32](g.at(me, g.sl.llW[b]), L*span)
-		for _, s := range g.remoteRanks() {
-			stTok := view[int32](g.rmaAt(g.rl.llStageTok[b]+4*s*g.rl.llCap), g.rl.llCap)
-			stW := view[float32](g.rmaAt(g.rl.llStageW[b]+4*s*g.rl.llCap), g.rl.llCap)
-			pos := 0
-			for l := 0; l < L; l++ {
-				e := me*L + l
-				n := int(h.cnt[s*NE+e])
-				if n == 0 {
-					continue
-				}
-				row := l*span + int(h.off[s*NE+e])
-				dst = append(dst, g.at(me, g.sl.llRecv[b]+row*rowBytes))
-				src = append(src, g.rmaAt(g.rl.llStage[b]+(s*g.rl.llCap+pos)*rowBytes))
-				lens = append(lens, int64(n*rowBytes))
-				copy(tok[row:row+n], stTok[pos:pos+n])
-				copy(w[row:row+n], stW[pos:pos+n])
-				pos += n
+	if d.From != nil {
+		from := d.From.State.(*llState)
+		copy(st.cnt, from.cnt)
+		copy(st.off, from.off)
+		st.complete = true
+	} else {
+		if err := t.shareCounts(b, q, rt.PerExpert); err != nil {
+			return err
+		}
+		copy(st.cnt[me*m.E:], rt.PerExpert)
+		if err := m.gatherCounts(op, st, b, q, 0, me); err != nil {
+			return err
+		}
+		clear(st.off[me*m.E : (me+1)*m.E])
+		for s := 0; s < me; s++ {
+			for x := 0; x < m.E; x++ {
+				st.off[me*m.E+x] += st.cnt[s*m.E+x]
 			}
 		}
-		g.sc.dst, g.sc.src, g.sc.lens = dst, src, lens
-		copyBlocks(dst, src, lens)
+		st.complete = false
 	}
-	h.expertCounts = make([]int, L)
-	for l := 0; l < L; l++ {
-		for s := 0; s < R; s++ {
-			h.expertCounts[l] += int(h.cnt[s*NE+me*L+l])
+	var p int32
+	for x := 0; x < m.E; x++ {
+		st.pos[x] = p
+		p += st.cnt[me*m.E+x]
+	}
+	return m.postRows(d, st)
+}
+
+// gatherCounts waits for the count vectors of ranks [lo, hi) but this one
+// and copies them into st.cnt.
+func (m *llMode) gatherCounts(op string, st *llState, b int, q uint64, lo, hi int) error {
+	t := &m.e.t
+	if err := t.await(op, "its counts", flagCounts, b, t.all[lo:hi], nil, q); err != nil {
+		return err
+	}
+	for s := lo; s < hi; s++ {
+		if s != t.me {
+			copy(st.cnt[s*m.E:(s+1)*m.E], t.counts(b, s))
 		}
 	}
 	return nil
 }
 
-func (g *Group[E]) llCombineSend(op string, req *CombineRequest[E], y []E) error {
-	h, q := req.h, req.op
-	b := h.parity
-	R, NE, L, M, H := g.size, g.shape.E, g.shape.L, g.cfg.MaxTokensPerRank, g.cfg.Hidden
-	me, rowBytes, span := g.rank, g.rowBytes, R*M
-	if err := g.waitCombineDone(op, b); err != nil {
-		return err
-	}
-	ysrc, origin := ySrcRecv, h.Recv()
-	switch {
-	case sameSlice(y, h.Recv()):
-	case sameSlice(y, h.CombineBuffer()):
-		ysrc, origin = ySrcComb, h.CombineBuffer()
-	default: // copy the valid rows into the combine buffer
-		ysrc, origin = ySrcComb, h.CombineBuffer()
-		for l := 0; l < L; l++ {
-			lo, hi := l*span*H, (l*span+h.expertCounts[l])*H
-			copy(origin[lo:hi], y[lo:hi])
+// postRows sends every (token, expert) row of this rank, then the token and
+// weight of each, and raises the data flag.
+func (m *llMode) postRows(d *Dispatch, st *llState) error {
+	t := &m.e.t
+	b, me, rt, K, L := d.Set, t.me, d.Route, m.K, m.L
+	// Words: per expert, the pairs' tokens then their weights, at the pairs'
+	// places in this rank's order (st.pos), so that each expert's are one
+	// block at the owner.
+	n := int(st.pos[m.E-1] + st.cnt[me*m.E+m.E-1])
+	m.meta = growTo(m.meta, 8*n)
+	m.spos = growTo(m.spos, m.E)
+	m.stagedPos(st, me, m.spos)
+	toks := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(m.meta))), 2*n)
+	for tk := 0; tk < rt.T; tk++ {
+		for k := 0; k < K; k++ {
+			x := int(d.TopK[tk*K+k])
+			if x < 0 {
+				continue
+			}
+			i := int(st.pos[x] + rt.PairOrd[tk*K+k])
+			toks[i] = int32(tk)
+			toks[n+i] = int32(math.Float32bits(d.Weights[tk*K+k]))
+			row := x%L*m.span + int(st.off[me*m.E+x]+rt.PairOrd[tk*K+k])
+			staged := me*m.cap + int(m.spos[x]+rt.PairOrd[tk*K+k])
+			t.post(x/L, m.recv[b]+row*m.rowBytes, m.stage[b]+staged*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
 		}
 	}
-	vals := view[float32](g.at(me, g.sl.llVals[b]), L*span)
-	if req.opts.RowValues != nil {
-		copy(vals, req.opts.RowValues)
+	if err := t.flush(hostBytes(d.X)); err != nil {
+		return err
+	}
+	for x := 0; x < m.E; x++ {
+		c := int(st.cnt[me*m.E+x])
+		if c == 0 {
+			continue
+		}
+		row := x%L*m.span + int(st.off[me*m.E+x])
+		staged := me*m.cap + int(m.spos[x])
+		t.post(x/L, m.tok[b]+4*row, m.stageTok[b]+4*staged, int64(4*st.pos[x]), 4*c)
+		t.post(x/L, m.w[b]+4*row, m.stageW[b]+4*staged, int64(4*(n+int(st.pos[x]))), 4*c)
+	}
+	if err := t.flush(m.meta); err != nil {
+		return err
+	}
+	return t.raise(t.all, flagData, b, me, d.Op)
+}
+
+func (m *llMode) wait(d *Dispatch) error {
+	e, t := m.e, &m.e.t
+	op := e.names.dispatch
+	b, q, me := d.Set, d.Op, t.me
+	st := d.State.(*llState)
+	if !st.complete {
+		if err := m.gatherCounts(op, st, b, q, me+1, m.R); err != nil {
+			return err
+		}
+		for x := 0; x < m.E; x++ {
+			st.off[x] = 0
+			for s := 1; s < m.R; s++ {
+				st.off[s*m.E+x] = st.off[(s-1)*m.E+x] + st.cnt[(s-1)*m.E+x]
+			}
+		}
+		st.complete = true
+	}
+	if err := t.await(op, "its rows", flagData, b, t.all, nil, q); err != nil {
+		return err
+	}
+	// Rows that came through staging go to their slots.
+	clear(st.expert)
+	for s := 0; s < m.R; s++ {
+		staged := s * m.cap // rank s's pairs for this rank, this rank's experts in order
+		for l := 0; l < m.L; l++ {
+			x := me*m.L + l
+			c := int(st.cnt[s*m.E+x])
+			st.source[s*m.L+l] = c
+			st.expert[l] += c
+			if c == 0 {
+				continue
+			}
+			row := l*m.span + int(st.off[s*m.E+x])
+			t.land(s, m.stage[b]+staged*m.rowBytes, m.recv[b]+row*m.rowBytes, c*m.rowBytes)
+			t.land(s, m.stageTok[b]+4*staged, m.tok[b]+4*row, 4*c)
+			t.land(s, m.stageW[b]+4*staged, m.w[b]+4*row, 4*c)
+			staged += c
+		}
+	}
+	t.flushLands()
+	rows := m.L * m.span
+	d.Recv = Received{
+		Rows:         hostTensor[byte](e, m.recv[b], rows*m.rowBytes),
+		Outputs:      hostTensor[byte](e, m.comb[b], rows*m.rowBytes),
+		Weights:      hostTensor[float32](e, m.w[b], rows),
+		Tokens:       hostTensor[int32](e, m.tok[b], rows),
+		ExpertCounts: st.expert,
+		SourceCounts: st.source,
+	}
+	for _, c := range st.expert {
+		d.Recv.NumRecv += c
+	}
+	return nil
+}
+
+// Where a rank's expert outputs are, carried in the low bits of its
+// combine-ready flag.
+const (
+	ySrcRecv   = 1 // the receive buffer
+	ySrcComb   = 2 // the combine buffer
+	ySrcValues = 4 // bit: row values were passed
+	ySrcBits   = 3 // flag value = q<<ySrcBits | where
+)
+
+func (m *llMode) combineSend(c *Combine) error {
+	e, t := m.e, &m.e.t
+	d := c.Dispatch
+	b, me := d.Set, t.me
+	st := d.State.(*llState)
+	if err := t.awaitReaders(e.names.combine, b, e.last[b]); err != nil {
+		return err
+	}
+	ysrc, area := ySrcComb, m.comb[b]
+	switch c.YIn {
+	case YInRows:
+		ysrc, area = ySrcRecv, m.recv[b]
+	case YElsewhere: // copy the valid rows into the combine buffer
+		y, comb := hostBytes(c.Y), hostBytes(d.Recv.Outputs)
+		for l, n := range st.expert {
+			lo, hi := l*m.span*m.rowBytes, (l*m.span+n)*m.rowBytes
+			copy(comb[lo:hi], y[lo:hi])
+		}
+	}
+	if !c.RowValues.IsZero() {
+		copy(hostTensor[float32](e, m.vals[b], m.L*m.span).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
-	signal([]ptr{g.flag(me, fYSrc(b))}, uint64(ysrc))
-	signal([]ptr{g.flag(me, fCombReady(b))}, q)
-	if g.rma == nil {
-		return nil
-	}
-	// Rows of tokens from other nodes go to their staging windows, placed by
-	// the token rank's own expert order.
-	blocks, valBlocks := g.sc.blocks[:0], g.sc.blocks2[:0]
-	remote := g.remoteRanks()
-	for _, s := range remote {
-		var pos int32
-		for e := 0; e < NE; e++ {
-			n := h.cnt[s*NE+e]
-			if e/L == me && n > 0 {
-				l := e % L
-				first := l*span + int(h.off[s*NE+e])
-				blocks = append(blocks, mpi.Block{SrcOffset: first * rowBytes, Len: int(n) * rowBytes, Target: s,
-					DstOffset: g.rl.llCStage[b] + int(pos)*rowBytes})
-				valBlocks = append(valBlocks, mpi.Block{SrcOffset: 4 * first, Len: 4 * int(n), Target: s,
-					DstOffset: g.rl.llCVals[b] + 4*int(pos)})
+	// Expose each token rank's rows, in its own pair order.
+	for s := 0; s < m.R; s++ {
+		pos := 0
+		for x := 0; x < m.E; x++ {
+			n := int(st.cnt[s*m.E+x])
+			if x/m.L == me && n > 0 {
+				first := x%m.L*m.span + int(st.off[s*m.E+x])
+				t.expose(s, area+first*m.rowBytes, m.cstage[b]+pos*m.rowBytes, n*m.rowBytes)
+				if ysrc&ySrcValues != 0 {
+					t.expose(s, m.vals[b]+4*first, m.cvals[b]+4*pos, 4*n)
+				}
 			}
 			pos += n
 		}
 	}
-	g.sc.blocks, g.sc.blocks2 = blocks, valBlocks
-	if err := g.rma.PutBlocks(bytesOf(origin), blocks); err != nil {
-		return g.fail(err)
-	}
-	if ysrc&ySrcValues != 0 {
-		if err := g.rma.PutBlocks(bytesOf(vals), valBlocks); err != nil {
-			return g.fail(err)
-		}
-	}
-	return g.putFlags(remote, func(int) int { return rComb(b, me, R) }, q)
-}
-
-func (g *Group[E]) llCombineWait(op string, req *CombineRequest[E]) error {
-	h, q := req.h, req.op
-	b := h.parity
-	R, NE, L, M, K := g.size, g.shape.E, g.shape.L, g.cfg.MaxTokensPerRank, g.cfg.TopK
-	me, rowBytes, span := g.rank, g.rowBytes, R*M
-	flags := make([]ptr, R)
-	peers := make([]int, R)
-	for d := 0; d < R; d++ {
-		peers[d] = d
-		if g.local[d] {
-			flags[d] = g.flag(d, fCombReady(b))
-		} else {
-			flags[d] = g.rmaFlag(rComb(b, d, R))
-		}
-	}
-	if err := g.waitFlags(op, "its expert outputs", flags, peers, q); err != nil {
+	if err := t.flush(t.segBytes); err != nil {
 		return err
 	}
-	ysrc := make([]int, R)
-	missingValues := -1
-	for _, d := range g.nodeRanks {
-		ysrc[d] = int(loadFlag(g.flag(d, fYSrc(b))))
-		if req.opts.SlotValues != nil && ysrc[d]&ySrcValues == 0 {
-			missingValues = d
-		}
-	}
-	var stagePos []int32 // this rank's rows of each expert in its own staging
-	if g.rma != nil {
-		stagePos = make([]int32, NE)
-		var p int32
-		for e := 0; e < NE; e++ {
-			stagePos[e] = p
-			p += h.rt.perExpert[e]
-		}
-	}
-	weights := h.weights
-	if req.opts.WeightsOverride != nil {
-		weights = req.opts.WeightsOverride
-	}
-	start, src, w := growTo(g.sc.start, h.T+1), g.sc.src[:0], g.sc.w[:0]
-	var valPtrs []ptr
-	if req.opts.SlotValues != nil {
-		valPtrs = growTo(g.sc.vals, h.T*K)
-		clear(valPtrs)
-		g.sc.vals = valPtrs
-	}
-	for t := 0; t < h.T; t++ {
-		start[t] = int32(len(src))
-		for k := 0; k < K; k++ {
-			e := int(h.topk[t*K+k])
-			if e < 0 {
-				continue
-			}
-			d, l, ord := e/L, e%L, h.rt.pairOrd[t*K+k]
-			var p, vp ptr
-			if g.local[d] {
-				row := l*span + int(h.off[me*NE+e]+ord)
-				area := g.sl.llRecv[b]
-				if ysrc[d]&3 == ySrcComb {
-					area = g.sl.llComb[b]
-				}
-				p, vp = g.at(d, area+row*rowBytes), g.at(d, g.sl.llVals[b]+4*row)
-			} else {
-				sp := int(stagePos[e] + ord)
-				p, vp = g.rmaAt(g.rl.llCStage[b]+sp*rowBytes), g.rmaAt(g.rl.llCVals[b]+4*sp)
-			}
-			src = append(src, p)
-			w = append(w, weights[t*K+k])
-			if valPtrs != nil {
-				valPtrs[t*K+k] = vp
-			}
-		}
-	}
-	start[h.T] = int32(len(src))
-	g.sc.start, g.sc.src, g.sc.w = start, src, w
-	var pin runtime.Pinner
-	defer pin.Unpin()
-	reduceRows(pinned(&pin, req.out), g.dtype, src, w, start, h.T, g.cfg.Hidden, g.dtype, g.acc)
-	if valPtrs != nil && missingValues < 0 {
-		gatherValues(req.opts.SlotValues, valPtrs)
-	}
-	signal([]ptr{g.flag(me, fCombDone(b))}, q)
-	g.lastCombine[b] = q
-	h.done = true
-	if g.llPending[b] == h {
-		g.llPending[b] = nil
-	}
-	if missingValues >= 0 {
-		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missingValues)
-	}
-	return nil
+	return t.raise(t.all, flagReady, b, me, c.Op<<ySrcBits|uint64(ysrc))
 }
 
-func (g *Group[E]) String() string {
-	return fmt.Sprintf("ep.Group[%s]{%v, rank %d of %d, %v}", g.dtypeName, g.cfg.Mode, g.rank, g.size, g.shape)
+func (m *llMode) combineWait(c *Combine) error {
+	e, t := m.e, &m.e.t
+	op := e.names.combine
+	d := c.Dispatch
+	b, me, rt, K, L := d.Set, t.me, d.Route, m.K, m.L
+	st := d.State.(*llState)
+	if err := t.await(op, "its expert outputs", flagReady, b, t.all, nil, c.Op<<ySrcBits); err != nil {
+		return err
+	}
+	withValues := !c.SlotValues.IsZero()
+	missing := -1
+	m.where = growTo(m.where, m.R)
+	for r := range m.where {
+		m.where[r] = t.flagValue(flagReady, b, r, r) & (1<<ySrcBits - 1)
+	}
+	start, src, wts := growTo(m.start, rt.T+1), m.src[:0], m.wts[:0]
+	var vp []ptr
+	if withValues {
+		vp = growTo(m.vp, rt.T*K)
+		clear(vp)
+		m.vp = vp
+	}
+	for tk := 0; tk < rt.T; tk++ {
+		start[tk] = int32(len(src))
+		for k := 0; k < K; k++ {
+			x := int(d.TopK[tk*K+k])
+			if x < 0 {
+				continue
+			}
+			owner, ord := x/L, rt.PairOrd[tk*K+k]
+			where := m.where[owner]
+			area := m.comb[b]
+			if where&ySrcComb == 0 {
+				area = m.recv[b]
+			}
+			row := x%L*m.span + int(st.off[me*m.E+x]+ord)
+			pos := int(st.pos[x] + ord)
+			src = append(src, t.exposed(owner, area+row*m.rowBytes, m.cstage[b]+pos*m.rowBytes))
+			wts = append(wts, c.Weights[tk*K+k])
+			if withValues {
+				if where&ySrcValues == 0 {
+					missing = owner
+				}
+				vp[tk*K+k] = t.exposed(owner, m.vals[b]+4*row, m.cvals[b]+4*pos)
+			}
+		}
+	}
+	start[rt.T] = int32(len(src))
+	m.start, m.src, m.wts = start, src, wts
+	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, wts, start, rt.T, m.H, e.spec.Elem)
+	if withValues && missing < 0 {
+		gatherValues(c.SlotValues.Host(), vp)
+	}
+	if err := t.releaseReaders(b, c.Op); err != nil {
+		return err
+	}
+	if missing >= 0 {
+		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
+	}
+	return nil
 }

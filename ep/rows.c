@@ -4,12 +4,16 @@
 // caller's tensor, a peer's shared-memory segment or a staging buffer), each
 // row_bytes long, or lens[i] bytes when lens is not NULL.
 //
+// ep_scatter_rows copies n rows of row_bytes (or lens[i] bytes when lens is
+// not NULL), row i from src + src_off[i] (one buffer of the caller's, passed
+// as a base so that no table holds a pointer into it) to dst[i].
+//
 // ep_reduce_rows computes, for each output row i < n,
 //   out[i] = sum over j in [start[i], start[i+1]) of w[j] * src[j]
 // (w == NULL: every weight is 1) over `hidden` elements, accumulating in
 // float32 in the order of j, so the result does not depend on when the rows
-// arrived. src rows have element type dtype, out rows out_dtype (EP_F32 or
-// EP_BF16; bfloat16 results are rounded to nearest even once, at the end). A
+// arrived. src rows have element type dtype, out rows out_dtype (GOEP_ELEM_F32 or
+// GOEP_ELEM_BF16; bfloat16 results are rounded to nearest even once, at the end). A
 // row with no sources is zero; a row with one source of weight 1 is a copy.
 // It works in chunks of 512 elements held in L1 across all of a row's
 // sources, prefetches each source's next chunk, and writes outputs of 8 MiB
@@ -35,6 +39,11 @@
 
 void ep_copy_rows(void *const *dst, const void *const *src, const int64_t *lens, int64_t n, int64_t row_bytes) {
   for (int64_t i = 0; i < n; i++) memcpy(dst[i], src[i], (size_t)(lens ? lens[i] : row_bytes));
+}
+
+void ep_scatter_rows(void *const *dst, const char *src, const int64_t *src_off, const int64_t *lens, int64_t n,
+                     int64_t row_bytes) {
+  for (int64_t i = 0; i < n; i++) memcpy(dst[i], src + src_off[i], (size_t)(lens ? lens[i] : row_bytes));
 }
 
 static inline float bf16_load(uint16_t h) {
@@ -88,7 +97,7 @@ static inline __attribute__((always_inline)) void round_bf16(uint16_t *restrict 
 HOT void ep_reduce_rows(void *out, int out_dtype, const void *const *src, const float *w, const int32_t *start,
                         int64_t n, int64_t hidden, int dtype, float *scratch) {
   (void)scratch;
-  size_t es = dtype == EP_F32 ? 4 : 2, oes = out_dtype == EP_F32 ? 4 : 2;
+  size_t es = dtype == GOEP_ELEM_F32 ? 4 : 2, oes = out_dtype == GOEP_ELEM_F32 ? 4 : 2;
   int stream = n * hidden * (int64_t)oes >= STREAM_BYTES;
   float a[CHUNK] __attribute__((aligned(64)));
   uint16_t b[CHUNK] __attribute__((aligned(64)));
@@ -112,10 +121,10 @@ HOT void ep_reduce_rows(void *out, int out_dtype, const void *const *src, const 
         if (next)
           for (size_t p = 0; p < CHUNK * es; p += 64) __builtin_prefetch(next + p);
         float wj = w ? w[j] : 1.0f;
-        if (dtype == EP_F32) add_f32(a, (const float *)x, wj, m, j == j0);
+        if (dtype == GOEP_ELEM_F32) add_f32(a, (const float *)x, wj, m, j == j0);
         else add_bf16(a, (const uint16_t *)x, wj, m, j == j0);
       }
-      if (out_dtype == EP_F32) {
+      if (out_dtype == GOEP_ELEM_F32) {
         store_row(orow + (size_t)c * 4, a, (size_t)m * 4, stream);
       } else {
         round_bf16(b, a, m);

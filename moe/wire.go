@@ -68,7 +68,7 @@ type epWire[E ep.Element] struct {
 	c          ep.Config
 	rank, size int
 	L, span    int // local experts; rows per expert block in LL mode
-	h, hb      *ep.Handle[E]
+	h, hb      ep.Handle[E]
 	tok, out   []E       // [Tokens][H] staging of the tokens' side
 	ones       []float32 // [Tokens][K] all ones: LL WeightsOverride
 	rowValues  []float32
@@ -141,14 +141,14 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 	tok := w.tok[:T*H]
 	toWire(tok, x)
 	start := time.Now()
-	h, err := w.g.Dispatch(tok, topk, wts)
+	h, err := w.g.Dispatch(ep.Host(tok), topk, wts)
 	w.stats.dispatch += time.Since(start)
 	if err != nil {
 		return nil, err
 	}
-	w.h, w.hb = h, nil
+	w.h, w.hb = h, ep.Handle[E]{}
 	r := &routed{byExpert: make([][]entry, w.L), rvLen: w.L * w.span}
-	recv, rw := h.Recv(), h.RecvWeights()
+	recv, rw := h.Recv().Host(), h.RecvWeights().Host()
 	// Bytes: the tokens' side sends one row per (token, remote expert) pair in
 	// LL mode, one per (token, remote rank) in HT mode; the experts' side sends
 	// one row back per received row from another rank.
@@ -188,7 +188,7 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 				}
 			}
 		}
-		ids := h.RecvTopK()
+		ids := h.RecvTopK().Host()
 		r.n = h.NumRecv()
 		r.rvLen = r.n * K
 		for row := 0; row < r.n; row++ {
@@ -214,20 +214,21 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 }
 
 // publish writes compact rows into a handle's combine buffer.
-func (w *epWire[E]) publish(h *ep.Handle[E], r *routed, y []float64) []E {
+func (w *epWire[E]) publish(h ep.Handle[E], r *routed, y []float64) ep.Tensor[E] {
 	H := w.c.Hidden
-	buf := h.CombineBuffer()
+	t := h.CombineBuffer()
+	buf := t.Host()
 	for i, row := range r.bufRow {
 		toWire(buf[row*H:(row+1)*H], y[i*H:(i+1)*H])
 	}
-	return buf
+	return t
 }
 
 func (w *epWire[E]) combine(r *routed, y, out []float64) error {
 	buf := w.publish(w.h, r, y)
 	o := w.out[:w.h.NumTokens()*w.c.Hidden]
 	start := time.Now()
-	err := w.g.Combine(w.h, buf, o, nil)
+	err := w.g.Combine(w.h, buf, ep.Host(o), nil)
 	w.stats.combine += time.Since(start)
 	if err != nil {
 		return err
@@ -242,14 +243,14 @@ func (w *epWire[E]) dispatchGrad(r *routed, g []float64) ([]float64, error) {
 	tok := w.tok[:w.h.NumTokens()*H]
 	toWire(tok, g)
 	start := time.Now()
-	hb, err := w.g.DispatchCached(w.h, tok, nil)
+	hb, err := w.g.DispatchCached(w.h, ep.Host(tok), nil)
 	w.stats.dispatch += time.Since(start)
 	if err != nil {
 		return nil, err
 	}
 	w.hb = hb
 	w.stats.bytesSent += w.tokBytes
-	recv := hb.Recv()
+	recv := hb.Recv().Host()
 	w.grad = grow(w.grad, r.n*H)
 	for i, row := range r.bufRow {
 		fromWire(w.grad[i*H:(i+1)*H], recv[row*H:(row+1)*H])
@@ -277,18 +278,18 @@ func (w *epWire[E]) combineGrad(r *routed, dx, rowValues, gx, gw []float64) erro
 		w.slotValues = make([]float32, T*K)
 	}
 	w.slotValues = w.slotValues[:T*K]
-	opts := &ep.CombineOptions{RowValues: w.rowValues, SlotValues: w.slotValues}
+	opts := &ep.CombineOptions{RowValues: ep.Host(w.rowValues), SlotValues: ep.Host(w.slotValues)}
 	if w.c.Mode == ep.LowLatency {
 		opts.WeightsOverride = w.ones[:T*K] // the experts' side applied the weights
 	}
 	o := w.out[:T*H]
 	start := time.Now()
-	err := w.g.Combine(hb, buf, o, opts)
+	err := w.g.Combine(hb, buf, ep.Host(o), opts)
 	w.stats.combine += time.Since(start)
 	if err != nil {
 		return err
 	}
-	w.hb = nil
+	w.hb = ep.Handle[E]{}
 	w.stats.bytesSent += w.rowBytes
 	fromWire(gx, o)
 	for i, v := range w.slotValues {

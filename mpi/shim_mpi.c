@@ -108,7 +108,7 @@ int goep_error_string(int code, char *buf, int cap) {
   return len;
 }
 
-int goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n, int *failed) {
+int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n) {
   int rc;
   for (int i = 0; i < n; i++) {
     const goep_block *b = &blocks[i];
@@ -116,15 +116,13 @@ int goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, i
     int64_t left = b->len, done = 0;
     while (left > 0) {  // MPI counts are int: split very large blocks
       int chunk = left > (1 << 30) ? (1 << 30) : (int)left;
-      rc = MPI_Put(src + done, chunk, MPI_BYTE, b->target, (MPI_Aint)(b->dst_off + done), chunk, MPI_BYTE, win);
-      if (rc != MPI_SUCCESS) { *failed = i; return rc; }
+      rc = MPI_Put(src + done, chunk, MPI_BYTE, (int)b->target, (MPI_Aint)(b->dst_off + done), chunk, MPI_BYTE, win);
+      if (rc != MPI_SUCCESS) return (int64_t)rc | ((int64_t)(i + 1) << 32);
       left -= chunk;
       done += chunk;
     }
   }
   // Complete every put before returning: the origin may be Go memory, which C
   // must not keep past this call.
-  rc = MPI_Win_flush_all(win);
-  if (rc != MPI_SUCCESS) *failed = -1;
-  return rc;
+  return MPI_Win_flush_all(win);
 }

@@ -27,16 +27,19 @@ int goep_allreduce(const void *send, void *recv, int n, int dtype, int op, MPI_C
 int goep_error_string(int code, char *buf, int cap);
 
 // One-sided helpers on a window in a lock_all epoch.
+//
+// goep_block is the layout of package mpi's Block on a 64-bit machine (four
+// Go ints, in its field order), so that Go passes its slice as it is.
 typedef struct {
   int64_t src_off;  // offset in the origin buffer
   int64_t len;      // bytes
+  int64_t target;   // target rank
   int64_t dst_off;  // offset in the target's window (displacement unit 1)
-  int32_t target;   // target rank
-  int32_t pad;
 } goep_block;
 
 // goep_put_blocks puts every block from origin and then flushes the targets
-// it wrote, so the origin buffer may be reused (and no pointer to it kept) when
-// it returns. On an error it returns the MPI code and sets *failed to the block.
-int goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n, int *failed);
+// it wrote, so the origin buffer may be reused (and no pointer to it kept)
+// when it returns. It returns 0, or on an error the MPI code plus, in bits 32
+// and up, 1 + the index of the block that failed (0: the final flush).
+int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n);
 #endif

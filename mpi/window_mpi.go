@@ -31,6 +31,11 @@ import (
 	"unsafe"
 )
 
+// Block must have goep_block's layout: four 8-byte ints.
+var _ [unsafe.Sizeof(Block{}) - 32]byte
+var _ [32 - unsafe.Sizeof(Block{})]byte
+var _ [unsafe.Offsetof(Block{}.DstOffset) - 24]byte
+
 type winHandle struct {
 	w      C.MPI_Win
 	comm   *Comm
@@ -146,19 +151,15 @@ func (h winHandle) putBlocks(origin []byte, blocks []Block) error {
 	if len(blocks) == 0 {
 		return nil
 	}
-	cb := make([]C.goep_block, len(blocks))
-	for i, b := range blocks {
-		cb[i] = C.goep_block{src_off: C.int64_t(b.SrcOffset), len: C.int64_t(b.Len),
-			dst_off: C.int64_t(b.DstOffset), target: C.int32_t(b.Target)}
+	// Block is goep_block (four int64s in the same order): no copy.
+	r := int64(C.goep_put_blocks(h.w, ptr(origin), (*C.goep_block)(unsafe.Pointer(&blocks[0])), C.int(len(blocks))))
+	if r == 0 {
+		return nil
 	}
-	var failed C.int
-	if rc := C.goep_put_blocks(h.w, ptr(origin), &cb[0], C.int(len(cb)), &failed); rc != C.MPI_SUCCESS {
-		if failed < 0 {
-			return mpiError("MPI_Win_flush_all", rc)
-		}
-		return mpiError("MPI_Put", rc)
+	if r>>32 == 0 {
+		return mpiError("MPI_Win_flush_all", C.int(r))
 	}
-	return nil
+	return mpiError("MPI_Put", C.int(uint32(r)))
 }
 
 func (h winHandle) get(dst []byte, target, offset int) error {

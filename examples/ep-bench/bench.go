@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -192,106 +193,181 @@ func routing(seed uint64, rank, T, K, E int) ([]int32, []float32) {
 }
 
 func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result, error) {
-	R, me := world.Size(), world.Rank()
-	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
-		TopK: c.topk, Timeout: o.timeout}
-	g, err := ep.NewGroup[E](world, cfg)
+	b, err := newBench[E](world, c, o)
 	if err != nil {
 		return nil, err
 	}
-	defer g.Close()
-	var base *ep.AlltoallvGroup[E]
+	defer b.close()
+	s, err := b.rounds()
+	if err != nil {
+		return nil, err
+	}
+	return b.summarize(s)
+}
+
+// bench is one configuration set up: ep's group, the hand-written baseline
+// (nil with -no-baseline), the tokens and their routing.
+type bench[E ep.Element] struct {
+	world    *mpi.Comm
+	c        config
+	o        *options
+	g, base  *ep.Group[E]
+	x, out   ep.Tensor[E] // in g's memory
+	bx, bout ep.Tensor[E] // in base's (host) memory
+	topk     []int32
+	weights  []float32
+	bytes    float64 // bytes of the rows this rank sends
+	src, dst []byte  // memcpy of the same bytes
+}
+
+func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E], err error) {
+	b = &bench[E]{world: world, c: c, o: o}
+	defer func() {
+		if err != nil {
+			b.close()
+		}
+	}()
+	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
+		TopK: c.topk, Timeout: o.timeout}
+	if b.g, err = ep.NewGroup[E](world, cfg); err != nil {
+		return nil, err
+	}
 	if !o.skipBaseline {
-		if base, err = ep.NewAlltoallvGroup[E](world, cfg); err != nil {
+		cfg.Backend = ep.AlltoallvBlocking
+		if b.base, err = ep.NewGroup[E](world, cfg); err != nil {
 			return nil, err
 		}
-		defer base.Close()
 	}
-	topk, weights := routing(o.seed, me, c.tokens, c.topk, c.experts)
-	rng := rand.New(rand.NewPCG(o.seed+1, uint64(me)))
-	x := make([]E, c.tokens*c.hidden)
-	for i := range x {
-		x[i] = fromF32[E](rng.Float32()*2 - 1)
+	b.topk, b.weights = routing(o.seed, world.Rank(), c.tokens, c.topk, c.experts)
+	rng := rand.New(rand.NewPCG(o.seed+1, uint64(world.Rank())))
+	host := make([]E, c.tokens*c.hidden)
+	for i := range host {
+		host[i] = fromF32[E](rng.Float32()*2 - 1)
 	}
-	out := make([]E, len(x))
-	layout, err := g.Layout(topk)
+	if b.x, b.out, err = tensors(b.g, host); err != nil {
+		return nil, err
+	}
+	if b.base != nil {
+		b.bx, b.bout = ep.Host(host), ep.Host(make([]E, len(host)))
+	}
+	layout, err := b.g.Layout(b.topk)
 	if err != nil {
 		return nil, err
 	}
 	pairs := 0 // rows this rank sends: (token, expert) pairs or (token, rank) pairs
+	per := layout.TokensPerRank
 	if c.mode == ep.LowLatency {
-		for _, n := range layout.TokensPerExpert {
-			pairs += n
-		}
-	} else {
-		for _, n := range layout.TokensPerRank {
-			pairs += n
-		}
+		per = layout.TokensPerExpert
 	}
-	var elem E
-	bytes := float64(pairs * c.hidden * sizeOf(elem))
+	for _, n := range per {
+		pairs += n
+	}
+	b.bytes = float64(pairs * c.hidden * ep.DTypeOf[E]().Size())
+	b.src, b.dst = make([]byte, int(b.bytes)), make([]byte, int(b.bytes))
+	for i := range b.src {
+		b.src[i] = byte(i)
+	}
+	return b, nil
+}
 
-	// identity experts, in place: the buffer each implementation already holds
-	ours := func() (time.Duration, time.Duration, error) {
-		var h *ep.Handle[E]
-		return timeRound(world,
-			func() (err error) { h, err = g.Dispatch(x, topk, weights); return err },
-			func() error { return g.Combine(h, h.Recv(), out, nil) })
+// tensors puts the tokens, and a result tensor, in g's memory.
+func tensors[E ep.Element](g *ep.Group[E], host []E) (x, out ep.Tensor[E], err error) {
+	if x, err = ep.Alloc[E](g.Memory(), len(host)); err != nil {
+		return
 	}
-	refOut := make([]E, len(x))
-	theirs := func() (time.Duration, time.Duration, error) {
-		var h *ep.AlltoallvHandle[E]
-		return timeRound(world,
-			func() (err error) { h, err = base.Dispatch(x, topk, weights); return err },
-			func() error { return base.Combine(h, h.Recv, refOut) })
+	if err = ep.Upload(x, host); err != nil {
+		return
 	}
-	src, dst := make([]byte, int(bytes)), make([]byte, int(bytes))
-	for i := range src {
-		src[i] = byte(i)
-	}
-	memcpy := func() (time.Duration, error) {
-		if err := world.Barrier(); err != nil {
-			return 0, err
-		}
-		t0 := time.Now()
-		memcpyBytes(dst, src)
-		return time.Since(t0), nil
-	}
+	out, err = ep.Alloc[E](g.Memory(), len(host))
+	return
+}
 
-	var od, oc, bd, bc, mc []float64
-	for i := 0; i < o.warmup+o.iters; i++ {
-		d, cmb, err := ours()
+func (b *bench[E]) close() {
+	for _, t := range []ep.Tensor[E]{b.x, b.out} {
+		_ = ep.Free(t)
+	}
+	if b.base != nil {
+		_ = b.base.Close()
+	}
+	if b.g != nil {
+		_ = b.g.Close()
+	}
+}
+
+// samples are each timed round's figures, in microseconds.
+type samples struct{ dispatch, combine, baseDispatch, baseCombine, memcpy []float64 }
+
+// rounds runs the warm-up and timed rounds: ep, the baseline and memcpy in
+// turn, so that all three see the same machine; the first round also checks
+// ep's result against the baseline's.
+func (b *bench[E]) rounds() (*samples, error) {
+	var s samples
+	for i := 0; i < b.o.warmup+b.o.iters; i++ {
+		d, cmb, err := round(b.world, b.g, b.x, b.out, b.topk, b.weights)
 		if err != nil {
 			return nil, err
-		}
-		if i == 0 && base != nil && o.validate {
-			if _, _, err := theirs(); err != nil {
-				return nil, err
-			}
-			if g.Nodes() == 1 && !slices.Equal(out, refOut) {
-				return nil, fmt.Errorf("validation: ep's combine differs from the alltoallv path")
-			}
 		}
 		var d2, c2 time.Duration
-		if base != nil {
-			if d2, c2, err = theirs(); err != nil {
+		if b.base != nil {
+			if d2, c2, err = round(b.world, b.base, b.bx, b.bout, b.topk, b.weights); err != nil {
 				return nil, err
 			}
+			if i == 0 && b.o.validate {
+				if err := b.validate(); err != nil {
+					return nil, err
+				}
+			}
 		}
-		m, err := memcpy()
-		if err != nil {
+		if err := b.world.Barrier(); err != nil {
 			return nil, err
 		}
-		if i >= o.warmup {
-			od, oc = append(od, us(d)), append(oc, us(cmb))
-			bd, bc = append(bd, us(d2)), append(bc, us(c2))
-			mc = append(mc, us(m))
+		t0 := time.Now()
+		memcpyBytes(b.dst, b.src)
+		m := time.Since(t0)
+		if i >= b.o.warmup {
+			s.dispatch, s.combine = append(s.dispatch, us(d)), append(s.combine, us(cmb))
+			s.baseDispatch, s.baseCombine = append(s.baseDispatch, us(d2)), append(s.baseCombine, us(c2))
+			s.memcpy = append(s.memcpy, us(m))
 		}
 	}
-	// Gather every rank's medians and bytes.
-	mine := []float64{median(od), median(oc), median(bd), median(bc), median(mc), bytes}
+	return &s, nil
+}
+
+// round times a dispatch and then a combine with identity experts, in
+// place, each started right after a barrier so that no rank's lateness is
+// counted.
+func round[E ep.Element](world *mpi.Comm, g *ep.Group[E], x, out ep.Tensor[E], topk []int32, weights []float32) (time.Duration, time.Duration, error) {
+	var h ep.Handle[E]
+	return timeRound(world,
+		func() (err error) { h, err = g.Dispatch(x, topk, weights); return err },
+		func() error { return g.Combine(h, h.Recv(), out, nil) })
+}
+
+// validate compares ep's last result with the baseline's: bit for bit on
+// one node (both sum in the same order), within bfloat16 rounding across
+// nodes (ep sums per node first).
+func (b *bench[E]) validate() error {
+	got, err := ep.ToHost(b.out)
+	if err != nil {
+		return err
+	}
+	want := b.bout.Host()
+	for i := range want {
+		x, y := float64(toF32(got[i])), float64(toF32(want[i]))
+		if b.g.Nodes() == 1 && got[i] != want[i] || math.Abs(x-y) > 1e-2*(1+math.Abs(y)) {
+			return fmt.Errorf("validation: ep's combine differs from the alltoallv path at element %d: %v, want %v", i, x, y)
+		}
+	}
+	return nil
+}
+
+// summarize gathers every rank's medians: times are the slowest rank's,
+// bandwidths the mean over ranks of bytes over time.
+func (b *bench[E]) summarize(s *samples) (*Result, error) {
+	R := b.world.Size()
+	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes}
 	all := make([]float64, len(mine)*R)
-	if err := mpi.AllgatherSlice(world, mine, all); err != nil {
+	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
 	}
 	col := func(i int) []float64 {
@@ -302,19 +378,20 @@ func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result,
 		return v
 	}
 	bw := func(i int) float64 { // mean over ranks of bytes/us -> GB/s
-		var s float64
+		var sum float64
 		for r := 0; r < R; r++ {
 			if t := all[r*len(mine)+i]; t > 0 {
-				s += all[r*len(mine)+5] / t / 1e3
+				sum += all[r*len(mine)+5] / t / 1e3
 			}
 		}
-		return s / float64(R)
+		return sum / float64(R)
 	}
-	res := &Result{Mode: c.mode.String(), Ranks: R, Nodes: g.Nodes(), Tokens: c.tokens, Hidden: c.hidden, TopK: c.topk,
-		Experts: c.experts, DType: c.dtype, Iters: o.iters, BytesPerRank: mean(col(5)),
+	c := b.c
+	res := &Result{Mode: c.mode.String(), Ranks: R, Nodes: b.g.Nodes(), Tokens: c.tokens, Hidden: c.hidden, TopK: c.topk,
+		Experts: c.experts, DType: c.dtype, Iters: b.o.iters, BytesPerRank: mean(col(5)),
 		DispatchUS: slices.Max(col(0)), CombineUS: slices.Max(col(1)), DispatchGBps: bw(0), CombineGBps: bw(1),
-		MemcpyGBps: bw(4), BufferBytesPerRank: g.BufferBytes()}
-	if base != nil {
+		MemcpyGBps: bw(4), BufferBytesPerRank: b.g.BufferBytes()}
+	if b.base != nil {
 		res.AlltoallvDispatchUS, res.AlltoallvCombineUS = slices.Max(col(2)), slices.Max(col(3))
 		res.AlltoallvDispatchGBps, res.AlltoallvCombineGBps = bw(2), bw(3)
 		res.Speedup = (res.AlltoallvDispatchUS + res.AlltoallvCombineUS) / (res.DispatchUS + res.CombineUS)
@@ -390,10 +467,9 @@ func fromF32[E ep.Element](f float32) E {
 	return any(ep.BF16From(f)).(E)
 }
 
-func sizeOf[E ep.Element](E) int {
-	var z E
-	if _, ok := any(z).(float32); ok {
-		return 4
+func toF32[E ep.Element](v E) float32 {
+	if f, ok := any(v).(float32); ok {
+		return f
 	}
-	return 2
+	return any(v).(ep.BF16).Float32()
 }

@@ -1,4 +1,4 @@
-package ep_test
+package eptest
 
 import (
 	"math/rand/v2"
@@ -42,6 +42,14 @@ func (sc scenario) input(rank, ranks int) input {
 	return in
 }
 
+func allInputs(sc scenario, ranks int) []input {
+	ins := make([]input, ranks)
+	for r := range ins {
+		ins[r] = sc.input(r, ranks)
+	}
+	return ins
+}
+
 // value is element c of token t of rank r: column 0 is the rank, column 1
 // the token index, the rest small integers, all exact in bfloat16.
 func value(r, t, c int) float32 {
@@ -66,21 +74,17 @@ func payload[E ep.Element](r, T, H int) []E {
 
 func fromF32[E ep.Element](f float32) E {
 	var z E
-	switch any(z).(type) {
-	case float32:
+	if _, ok := any(z).(float32); ok {
 		return any(f).(E)
 	}
 	return any(ep.BF16From(f)).(E)
 }
 
 func toF32[E ep.Element](v E) float32 {
-	switch x := any(v).(type) {
-	case float32:
-		return x
-	case ep.BF16:
-		return x.Float32()
+	if f, ok := any(v).(float32); ok {
+		return f
 	}
-	panic("unreachable")
+	return any(v).(ep.BF16).Float32()
 }
 
 // routes

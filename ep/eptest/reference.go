@@ -1,10 +1,6 @@
-package ep_test
+package eptest
 
-import (
-	"strconv"
-
-	"github.com/goep/goep/ep"
-)
+import "github.com/goep/goep/ep"
 
 // The reference: what rank `me` must receive, computed by brute force from
 // every rank's input, with no knowledge of the implementation.
@@ -84,4 +80,19 @@ func scaled[E ep.Element](r, t, H int, f float32) []E {
 	return out
 }
 
-func fmtInt(i int) string { return strconv.Itoa(i) }
+// validRows lists the row indices of Recv that hold data.
+func validRows(mode ep.Mode, counts []int, numRecv, span int) []int {
+	var rows []int
+	if mode == ep.HighThroughput {
+		for r := 0; r < numRecv; r++ {
+			rows = append(rows, r)
+		}
+		return rows
+	}
+	for l, n := range counts {
+		for j := 0; j < n; j++ {
+			rows = append(rows, l*span+j)
+		}
+	}
+	return rows
+}

@@ -1,0 +1,151 @@
+package ep
+
+import "github.com/goep/goep/mpi"
+
+// A Backend makes the engines that move a Group's rows: CPU (the default:
+// MPI shared memory inside a node, one-sided MPI across nodes), Alltoallv
+// (two-sided MPI, the baseline) and, in package epgpu, the GPU backend. A
+// Backend is chosen by Config.Backend; every rank must choose the same one.
+type Backend interface {
+	// Name identifies the backend in messages and in the check that every
+	// rank chose the same one: "cpu", "alltoallv", "gpu:emulated", ...
+	Name() string
+	// Open makes the engine of one Group over comm (a communicator of the
+	// group's own, freed by the Group after Engine.Close). It is
+	// collective. spec has been validated and agreed on by every rank.
+	Open(comm *mpi.Comm, spec Spec) (Engine, error)
+}
+
+// Spec is what an engine is opened for.
+type Spec struct {
+	Config          // validated; Timeout is never 0
+	Elem     DType  // the element type of the rows
+	RowBytes int    // bytes of one row: Hidden elements of Elem
+	Name     string // the group's name in messages, e.g. "ep.Group[bfloat16]"
+}
+
+// LocalExperts is the number of experts each rank owns.
+func (s Spec) LocalExperts(ranks int) int { return s.NumExperts / ranks }
+
+// An Engine moves the rows of one Group. The Group calls it only with inputs
+// it has checked (lengths, expert ids, handles, memories) and in an order
+// that respects the contract of the package doc, so an engine checks only
+// what it alone can see (counts known after an exchange, say) and returns an
+// *InputError for those (the group stays usable); any other error makes the
+// Group unusable. Engines need not be safe for concurrent use.
+//
+// A dispatch or combine is split in two halves, Send and Wait: Send must not
+// block on peers longer than the protocol needs (so that computation can run
+// between the halves), and every wait on a peer must end with a
+// *TimeoutError naming the peer after Spec.Timeout.
+type Engine interface {
+	// Placement is where the group's ranks are: the nodes that the
+	// routing counts tokens per (one node for a flat engine).
+	Placement() Placement
+	// Memory is where the engine's tensors are, and where the caller's
+	// tensors must be.
+	Memory() Memory
+	// BufferBytes is the memory the engine holds on this rank.
+	BufferBytes() int
+
+	// DispatchSend starts d: when it returns, d.X may be reused.
+	DispatchSend(d *Dispatch) error
+	// DispatchWait completes d and sets d.Recv.
+	DispatchWait(d *Dispatch) error
+	// CombineSend starts c: when it returns, c.Y may be reused.
+	CombineSend(c *Combine) error
+	// CombineWait completes c: c.Out holds the reduced rows, and
+	// c.SlotValues the carried values when asked.
+	CombineWait(c *Combine) error
+	// Close releases what Open made. It is collective.
+	Close() error
+}
+
+// Placement places a group's ranks on nodes.
+type Placement struct {
+	Node   int   // this rank's node
+	Nodes  int   // how many nodes
+	NodeOf []int // node of each rank
+}
+
+// Dispatch is one dispatch call as an engine sees it. The Group reuses
+// Dispatch records from call to call (State too: an engine may keep its
+// per-dispatch storage there and reuse it).
+type Dispatch struct {
+	Op   uint64 // the call's sequence number among the group's calls, from 1; the same on every rank
+	Set  int    // buffer set: LowLatency alternates 0 and 1, HighThroughput uses 0
+	From *Dispatch
+	// From is, for DispatchCached, the dispatch whose routing this one
+	// reuses (valid during DispatchSend only: copy what is needed into
+	// State); nil for a fresh dispatch. Every rank passes a cached
+	// dispatch at the same call.
+
+	X       Tensor[byte] // the tokens: T rows of RowBytes, in Memory()
+	TopK    []int32      // [T][TopK] expert ids, -1 = none (host)
+	Weights []float32    // [T][TopK] (host)
+	Route   *Routing     // TopK's routing, computed on the host
+
+	Recv  Received // what this rank received; set by DispatchWait
+	State any      // the engine's
+}
+
+// T is the number of tokens dispatched.
+func (d *Dispatch) T() int { return d.Route.T }
+
+// Received is what a dispatch delivered to this rank: the views that Handle
+// returns, in the engine's Memory.
+type Received struct {
+	// Rows is Recv: LowLatency [L][Size*MaxTokensPerRank] rows (the first
+	// ExpertCounts[l] of block l valid, by source rank then token);
+	// HighThroughput [NumRecv] rows (by source rank then token).
+	Rows Tensor[byte]
+	// Outputs is CombineBuffer: laid out like Rows, where expert outputs
+	// can be written for Combine to read without a copy.
+	Outputs Tensor[byte]
+	// Weights: LowLatency one per row of Rows; HighThroughput [NumRecv]
+	// [TopK], 0 where the expert is elsewhere.
+	Weights Tensor[float32]
+	// TopK: HighThroughput [NumRecv][TopK] expert ids made local (-1 =
+	// elsewhere); zero in LowLatency.
+	TopK Tensor[int32]
+	// Tokens: the source token index of each row, laid out like Weights
+	// in LowLatency, [NumRecv] in HighThroughput.
+	Tokens Tensor[int32]
+	// ExpertCounts: valid rows per local expert (HighThroughput: rows
+	// whose local top-k names it). Host memory.
+	ExpertCounts []int
+	// SourceCounts: LowLatency [Size][L], rows of local expert l from
+	// source s; HighThroughput [Size], rows from s. Host memory.
+	SourceCounts []int
+	// NumRecv is the number of valid rows.
+	NumRecv int
+}
+
+// Combine is one combine call as an engine sees it; like Dispatch, the
+// Group reuses the records.
+type Combine struct {
+	Op       uint64    // sequence number among the group's calls
+	Dispatch *Dispatch // the dispatch whose rows are combined
+	Y        Tensor[byte]
+	// Y holds the expert outputs laid out like Dispatch.Recv.Rows; YIn
+	// says whether it is that buffer, the Outputs buffer, or elsewhere.
+	YIn YPlace
+	Out Tensor[byte] // [T] rows: the result
+	// Weights: LowLatency, the weight of each (token, slot) pair to apply
+	// ([T][TopK]: the dispatch's weights or CombineOptions.WeightsOverride);
+	// nil in HighThroughput, where the expert side applied them.
+	Weights []float32
+	// RowValues and SlotValues: see CombineOptions; zero when not asked.
+	RowValues, SlotValues Tensor[float32]
+	State                 any // the engine's
+}
+
+// YPlace says where a combine's expert outputs are.
+type YPlace int
+
+// Places of Combine.Y.
+const (
+	YElsewhere YPlace = iota // the caller's own tensor
+	YInRows                  // Dispatch.Recv.Rows itself
+	YInOutputs               // Dispatch.Recv.Outputs itself
+)

@@ -1,0 +1,159 @@
+package ep
+
+// CombineOptions adjusts a Combine; nil means none.
+type CombineOptions struct {
+	// WeightsOverride replaces, in LL mode, the top-k weights given to
+	// Dispatch ([tokens][TopK], host); all ones make the combine an
+	// unweighted sum (the backward of dispatch). Must be nil in HT mode,
+	// where the expert side applies the weights.
+	WeightsOverride []float32
+	// RowValues and SlotValues carry one float per received row and slot
+	// back to the token's (token, slot), in Memory(): LL, RowValues is laid
+	// out like RecvWeights ([LocalExperts][Size*MaxTokensPerRank]) and
+	// SlotValues[t*TopK+k] gets the value of the row of pair (t,k) (0 where
+	// masked); HT, RowValues is [NumRecv][TopK] and SlotValues[t*TopK+k]
+	// gets the sum over the ranks that received token t. Either both are
+	// set on every rank or neither is (the zero Tensor is "not set").
+	RowValues, SlotValues Tensor[float32]
+}
+
+// CombineRequest is a combine whose sends are done; Wait receives and
+// reduces. It is a small value: copy it freely.
+type CombineRequest[E Element] struct {
+	s   *handleState[E]
+	gen uint64
+	op  uint64
+}
+
+// Combine brings the expert outputs y (laid out like h.Recv(); h.Recv() or
+// h.CombineBuffer() themselves avoid a copy) back to the tokens' ranks and
+// reduces them into out ([tokens][Hidden]): LL, out[t] = sum over k of
+// weight[t][k] * y(pair t,k); HT, out[t] = sum over the ranks t went to of
+// their y row of t. It is CombineSend then Wait.
+func (g *Group[E]) Combine(h Handle[E], y, out Tensor[E], opts *CombineOptions) error {
+	req, err := g.CombineSend(h, y, out, opts)
+	if err != nil {
+		return err
+	}
+	return req.Wait()
+}
+
+// CombineSend does the sending half of a combine: y has been published (or
+// copied) and may be reused when it returns.
+func (g *Group[E]) CombineSend(h Handle[E], y, out Tensor[E], opts *CombineOptions) (CombineRequest[E], error) {
+	op := g.names.combine
+	if err := g.usable(op); err != nil {
+		return CombineRequest[E]{}, err
+	}
+	s, err := g.checkHandle(op, h)
+	if err != nil {
+		return CombineRequest[E]{}, err
+	}
+	var o CombineOptions
+	if opts != nil {
+		o = *opts
+	}
+	where, err := g.checkCombine(op, s, y, out, o)
+	if err != nil {
+		return CombineRequest[E]{}, err
+	}
+	weights := o.WeightsOverride
+	if g.spec.Mode == LowLatency && weights == nil {
+		weights = s.weights
+	}
+	g.op++
+	s.c = Combine{Op: g.op, Dispatch: &s.d, Y: AsBytes(y), YIn: where, Out: AsBytes(out), Weights: weights,
+		RowValues: o.RowValues, SlotValues: o.SlotValues, State: s.c.State}
+	if err := g.engineError(g.eng.CombineSend(&s.c)); err != nil {
+		return CombineRequest[E]{}, err
+	}
+	s.inComb = true
+	return CombineRequest[E]{s: s, gen: s.gen, op: s.c.Op}, nil
+}
+
+// Wait completes the combine: out holds the reduced rows.
+func (r CombineRequest[E]) Wait() error {
+	s := r.s
+	if s == nil || s.gen != r.gen {
+		return inputErrorf("combine", "Wait on a zero or stale CombineRequest")
+	}
+	g := s.g
+	op := g.names.combine
+	if !s.inComb || s.c.Op != r.op {
+		return inputErrorf(op, "Wait called twice")
+	}
+	if err := g.usable(op); err != nil {
+		return err
+	}
+	s.inComb = false
+	err := g.engineError(g.eng.CombineWait(&s.c))
+	if g.spec.Mode == LowLatency { // the buffer set is free again, even when the combine refused an option
+		s.done = true
+		if g.pending[s.d.Set] == s {
+			g.pending[s.d.Set] = nil
+		}
+	}
+	return err
+}
+
+// checkCombine validates a combine's inputs and says where y is.
+func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], o CombineOptions) (YPlace, error) {
+	H, K := g.spec.Hidden, g.spec.TopK
+	T := s.rt.T
+	recv := s.d.Recv
+	rows := recv.Rows.Len() / g.spec.RowBytes
+	rowValues := recv.Weights.Len()
+	if s.inComb {
+		return 0, inputErrorf(op, "a combine of this handle is in flight (call its Wait)")
+	}
+	if g.spec.Mode == LowLatency {
+		if s.done {
+			return 0, inputErrorf(op, "the handle has already been combined")
+		}
+		if o.WeightsOverride != nil && len(o.WeightsOverride) != T*K {
+			return 0, inputErrorf(op, "len(WeightsOverride) = %d, want tokens*TopK = %d*%d", len(o.WeightsOverride), T, K)
+		}
+	} else if o.WeightsOverride != nil {
+		return 0, inputErrorf(op, "WeightsOverride is for LL mode: an HT combine is an unweighted sum (the expert side applies the weights)")
+	}
+	if y.Len() != rows*H {
+		return 0, inputErrorf(op, "len(y) = %d, want %d rows of %d = %d (laid out like Recv())", y.Len(), rows, H, rows*H)
+	}
+	if out.Len() != T*H {
+		return 0, inputErrorf(op, "len(out) = %d, want tokens*Hidden = %d*%d = %d", out.Len(), T, H, T*H)
+	}
+	if o.RowValues.IsZero() != o.SlotValues.IsZero() {
+		return 0, inputErrorf(op, "set both RowValues and SlotValues, or neither")
+	}
+	if !o.RowValues.IsZero() {
+		if o.RowValues.Len() != rowValues {
+			return 0, inputErrorf(op, "len(RowValues) = %d, want %d", o.RowValues.Len(), rowValues)
+		}
+		if o.SlotValues.Len() != T*K {
+			return 0, inputErrorf(op, "len(SlotValues) = %d, want tokens*TopK = %d*%d", o.SlotValues.Len(), T, K)
+		}
+		if err := g.checkMemory(op, "RowValues", o.RowValues.Memory()); err != nil {
+			return 0, err
+		}
+		if err := g.checkMemory(op, "SlotValues", o.SlotValues.Memory()); err != nil {
+			return 0, err
+		}
+	}
+	if err := g.checkMemory(op, "y", y.Memory()); err != nil {
+		return 0, err
+	}
+	if err := g.checkMemory(op, "out", out.Memory()); err != nil {
+		return 0, err
+	}
+	yb := AsBytes(y)
+	switch {
+	case sameTensor(yb, recv.Rows):
+		if g.spec.Mode == HighThroughput && s.d.Op != g.htLast {
+			return 0, inputErrorf(op, "y is the receive buffer of an earlier dispatch, which a later dispatch has overwritten")
+		}
+		return YInRows, nil
+	case sameTensor(yb, recv.Outputs):
+		return YInOutputs, nil
+	}
+	return YElsewhere, nil
+}

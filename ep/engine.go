@@ -1,0 +1,191 @@
+package ep
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/goep/goep/mpi"
+)
+
+// CPU is the default Backend: the engine of this package, on host memory.
+// Inside a node every rank maps every other rank's buffers (an MPI-3
+// shared-memory window), so a dispatched row is copied once, from the
+// sender's tensor into its slot in the receiver's buffer, and combine reads
+// the expert outputs in place; across nodes rows go by MPI one-sided puts
+// into a staging window. See docs/ep.md.
+var CPU Backend = cpuBackend{}
+
+type cpuBackend struct{}
+
+func (cpuBackend) Name() string { return "cpu" }
+
+func (cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) { return openEngine(comm, spec) }
+
+// engine is the CPU engine: the transport between the ranks, and the mode
+// that decides what goes where.
+type engine struct {
+	spec      Spec
+	topo      *mpi.Topology
+	shm       *mpi.SharedWindow
+	t         transport
+	mode      mode
+	segSize   int
+	winSize   int
+	node      int
+	localRank int
+	nodes     int
+	nodeOf    []int
+	rail      []int     // per node: the rank there that this rank sends across to (HT)
+	last      [2]uint64 // op of the last combine per buffer set
+	names     opNames
+}
+
+// mode is LowLatency or HighThroughput: the protocol of each half call, on
+// the transport. Each mode owns its areas of the two memories and its
+// per-dispatch state.
+type mode interface {
+	send(d *Dispatch) error
+	wait(d *Dispatch) error
+	combineSend(c *Combine) error
+	combineWait(c *Combine) error
+}
+
+// areas hands out offsets of one memory, aligned for rows.
+type areas struct{ n int }
+
+func (a *areas) take(size int) int {
+	align := 64
+	if size >= 4096 {
+		align = 4096
+	}
+	a.n = (a.n + align - 1) / align * align
+	off := a.n
+	a.n += size
+	return off
+}
+
+func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
+	e := &engine{spec: spec, names: newOpNames(spec.Mode)}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.Close()) // every rank fails at the same step: the frees stay collective
+		}
+	}()
+	if e.topo, err = comm.Topology(); err != nil {
+		return nil, err
+	}
+	t := e.topo
+	if t.Nodes > 1 && !t.Uniform() {
+		return nil, fmt.Errorf("%d nodes hold different numbers of ranks: inter-node paths pair each rank with the same local rank on every node, so every node needs the same count", t.Nodes)
+	}
+	R := comm.Size()
+	e.node, e.localRank, e.nodes, e.nodeOf = t.Node, t.LocalRank, t.Nodes, t.NodeOf
+	e.rail = make([]int, t.Nodes)
+	for n := range e.rail {
+		e.rail[n] = t.RanksOnNode(n)[e.localRank]
+	}
+	tr := &e.t
+	tr.me, tr.size, tr.timeout = comm.Rank(), R, spec.Timeout
+	tr.local = make([]bool, R)
+	for r := 0; r < R; r++ {
+		tr.local[r] = t.NodeOf[r] == e.node
+		tr.all = append(tr.all, r)
+		if r != tr.me {
+			tr.others = append(tr.others, r)
+		}
+		if !tr.local[r] {
+			tr.remote = append(tr.remote, r)
+		}
+	}
+	tr.nodeRanks = t.RanksOnNode(e.node)
+
+	countLen := spec.NumExperts // LL: pairs per expert
+	if spec.Mode == HighThroughput {
+		countLen = R + t.Nodes // HT: tokens per rank, then per node
+	}
+	tr.in = newInbox(R, countLen)
+	seg, win := areas{n: tr.in.size}, areas{n: tr.in.size}
+	if spec.Mode == LowLatency {
+		e.mode = newLL(e, &seg, &win)
+	} else {
+		e.mode = newHT(e, &seg, &win)
+	}
+	e.segSize = seg.n
+	if e.shm, err = t.NodeComm.AllocateShared(e.segSize); err != nil {
+		return nil, fmt.Errorf("allocating %d bytes of shared buffers: %w", e.segSize, err)
+	}
+	tr.seg = make([]ptr, R)
+	for _, r := range tr.nodeRanks {
+		mem, err := e.shm.Peer(t.LocalRankOf[r])
+		if err != nil {
+			return nil, err
+		}
+		tr.seg[r] = unsafe.Pointer(unsafe.SliceData(mem))
+	}
+	tr.segBytes = e.shm.Local()
+	if t.Nodes > 1 {
+		e.winSize = win.n
+		if tr.win, err = comm.AllocateWindow(e.winSize); err != nil {
+			return nil, fmt.Errorf("allocating %d bytes of staging window for %d nodes: %w "+
+				"(the inter-node path needs a one-sided MPI component that works across hosts with MPI_THREAD_MULTIPLE: "+
+				"with Open MPI over TCP or shared memory, set OMPI_MCA_osc=sm,ucx)", e.winSize, t.Nodes, err)
+		}
+		if err := tr.win.LockAll(); err != nil {
+			return nil, err
+		}
+		tr.winBase = unsafe.Pointer(unsafe.SliceData(tr.win.Local()))
+	}
+	return e, nil
+}
+
+func (e *engine) Placement() Placement {
+	return Placement{Node: e.node, Nodes: e.nodes, NodeOf: e.nodeOf}
+}
+
+func (e *engine) Memory() Memory { return HostMemory }
+
+func (e *engine) BufferBytes() int { return e.segSize + e.winSize }
+
+func (e *engine) DispatchSend(d *Dispatch) error { return e.mode.send(d) }
+
+func (e *engine) DispatchWait(d *Dispatch) error { return e.mode.wait(d) }
+
+func (e *engine) CombineSend(c *Combine) error { return e.mode.combineSend(c) }
+
+func (e *engine) CombineWait(c *Combine) error {
+	err := e.mode.combineWait(c)
+	if err == nil || errors.Is(err, ErrBadInput) { // the combine ran: its readers will release the buffers
+		e.last[c.Dispatch.Set] = c.Op
+	}
+	return err
+}
+
+// Close frees the windows and the node communicator. It is collective.
+func (e *engine) Close() error {
+	var errs []error
+	if e.t.win != nil {
+		errs = append(errs, e.t.win.Free())
+		e.t.win = nil
+	}
+	if e.shm != nil {
+		errs = append(errs, e.shm.Free())
+		e.shm = nil
+	}
+	if e.topo != nil {
+		errs = append(errs, e.topo.Free())
+		e.topo = nil
+	}
+	return errors.Join(errs...)
+}
+
+// hostTensor views n elements of T at off of this rank's segment.
+func hostTensor[T Scalar](e *engine, off, n int) Tensor[T] {
+	if n == 0 {
+		return Host([]T{})
+	}
+	return Host(unsafe.Slice((*T)(e.t.lsa(e.t.me, off)), n))
+}
+
+// hostBytes is x's bytes as a slice (x is in host memory: the Group checked).
+func hostBytes(x Tensor[byte]) []byte { return x.Host() }

@@ -1,0 +1,38 @@
+// Package eptest is the conformance suite of package ep's contract: given a
+// Backend, Run checks every property the contract promises, on every rank of
+// an MPI job, against references computed by brute force from every rank's
+// input (no knowledge of the backend), the way gonum's testblas checks any
+// BLAS implementation:
+//
+//   - the routing (Layout) against a brute-force count;
+//   - the received rows, exactly: their sources and order (by source rank,
+//     then token), per-expert counts, HT's local top-k ids (-1 elsewhere)
+//     and weights;
+//   - combine with identity experts (LL: x times the sum of its weights; HT:
+//     x times the ranks it reached) and with scaled experts (float32 exact,
+//     bfloat16 within its rounding);
+//   - uneven token counts including 0, masked (-1) entries, all tokens to
+//     one expert, float32 and bfloat16;
+//   - cached dispatches and repeats bit-identical, through Recv, a copy, and
+//     CombineBuffer;
+//   - LL double buffering: many calls with two dispatches in flight;
+//   - backward: combine is the transpose of dispatch and cached dispatch of
+//     combine, <D x, y> = <x, C y> over all ranks, and RowValues reaching
+//     their slots;
+//   - bit-identical agreement with a reference backend (Suite.Reference);
+//   - every bad input refused with its message, writing nothing (a normal
+//     round afterwards is right), bad configs, use after Close;
+//   - a stalled rank: the others time out within the group's timeout,
+//     naming it where the backend can;
+//   - steady-state calls allocate nothing (Suite.ZeroAllocs).
+//
+// A backend's own test runs it under mpirun (internal/mpitest) at several
+// rank counts and on simulated nodes:
+//
+//	func TestConformance(t *testing.T) {
+//		eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.CPU, Reference: ep.Alltoallv})
+//	}
+//
+// Tensors are made and read only through ep.Alloc, ep.Upload and
+// ep.Download, so a backend on device memory is checked the same way.
+package eptest

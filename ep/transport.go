@@ -1,0 +1,295 @@
+package ep
+
+import (
+	"time"
+	"unsafe"
+
+	"github.com/goep/goep/internal/dtype"
+	"github.com/goep/goep/mpi"
+)
+
+// The CPU engine's transport: how its ranks reach each other. Two paths,
+// the counterparts of NCCL's device API, and one wait:
+//
+//   - LSA (load/store access): the ranks of a node map each other's segment
+//     (MPI_Win_allocate_shared), so a rank stores straight into a node peer's
+//     buffers and reads a node peer's outputs in place;
+//   - GIN (put with signal): a rank on another node is reached by MPI_Put
+//     into its staging window (MPI_Win_allocate), followed by a flag put the
+//     same way once the data is complete;
+//   - await: every wait polls flags in this rank's own memory, with the
+//     group's timeout, and names the rank that did not arrive.
+//
+// The modes (ll.go, ht.go) name peers by rank and say where bytes go in two
+// places at once, the final place in the receiver's segment and the place in
+// its staging window; the transport picks the path per peer. What every rank
+// receives from every rank, flags and count vectors, lands in its inbox: the
+// same offsets at the start of its segment (written by node peers) and of
+// its staging window (written by other nodes).
+
+// flagSlot is the stride of flags: one cache line each.
+const flagSlot = 64
+
+// flagKind says what a flag announces. Every kind has one flag per buffer
+// set and per source rank in the receiver's inbox; it holds the sequence
+// number of the last call that raised it.
+type flagKind int
+
+const (
+	flagCounts flagKind = iota // the source's count vector can be read
+	flagData                   // the source's rows are in place (or staged)
+	flagReady                  // the source's expert outputs can be read; value q<<3 | where they are
+	flagDone                   // the source finished reading this rank's buffers in place
+	flagStaged                 // HT: the source's tokens are staged here, at its rail peer
+	flagSums                   // HT: the source (a rail peer) put its node's sums here
+	numFlagKinds
+)
+
+// inbox places the flags and count vectors at the start of both memories.
+type inbox struct {
+	ranks    int
+	countLen int // int32s in one rank's count vector
+	size     int
+}
+
+func newInbox(ranks, countLen int) inbox {
+	in := inbox{ranks: ranks, countLen: countLen}
+	in.size = in.countsOff(2, 0)
+	return in
+}
+
+func (in inbox) flagOff(k flagKind, set, src int) int {
+	return ((int(k)*2+set)*in.ranks + src) * flagSlot
+}
+
+func (in inbox) countsOff(set, src int) int {
+	return int(numFlagKinds)*2*in.ranks*flagSlot + 4*(set*in.ranks+src)*in.countLen
+}
+
+// transport reaches the other ranks of a group.
+type transport struct {
+	me, size  int
+	local     []bool // per rank: on this node
+	nodeRanks []int  // the ranks of this node, by local rank
+	remote    []int  // the ranks of other nodes
+	others    []int  // every rank but this one
+	all       []int  // every rank
+	seg       []ptr  // per rank on this node: its segment
+	segBytes  []byte // this rank's segment
+	win       *mpi.Window
+	winBase   ptr // this rank's staging window; nil on one node
+	in        inbox
+	timeout   time.Duration
+
+	// Reused from call to call.
+	flags         []ptr
+	peers         []int
+	locDst        []ptr
+	locOff, lens  []int64
+	landDst       []ptr
+	landSrc       []ptr
+	landLens      []int64
+	blocks, flagB []mpi.Block
+	countB        []mpi.Block
+	word          []byte // 8 bytes of their own: cgo checks the whole object an argument points into
+}
+
+// lsa is byte off of node peer r's segment.
+func (t *transport) lsa(r, off int) ptr { return unsafe.Add(t.seg[r], off) }
+
+// staged is byte off of this rank's staging window.
+func (t *transport) staged(off int) ptr { return unsafe.Add(t.winBase, off) }
+
+// inboxOf is the memory where rank via's writes to this rank land.
+func (t *transport) inboxOf(via, off int) ptr {
+	if t.local[via] {
+		return t.lsa(t.me, off)
+	}
+	return t.staged(off)
+}
+
+// raise sets this rank's flag of kind k and set to v at every rank of to
+// (on behalf of rank of: this rank, or a rank whose rows this one forwarded).
+// Data written before raise is visible to a rank that sees the flag.
+func (t *transport) raise(to []int, k flagKind, set, of int, v uint64) error {
+	off := t.in.flagOff(k, set, of)
+	local, blocks := t.flags[:0], t.flagB[:0]
+	for _, d := range to {
+		if t.local[d] {
+			local = append(local, t.lsa(d, off))
+		} else {
+			blocks = append(blocks, mpi.Block{Len: 8, Target: d, DstOffset: off})
+		}
+	}
+	t.flags, t.flagB = local, blocks
+	signal(local, v)
+	if len(blocks) == 0 {
+		return nil
+	}
+	if t.word == nil {
+		t.word = make([]byte, 8)
+	}
+	*(*uint64)(unsafe.Pointer(&t.word[0])) = v
+	return t.win.PutBlocks(t.word, blocks)
+}
+
+// await waits until flag (k, set, from[i]) holds at least target for every
+// i, as raised by via[i] (via nil: by from[i] itself). A timeout names
+// via[i], the rank that should have raised it, and what it stands for.
+func (t *transport) await(op, what string, k flagKind, set int, from, via []int, target uint64) error {
+	flags, peers := t.flags[:0], t.peers[:0]
+	for i, s := range from {
+		if s == t.me && via == nil {
+			continue
+		}
+		v := s
+		if via != nil {
+			v = via[i]
+		}
+		flags = append(flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
+		peers = append(peers, v)
+	}
+	t.flags, t.peers = flags, peers
+	if len(flags) == 0 {
+		return nil
+	}
+	if t.win == nil {
+		if i := waitAll(flags, target, t.timeout); i >= 0 {
+			return &TimeoutError{Op: op, Peer: peers[i], What: what, After: t.timeout}
+		}
+		return nil
+	}
+	// Across nodes, poll in slices and let MPI make progress between them:
+	// a one-sided put may need the target to take part in MPI (as UCX over
+	// TCP does), which a rank spinning on its own memory never would.
+	deadline := time.Now().Add(t.timeout)
+	for {
+		if err := t.win.Sync(); err != nil {
+			return err
+		}
+		i := waitAll(flags, target, progressSlice)
+		if i < 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return &TimeoutError{Op: op, Peer: peers[i], What: what, After: t.timeout}
+		}
+	}
+}
+
+// progressSlice is how long a wait across nodes polls memory before it
+// calls into MPI again.
+const progressSlice = 200 * time.Microsecond
+
+// flagValue reads flag (k, set, of) as raised by via.
+func (t *transport) flagValue(k flagKind, set, of, via int) uint64 {
+	return loadFlag(t.inboxOf(via, t.in.flagOff(k, set, of)))
+}
+
+// shareCounts makes vec this rank's count vector of set b and raises
+// flagCounts at every other rank: node peers read it in this rank's segment,
+// other nodes get it put into their inbox.
+func (t *transport) shareCounts(b int, q uint64, vec []int32) error {
+	off := t.in.countsOff(b, t.me)
+	copy(unsafe.Slice((*int32)(t.lsa(t.me, off)), len(vec)), vec)
+	blocks := t.countB[:0]
+	for _, d := range t.remote {
+		blocks = append(blocks, mpi.Block{Len: 4 * len(vec), Target: d, DstOffset: off})
+	}
+	t.countB = blocks
+	if len(blocks) > 0 {
+		if err := t.win.PutBlocks(dtype.Bytes(vec), blocks); err != nil {
+			return err
+		}
+	}
+	return t.raise(t.others, flagCounts, b, t.me, q)
+}
+
+// counts is rank s's count vector of set b, once its flagCounts arrived.
+func (t *transport) counts(b, s int) []int32 {
+	off := t.in.countsOff(b, s)
+	p := t.staged(off)
+	if t.local[s] {
+		p = t.lsa(s, off)
+	}
+	return unsafe.Slice((*int32)(p), t.in.countLen)
+}
+
+// post queues n bytes at srcOff of the batch's origin for rank d: to
+// finalOff of its segment if d is a node peer, else to stagedOff of its
+// staging window. flush sends the queue.
+func (t *transport) post(d, finalOff, stagedOff int, srcOff int64, n int) {
+	if n == 0 {
+		return
+	}
+	if t.local[d] {
+		t.locDst = append(t.locDst, t.lsa(d, finalOff))
+		t.locOff = append(t.locOff, srcOff)
+		t.lens = append(t.lens, int64(n))
+		return
+	}
+	t.blocks = append(t.blocks, mpi.Block{SrcOffset: int(srcOff), Len: n, Target: d, DstOffset: stagedOff})
+}
+
+// expose queues n bytes at off of this rank's segment for rank r: a node
+// peer reads them in place (nothing to send), another node gets them put at
+// stagedOff of its staging window. flush(t.segBytes) sends the queue.
+func (t *transport) expose(r, off, stagedOff, n int) {
+	if n > 0 && !t.local[r] {
+		t.blocks = append(t.blocks, mpi.Block{SrcOffset: off, Len: n, Target: r, DstOffset: stagedOff})
+	}
+}
+
+// exposed is where rank r's bytes at off of its segment, exposed to this
+// rank at stagedOff, can be read.
+func (t *transport) exposed(r, off, stagedOff int) ptr {
+	if t.local[r] {
+		return t.lsa(r, off)
+	}
+	return t.staged(stagedOff)
+}
+
+// flush sends what post and expose queued, from origin: stores into node
+// peers' segments, puts into other nodes' windows (complete at return).
+func (t *transport) flush(origin []byte) error {
+	if len(t.locDst) > 0 {
+		scatterBlocks(t.locDst, unsafe.Pointer(unsafe.SliceData(origin)), t.locOff, t.lens)
+	}
+	var err error
+	if len(t.blocks) > 0 {
+		err = t.win.PutBlocks(origin, t.blocks)
+	}
+	t.locDst, t.locOff, t.lens, t.blocks = t.locDst[:0], t.locOff[:0], t.lens[:0], t.blocks[:0]
+	return err
+}
+
+// land queues the move of n bytes that rank s posted to this rank: from
+// stagedOff of this rank's staging window to finalOff of its segment (a node
+// peer's bytes are in place already). flushLands moves them.
+func (t *transport) land(s, stagedOff, finalOff, n int) {
+	if n > 0 && !t.local[s] {
+		t.landDst = append(t.landDst, t.lsa(t.me, finalOff))
+		t.landSrc = append(t.landSrc, t.staged(stagedOff))
+		t.landLens = append(t.landLens, int64(n))
+	}
+}
+
+func (t *transport) flushLands() {
+	copyBlocks(t.landDst, t.landSrc, t.landLens)
+	t.landDst, t.landSrc, t.landLens = t.landDst[:0], t.landSrc[:0], t.landLens[:0]
+}
+
+// awaitReaders waits until every rank that reads this rank's buffers of set
+// b in place (its node peers) has finished the combine numbered last.
+func (t *transport) awaitReaders(op string, b int, last uint64) error {
+	if last == 0 {
+		return nil
+	}
+	return t.await(op, "the end of its combine", flagDone, b, t.nodeRanks, nil, last)
+}
+
+// releaseReaders tells the ranks whose buffers of set b this rank read in
+// place (its node peers) that combine q is over.
+func (t *transport) releaseReaders(b int, q uint64) error {
+	return t.raise(t.nodeRanks, flagDone, b, t.me, q)
+}
