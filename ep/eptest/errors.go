@@ -77,56 +77,7 @@ func (s Suite) testBadInput(t *testing.T) {
 					assert.ErrorIs(t, err, ep.ErrBadInput, c.name)
 				}
 			}
-
-			// Handle checks need a real handle: one from the other group.
-			x2 := upload(t, other, payload[float32](me, in.T, H))
-			out := zeros[float32](t, other, in.T*H)
-			h2, err := other.Dispatch(x2, in.topk, in.weights)
-			require.NoError(t, err)
-			err = g.Combine(h2, h2.Recv(), out, nil)
-			assert.ErrorContains(t, err, "belongs to another group")
-			err = other.Combine(h2, h2.Recv().Slice(0, 1), out, nil)
-			assert.ErrorContains(t, err, "len(y) = 1")
-			err = other.Combine(h2, h2.Recv(), zeros[float32](t, other, in.T*H+1), nil)
-			assert.ErrorContains(t, err, "len(out) = ")
-			err = other.Combine(h2, h2.Recv(), out, &ep.CombineOptions{RowValues: upload(t, other, []float32{1})})
-			assert.ErrorContains(t, err, "set both RowValues and SlotValues")
-			if mode == ep.HighThroughput {
-				err = other.Combine(h2, h2.Recv(), out, &ep.CombineOptions{WeightsOverride: in.weights})
-				assert.ErrorContains(t, err, "WeightsOverride is for LL mode")
-			}
-			require.NoError(t, other.Combine(h2, h2.Recv(), out, nil))
-			if mode == ep.LowLatency {
-				err = other.Combine(h2, h2.Recv(), out, nil)
-				assert.ErrorContains(t, err, "already been combined")
-				// Two dispatches may wait for their combine; a third is refused.
-				a, err := other.Dispatch(x2, in.topk, in.weights)
-				require.NoError(t, err)
-				b, err := other.Dispatch(x2, in.topk, in.weights)
-				require.NoError(t, err)
-				_, err = other.Dispatch(x2, in.topk, in.weights)
-				assert.ErrorContains(t, err, "two LL dispatches are already waiting")
-				require.NoError(t, other.Combine(a, a.Recv(), out, nil))
-				require.NoError(t, other.Combine(b, b.Recv(), out, nil))
-			} else {
-				// A later dispatch overwrote the receive buffer h2.Recv() points to.
-				h3, err := other.Dispatch(x2, in.topk, in.weights)
-				require.NoError(t, err)
-				if h3.NumRecv() > 0 {
-					err = other.Combine(h2, h2.Recv(), out, nil)
-					assert.ErrorContains(t, err, "a later dispatch has overwritten")
-				}
-				require.NoError(t, other.Combine(h3, h3.Recv(), out, nil))
-			}
-			// A handle whose record was reused by later dispatches is stale.
-			for i := 0; i < 8; i++ {
-				h, err := other.Dispatch(x2, in.topk, in.weights)
-				require.NoError(t, err)
-				require.NoError(t, other.Combine(h, h.Recv(), out, nil))
-			}
-			_, err = other.DispatchCached(h2, x2, nil)
-			assert.ErrorContains(t, err, "the handle is stale")
-			assert.True(t, h2.Recv().IsZero(), "a stale handle's views are empty")
+			checkHandleRefusals(t, s, g, other, mode, sc, in)
 
 			// The refused calls wrote nothing: a normal round is still right.
 			h, err := g.Dispatch(x, in.topk, in.weights)
@@ -136,6 +87,62 @@ func (s Suite) testBadInput(t *testing.T) {
 			checkIdentityCombine(t, s, mode, sc, in, host(t, outg))
 		})
 	}
+}
+
+// checkHandleRefusals checks the refusals that need a real handle, one of
+// another group than the one it is used on: foreign, short outputs, options
+// of the wrong mode, combined twice, buffers still in use, stale.
+func checkHandleRefusals(t *testing.T, s Suite, g, other *ep.Group[float32], mode ep.Mode, sc scenario, in input) {
+	t.Helper()
+	H, me := sc.hidden, s.Comm.Rank()
+	x2 := upload(t, other, payload[float32](me, in.T, H))
+	out := zeros[float32](t, other, in.T*H)
+	h2, err := other.Dispatch(x2, in.topk, in.weights)
+	require.NoError(t, err)
+	err = g.Combine(h2, h2.Recv(), out, nil)
+	assert.ErrorContains(t, err, "belongs to another group")
+	err = other.Combine(h2, h2.Recv().Slice(0, 1), out, nil)
+	assert.ErrorContains(t, err, "len(y) = 1")
+	err = other.Combine(h2, h2.Recv(), zeros[float32](t, other, in.T*H+1), nil)
+	assert.ErrorContains(t, err, "len(out) = ")
+	err = other.Combine(h2, h2.Recv(), out, &ep.CombineOptions{RowValues: upload(t, other, []float32{1})})
+	assert.ErrorContains(t, err, "set both RowValues and SlotValues")
+	if mode == ep.HighThroughput {
+		err = other.Combine(h2, h2.Recv(), out, &ep.CombineOptions{WeightsOverride: in.weights})
+		assert.ErrorContains(t, err, "WeightsOverride is for LL mode")
+	}
+	require.NoError(t, other.Combine(h2, h2.Recv(), out, nil))
+	if mode == ep.LowLatency {
+		err = other.Combine(h2, h2.Recv(), out, nil)
+		assert.ErrorContains(t, err, "already been combined")
+		// Two dispatches may wait for their combine; a third is refused.
+		a, err := other.Dispatch(x2, in.topk, in.weights)
+		require.NoError(t, err)
+		b, err := other.Dispatch(x2, in.topk, in.weights)
+		require.NoError(t, err)
+		_, err = other.Dispatch(x2, in.topk, in.weights)
+		assert.ErrorContains(t, err, "two LL dispatches are already waiting")
+		require.NoError(t, other.Combine(a, a.Recv(), out, nil))
+		require.NoError(t, other.Combine(b, b.Recv(), out, nil))
+	} else {
+		// A later dispatch overwrote the receive buffer h2.Recv() points to.
+		h3, err := other.Dispatch(x2, in.topk, in.weights)
+		require.NoError(t, err)
+		if h3.NumRecv() > 0 {
+			err = other.Combine(h2, h2.Recv(), out, nil)
+			assert.ErrorContains(t, err, "a later dispatch has overwritten")
+		}
+		require.NoError(t, other.Combine(h3, h3.Recv(), out, nil))
+	}
+	// A handle whose record was reused by later dispatches is stale.
+	for i := 0; i < 8; i++ {
+		h, err := other.Dispatch(x2, in.topk, in.weights)
+		require.NoError(t, err)
+		require.NoError(t, other.Combine(h, h.Recv(), out, nil))
+	}
+	_, err = other.DispatchCached(h2, x2, nil)
+	assert.ErrorContains(t, err, "the handle is stale")
+	assert.True(t, h2.Recv().IsZero(), "a stale handle's views are empty")
 }
 
 // fakeDevice is a Memory that is not the backend's, to check refusals.
