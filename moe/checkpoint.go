@@ -26,8 +26,9 @@ const (
 // model with every expert (gathered from all ranks, in global order), Adam's
 // moments and step count, and the configuration and world size it was
 // written with. A checksum of the arrays (the "checksum" attribute) catches
-// damage to the data that HDF5 cannot see. The data of a step depends on (seed, step, rank) alone, so
-// there is no random generator state to save.
+// damage to the data that HDF5 cannot see. The data of a step depends on
+// (seed, step, tokens x ranks) alone (see Batch), so there is no random
+// generator state to save.
 type Checkpoint struct {
 	Step      int64
 	WorldSize int
@@ -71,7 +72,7 @@ func WriteCheckpoint(path string, ck *Checkpoint) error {
 			{"world_size", ck.WorldSize}, {"adam_t", ck.AdamT},
 			{"adam_beta1", 0.9}, {"adam_beta2", 0.999}, {"adam_eps", 1e-8},
 			{"written_at", ck.WrittenAt.UTC().Format(time.RFC3339Nano)},
-			{"rng", "none: the data of step s on rank r is drawn from a PCG seeded with (seed, s, r)"},
+			{"rng", "none: step s trains on tokens [(s-1)*G, s*G) of one stream, G = tokens * world_size, token i drawn from a PCG seeded with (seed, i)"},
 		}
 		for _, a := range attrs {
 			if err := f.SetAttr("/", a.name, a.value); err != nil {

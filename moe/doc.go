@@ -65,9 +65,12 @@
 //
 // A Teacher is a fixed random MoE of the same shape (its own seed; a sharper
 // gate and larger weights than the student's initialisation), evaluated in
-// float64 on every rank. The data of step s on rank r, Batch, is drawn from a
-// PCG seeded from (seed, s, r) alone, so there is no data generator state:
-// runs are reproducible and resume exactly. Trainer runs steps: the student
+// float64 on every rank. The data is one stream of tokens, token i drawn
+// from a PCG seeded by (seed, i) alone; the global batch of step s is tokens
+// [(s-1)*G, s*G), G = tokens per rank * ranks, and rank r takes its
+// contiguous share (Batch). There is no data generator state: runs are
+// reproducible, resume exactly, and a run resumed on another number of ranks
+// with the same G trains on the same tokens. Trainer runs steps: the student
 // Layer's forward, the loss
 //
 //	loss  = sum over ranks and tokens of |out - target|^2 / (tokens * Hidden)

@@ -70,13 +70,14 @@ func (tr *Trainer) Adam() *Adam { return tr.adam }
 // checkpoint a run resumed from.
 func (tr *Trainer) StepsDone() int64 { return tr.step }
 
-// Step runs one training step: the batch of step StepsDone()+1 on every
-// rank, forward, backward and an Adam update.
+// Step runs one training step: the batch of step StepsDone()+1 (see Batch:
+// this rank's share of the step's global batch), forward, backward and an
+// Adam update.
 func (tr *Trainer) Step() (*StepStats, error) {
 	start := time.Now()
 	s := tr.step + 1
 	l := tr.layer
-	x, target := Batch(tr.cfg.Config, tr.teacher, tr.cfg.Seed, s, tr.comm.Rank())
+	x, target := Batch(tr.cfg.Config, tr.teacher, tr.cfg.Seed, s, tr.comm.Rank(), tr.comm.Size())
 	out, aux, err := l.Forward(x)
 	if err != nil {
 		return nil, fmt.Errorf("moe: step %d: %w", s, err)
