@@ -83,15 +83,36 @@
 //
 // # Runs, traces and checkpoints
 //
-// Run drives a whole run as examples/moe-train does: it resumes from a
-// checkpoint if asked, and rank 0 writes an HDF5 trace (CreateTrace, one row
-// per step of gathered statistics, flushed every step) and checkpoints
-// (SaveCheckpoint: every rank's experts gathered to rank 0 into one file,
-// written atomically with h5.WriteAtomic). LoadCheckpoint refuses a
-// checkpoint of another configuration or world size, naming each field that
-// differs and both values, and a truncated or damaged file (a checksum
-// covers the arrays). A run of 2N steps and a run of N steps resumed for N
-// more end bit-identical. The file formats are in docs/trace-schema.md.
+// Run drives a whole run as examples/moe-train does. Rank 0 writes an HDF5
+// trace (CreateTrace, one row per step of gathered statistics, flushed every
+// step) and checkpoints (SaveCheckpoint: every rank's experts gathered to
+// rank 0 into one file, written atomically with h5.WriteAtomic).
+//
+// A run has an identity, its run id (NewRunID), made when it starts from
+// scratch, written into its trace and every checkpoint, and kept by its
+// resumes. Before it changes any file, Run looks at what is at its trace
+// path and in its checkpoint directory: a run from scratch refuses another
+// run's files unless RunOptions.Fresh, which moves them aside (to
+// DIR/moved-aside/<time>/, never deleting them); a resume refuses a trace or
+// checkpoints of another run. Resume ResumeAuto continues the run of the
+// checkpoint directory from its newest checkpoint, and refuses a directory
+// of two runs. A resume continues its run's trace (ContinueTrace): the rows
+// up to the checkpoint's step are kept, those after it (work lost with a
+// crash) are dropped and counted, new rows append, and the trace's /segments
+// records every segment of the run (start step, checkpoint, ranks, nodes,
+// hosts, mode, dtype, tokens, command, start time).
+//
+// LoadCheckpoint resumes on any number of ranks that divides the experts
+// (the checkpoint holds them all in global order; each rank takes its
+// share), in either mode and element type, with any tokens per rank. It
+// refuses a checkpoint of another model or training configuration, naming
+// each field that differs and both values, and a truncated or damaged file
+// (a checksum covers the arrays). On the same ranks, mode and element type
+// a run of 2N steps and a run of N steps resumed for N more end
+// bit-identical; on another number of ranks with the same global batch the
+// resumed run trains on the same tokens and follows the uninterrupted run's
+// loss within rounding (docs/trace-schema.md has the measured tolerance).
+// The file formats are in docs/trace-schema.md.
 //
 // # Collectives and errors
 //
