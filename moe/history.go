@@ -233,6 +233,9 @@ func planResume(p *runPlan, o RunOptions, ranks int, info *CheckpointInfo, trace
 	if err := info.Compatible(o.TrainConfig, ranks); err != nil {
 		return nil, err
 	}
+	if info.RunID != "" {
+		p.runID = info.RunID
+	}
 	if info.Step >= o.Steps {
 		if auto {
 			p.nothingToDo = true
@@ -242,9 +245,6 @@ func planResume(p *runPlan, o RunOptions, ranks int, info *CheckpointInfo, trace
 		return nil, fmt.Errorf("moe: the checkpoint %s is at step %d: nothing to do for a run to step %d (steps counts from the start of the first run)", info.Path, info.Step, o.Steps)
 	}
 	p.resume = info
-	if info.RunID != "" {
-		p.runID = info.RunID
-	}
 	how := "resuming"
 	if auto {
 		how = "resuming (newest checkpoint)"
@@ -253,9 +253,7 @@ func planResume(p *runPlan, o RunOptions, ranks int, info *CheckpointInfo, trace
 	if info.RunID == "" {
 		p.notes = append(p.notes, fmt.Sprintf("%s has no run id (checkpoint version 1, written by an older moe-train, whose data stream was drawn per (step, rank)): it continues as run %s, on this program's data stream", info.Path, p.runID))
 	}
-	for _, c := range info.Changes(o.TrainConfig, ranks) {
-		p.notes = append(p.notes, c)
-	}
+	p.notes = append(p.notes, info.Changes(o.TrainConfig, ranks)...)
 	var superseded []move
 	for _, c := range ckpts {
 		if c.RunID != p.runID {

@@ -161,6 +161,7 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 		}
 		if plan.nothingToDo {
 			flags[0] = 1
+			res.RunID = plan.runID
 		}
 	}
 	if resume, err = bcastString(comm, resume, 0); err != nil {
@@ -170,6 +171,9 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 		return nil, err
 	}
 	if flags[0] == 1 {
+		if res.RunID, err = bcastString(comm, res.RunID, 0); err != nil {
+			return nil, err
+		}
 		if rank0 {
 			for _, n := range plan.notes {
 				note(n)

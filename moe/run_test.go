@@ -2,6 +2,7 @@ package moe_test
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/internal/h5"
 	"github.com/goep/goep/internal/mpitesting"
 	"github.com/goep/goep/moe"
 	"github.com/goep/goep/mpi"
@@ -320,6 +322,8 @@ func TestRunRefusesAnotherRunsFiles(t *testing.T) {
 	resD, err := moe.Run(w, auto)
 	require.NoError(t, err)
 	assert.True(t, resD.NothingToDo)
+	assert.Equal(t, resB.RunID, resD.RunID)
+	assert.Zero(t, resD.Steps)
 	assert.Equal(t, before, snapshot(t, w, dir))
 
 	// A checkpoint of run A back in the directory: two runs there.
@@ -341,4 +345,62 @@ func TestRunRefusesAnotherRunsFiles(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	assert.Contains(t, err.Error(), fmt.Sprintf("%s belongs to another run: run_id = %q in that checkpoint, %q in this run", moe.CheckpointPath(dir, 1), resA.RunID, resB.RunID))
 	assert.Equal(t, before, snapshot(t, w, dir), "a refused run changed files")
+}
+
+// Files of version 1 (before run ids) are read. A version 1 checkpoint
+// resumes explicitly, as a run with a new id; auto-resume and a new run
+// refuse a directory of version 1 files, naming them.
+func TestRunVersion1Files(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	dir := tempDir(t, w)
+	o := moe.RunOptions{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 3,
+		TracePath: filepath.Join(dir, "trace.h5"), CheckpointDir: dir}
+	_, err := moe.Run(w, o)
+	require.NoError(t, err)
+	var werr error
+	if w.Rank() == 0 { // make them version 1 files: the readers then ignore run_id and /segments
+		for _, p := range []string{o.TracePath, moe.CheckpointPath(dir, 3)} {
+			f, err := h5.OpenRW(p)
+			require.NoError(t, err)
+			require.NoError(t, f.SetAttr("/", "version", 1))
+			werr = errors.Join(werr, f.Close())
+		}
+		tr, err := moe.ReadTrace(o.TracePath)
+		require.NoError(t, err)
+		assert.Equal(t, 1, tr.Version)
+		assert.Empty(t, tr.RunID)
+		require.Len(t, tr.Segments, 1)
+		assert.Equal(t, w.Size(), tr.Segments[0].WorldSize)
+		ck, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 3))
+		require.NoError(t, err)
+		assert.Equal(t, 1, ck.Version)
+		assert.Empty(t, ck.RunID)
+	}
+	require.NoError(t, werr)
+
+	var ce *moe.CollectiveError
+	auto := o
+	auto.Steps, auto.Resume = 6, moe.ResumeAuto
+	_, err = moe.Run(w, auto)
+	require.ErrorAs(t, err, &ce)
+	assert.Contains(t, err.Error(), "files with no run id (written before run ids: version 1)")
+	_, err = moe.Run(w, o)
+	require.ErrorAs(t, err, &ce)
+	assert.Contains(t, err.Error(), "refusing to start a new run")
+
+	other := tempDir(t, w)
+	resume := moe.RunOptions{TrainConfig: o.TrainConfig, Steps: 6, Resume: moe.CheckpointPath(dir, 3),
+		TracePath: filepath.Join(other, "trace.h5"), CheckpointDir: other}
+	res, err := moe.Run(w, resume)
+	require.NoError(t, err)
+	assert.NotEmpty(t, res.RunID)
+	assert.Equal(t, int64(3), res.StartStep)
+	if w.Rank() == 0 {
+		assert.Contains(t, strings.Join(res.Notes, "\n"), "has no run id (checkpoint version 1")
+		ck, err := moe.ReadCheckpointInfo(moe.CheckpointPath(other, 6))
+		require.NoError(t, err)
+		assert.Equal(t, res.RunID, ck.RunID)
+		assert.Equal(t, moe.CheckpointVersion, ck.Version)
+	}
 }

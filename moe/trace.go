@@ -201,7 +201,7 @@ func writeTraceHeader(f *h5.File, info TraceInfo, segments []Segment, width int)
 		value any
 	}{
 		{"format", TraceFormat}, {"version", TraceVersion}, {"run_id", info.RunID}, {"go_version", seg.GoVersion},
-		{"world_size", seg.WorldSize}, {"nodes", seg.Nodes}, {"rank_columns", width}, {"segments", len(segments)},
+		{"world_size", seg.WorldSize}, {"nodes", seg.Nodes}, {"rank_columns", width}, {"segment_count", len(segments)},
 		{"steps", seg.Steps}, {"start_step", seg.StartStep}, {"resumed_from", seg.Checkpoint},
 		{"command", seg.Command}, {"start_time", seg.Start.UTC().Format(time.RFC3339Nano)},
 	}

@@ -100,7 +100,7 @@ func TestResumeKeepsTheTracesPast(t *testing.T) {
 	assert.Equal(t, first.Loss, tr.Loss[:30], "steps 1-20 kept, 21-30 recomputed bit for bit on the same 2 ranks")
 	assert.Equal(t, first.RunID, tr.RunID)
 	require.Len(t, tr.Segments, 2)
-	assert.Equal(t, "2", h5attr(t, trace, "/segments"))
+	assert.Equal(t, "2", h5attr(t, trace, "/segment_count"))
 	assert.Equal(t, "20", h5attr(t, trace, "/segments/0001/start_step"))
 	assert.Equal(t, "10", h5attr(t, trace, "/segments/0001/dropped_rows"))
 	assert.Equal(t, moe.CheckpointPath(dir, 20), h5attr(t, trace, "/segments/0001/checkpoint"))

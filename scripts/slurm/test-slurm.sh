@@ -199,7 +199,7 @@ t=$SECONDS; rc=0
 errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   trace_errors "$TRAIN/trace.h5" 2 4 300
   [ "$(h5attr "$TRAIN/trace.h5" start_step)" = 200 ] || echo "trace.h5: start_step is not 200;"
-  [ "$(h5attr "$TRAIN/trace.h5" segments)" = 2 ] || echo "trace.h5: not 2 segments;"
+  [ "$(h5attr "$TRAIN/trace.h5" segment_count)" = 2 ] || echo "trace.h5: not 2 segments;"
   [ -s "$TRAIN/ckpt-000300.h5" ] || echo "no checkpoint ckpt-000300.h5;"
   grep -q "mpirun -np 4 --host n1:2,n2:2" "$LOGS/train-mpirun.log" || echo "no mpirun -np 4 --host n1:2,n2:2 step;")
 result train-mpirun "$t" "$errs"
@@ -218,7 +218,7 @@ errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
     got=$(h5attr "$TRAIN/ckpt-000$c.h5" run_id)
     [ "$got" = "$train_run" ] || echo "ckpt-000$c.h5: run_id \"$got\", the trace's \"$train_run\";"
   done
-  [ "$(h5attr "$TRAIN/trace.h5" segments)" = 3 ] || echo "trace.h5: not 3 segments;"
+  [ "$(h5attr "$TRAIN/trace.h5" segment_count)" = 3 ] || echo "trace.h5: not 3 segments;"
   got=$(for i in 0 1 2; do h5attr "$TRAIN/trace.h5" "segments/000$i/world_size"; done | xargs)
   [ "$got" = "4 4 2" ] || echo "segments' world_size \"$got\", want \"4 4 2\";"
   got=$(for i in 0 1 2; do h5attr "$TRAIN/trace.h5" "segments/000$i/nodes"; done | xargs)
