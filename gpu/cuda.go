@@ -9,6 +9,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"github.com/goep/goep/internal/dtype"
 	"sync"
 	"time"
 	"unsafe"
@@ -374,16 +375,9 @@ func (b *Buffer) MemsetAsync(v byte, s *Stream) error {
 
 // Number is the element types Upload and Download move: fixed-size numbers
 // (ep.BF16 among them), never anything holding a Go pointer.
-type Number interface {
-	~int8 | ~uint8 | ~int16 | ~uint16 | ~int32 | ~uint32 | ~int64 | ~uint64 | ~float32 | ~float64
-}
+type Number = dtype.Number
 
-func bytesOf[T Number](s []T) []byte {
-	if len(s) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
-}
+func bytesOf[T Number](s []T) []byte { return dtype.Bytes(s) }
 
 // Upload copies src into b, whose length must be that of src in bytes.
 func Upload[T Number](b *Buffer, src []T) error { return b.Upload(bytesOf(src)) }

@@ -3,6 +3,7 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"github.com/goep/goep/internal/dtype"
 	"math"
 
 	"github.com/goep/goep/gpu/internal/kernels"
@@ -46,34 +47,15 @@ func (k *Kernels) Arch() int { return k.arch }
 
 func newKernels(l launcher, arch int) *Kernels { return &Kernels{l: l, arch: arch, maxGrid: 8192} }
 
-// DType is an element type of the row kernels.
-type DType int
+// DType is an element type of the row kernels: the codes of
+// internal/dtype, which ep's C kernels use too.
+type DType = dtype.Code
 
-// The element types; their values are those of ep's C kernels.
+// The element types.
 const (
-	F32  DType = 0 // float32
-	BF16 DType = 1 // bfloat16 (ep.BF16)
+	F32  = dtype.F32  // float32
+	BF16 = dtype.BF16 // bfloat16 (ep.BF16)
 )
-
-func (t DType) String() string {
-	switch t {
-	case F32:
-		return "float32"
-	case BF16:
-		return "bfloat16"
-	}
-	return fmt.Sprintf("DType(%d)", int(t))
-}
-
-// Size returns the size of one element in bytes.
-func (t DType) Size() int {
-	if t == BF16 {
-		return 2
-	}
-	return 4
-}
-
-func (t DType) valid() bool { return t == F32 || t == BF16 }
 
 // argument helpers: one 8-byte slot per kernel parameter.
 func ptrArg(v DevicePtr) uint64 { return uint64(v) }
@@ -317,7 +299,7 @@ func (k *Kernels) ReduceRows(s *Stream, a ReduceArgs) error {
 	if a.N < 0 || a.Hidden < 0 {
 		return argErr(op, "negative size (N %d, Hidden %d)", a.N, a.Hidden)
 	}
-	if !a.OutType.valid() || !a.InType.valid() {
+	if !a.OutType.Valid() || !a.InType.Valid() {
 		return argErr(op, "element types %v -> %v: need F32 or BF16", a.InType, a.OutType)
 	}
 	if a.N == 0 || a.Hidden == 0 {

@@ -7,8 +7,6 @@ package gpu
 import "C"
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"unsafe"
 
@@ -213,41 +211,13 @@ func hostLocalRank(c *mpi.Comm) (int, error) {
 	return local, nil
 }
 
-// agree makes every rank of c return an error if any rank's err is not nil:
-// the lowest failing rank's message, broadcast, so that all ranks report
-// the same cause. It is collective.
+// agree makes every rank of c return an error if any rank's err is not nil
+// (mpi.AgreeOnError: the lowest failing rank's message), naming op.
 func agree(c *mpi.Comm, op string, err error) error {
-	mine := []int32{0}
-	if err != nil {
-		mine[0] = 1
+	if err := mpi.AgreeOnError(c, err); err != nil {
+		return fmt.Errorf("gpu: %s: %w", op, err)
 	}
-	all := make([]int32, c.Size())
-	if cerr := mpi.AllgatherSlice(c, mine, all); cerr != nil {
-		return errors.Join(err, cerr)
-	}
-	root := -1
-	for r, f := range all {
-		if f != 0 {
-			root = r
-			break
-		}
-	}
-	if root < 0 {
-		return nil
-	}
-	msg := make([]byte, 1024)
-	if c.Rank() == root {
-		copy(msg[4:], err.Error())
-		binary.LittleEndian.PutUint32(msg, uint32(min(len(err.Error()), len(msg)-4)))
-	}
-	if cerr := c.Bcast(msg, root); cerr != nil {
-		return errors.Join(err, cerr)
-	}
-	if c.Rank() == root {
-		return fmt.Errorf("gpu: %s: rank %d: %w", op, root, err)
-	}
-	n := binary.LittleEndian.Uint32(msg)
-	return fmt.Errorf("gpu: %s: rank %d failed: %s", op, root, msg[4:4+n])
+	return nil
 }
 
 // Rank returns this rank's place in the communicator.

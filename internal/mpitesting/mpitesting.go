@@ -2,6 +2,7 @@
 package mpitesting
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -45,22 +46,15 @@ func Agree(t testing.TB, c *mpi.Comm) {
 	if r := recover(); r != nil {
 		t.Errorf("rank %d: panic: %v\n%s", c.Rank(), r, debug.Stack())
 	}
-	mine := []int32{0}
+	var mine error
 	if t.Failed() {
-		mine[0] = 1
+		mine = fmt.Errorf("test failed")
 	}
-	all := make([]int32, c.Size())
-	if err := mpi.AllgatherSlice(c, mine, all); err != nil {
+	var agreed *mpi.AgreedError
+	if err := mpi.AgreeOnError(c, mine); errors.As(err, &agreed) {
+		t.Fatalf("rank %d: test failed on rank(s) %v", c.Rank(), agreed.Failed)
+	} else if err != nil {
 		t.Fatalf("rank %d: agreeing on the outcome: %v", c.Rank(), err)
-	}
-	var failed []int
-	for r, f := range all {
-		if f != 0 {
-			failed = append(failed, r)
-		}
-	}
-	if len(failed) > 0 {
-		t.Fatalf("rank %d: test failed on rank(s) %v", c.Rank(), failed)
 	}
 }
 

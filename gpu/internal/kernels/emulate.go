@@ -1,7 +1,7 @@
 package kernels
 
 /*
-#cgo CFLAGS: -O2 -std=gnu11 -Wall -Wno-unused-function
+#cgo CFLAGS: -O2 -std=gnu11 -Wall -Wno-unused-function -I${SRCDIR}/../../../internal/dtype
 #include <stdlib.h>
 #include <string.h>
 #include "emulate.h"

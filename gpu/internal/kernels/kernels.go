@@ -11,6 +11,7 @@ package kernels
 import (
 	"embed"
 	"fmt"
+	"github.com/goep/goep/internal/dtype"
 	"strings"
 )
 
@@ -69,6 +70,18 @@ func File(name string) (string, error) {
 	return string(b), nil
 }
 
+// dtypeInclude is how prelude.cuh includes the element types.
+const dtypeInclude = "#include \"dtype.h\"\n"
+
+// includeLine is the line number of dtypeInclude in text (0 if absent).
+func includeLine(text []byte) int {
+	i := strings.Index(string(text), dtypeInclude)
+	if i < 0 {
+		return 0
+	}
+	return strings.Count(string(text[:i]), "\n") + 1
+}
+
 // Source is the whole program NVRTC compiles: every file in order, each
 // preceded by a #line directive so that compiler messages name the file.
 func Source() string {
@@ -79,7 +92,7 @@ func Source() string {
 			panic("kernels: embedded file missing: " + f) // a build error, not a run-time condition
 		}
 		fmt.Fprintf(&b, "#line 1 \"%s\"\n", f)
-		b.Write(text)
+		b.WriteString(strings.Replace(string(text), dtypeInclude, dtype.Header+fmt.Sprintf("#line %d \"%s\"\n", includeLine(text)+1, f), 1))
 		if len(text) > 0 && text[len(text)-1] != '\n' {
 			b.WriteByte('\n')
 		}

@@ -71,8 +71,10 @@ GOEP_FN void copy16(u8 *d, const u8 *s) { memcpy(d, s, 16); }
 GOEP_FN void copy4(u8 *d, const u8 *s) { memcpy(d, s, 4); }
 #endif
 
-// Element types of the row kernels (the values of ep's EP_F32 and EP_BF16).
-enum { GOEP_F32 = 0, GOEP_BF16 = 1 };
+// Element types of the row kernels: GOEP_ELEM_F32 and GOEP_ELEM_BF16, the
+// one definition package ep's C kernels read too (internal/dtype). NVRTC
+// has no include path: Source() puts the header's text in place of this line.
+#include "dtype.h"
 
 // Grid-stride loops: over all threads of the launch, and over the blocks
 // (with the threads of a block striding inside one item).

@@ -5,8 +5,8 @@
 //   out[i] = sum over j in [start[i], start[i+1]) of w[j] * src[j]
 // over `hidden` elements (w NULL: every weight is 1), where src[j] is the
 // device address of a source row (a CSR list of source rows per output row).
-// Source rows have element type dtype, output rows out_dtype (GOEP_F32 or
-// GOEP_BF16). The sum is accumulated in float32 in the order of j, the
+// Source rows have element type dtype, output rows out_dtype (GOEP_ELEM_F32 or
+// GOEP_ELEM_BF16). The sum is accumulated in float32 in the order of j, the
 // first term assigned rather than added to zero, a weight of exactly 1 on a
 // float32 row adding the value itself, and each product and sum rounded
 // once (no fused multiply-add): the arithmetic of ep_reduce_rows, so results
@@ -29,7 +29,7 @@ GOEP_KERNEL goep_reduce_rows(void *out, int out_dtype, const u64 *src, const flo
         if (p == 0) continue;
         float wj = w ? w[j] : 1.0f;
         float term;
-        if (dtype == GOEP_F32) {
+        if (dtype == GOEP_ELEM_F32) {
           float x = ((const float *)(uptr)p)[h];
           term = wj == 1.0f ? x : fmul(wj, x);
         } else {
@@ -38,7 +38,7 @@ GOEP_KERNEL goep_reduce_rows(void *out, int out_dtype, const u64 *src, const flo
         acc = first ? term : fadd(acc, term);
         first = 0;
       }
-      if (out_dtype == GOEP_F32) ((float *)out)[i * hidden + h] = acc;
+      if (out_dtype == GOEP_ELEM_F32) ((float *)out)[i * hidden + h] = acc;
       else ((u16 *)out)[i * hidden + h] = bf16_round(acc);
     }
   }
