@@ -35,12 +35,13 @@ build: deps
 	$(GO) build -tags mpi ./...
 
 # make run: train the toy MoE (examples/moe-train) on $(NP) ranks, about a minute here;
-# writes out/trace.h5 and out/ckpt-*.h5. Override e.g. RUN_MODE=ht RUN_DTYPE=bf16 RUN_STEPS=2000.
+# writes out/trace.h5 and out/ckpt-*.h5, a new run each time (-fresh: the previous run's files are
+# moved to out/moved-aside/). Override e.g. RUN_MODE=ht RUN_DTYPE=bf16 RUN_STEPS=2000.
 RUN_MODE  ?= ll
 RUN_DTYPE ?= f32
 RUN_STEPS ?= 6000
 RUN_FLAGS ?= -mode $(RUN_MODE) -dtype $(RUN_DTYPE) -steps $(RUN_STEPS) -ckpt-every 1000 -progress-every 500 \
-             -trace out/trace.h5 -ckpt-dir out
+             -trace out/trace.h5 -ckpt-dir out -fresh
 
 ## run: the main job on $(NP) ranks.
 run: bin/moe-train

@@ -17,25 +17,38 @@ import (
 
 // CheckpointFormat is the value of a checkpoint's "format" attribute, and
 // CheckpointVersion of its "version" attribute.
+// Version 2 added the run id and lets a checkpoint resume on another number
+// of ranks; version 1 files are read (they have no run id).
 const (
 	CheckpointFormat  = "goep-moe-checkpoint"
-	CheckpointVersion = 1
+	CheckpointVersion = 2
 )
 
 // Checkpoint is the whole state of a training run after Step updates: the
 // model with every expert (gathered from all ranks, in global order), Adam's
-// moments and step count, and the configuration and world size it was
-// written with. A checksum of the arrays (the "checksum" attribute) catches
-// damage to the data that HDF5 cannot see. The data of a step depends on (seed, step, rank) alone, so
-// there is no random generator state to save.
+// moments and step count, the run's identity, and the configuration and
+// world size it was written with. A checksum of the arrays (the "checksum"
+// attribute) catches damage to the data that HDF5 cannot see. The data of a
+// step depends on (seed, step, tokens x ranks) alone (see Batch), so there is
+// no random generator state to save. Since the experts are in global order,
+// a checkpoint resumes on any number of ranks that divides them.
 type Checkpoint struct {
+	CheckpointInfo
+	Model Params // all Experts experts
+	AdamT int64
+	AdamM Params
+	AdamV Params
+}
+
+// CheckpointInfo is what a checkpoint's attributes say, read without its
+// arrays (ReadCheckpointInfo): enough to tell which run and step it holds.
+type CheckpointInfo struct {
+	Path      string // the file it was read from ("" for one not read from a file)
+	Version   int    // the file's format version
+	RunID     string // the run it belongs to; "" in version 1 files
 	Step      int64
 	WorldSize int
 	Config    TrainConfig
-	Model     Params // all Experts experts
-	AdamT     int64
-	AdamM     Params
-	AdamV     Params
 	WrittenAt time.Time
 }
 
@@ -67,11 +80,11 @@ func WriteCheckpoint(path string, ck *Checkpoint) error {
 			name  string
 			value any
 		}{
-			{"format", CheckpointFormat}, {"version", CheckpointVersion}, {"step", ck.Step},
+			{"format", CheckpointFormat}, {"version", CheckpointVersion}, {"run_id", ck.RunID}, {"step", ck.Step},
 			{"world_size", ck.WorldSize}, {"adam_t", ck.AdamT},
 			{"adam_beta1", 0.9}, {"adam_beta2", 0.999}, {"adam_eps", 1e-8},
 			{"written_at", ck.WrittenAt.UTC().Format(time.RFC3339Nano)},
-			{"rng", "none: the data of step s on rank r is drawn from a PCG seeded with (seed, s, r)"},
+			{"rng", "none: step s trains on tokens [(s-1)*G, s*G) of one stream, G = tokens * world_size, token i drawn from a PCG seeded with (seed, i)"},
 		}
 		for _, a := range attrs {
 			if err := f.SetAttr("/", a.name, a.value); err != nil {
@@ -100,47 +113,19 @@ func WriteCheckpoint(path string, ck *Checkpoint) error {
 // checkpoint, is truncated or damaged, or whose arrays do not have the
 // shapes its configuration implies gives an error saying so.
 func ReadCheckpoint(path string) (*Checkpoint, error) {
+	f, info, err := openCheckpoint(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("moe: %s is not a usable checkpoint: "+format, append([]any{path}, a...)...)
 	}
-	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("moe: checkpoint: %w", err)
-	}
-	f, err := h5.Open(path)
-	if err != nil {
-		if errors.Is(err, h5.ErrNotHDF5) {
-			return nil, bad("not an HDF5 file, or truncated or corrupt (%v)", err)
-		}
+	ck := &Checkpoint{CheckpointInfo: *info}
+	if ck.AdamT, err = f.AttrInt64("/", "adam_t"); err != nil {
 		return nil, bad("%v", err)
 	}
-	defer f.Close()
-	if format, err := f.AttrString("/", "format"); err != nil || format != CheckpointFormat {
-		return nil, bad("its format attribute is %q, want %q (%v)", format, CheckpointFormat, err)
-	}
-	if v, err := f.AttrInt64("/", "version"); err != nil || v != CheckpointVersion {
-		return nil, bad("version %d, this program reads version %d (%v)", v, CheckpointVersion, err)
-	}
-	ck := &Checkpoint{}
-	var ws int64
-	for _, a := range []struct {
-		name string
-		dst  *int64
-	}{{"step", &ck.Step}, {"world_size", &ws}, {"adam_t", &ck.AdamT}} {
-		if *a.dst, err = f.AttrInt64("/", a.name); err != nil {
-			return nil, bad("%v", err)
-		}
-	}
-	ck.WorldSize = int(ws)
-	if s, err := f.AttrString("/", "written_at"); err == nil {
-		ck.WrittenAt, _ = time.Parse(time.RFC3339Nano, s)
-	}
-	if ck.Config, err = readConfigAttrs(f, "/"); err != nil {
-		return nil, bad("%v", err)
-	}
-	if err := ck.Config.Validate(ck.WorldSize); err != nil {
-		return nil, bad("%v", err)
-	}
-	if ck.Step < 0 || ck.AdamT != ck.Step {
+	if ck.AdamT != ck.Step {
 		return nil, bad("step %d and Adam's step count %d disagree", ck.Step, ck.AdamT)
 	}
 	shapes := paramShapes(ck.Config.Config, ck.Config.Experts)
@@ -166,6 +151,77 @@ func ReadCheckpoint(path string) (*Checkpoint, error) {
 		return nil, bad("the arrays' checksum is %s, the file says %s: the data is corrupt", got, sum)
 	}
 	return ck, nil
+}
+
+// ReadCheckpointInfo reads a checkpoint's attributes: its run, step, world
+// size and configuration, without the arrays (cheap enough to look at every
+// checkpoint of a directory). ReadCheckpoint checks the arrays too.
+func ReadCheckpointInfo(path string) (*CheckpointInfo, error) {
+	f, info, err := openCheckpoint(path)
+	if err != nil {
+		return nil, err
+	}
+	f.Close()
+	return info, nil
+}
+
+// openCheckpoint opens a checkpoint file and reads its attributes.
+func openCheckpoint(path string) (_ *h5.File, _ *CheckpointInfo, err error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("moe: %s is not a usable checkpoint: "+format, append([]any{path}, a...)...)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, nil, fmt.Errorf("moe: checkpoint: %w", err)
+	}
+	f, err := h5.Open(path)
+	if err != nil {
+		if errors.Is(err, h5.ErrNotHDF5) {
+			return nil, nil, bad("not an HDF5 file, or truncated or corrupt (%v)", err)
+		}
+		return nil, nil, bad("%v", err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
+	if format, err := f.AttrString("/", "format"); err != nil || format != CheckpointFormat {
+		return nil, nil, bad("its format attribute is %q, want %q (%v)", format, CheckpointFormat, err)
+	}
+	v, err := f.AttrInt64("/", "version")
+	if err != nil || v < 1 || v > CheckpointVersion {
+		return nil, nil, bad("version %d, this program reads versions 1 to %d (%v)", v, CheckpointVersion, err)
+	}
+	info := &CheckpointInfo{Path: path, Version: int(v)}
+	if v >= 2 {
+		if info.RunID, err = f.AttrString("/", "run_id"); err != nil {
+			return nil, nil, bad("%v", err)
+		}
+		if info.RunID == "" {
+			return nil, nil, bad("its run_id attribute is empty")
+		}
+	}
+	ws, err := f.AttrInt64("/", "world_size")
+	if err != nil {
+		return nil, nil, bad("%v", err)
+	}
+	info.WorldSize = int(ws)
+	if info.Step, err = f.AttrInt64("/", "step"); err != nil {
+		return nil, nil, bad("%v", err)
+	}
+	if s, err := f.AttrString("/", "written_at"); err == nil {
+		info.WrittenAt, _ = time.Parse(time.RFC3339Nano, s)
+	}
+	if info.Config, err = readConfigAttrs(f, "/"); err != nil {
+		return nil, nil, bad("%v", err)
+	}
+	if err := info.Config.Validate(info.WorldSize); err != nil {
+		return nil, nil, bad("%v", err)
+	}
+	if info.Step < 0 {
+		return nil, nil, bad("step %d", info.Step)
+	}
+	return f, info, nil
 }
 
 // checksumHex is the FNV-1a 64-bit hash of the bits of every array of ck, in
@@ -197,34 +253,72 @@ func equalInts(a, b []int) bool {
 }
 
 // Compatible reports, as an error naming every field that differs and both
-// values, whether a run with cfg on worldSize ranks can resume from ck.
-// Everything that changes the numbers must match; the number of steps, the
-// file names and the timeout need not.
-func (ck *Checkpoint) Compatible(cfg TrainConfig, worldSize int) error {
+// values, whether a run with cfg on worldSize ranks can resume from the
+// checkpoint. What defines the model and its training must match (shape,
+// activation, seeds, learning rate, aux weight). What only places or moves
+// the work may change, and Changes lists it: the number of ranks (any that
+// divides the experts: they are resharded at load), the mode, the element
+// type on the wire and the tokens per rank.
+func (ck *CheckpointInfo) Compatible(cfg TrainConfig, worldSize int) error {
+	diffs := fixedDiffs(ck.Config, cfg, "in the checkpoint", "in this run")
+	if worldSize <= 0 || ck.Config.Experts%worldSize != 0 {
+		diffs = append(diffs, fmt.Sprintf("experts = %d in the checkpoint is not a multiple of the %d ranks of this run", ck.Config.Experts, worldSize))
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("moe: cannot resume from %s: the checkpoint was written by a different run: %s", ck.Path, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+// fixedDiffs lists the fields that define a run's model and training and
+// differ between a (described by inA) and b, with both values.
+func fixedDiffs(a, b TrainConfig, inA, inB string) []string {
 	var diffs []string
-	add := func(name string, ckV, runV any) {
-		if fmt.Sprint(ckV) != fmt.Sprint(runV) {
-			diffs = append(diffs, fmt.Sprintf("%s = %v in the checkpoint, %v in this run", name, ckV, runV))
+	add := func(name string, av, bv any) {
+		if fmt.Sprint(av) != fmt.Sprint(bv) {
+			diffs = append(diffs, fmt.Sprintf("%s = %v %s, %v %s", name, av, inA, bv, inB))
 		}
 	}
-	a, b := ck.Config, cfg
-	add("world size (ranks)", ck.WorldSize, worldSize)
 	add("experts", a.Experts, b.Experts)
 	add("topk", a.TopK, b.TopK)
 	add("hidden", a.Hidden, b.Hidden)
 	add("ffn", a.FFN, b.FFN)
-	add("tokens", a.Tokens, b.Tokens)
-	add("mode", a.Mode, b.Mode)
-	add("dtype", a.DType, b.DType)
 	add("act", a.Act, b.Act)
 	add("seed", a.Seed, b.Seed)
 	add("teacher-seed", a.TeacherSeed, b.TeacherSeed)
 	add("lr", a.LR, b.LR)
 	add("aux", a.AuxCoef, b.AuxCoef)
-	if len(diffs) > 0 {
-		return fmt.Errorf("moe: cannot resume: the checkpoint was written by a different run: %s", strings.Join(diffs, "; "))
+	return diffs
+}
+
+// GlobalBatch is the tokens of one step over all ranks.
+func (ck *CheckpointInfo) GlobalBatch() int { return ck.Config.Tokens * ck.WorldSize }
+
+// Changes lists, as sentences, what a run with cfg on worldSize ranks does
+// differently from the run that wrote the checkpoint, among the things that
+// may change (see Compatible); nil if nothing. A changed global batch (tokens
+// x ranks) is said explicitly: the steps after the checkpoint then train on
+// other tokens than an uninterrupted run would.
+func (ck *CheckpointInfo) Changes(cfg TrainConfig, worldSize int) []string {
+	var out []string
+	a := ck.Config
+	if ck.WorldSize != worldSize {
+		out = append(out, fmt.Sprintf("world size = %d ranks in the checkpoint, %d in this run: its %d experts are resharded, %d per rank",
+			ck.WorldSize, worldSize, a.Experts, a.Experts/max(worldSize, 1)))
 	}
-	return nil
+	if a.Mode != cfg.Mode {
+		out = append(out, fmt.Sprintf("mode = %v in the checkpoint, %v in this run", a.Mode, cfg.Mode))
+	}
+	if a.DType != cfg.DType {
+		out = append(out, fmt.Sprintf("dtype = %v in the checkpoint, %v in this run", a.DType, cfg.DType))
+	}
+	if g := cfg.Tokens * worldSize; g != ck.GlobalBatch() {
+		out = append(out, fmt.Sprintf("the global batch changed: %d ranks x %d tokens = %d tokens per step in the checkpoint, %d x %d = %d in this run: the steps after %d train on other tokens than an uninterrupted run would (keep tokens x ranks = %d to train on the same)",
+			ck.WorldSize, a.Tokens, ck.GlobalBatch(), worldSize, cfg.Tokens, g, ck.Step, ck.GlobalBatch()))
+	} else if a.Tokens != cfg.Tokens {
+		out = append(out, fmt.Sprintf("tokens per rank = %d in the checkpoint, %d in this run; the global batch is %d tokens per step in both", a.Tokens, cfg.Tokens, g))
+	}
+	return out
 }
 
 // configAttrs lists the attributes that record a TrainConfig.
@@ -323,7 +417,8 @@ func (tr *Trainer) SaveCheckpoint(path string) error {
 	var err error
 	if tr.comm.Rank() == 0 {
 		c := tr.cfg.Config
-		ck := &Checkpoint{Step: tr.step, WorldSize: R, Config: tr.cfg, AdamT: tr.adam.T, WrittenAt: time.Now(),
+		ck := &Checkpoint{CheckpointInfo: CheckpointInfo{Version: CheckpointVersion, RunID: tr.runID, Step: tr.step, WorldSize: R,
+			Config: tr.cfg, WrittenAt: time.Now()}, AdamT: tr.adam.T,
 			Model: newParams(c, c.Experts), AdamM: newParams(c, c.Experts), AdamV: newParams(c, c.Experts)}
 		copy(ck.Model.Gate, tr.layer.Params().Gate)
 		copy(ck.AdamM.Gate, tr.adam.M.Gate)
@@ -342,8 +437,11 @@ func (tr *Trainer) SaveCheckpoint(path string) error {
 }
 
 // LoadCheckpoint restores the run from the checkpoint at path: rank 0 reads
-// and checks it (Compatible), then every rank takes the gate, its experts,
-// Adam's state and the step. Collective; every rank returns the same outcome.
+// and checks it (Compatible), then every rank takes the gate, its share of
+// the experts (the checkpoint holds them all in global order, so it may come
+// from any number of ranks), Adam's state, the step and the run id (a version
+// 1 checkpoint has none: the trainer keeps its own). Collective; every rank
+// returns the same outcome.
 func (tr *Trainer) LoadCheckpoint(path string) error {
 	c := tr.cfg.Config
 	R, me := tr.comm.Size(), tr.comm.Rank()
@@ -353,9 +451,6 @@ func (tr *Trainer) LoadCheckpoint(path string) error {
 		ck, err = ReadCheckpoint(path)
 		if err == nil {
 			err = ck.Compatible(tr.cfg, R)
-			if err != nil {
-				err = fmt.Errorf("%w (checkpoint %s)", err, path)
-			}
 		}
 	} else {
 		ck = &Checkpoint{Model: newParams(c, c.Experts), AdamM: newParams(c, c.Experts), AdamV: newParams(c, c.Experts)}
@@ -365,6 +460,10 @@ func (tr *Trainer) LoadCheckpoint(path string) error {
 	}
 	steps := []int64{ck.Step, ck.AdamT}
 	if err := mpi.BcastSlice(tr.comm, steps, 0); err != nil {
+		return fmt.Errorf("moe: resume from %s: %w", path, err)
+	}
+	id, err := bcastString(tr.comm, ck.RunID, 0)
+	if err != nil {
 		return fmt.Errorf("moe: resume from %s: %w", path, err)
 	}
 	for _, p := range []*Params{&ck.Model, &ck.AdamM, &ck.AdamV} {
@@ -385,5 +484,8 @@ func (tr *Trainer) LoadCheckpoint(path string) error {
 		}
 	}
 	tr.step, tr.adam.T = steps[0], steps[1]
+	if id != "" {
+		tr.runID = id
+	}
 	return nil
 }

@@ -1,6 +1,8 @@
 package moe_test
 
 import (
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -116,8 +118,10 @@ func TestCheckpointGathersEveryExpert(t *testing.T) {
 	assert.Len(t, ck.AdamV.B2, cfg.Experts*cfg.Hidden)
 }
 
-// Resuming with another configuration or world size names every field that
-// differs and both values, on every rank.
+// Resuming with another model or training configuration names every field
+// that differs and both values, on every rank, and changes nothing. The
+// number of ranks, the mode, the element type and the tokens per rank are
+// not among them (TestCheckpointReshards).
 func TestResumeMismatch(t *testing.T) {
 	w := mpitesting.World
 	defer mpitesting.Agree(t, w)
@@ -132,35 +136,162 @@ func TestResumeMismatch(t *testing.T) {
 	require.NoError(t, tr.Close())
 
 	other := cfg
-	other.Hidden, other.LR = 8, 0.5
+	other.Hidden, other.LR, other.Mode, other.Tokens = 8, 0.5, ep.LowLatency, 16
 	tr2, err := moe.NewTrainer(w, other)
 	require.NoError(t, err)
 	defer tr2.Close()
+	before := tr2.Layer().Params().Clone()
 	err = tr2.LoadCheckpoint(path)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "hidden = 16 in the checkpoint, 8 in this run")
 	assert.Contains(t, err.Error(), "lr = 0.01 in the checkpoint, 0.5 in this run")
 	assert.Contains(t, err.Error(), path)
+	assert.NotContains(t, err.Error(), "mode")
+	assert.NotContains(t, err.Error(), "tokens")
+	assert.True(t, paramsEqual(&before, tr2.Layer().Params()), "a refused resume changed the parameters")
+	assert.Zero(t, tr2.StepsDone())
 
-	// Another world size: rewrite the checkpoint as if from more ranks.
-	var werr error
 	if w.Rank() == 0 {
-		ck, err := moe.ReadCheckpoint(path)
+		ck, err := moe.ReadCheckpointInfo(path)
 		require.NoError(t, err)
-		ck.WorldSize = w.Size() * 2 // a size that divides the 8 experts
-		if ck.WorldSize > 8 {
-			ck.WorldSize = w.Size() / 2
-		}
-		werr = moe.WriteCheckpoint(path, ck)
+		assert.Equal(t, tr.RunID(), ck.RunID)
+		err = ck.Compatible(cfg, 3)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "experts = 8 in the checkpoint is not a multiple of the 3 ranks of this run")
 	}
-	require.NoError(t, werr)
-	tr3, err := moe.NewTrainer(w, cfg)
+}
+
+// onRanks runs f on a communicator of the first n ranks of w (the others
+// wait), and frees it.
+func onRanks(t *testing.T, w *mpi.Comm, n int, f func(c *mpi.Comm)) {
+	t.Helper()
+	color := -1
+	if w.Rank() < n {
+		color = 0
+	}
+	c, err := w.Split(color, w.Rank(), fmt.Sprintf("first-%d", n))
 	require.NoError(t, err)
-	defer tr3.Close()
-	err = tr3.LoadCheckpoint(path)
-	require.Error(t, err)
-	assert.Regexp(t, `world size \(ranks\) = \d+ in the checkpoint, \d+ in this run`, err.Error())
-	assert.NotContains(t, err.Error(), "hidden")
+	if c == nil {
+		return
+	}
+	defer func() { require.NoError(t, c.Free()) }()
+	f(c)
+}
+
+// A checkpoint written by a ranks resumes on b ranks, in the other mode and
+// element type, with tokens per rank scaled to keep the global batch: every
+// rank takes its share of the experts and of Adam's moments in global order,
+// the gate, the step and the run id. The loss of the next step (before its
+// update: the same parameters and tokens) is the one the writer computes,
+// within rounding: to 1e-12 for the same mode and element type (only sums in
+// another order; measured 3e-16), 1e-7 from LL to HT (float32 partial sums
+// in another order; measured 1.4e-9), 1e-3 from float32 to bfloat16 on the
+// wire (measured 4e-5).
+func TestCheckpointReshards(t *testing.T) {
+	w := mpitesting.World
+	R := w.Size()
+	type pair struct{ a, b int }
+	pairs := []pair{{R, R}}
+	if R > 1 {
+		pairs = []pair{{R, 1}, {R, R / 2}, {1, R}, {R / 2, R}}
+	}
+	for _, p := range pairs {
+		for _, to := range []struct {
+			mode  ep.Mode
+			dtype moe.DType
+			tol   float64
+		}{{ep.LowLatency, moe.Float32, 1e-12}, {ep.HighThroughput, moe.Float32, 1e-7}, {ep.HighThroughput, moe.BFloat16, 1e-3}} {
+			t.Run(fmt.Sprintf("%d-to-%d-ranks-%v-%v", p.a, p.b, to.mode, to.dtype), func(t *testing.T) {
+				defer mpitesting.Agree(t, w)
+				const G = 32 // tokens per step over all ranks
+				cfg := smallConfig(ep.LowLatency, moe.Float32)
+				path := filepath.Join(tempDir(t, w), "ckpt.h5")
+				var runID string
+				var nextLoss float64
+				onRanks(t, w, p.a, func(c *mpi.Comm) {
+					cw := cfg
+					cw.Tokens = G / p.a
+					tr, err := moe.NewTrainer(c, cw)
+					require.NoError(t, err)
+					defer tr.Close()
+					for i := 0; i < 3; i++ {
+						_, err := tr.Step()
+						require.NoError(t, err)
+					}
+					require.NoError(t, tr.SaveCheckpoint(path))
+					runID = tr.RunID()
+					st, err := tr.Step()
+					require.NoError(t, err)
+					nextLoss = st.Loss
+				})
+				got := []float64{nextLoss}
+				require.NoError(t, mpi.BcastSlice(w, got, 0))
+				nextLoss = got[0]
+				if w.Rank() == 0 {
+					ck, err := moe.ReadCheckpoint(path)
+					require.NoError(t, err)
+					assert.Equal(t, p.a, ck.WorldSize)
+					assert.Equal(t, runID, ck.RunID)
+				}
+				onRanks(t, w, p.b, func(c *mpi.Comm) {
+					cr := cfg
+					cr.Mode, cr.DType, cr.Tokens = to.mode, to.dtype, G/p.b
+					tr, err := moe.NewTrainer(c, cr)
+					require.NoError(t, err)
+					defer tr.Close()
+					require.NoError(t, tr.LoadCheckpoint(path))
+					assert.Equal(t, int64(3), tr.StepsDone())
+					assert.Equal(t, int64(3), tr.Adam().T)
+					id, err := gatherString(c, tr.RunID())
+					require.NoError(t, err)
+					// Every rank's experts, gathered in rank order, are the
+					// checkpoint's in global order.
+					gate := slices.Clone(tr.Layer().Params().Gate)
+					mine := [][]float64{tr.Layer().Params().W1, tr.Layer().Params().B2, tr.Adam().M.W2, tr.Adam().V.B1}
+					var all [][]float64
+					for _, s := range mine {
+						a := make([]float64, len(s)*c.Size())
+						require.NoError(t, mpi.AllgatherSlice(c, s, a))
+						all = append(all, a)
+					}
+					st, err := tr.Step()
+					require.NoError(t, err)
+					if c.Rank() != 0 {
+						return
+					}
+					ck, err := moe.ReadCheckpoint(path)
+					require.NoError(t, err)
+					assert.Equal(t, ck.RunID, id, "run id")
+					assert.Equal(t, ck.Model.W1, all[0], "W1")
+					assert.Equal(t, ck.Model.B2, all[1], "B2")
+					assert.Equal(t, ck.AdamM.W2, all[2], "Adam's m of W2")
+					assert.Equal(t, ck.AdamV.B1, all[3], "Adam's v of B1")
+					assert.Equal(t, ck.Model.Gate, gate, "gate")
+					rel := math.Abs(st.Loss-nextLoss) / nextLoss
+					t.Logf("%d -> %d ranks, %v/%v -> %v/%v: step 4 loss %.9g, the writer's %.9g (relative difference %.2g)",
+						p.a, p.b, cfg.Mode, cfg.DType, to.mode, to.dtype, st.Loss, nextLoss, rel)
+					assert.LessOrEqual(t, rel, to.tol, "the loss of step 4 after the resume")
+				})
+			})
+		}
+	}
+}
+
+// gatherString returns rank 0's s if every rank of c has the same, else an
+// error.
+func gatherString(c *mpi.Comm, s string) (string, error) {
+	mine := make([]byte, 64)
+	copy(mine, s)
+	all := make([]byte, 64*c.Size())
+	if err := c.Allgather(mine, all); err != nil {
+		return "", err
+	}
+	for r := 1; r < c.Size(); r++ {
+		if !slices.Equal(all[:64], all[r*64:(r+1)*64]) {
+			return "", fmt.Errorf("rank %d has run id %q, rank 0 %q", r, all[r*64:(r+1)*64], all[:64])
+		}
+	}
+	return s, nil
 }
 
 // A truncated, damaged or foreign file is refused with a clear error on
@@ -213,7 +344,7 @@ func TestCorruptCheckpoint(t *testing.T) {
 	trace := filepath.Join(dir, "trace.h5")
 	var terr error
 	if w.Rank() == 0 {
-		f, err := moe.CreateTrace(trace, moe.TraceInfo{Config: cfg, WorldSize: w.Size(), Nodes: 1})
+		f, err := moe.CreateTrace(trace, moe.TraceInfo{RunID: tr.RunID(), Config: cfg, Segment: moe.Segment{WorldSize: w.Size(), Nodes: 1}})
 		if terr = err; err == nil {
 			terr = f.Close()
 		}

@@ -65,9 +65,12 @@
 //
 // A Teacher is a fixed random MoE of the same shape (its own seed; a sharper
 // gate and larger weights than the student's initialisation), evaluated in
-// float64 on every rank. The data of step s on rank r, Batch, is drawn from a
-// PCG seeded from (seed, s, r) alone, so there is no data generator state:
-// runs are reproducible and resume exactly. Trainer runs steps: the student
+// float64 on every rank. The data is one stream of tokens, token i drawn
+// from a PCG seeded by (seed, i) alone; the global batch of step s is tokens
+// [(s-1)*G, s*G), G = tokens per rank * ranks, and rank r takes its
+// contiguous share (Batch). There is no data generator state: runs are
+// reproducible, resume exactly, and a run resumed on another number of ranks
+// with the same G trains on the same tokens. Trainer runs steps: the student
 // Layer's forward, the loss
 //
 //	loss  = sum over ranks and tokens of |out - target|^2 / (tokens * Hidden)
@@ -80,15 +83,36 @@
 //
 // # Runs, traces and checkpoints
 //
-// Run drives a whole run as examples/moe-train does: it resumes from a
-// checkpoint if asked, and rank 0 writes an HDF5 trace (CreateTrace, one row
-// per step of gathered statistics, flushed every step) and checkpoints
-// (SaveCheckpoint: every rank's experts gathered to rank 0 into one file,
-// written atomically with h5.WriteAtomic). LoadCheckpoint refuses a
-// checkpoint of another configuration or world size, naming each field that
-// differs and both values, and a truncated or damaged file (a checksum
-// covers the arrays). A run of 2N steps and a run of N steps resumed for N
-// more end bit-identical. The file formats are in docs/trace-schema.md.
+// Run drives a whole run as examples/moe-train does. Rank 0 writes an HDF5
+// trace (CreateTrace, one row per step of gathered statistics, flushed every
+// step) and checkpoints (SaveCheckpoint: every rank's experts gathered to
+// rank 0 into one file, written atomically with h5.WriteAtomic).
+//
+// A run has an identity, its run id (NewRunID), made when it starts from
+// scratch, written into its trace and every checkpoint, and kept by its
+// resumes. Before it changes any file, Run looks at what is at its trace
+// path and in its checkpoint directory: a run from scratch refuses another
+// run's files unless RunOptions.Fresh, which moves them aside (to
+// DIR/moved-aside/<time>/, never deleting them); a resume refuses a trace or
+// checkpoints of another run. Resume ResumeAuto continues the run of the
+// checkpoint directory from its newest checkpoint, and refuses a directory
+// of two runs. A resume continues its run's trace (ContinueTrace): the rows
+// up to the checkpoint's step are kept, those after it (work lost with a
+// crash) are dropped and counted, new rows append, and the trace's /segments
+// records every segment of the run (start step, checkpoint, ranks, nodes,
+// hosts, mode, dtype, tokens, command, start time).
+//
+// LoadCheckpoint resumes on any number of ranks that divides the experts
+// (the checkpoint holds them all in global order; each rank takes its
+// share), in either mode and element type, with any tokens per rank. It
+// refuses a checkpoint of another model or training configuration, naming
+// each field that differs and both values, and a truncated or damaged file
+// (a checksum covers the arrays). On the same ranks, mode and element type
+// a run of 2N steps and a run of N steps resumed for N more end
+// bit-identical; on another number of ranks with the same global batch the
+// resumed run trains on the same tokens and follows the uninterrupted run's
+// loss within rounding (docs/trace-schema.md has the measured tolerance).
+// The file formats are in docs/trace-schema.md.
 //
 // # Collectives and errors
 //

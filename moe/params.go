@@ -64,7 +64,7 @@ func (p *Params) expert(c Config, i int) expert {
 const (
 	streamGate   = 0x6761746500000000 // "gate"
 	streamExpert = 0x6578700000000000 // "exp" + expert index
-	streamData   = 0x6461746100000000 // "data" (step and rank mixed in separately)
+	streamData   = 0x6461746100000000 // "data" (the global token index mixed in separately)
 )
 
 // mix is the SplitMix64 finaliser: a bijection that scatters nearby inputs.
@@ -78,6 +78,12 @@ func mix(z uint64) uint64 {
 // newRand is a PCG generator determined by seed and a stream.
 func newRand(seed, stream, sub uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(mix(seed^mix(stream)), mix(sub^mix(stream+1))))
+}
+
+// seedToken reseeds src for the data token of global index id: the same
+// state newRand(seed, streamData, id) starts from, without allocating.
+func seedToken(src *rand.PCG, seed, id uint64) {
+	src.Seed(mix(seed^mix(streamData)), mix(id^mix(streamData+1)))
 }
 
 // scales of the initial parameters.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/goep/goep/mpi"
@@ -18,35 +19,54 @@ type RunOptions struct {
 	// checkpoint it resumes from: a run of 2N steps, and a run of N steps
 	// resumed with Steps 2N, end in the same state.
 	Steps int64
-	// TracePath is the trace file rank 0 writes ("": none).
+	// TracePath is the trace file rank 0 writes ("": none). A run resumed
+	// with the trace of its run there continues it (see ContinueTrace).
 	TracePath string
 	// CheckpointDir is where checkpoints go, as ckpt-<step>.h5 ("": none).
+	// It holds the checkpoints of one run.
 	CheckpointDir string
 	// CheckpointEvery writes a checkpoint every that many steps (0: only
 	// at the end). The last step always gets one when CheckpointDir is set.
 	CheckpointEvery int64
-	// Resume is a checkpoint to continue from ("": start from scratch).
+	// Resume is a checkpoint to continue from; ResumeAuto for the newest
+	// checkpoint of the run in CheckpointDir, or a new run if there is none;
+	// "" to start a new run.
 	Resume string
+	// Fresh starts a new run even where another run's trace or checkpoints
+	// are: they are moved aside (to DIR/moved-aside/<time>/) first, never
+	// deleted. Without it a new run refuses to start there. Not with Resume.
+	Fresh bool
 	// FlushEvery flushes the trace every that many steps (0: every step).
 	FlushEvery int64
 	// Nodes and Command are recorded in the trace.
 	Nodes   int
 	Command string
+	// OnNote, if set, is called on rank 0 with each thing the run has to say
+	// before it trains: which run it is, what it resumes from, what changed
+	// since the checkpoint, the files it moved aside, the trace rows it
+	// dropped (RunResult.Notes collects them too).
+	OnNote func(string)
 	// OnStep, if set, is called on every rank after each step (after the
 	// step's trace row and checkpoint are written).
 	OnStep func(*StepStats)
 }
 
 // RunResult sums up a run; it is the same on every rank except for Files,
-// which lists what rank 0 wrote.
+// Notes and DroppedRows, which are rank 0's.
 type RunResult struct {
-	First, Last  *StepStats // the run's first and last steps
+	RunID        string     // the run's identity (new, or the checkpoint's)
+	StartStep    int64      // the step it started after (the checkpoint's; 0 from scratch)
+	ResumedFrom  string     // the checkpoint it resumed from, or ""
+	NothingToDo  bool       // Resume was ResumeAuto and the run was already at Steps
+	First, Last  *StepStats // the run's first and last steps (nil if none)
 	Steps        int64      // steps run (not counting those before a resume)
 	Tokens       int64      // tokens processed over all ranks
 	StepTime     time.Duration
 	MeanDispatch time.Duration // per step, mean over ranks and steps
 	MeanCombine  time.Duration
 	Files        []string // trace and checkpoints written
+	Notes        []string // what OnNote was told
+	DroppedRows  int64    // trace rows after the checkpoint's step that the resume dropped
 }
 
 // TokensPerSecond is the training throughput: tokens over all ranks per
@@ -80,15 +100,21 @@ func CheckpointPath(dir string, step int64) string {
 	return filepath.Join(dir, fmt.Sprintf("ckpt-%06d.h5", step))
 }
 
-// Run trains as o says: it builds the trainer, resumes from o.Resume if set,
-// runs until step o.Steps, and writes the trace and the checkpoints.
-// Collective.
+// Run trains as o says: it builds the trainer, decides what to do with the
+// files already at the trace path and in the checkpoint directory (a new run
+// refuses another run's files unless o.Fresh; a resume continues its own
+// run's trace and refuses any other run's files), resumes from o.Resume if
+// set, runs until step o.Steps, and writes the trace and the checkpoints.
+// Every refusal happens before any file is changed. Collective.
 func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	if err := o.Validate(comm.Size()); err != nil {
 		return nil, collective(err)
 	}
 	if o.Steps <= 0 || o.CheckpointEvery < 0 || o.FlushEvery < 0 {
 		return nil, collective(fmt.Errorf("moe: invalid run: steps = %d, checkpoint every %d, flush every %d", o.Steps, o.CheckpointEvery, o.FlushEvery))
+	}
+	if o.Fresh && o.Resume != "" {
+		return nil, collective(fmt.Errorf("moe: invalid run: fresh (start a new run) and resume %q (continue one) contradict each other", o.Resume))
 	}
 	tr, err := NewTrainer(comm, o.TrainConfig)
 	if err != nil {
@@ -105,27 +131,72 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 			err = cerr
 		}
 	}()
-	if o.Resume != "" {
-		if err := tr.LoadCheckpoint(o.Resume); err != nil {
-			return nil, collective(err)
-		}
-		if tr.StepsDone() >= o.Steps {
-			return nil, collective(fmt.Errorf("moe: the checkpoint %s is at step %d: nothing to do for a run to step %d (steps counts from the start of the first run)", o.Resume, tr.StepsDone(), o.Steps))
-		}
+	hosts, err := gatherHosts(comm)
+	if err != nil {
+		return nil, err
 	}
 	start := time.Now()
-	res := &RunResult{}
 	rank0 := comm.Rank() == 0
+	res := &RunResult{}
+	note := func(s string) {
+		res.Notes = append(res.Notes, s)
+		if o.OnNote != nil {
+			o.OnNote(s)
+		}
+	}
+
+	// Rank 0 looks at the files and decides; nothing changes yet.
+	var plan *runPlan
+	if rank0 {
+		plan, err = planRun(o, comm.Size(), tr.RunID(), start)
+	}
+	if err := agree(comm, err); err != nil {
+		return nil, collective(err)
+	}
+	var resume string
+	flags := []int64{0}
+	if rank0 {
+		if plan.resume != nil {
+			resume = plan.resume.Path
+		}
+		if plan.nothingToDo {
+			flags[0] = 1
+			res.RunID = plan.runID
+		}
+	}
+	if resume, err = bcastString(comm, resume, 0); err != nil {
+		return nil, err
+	}
+	if err := mpi.BcastSlice(comm, flags, 0); err != nil {
+		return nil, err
+	}
+	if flags[0] == 1 {
+		if res.RunID, err = bcastString(comm, res.RunID, 0); err != nil {
+			return nil, err
+		}
+		if rank0 {
+			for _, n := range plan.notes {
+				note(n)
+			}
+		}
+		res.NothingToDo = true
+		return res, nil
+	}
+	if resume != "" {
+		if err := tr.LoadCheckpoint(resume); err != nil {
+			return nil, collective(err)
+		}
+		res.ResumedFrom = resume
+	}
+	res.RunID, res.StartStep = tr.RunID(), tr.StepsDone()
+
+	// Now rank 0 changes files: moves others aside, opens the trace.
 	var trace *Trace
 	if rank0 {
-		err = prepareFiles(o)
-		if err == nil && o.TracePath != "" {
-			trace, err = CreateTrace(o.TracePath, TraceInfo{Config: o.TrainConfig, WorldSize: comm.Size(), Nodes: o.Nodes,
-				Steps: o.Steps, StartStep: tr.StepsDone(), ResumedFrom: o.Resume, Command: o.Command, Start: start})
+		for _, n := range plan.notes {
+			note(n)
 		}
-		if err == nil && trace != nil {
-			res.Files = append(res.Files, o.TracePath)
-		}
+		trace, err = openRunFiles(o, plan, tr, comm.Size(), hosts, start, res, note)
 	}
 	if err := agree(comm, err); err != nil {
 		return nil, collective(err)
@@ -182,6 +253,76 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	res.MeanDispatch = time.Duration(dispatchUS / float64(res.Steps) * 1e3)
 	res.MeanCombine = time.Duration(combineUS / float64(res.Steps) * 1e3)
 	return res, nil
+}
+
+// openRunFiles carries out rank 0's plan: it creates the directories, moves
+// files aside, and creates or continues the trace.
+func openRunFiles(o RunOptions, plan *runPlan, tr *Trainer, ranks int, hosts string, start time.Time, res *RunResult, note func(string)) (*Trace, error) {
+	if err := prepareFiles(o); err != nil {
+		return nil, err
+	}
+	why := "another run was there (-fresh)"
+	if plan.resume != nil {
+		why = fmt.Sprintf("checkpoints after step %d, of the branch this resume abandons", plan.resume.Step)
+	}
+	notes, err := moveAside(plan.moves, why)
+	for _, n := range notes {
+		note(n)
+	}
+	if err != nil || o.TracePath == "" {
+		return nil, err
+	}
+	info := TraceInfo{RunID: tr.RunID(), Config: o.TrainConfig, Segment: Segment{StartStep: tr.StepsDone(), Checkpoint: res.ResumedFrom,
+		Steps: o.Steps, WorldSize: ranks, Nodes: o.Nodes, Hosts: hosts, Command: o.Command, Start: start}}
+	var trace *Trace
+	if plan.trace != nil {
+		trace, res.DroppedRows, err = ContinueTrace(o.TracePath, info)
+		if err == nil {
+			segs := len(plan.trace.Segments) + 1
+			kept := plan.trace.RowsUpTo(tr.StepsDone())
+			if res.DroppedRows > 0 {
+				d := plan.trace.Step[kept:]
+				note(fmt.Sprintf("trace %s continues as segment %d: kept the %d rows up to step %d, dropped %d rows of steps %d..%d (work after the checkpoint, lost)",
+					o.TracePath, segs, kept, tr.StepsDone(), res.DroppedRows, d[0], d[len(d)-1]))
+			} else {
+				note(fmt.Sprintf("trace %s continues as segment %d: kept its %d rows, dropped none", o.TracePath, segs, kept))
+			}
+		}
+	} else {
+		trace, err = CreateTrace(o.TracePath, info)
+	}
+	if err != nil {
+		return nil, err
+	}
+	res.Files = append(res.Files, o.TracePath)
+	return trace, nil
+}
+
+// gatherHosts names the host of every rank, as "host:ranks,host:ranks" in
+// rank order; under Slurm a host is SLURMD_NODENAME@host, since one machine
+// may run several Slurm nodes. Collective.
+func gatherHosts(comm *mpi.Comm) (string, error) {
+	host, err := mpi.ProcessorName()
+	if err != nil {
+		return "", err
+	}
+	if s := os.Getenv("SLURMD_NODENAME"); s != "" {
+		host = s + "@" + host
+	}
+	all, err := gatherStrings(comm, host, 256)
+	if err != nil {
+		return "", fmt.Errorf("moe: gathering host names: %w", err)
+	}
+	var parts []string
+	for i := 0; i < len(all); {
+		j := i
+		for j < len(all) && all[j] == all[i] {
+			j++
+		}
+		parts = append(parts, fmt.Sprintf("%s:%d", all[i], j-i))
+		i = j
+	}
+	return strings.Join(parts, ","), nil
 }
 
 // prepareFiles creates the directories of the run's files.

@@ -1,16 +1,25 @@
 package moe_test
 
 import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/internal/h5"
 	"github.com/goep/goep/internal/mpitesting"
 	"github.com/goep/goep/moe"
+	"github.com/goep/goep/mpi"
 )
 
 // Run writes a trace with a row per step and the checkpoints it was asked
@@ -115,4 +124,283 @@ func TestRunCollectiveErrors(t *testing.T) {
 	_, err = moe.Run(w, o)
 	require.ErrorAs(t, err, &ce)
 	assert.Contains(t, err.Error(), "nothing to do")
+}
+
+// snapshot maps every file under dir to a hash of its contents (rank 0's
+// view; nil elsewhere): a refused run must leave it as it was.
+func snapshot(t *testing.T, w *mpi.Comm, dir string) map[string]string {
+	t.Helper()
+	if w.Rank() != 0 {
+		return nil
+	}
+	out := map[string]string{}
+	require.NoError(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = fmt.Sprintf("%x", sha256.Sum256(data))
+		return nil
+	}))
+	return out
+}
+
+// The issue's first failure: a run to step 3N, resumed from the checkpoint
+// of step 2N to step 4N with the same trace path, used to leave a trace of
+// steps 2N+1..4N alone. Now the trace keeps the rows up to 2N, drops those
+// of 2N+1..3N (saying so), and the resumed steps append; the segments are
+// recorded, and the checkpoint of step 3N the resume supersedes is moved
+// aside, not overwritten. On the same ranks the resumed steps repeat the
+// first run's bit for bit.
+func TestRunContinuesItsTrace(t *testing.T) {
+	mpitesting.RequireTool(t, "h5dump")
+	w := mpitesting.World
+	R := w.Size()
+	defer mpitesting.Agree(t, w)
+	const N = 5
+	dir := tempDir(t, w)
+	o := moe.RunOptions{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 3 * N,
+		TracePath: filepath.Join(dir, "trace.h5"), CheckpointDir: dir, CheckpointEvery: N, Nodes: 1, Command: "first"}
+	resA, err := moe.Run(w, o)
+	require.NoError(t, err)
+	var first *moe.TraceData
+	var firstCkpt *moe.Checkpoint
+	if w.Rank() == 0 {
+		first, err = moe.ReadTrace(o.TracePath)
+		require.NoError(t, err)
+		firstCkpt, err = moe.ReadCheckpoint(moe.CheckpointPath(dir, 3*N))
+		require.NoError(t, err)
+	}
+
+	b := o
+	b.Steps, b.Resume, b.Command = 4*N, moe.CheckpointPath(dir, 2*N), "second"
+	resB, err := moe.Run(w, b)
+	require.NoError(t, err)
+	assert.Equal(t, resA.RunID, resB.RunID, "a resume keeps the run id")
+	assert.Equal(t, int64(2*N), resB.StartStep)
+	assert.Equal(t, int64(2*N), resB.Steps)
+	if w.Rank() != 0 {
+		return
+	}
+	notes := strings.Join(resB.Notes, "\n")
+	assert.Equal(t, int64(N), resB.DroppedRows)
+	assert.Contains(t, notes, fmt.Sprintf("dropped %d rows of steps %d..%d", N, 2*N+1, 3*N))
+	assert.Contains(t, notes, "moved 1 file(s) of run "+resA.RunID)
+
+	tr, err := moe.ReadTrace(o.TracePath)
+	require.NoError(t, err)
+	assert.Equal(t, resA.RunID, tr.RunID)
+	require.Len(t, tr.Step, 4*N)
+	for i, s := range tr.Step {
+		assert.Equal(t, int64(i+1), s)
+	}
+	assert.Equal(t, first.Loss, tr.Loss[:3*N], "steps 1..2N kept, 2N+1..3N recomputed bit for bit")
+	assert.Equal(t, first.WallTime[:2*N], tr.WallTime[:2*N], "the kept rows are the first run's")
+	require.Len(t, tr.Segments, 2)
+	s0, s1 := tr.Segments[0], tr.Segments[1]
+	assert.Equal(t, int64(0), s0.StartStep)
+	assert.Equal(t, "first", s0.Command)
+	assert.Equal(t, int64(2*N), s1.StartStep)
+	assert.Equal(t, b.Resume, s1.Checkpoint)
+	assert.Equal(t, int64(N), s1.DroppedRows)
+	assert.Equal(t, int64(4*N), s1.Steps)
+	assert.Equal(t, "second", s1.Command)
+	for _, s := range tr.Segments {
+		assert.Equal(t, R, s.WorldSize)
+		assert.Equal(t, ep.LowLatency, s.Mode)
+		assert.Equal(t, moe.Float32, s.DType)
+		assert.Regexp(t, `^[^:,]+:\d+(,[^:,]+:\d+)*$`, s.Hosts)
+	}
+	assert.Equal(t, []int{0, 0, 1, 1}, []int{tr.SegmentOf(0), tr.SegmentOf(2*N - 1), tr.SegmentOf(2 * N), tr.SegmentOf(4*N - 1)})
+
+	// The superseded checkpoint of step 3N is aside, whole; the new one
+	// in its place is the same state, computed again.
+	aside, err := filepath.Glob(filepath.Join(dir, "moved-aside", "*", "ckpt-000015.h5"))
+	require.NoError(t, err)
+	require.Len(t, aside, 1, "the old checkpoint of step 3N, moved aside")
+	old, err := moe.ReadCheckpoint(aside[0])
+	require.NoError(t, err)
+	again, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 3*N))
+	require.NoError(t, err)
+	assert.Equal(t, firstCkpt.Model, old.Model)
+	assert.Equal(t, old.Model, again.Model)
+	assert.Equal(t, resA.RunID, again.RunID)
+
+	// h5dump reads the segments.
+	dump, err := exec.Command("h5dump", "-g", "/segments", o.TracePath).CombinedOutput()
+	require.NoError(t, err, "%s", dump)
+	for _, s := range []string{`GROUP "0000"`, `GROUP "0001"`, `ATTRIBUTE "start_step"`, `ATTRIBUTE "hosts"`, `"second"`} {
+		assert.Contains(t, string(dump), s)
+	}
+	dump, err = exec.Command("h5dump", "-a", "/run_id", o.TracePath).CombinedOutput()
+	require.NoError(t, err, "%s", dump)
+	assert.Contains(t, string(dump), resA.RunID)
+}
+
+// The issue's second failure: a new run in a directory of another run's
+// files used to overwrite some and leave the rest, and auto-resume then
+// picked the old run. Now the new run is refused, naming what is there and
+// the flag that starts over, and changes no file; -fresh moves the old files
+// aside; auto-resume continues the run that is there, refuses a directory of
+// two runs, and does nothing for a run that is done.
+func TestRunRefusesAnotherRunsFiles(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	const N = 4
+	dir := tempDir(t, w)
+	trace := filepath.Join(dir, "trace.h5")
+	o := moe.RunOptions{TrainConfig: smallConfig(ep.HighThroughput, moe.Float32), Steps: 2 * N,
+		TracePath: trace, CheckpointDir: dir, CheckpointEvery: N, Nodes: 1}
+	// Auto-resume with nothing there starts a new run.
+	auto := o
+	auto.Resume = moe.ResumeAuto
+	resA, err := moe.Run(w, auto)
+	require.NoError(t, err)
+	assert.Empty(t, resA.ResumedFrom)
+	if w.Rank() == 0 {
+		assert.Contains(t, strings.Join(resA.Notes, "\n"), "from scratch")
+	}
+	before := snapshot(t, w, dir)
+
+	var ce *moe.CollectiveError
+	_, err = moe.Run(w, o)
+	require.ErrorAs(t, err, &ce)
+	for _, s := range []string{"refusing to start a new run", "run " + resA.RunID, trace, moe.CheckpointPath(dir, N), "-fresh", "-resume auto"} {
+		assert.Contains(t, err.Error(), s)
+	}
+	assert.Equal(t, before, snapshot(t, w, dir), "a refused run changed files")
+
+	both := o
+	both.Fresh, both.Resume = true, moe.ResumeAuto
+	_, err = moe.Run(w, both)
+	require.ErrorAs(t, err, &ce)
+	assert.Contains(t, err.Error(), "contradict")
+
+	fresh := o
+	fresh.Fresh = true
+	resB, err := moe.Run(w, fresh)
+	require.NoError(t, err)
+	assert.NotEqual(t, resA.RunID, resB.RunID)
+	var aside string
+	if w.Rank() == 0 {
+		notes := strings.Join(resB.Notes, "\n")
+		assert.Contains(t, notes, "moved 3 file(s) of run "+resA.RunID+" to "+filepath.Join(dir, "moved-aside"))
+		m, err := filepath.Glob(filepath.Join(dir, "moved-aside", "*"))
+		require.NoError(t, err)
+		require.Len(t, m, 1)
+		aside = m[0]
+		for name, sum := range before { // every old file, unchanged, aside
+			assert.Equal(t, sum, snapshot(t, w, aside)[name], "%s moved aside", name)
+		}
+		tr, err := moe.ReadTrace(trace)
+		require.NoError(t, err)
+		assert.Equal(t, resB.RunID, tr.RunID)
+		assert.Len(t, tr.Segments, 1)
+	}
+
+	// Auto-resume continues run B, not A (whose files are aside).
+	auto.Steps = 3 * N
+	resC, err := moe.Run(w, auto)
+	require.NoError(t, err)
+	assert.Equal(t, resB.RunID, resC.RunID)
+	assert.Equal(t, moe.CheckpointPath(dir, 2*N), resC.ResumedFrom)
+	if w.Rank() == 0 {
+		tr, err := moe.ReadTrace(trace)
+		require.NoError(t, err)
+		assert.Len(t, tr.Step, 3*N)
+		assert.Len(t, tr.Segments, 2)
+		ck, err := moe.ReadCheckpointInfo(moe.CheckpointPath(dir, 3*N))
+		require.NoError(t, err)
+		assert.Equal(t, resB.RunID, ck.RunID)
+	}
+	// Done: nothing to do, nothing changed.
+	before = snapshot(t, w, dir)
+	resD, err := moe.Run(w, auto)
+	require.NoError(t, err)
+	assert.True(t, resD.NothingToDo)
+	assert.Equal(t, resB.RunID, resD.RunID)
+	assert.Zero(t, resD.Steps)
+	assert.Equal(t, before, snapshot(t, w, dir))
+
+	// A checkpoint of run A back in the directory: two runs there.
+	if w.Rank() == 0 {
+		data, err := os.ReadFile(filepath.Join(aside, "ckpt-000004.h5"))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(moe.CheckpointPath(dir, 1), data, 0o644))
+	}
+	before = snapshot(t, w, dir)
+	auto.Steps = 4 * N
+	_, err = moe.Run(w, auto)
+	require.ErrorAs(t, err, &ce)
+	for _, s := range []string{"2 runs", "run " + resA.RunID, "run " + resB.RunID, moe.CheckpointPath(dir, 1)} {
+		assert.Contains(t, err.Error(), s)
+	}
+	explicit := o
+	explicit.Steps, explicit.Resume = 4*N, moe.CheckpointPath(dir, 3*N)
+	_, err = moe.Run(w, explicit)
+	require.ErrorAs(t, err, &ce)
+	assert.Contains(t, err.Error(), fmt.Sprintf("%s belongs to another run: run_id = %q in that checkpoint, %q in this run", moe.CheckpointPath(dir, 1), resA.RunID, resB.RunID))
+	assert.Equal(t, before, snapshot(t, w, dir), "a refused run changed files")
+}
+
+// Files of version 1 (before run ids) are read. A version 1 checkpoint
+// resumes explicitly, as a run with a new id; auto-resume and a new run
+// refuse a directory of version 1 files, naming them.
+func TestRunVersion1Files(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	dir := tempDir(t, w)
+	o := moe.RunOptions{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 3,
+		TracePath: filepath.Join(dir, "trace.h5"), CheckpointDir: dir}
+	_, err := moe.Run(w, o)
+	require.NoError(t, err)
+	var werr error
+	if w.Rank() == 0 { // make them version 1 files: the readers then ignore run_id and /segments
+		for _, p := range []string{o.TracePath, moe.CheckpointPath(dir, 3)} {
+			f, err := h5.OpenRW(p)
+			require.NoError(t, err)
+			require.NoError(t, f.SetAttr("/", "version", 1))
+			werr = errors.Join(werr, f.Close())
+		}
+		tr, err := moe.ReadTrace(o.TracePath)
+		require.NoError(t, err)
+		assert.Equal(t, 1, tr.Version)
+		assert.Empty(t, tr.RunID)
+		require.Len(t, tr.Segments, 1)
+		assert.Equal(t, w.Size(), tr.Segments[0].WorldSize)
+		ck, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 3))
+		require.NoError(t, err)
+		assert.Equal(t, 1, ck.Version)
+		assert.Empty(t, ck.RunID)
+	}
+	require.NoError(t, werr)
+
+	var ce *moe.CollectiveError
+	auto := o
+	auto.Steps, auto.Resume = 6, moe.ResumeAuto
+	_, err = moe.Run(w, auto)
+	require.ErrorAs(t, err, &ce)
+	assert.Contains(t, err.Error(), "files with no run id (written before run ids: version 1)")
+	_, err = moe.Run(w, o)
+	require.ErrorAs(t, err, &ce)
+	assert.Contains(t, err.Error(), "refusing to start a new run")
+
+	other := tempDir(t, w)
+	resume := moe.RunOptions{TrainConfig: o.TrainConfig, Steps: 6, Resume: moe.CheckpointPath(dir, 3),
+		TracePath: filepath.Join(other, "trace.h5"), CheckpointDir: other}
+	res, err := moe.Run(w, resume)
+	require.NoError(t, err)
+	assert.NotEmpty(t, res.RunID)
+	assert.Equal(t, int64(3), res.StartStep)
+	if w.Rank() == 0 {
+		assert.Contains(t, strings.Join(res.Notes, "\n"), "has no run id (checkpoint version 1")
+		ck, err := moe.ReadCheckpointInfo(moe.CheckpointPath(other, 6))
+		require.NoError(t, err)
+		assert.Equal(t, res.RunID, ck.RunID)
+		assert.Equal(t, moe.CheckpointVersion, ck.Version)
+	}
 }

@@ -1,5 +1,7 @@
 package moe
 
+import "math/rand/v2"
+
 // Teacher is the synthetic task's answer: a fixed random MoE of the same
 // shape as the student (its own seed, a sharper gate and larger weights; see
 // the package doc), evaluated in float64 on every rank with all its experts,
@@ -55,13 +57,26 @@ func (t *Teacher) Forward(x []float64) []float64 {
 	return out
 }
 
-// Batch is the data of one training step on one rank: tokens drawn from a
-// standard normal distribution, and the teacher's outputs for them. It
-// depends on (seed, step, rank) alone, so a run needs no data generator
-// state to resume and is reproducible.
-func Batch(cfg Config, teacher *Teacher, seed uint64, step int64, rank int) (x, target []float64) {
-	r := newRand(seed, streamData, uint64(step)<<24^uint64(rank))
-	x = make([]float64, cfg.Tokens*cfg.Hidden)
-	normal(r, x, 1)
+// Batch is the data of one training step on one rank of ranks: tokens drawn
+// from a standard normal distribution, and the teacher's outputs for them.
+//
+// The data is one endless stream of tokens numbered from 0. Token i's values
+// come from a PCG seeded by (seed, i) alone, so the stream does not depend on
+// how it is cut. The global batch of step s (s >= 1) is the G = cfg.Tokens *
+// ranks tokens [(s-1)*G, s*G), and rank r takes the contiguous share
+// [(s-1)*G + r*cfg.Tokens, (s-1)*G + (r+1)*cfg.Tokens). A run resumed on
+// another number of ranks, with tokens per rank scaled to keep G, therefore
+// trains on the same tokens; and a run needs no data generator state to
+// resume.
+func Batch(cfg Config, teacher *Teacher, seed uint64, step int64, rank, ranks int) (x, target []float64) {
+	T, H := cfg.Tokens, cfg.Hidden
+	first := uint64(step-1)*uint64(T)*uint64(ranks) + uint64(rank)*uint64(T)
+	x = make([]float64, T*H)
+	src := rand.NewPCG(0, 0)
+	r := rand.New(src)
+	for t := 0; t < T; t++ {
+		seedToken(src, seed, first+uint64(t))
+		normal(r, x[t*H:(t+1)*H], 1)
+	}
 	return x, teacher.Forward(x)
 }

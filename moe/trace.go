@@ -1,40 +1,76 @@
 package moe
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/goep/goep/ep"
 	"github.com/goep/goep/internal/h5"
 )
 
 // TraceVersion is the value of a trace's "version" attribute: the version of
-// the schema in docs/trace-schema.md.
-const TraceVersion = 1
+// the schema in docs/trace-schema.md. Version 2 added the run id, the
+// segments and per-rank tables as wide as the largest world size of the
+// run; ReadTrace reads version 1 files too.
+const TraceVersion = 2
+
+// TraceFormat is the value of a trace's "format" attribute.
+const TraceFormat = "goep-moe-trace"
 
 // traceChunkRows is the rows per HDF5 chunk of the trace tables: small, so
 // that a flush after each step writes little.
 const traceChunkRows = 256
 
-// TraceInfo is what a trace records about its run, as attributes of the
-// root group.
+// Segment is one stretch of a run done by one job: from scratch, or resumed
+// from a checkpoint. A trace records every segment of its run.
+type Segment struct {
+	StartStep   int64     // steps done before it: the checkpoint's step, 0 from scratch
+	Checkpoint  string    // the checkpoint it resumed from, "" from scratch
+	DroppedRows int64     // rows after StartStep it dropped from the trace (work lost with a crash)
+	Steps       int64     // the step it was asked to end at
+	WorldSize   int       // ranks
+	Nodes       int       // nodes (simulated ones with GOEP_RANKS_PER_NODE)
+	Hosts       string    // the hosts and their ranks in rank order, "host:ranks,host:ranks"
+	Mode        ep.Mode   // dispatch mode
+	DType       DType     // element type on the wire
+	Tokens      int       // tokens per rank per step
+	Command     string    // the command line
+	Start       time.Time // when it started
+	GoVersion   string    // the Go toolchain that built the program
+}
+
+// TraceInfo is what a trace records about its run and the segment that opens
+// it (CreateTrace, ContinueTrace).
 type TraceInfo struct {
-	Config      TrainConfig
-	WorldSize   int
-	Nodes       int
-	Steps       int64  // the step the run ends at
-	StartStep   int64  // steps done before the run (from a checkpoint)
-	ResumedFrom string // the checkpoint it resumed from, or ""
-	Command     string // the command line
-	Start       time.Time
+	RunID string
+	// Config is the run's configuration; its Mode, DType and Tokens are the
+	// segment's (they may change between segments), the rest the run's.
+	Config  TrainConfig
+	Segment Segment // Mode, DType, Tokens and GoVersion are filled in from Config and the runtime
+}
+
+func (info *TraceInfo) fill() {
+	s := &info.Segment
+	s.Mode, s.DType, s.Tokens = info.Config.Mode, info.Config.DType, info.Config.Tokens
+	if s.GoVersion == "" {
+		s.GoVersion = runtime.Version()
+	}
 }
 
 // Trace is a run's per-step trace: an HDF5 file of appendable tables under
-// /trace, one row per step, written by one process (rank 0). The schema is
-// in docs/trace-schema.md.
+// /trace, one row per step, and a /segments group describing each segment
+// of the run, written by one process (rank 0). The schema is in
+// docs/trace-schema.md.
 type Trace struct {
 	f      *h5.File
-	ranks  int
+	ranks  int // this segment's world size
+	width  int // the per-rank tables' row length: the largest world size of the run
 	start  time.Time
 	tables map[string]*h5.Table
 }
@@ -51,15 +87,20 @@ var traceTables = []struct {
 	{"loss", h5.Float64, "", "task loss: mean squared error over all ranks' tokens, before the step's update"},
 	{"aux_loss", h5.Float64, "", "load-balancing loss E * sum_e f_e * P_e, before the update"},
 	{"tokens_per_expert", h5.Int64, "experts", "(token, slot) pairs routed to each expert, all ranks"},
-	{"dispatch_us", h5.Float64, "ranks", "microseconds each rank spent in the step's dispatches (forward Dispatch, backward DispatchCached)"},
-	{"combine_us", h5.Float64, "ranks", "microseconds each rank spent in the step's combines (forward and backward)"},
-	{"bytes_sent", h5.Int64, "ranks", "payload bytes each rank addressed to other ranks in the step's four ep calls"},
-	{"wall_time", h5.Float64, "", "seconds from the start of the run to the end of the step (rank 0's clock)"},
+	{"dispatch_us", h5.Float64, "ranks", "microseconds each rank spent in the step's dispatches (forward Dispatch, backward DispatchCached); NaN past the step's world size"},
+	{"combine_us", h5.Float64, "ranks", "microseconds each rank spent in the step's combines (forward and backward); NaN past the step's world size"},
+	{"bytes_sent", h5.Int64, "ranks", "payload bytes each rank addressed to other ranks in the step's four ep calls; -1 past the step's world size"},
+	{"wall_time", h5.Float64, "", "seconds from the start of the step's segment to the end of the step (rank 0's clock)"},
 }
 
-// CreateTrace creates (or truncates) the trace file at path and records
-// info. Not collective: one process writes it.
+// CreateTrace creates (or truncates) the trace file at path for a run whose
+// first segment in it is info.Segment. Not collective: one process writes
+// it.
 func CreateTrace(path string, info TraceInfo) (_ *Trace, err error) {
+	info.fill()
+	if err := checkTraceInfo(path, info); err != nil {
+		return nil, err
+	}
 	f, err := h5.Create(path)
 	if err != nil {
 		return nil, err
@@ -69,15 +110,100 @@ func CreateTrace(path string, info TraceInfo) (_ *Trace, err error) {
 			f.Close()
 		}
 	}()
-	t := &Trace{f: f, ranks: info.WorldSize, start: info.Start, tables: map[string]*h5.Table{}}
+	t, err := writeTraceHeader(f, info, []Segment{info.Segment}, info.Segment.WorldSize)
+	if err != nil {
+		return nil, err
+	}
+	return t, f.Flush()
+}
+
+// ContinueTrace continues the trace at path, of run info.RunID, with the
+// segment info.Segment, resumed at step info.Segment.StartStep: the rows of
+// the steps up to it are kept, the rows after it (work lost with a crash, or
+// a branch the resume abandons) are dropped, and new rows append. It returns
+// the number of rows dropped (also recorded as the segment's DroppedRows).
+// The file is rewritten atomically (h5.WriteAtomic): a failure leaves it as
+// it was. A trace of another run, or of another model, is refused, naming
+// the field and both values. Not collective.
+func ContinueTrace(path string, info TraceInfo) (_ *Trace, dropped int64, err error) {
+	info.fill()
+	if err := checkTraceInfo(path, info); err != nil {
+		return nil, 0, err
+	}
+	old, err := ReadTrace(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := old.continuableBy(info.RunID, info.Config); err != nil {
+		return nil, 0, err
+	}
+	keep := old.RowsUpTo(info.Segment.StartStep)
+	dropped = int64(len(old.Step) - keep)
+	info.Segment.DroppedRows = dropped
+	width := max(old.RankColumns, info.Segment.WorldSize)
+	segments := append(slices.Clone(old.Segments), info.Segment)
+	err = h5.WriteAtomic(path, func(f *h5.File) error {
+		t, err := writeTraceHeader(f, info, segments, width)
+		if err != nil {
+			return err
+		}
+		return t.appendRows(old, keep)
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	f, err := h5.OpenRW(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	t := &Trace{f: f, ranks: info.Segment.WorldSize, width: width, start: info.Segment.Start, tables: map[string]*h5.Table{}}
+	for _, tt := range traceTables {
+		if t.tables[tt.name], err = f.OpenTable("trace/" + tt.name); err != nil {
+			f.Close()
+			return nil, 0, err
+		}
+	}
+	return t, dropped, nil
+}
+
+func checkTraceInfo(path string, info TraceInfo) error {
+	switch {
+	case info.RunID == "":
+		return fmt.Errorf("moe: trace %s: no run id", path)
+	case info.Segment.WorldSize <= 0:
+		return fmt.Errorf("moe: trace %s: world size %d", path, info.Segment.WorldSize)
+	}
+	return nil
+}
+
+// continuableBy says why a run runID with cfg cannot continue the trace, or
+// nil: the trace must be of this schema, of the same run and model.
+func (d *TraceData) continuableBy(runID string, cfg TrainConfig) error {
+	if d.Version < 2 || d.RunID == "" {
+		return fmt.Errorf("moe: %s is a trace of schema version %d, with no run id: it cannot be told to belong to run %s (use another -trace path, or move it away)", d.Path, d.Version, runID)
+	}
+	if d.RunID != runID {
+		return fmt.Errorf("moe: %s belongs to another run: run_id = %s in the trace, %s in this run", d.Path, d.RunID, runID)
+	}
+	if diffs := fixedDiffs(d.Config, cfg, "in the trace", "in this run"); len(diffs) > 0 {
+		return fmt.Errorf("moe: %s, a trace of run %s, holds another model: %s", d.Path, runID, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+// writeTraceHeader writes the attributes, the segments and the empty tables
+// of a trace into f.
+func writeTraceHeader(f *h5.File, info TraceInfo, segments []Segment, width int) (*Trace, error) {
+	seg := info.Segment
+	t := &Trace{f: f, ranks: seg.WorldSize, width: width, start: seg.Start, tables: map[string]*h5.Table{}}
 	attrs := []struct {
 		name  string
 		value any
 	}{
-		{"format", "goep-moe-trace"}, {"version", TraceVersion}, {"go_version", runtime.Version()},
-		{"world_size", info.WorldSize}, {"nodes", info.Nodes},
-		{"steps", info.Steps}, {"start_step", info.StartStep}, {"resumed_from", info.ResumedFrom},
-		{"command", info.Command}, {"start_time", info.Start.UTC().Format(time.RFC3339Nano)},
+		{"format", TraceFormat}, {"version", TraceVersion}, {"run_id", info.RunID}, {"go_version", seg.GoVersion},
+		{"world_size", seg.WorldSize}, {"nodes", seg.Nodes}, {"rank_columns", width}, {"segment_count", len(segments)},
+		{"steps", seg.Steps}, {"start_step", seg.StartStep}, {"resumed_from", seg.Checkpoint},
+		{"command", seg.Command}, {"start_time", seg.Start.UTC().Format(time.RFC3339Nano)},
 	}
 	for _, a := range attrs {
 		if err := f.SetAttr("/", a.name, a.value); err != nil {
@@ -87,13 +213,18 @@ func CreateTrace(path string, info TraceInfo) (_ *Trace, err error) {
 	if err := writeConfigAttrs(f, "/", info.Config); err != nil {
 		return nil, err
 	}
+	for i, s := range segments {
+		if err := writeSegment(f, i, s); err != nil {
+			return nil, err
+		}
+	}
 	for _, tt := range traceTables {
 		var row []int
 		switch tt.row {
 		case "experts":
 			row = []int{info.Config.Experts}
 		case "ranks":
-			row = []int{info.WorldSize}
+			row = []int{width}
 		}
 		tab, err := f.CreateTable("trace/"+tt.name, tt.dtype, row, traceChunkRows)
 		if err != nil {
@@ -104,7 +235,74 @@ func CreateTrace(path string, info TraceInfo) (_ *Trace, err error) {
 		}
 		t.tables[tt.name] = tab
 	}
-	return t, f.Flush()
+	return t, nil
+}
+
+// segmentPath is the group of segment i (0-based).
+func segmentPath(i int) string { return fmt.Sprintf("segments/%04d", i) }
+
+func writeSegment(f *h5.File, i int, s Segment) error {
+	attrs := []struct {
+		name  string
+		value any
+	}{
+		{"start_step", s.StartStep}, {"checkpoint", s.Checkpoint}, {"dropped_rows", s.DroppedRows}, {"steps", s.Steps},
+		{"world_size", s.WorldSize}, {"nodes", s.Nodes}, {"hosts", s.Hosts},
+		{"mode", s.Mode.String()}, {"dtype", s.DType.String()}, {"tokens", s.Tokens},
+		{"command", s.Command}, {"start_time", s.Start.UTC().Format(time.RFC3339Nano)}, {"go_version", s.GoVersion},
+	}
+	for _, a := range attrs {
+		if err := f.SetAttr(segmentPath(i), a.name, a.value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func readSegment(f *h5.File, name string) (Segment, error) {
+	var s Segment
+	g := "segments/" + name
+	ints := []struct {
+		name string
+		dst  *int64
+	}{{"start_step", &s.StartStep}, {"dropped_rows", &s.DroppedRows}, {"steps", &s.Steps}}
+	for _, a := range ints {
+		v, err := f.AttrInt64(g, a.name)
+		if err != nil {
+			return s, err
+		}
+		*a.dst = v
+	}
+	for _, a := range []struct {
+		name string
+		dst  *int
+	}{{"world_size", &s.WorldSize}, {"nodes", &s.Nodes}, {"tokens", &s.Tokens}} {
+		v, err := f.AttrInt64(g, a.name)
+		if err != nil {
+			return s, err
+		}
+		*a.dst = int(v)
+	}
+	strs := map[string]string{}
+	for _, name := range []string{"checkpoint", "hosts", "mode", "dtype", "command", "start_time", "go_version"} {
+		v, err := f.AttrString(g, name)
+		if err != nil {
+			return s, err
+		}
+		strs[name] = v
+	}
+	s.Checkpoint, s.Hosts, s.Command, s.GoVersion = strs["checkpoint"], strs["hosts"], strs["command"], strs["go_version"]
+	var err error
+	if s.Mode, err = ep.ParseMode(strs["mode"]); err != nil {
+		return s, err
+	}
+	if s.DType, err = ParseDType(strs["dtype"]); err != nil {
+		return s, err
+	}
+	if s.Start, err = time.Parse(time.RFC3339Nano, strs["start_time"]); err != nil {
+		return s, err
+	}
+	return s, nil
 }
 
 // Path is the trace file's path.
@@ -113,12 +311,13 @@ func (t *Trace) Path() string { return t.f.Path() }
 // Append adds the row of one step; it reaches the file at the next Flush.
 func (t *Trace) Append(s *StepStats, end time.Time) error {
 	if len(s.DispatchUS) != t.ranks || len(s.CombineUS) != t.ranks || len(s.BytesSent) != t.ranks {
-		return fmt.Errorf("moe: trace %s: step %d has statistics of %d ranks, the trace holds %d", t.Path(), s.Step, len(s.DispatchUS), t.ranks)
+		return fmt.Errorf("moe: trace %s: step %d has statistics of %d ranks, this segment has %d", t.Path(), s.Step, len(s.DispatchUS), t.ranks)
 	}
 	rows := map[string]any{
 		"step": []int64{s.Step}, "loss": []float64{s.Loss}, "aux_loss": []float64{s.AuxLoss},
-		"tokens_per_expert": s.TokensPerExpert, "dispatch_us": s.DispatchUS, "combine_us": s.CombineUS,
-		"bytes_sent": s.BytesSent, "wall_time": []float64{end.Sub(t.start).Seconds()},
+		"tokens_per_expert": s.TokensPerExpert, "dispatch_us": padFloats(s.DispatchUS, t.width),
+		"combine_us": padFloats(s.CombineUS, t.width), "bytes_sent": padInts(s.BytesSent, t.width),
+		"wall_time": []float64{end.Sub(t.start).Seconds()},
 	}
 	for _, tt := range traceTables {
 		if err := t.tables[tt.name].Append(rows[tt.name]); err != nil {
@@ -126,6 +325,57 @@ func (t *Trace) Append(s *StepStats, end time.Time) error {
 		}
 	}
 	return nil
+}
+
+// appendRows appends the first n rows of d, widening its per-rank rows to
+// the trace's width.
+func (t *Trace) appendRows(d *TraceData, n int) error {
+	E, W := d.Config.Experts, d.RankColumns
+	widen := func(v []float64) []float64 {
+		out := make([]float64, 0, n*t.width)
+		for i := 0; i < n; i++ {
+			out = append(out, padFloats(v[i*W:(i+1)*W], t.width)...)
+		}
+		return out
+	}
+	bytes := make([]int64, 0, n*t.width)
+	for i := 0; i < n; i++ {
+		bytes = append(bytes, padInts(d.BytesSent[i*W:(i+1)*W], t.width)...)
+	}
+	rows := map[string]any{
+		"step": d.Step[:n], "loss": d.Loss[:n], "aux_loss": d.AuxLoss[:n], "tokens_per_expert": d.TokensPerExpert[:n*E],
+		"dispatch_us": widen(d.DispatchUS), "combine_us": widen(d.CombineUS), "bytes_sent": bytes, "wall_time": d.WallTime[:n],
+	}
+	for _, tt := range traceTables {
+		if err := t.tables[tt.name].Append(rows[tt.name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// padFloats returns v extended with NaN to n values (v itself if long enough).
+func padFloats(v []float64, n int) []float64 {
+	if len(v) >= n {
+		return v
+	}
+	out := append(make([]float64, 0, n), v...)
+	for len(out) < n {
+		out = append(out, math.NaN())
+	}
+	return out
+}
+
+// padInts returns v extended with -1 to n values.
+func padInts(v []int64, n int) []int64 {
+	if len(v) >= n {
+		return v
+	}
+	out := append(make([]int64, 0, n), v...)
+	for len(out) < n {
+		out = append(out, -1)
+	}
+	return out
 }
 
 // Flush hands the rows appended so far to the operating system: a process
@@ -137,50 +387,102 @@ func (t *Trace) Close() error { return t.f.Close() }
 
 // TraceData is a trace read back.
 type TraceData struct {
+	Path    string
+	Version int
+	RunID   string // "" in version 1 traces
+	// Config is the run's configuration, with the latest segment's mode,
+	// dtype and tokens; WorldSize, Nodes, StartStep, ResumedFrom and
+	// StartTime are the latest segment's too (Segments has them all).
 	Config      TrainConfig
 	WorldSize   int
 	Nodes       int
-	Version     int
 	StartStep   int64
 	ResumedFrom string
 	StartTime   string
+	// RankColumns is the row length of the per-rank tables: the largest
+	// world size of the run's segments. A step of a segment with fewer
+	// ranks has NaN (and -1 in BytesSent) in the columns past its ranks.
+	RankColumns int
+	Segments    []Segment
 
 	Step            []int64
 	Loss, AuxLoss   []float64
 	TokensPerExpert []int64   // [steps][Experts]
-	DispatchUS      []float64 // [steps][WorldSize]
-	CombineUS       []float64 // [steps][WorldSize]
-	BytesSent       []int64   // [steps][WorldSize]
+	DispatchUS      []float64 // [steps][RankColumns]
+	CombineUS       []float64 // [steps][RankColumns]
+	BytesSent       []int64   // [steps][RankColumns]
 	WallTime        []float64
 }
 
-// ReadTrace reads a trace file. A file cut short by a killed writer reads
-// up to its last flush; tables of unequal length (a kill between two
-// appends) are cut to the shortest.
+// RowsUpTo is the number of leading rows of steps up to step.
+func (d *TraceData) RowsUpTo(step int64) int {
+	n := 0
+	for n < len(d.Step) && d.Step[n] <= step {
+		n++
+	}
+	return n
+}
+
+// SegmentOf returns the index of the segment that wrote row i: the last one
+// that started before the row's step.
+func (d *TraceData) SegmentOf(i int) int {
+	seg := 0
+	for j, s := range d.Segments {
+		if s.StartStep < d.Step[i] {
+			seg = j
+		}
+	}
+	return seg
+}
+
+// ReadTrace reads a trace file (schema version 1 or 2). A file cut short by
+// a killed writer reads up to its last flush; tables of unequal length (a
+// kill between two appends) are cut to the shortest.
 func ReadTrace(path string) (*TraceData, error) {
 	f, err := h5.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	d := &TraceData{}
+	bad := func(err error) error { return fmt.Errorf("moe: %s is not a readable trace: %w", path, err) }
+	if format, err := f.AttrString("/", "format"); err != nil || format != TraceFormat {
+		return nil, bad(fmt.Errorf("its format attribute is %q, want %q (%v)", format, TraceFormat, err))
+	}
+	d := &TraceData{Path: path}
 	if d.Config, err = readConfigAttrs(f, "/"); err != nil {
-		return nil, err
+		return nil, bad(err)
 	}
 	ints := map[string]*int64{"start_step": &d.StartStep}
 	var ws, nodes, version int64
 	ints["world_size"], ints["nodes"], ints["version"] = &ws, &nodes, &version
 	for name, dst := range ints {
 		if *dst, err = f.AttrInt64("/", name); err != nil {
-			return nil, err
+			return nil, bad(err)
 		}
 	}
 	d.WorldSize, d.Nodes, d.Version = int(ws), int(nodes), int(version)
+	if d.Version < 1 || d.Version > TraceVersion {
+		return nil, bad(fmt.Errorf("schema version %d, this program reads versions 1 to %d", d.Version, TraceVersion))
+	}
 	if d.ResumedFrom, err = f.AttrString("/", "resumed_from"); err != nil {
-		return nil, err
+		return nil, bad(err)
 	}
 	if d.StartTime, err = f.AttrString("/", "start_time"); err != nil {
-		return nil, err
+		return nil, bad(err)
+	}
+	d.RankColumns = d.WorldSize
+	if d.Version >= 2 {
+		if err := readTraceV2(f, d); err != nil {
+			return nil, bad(err)
+		}
+	} else {
+		s := Segment{StartStep: d.StartStep, Checkpoint: d.ResumedFrom, WorldSize: d.WorldSize, Nodes: d.Nodes,
+			Mode: d.Config.Mode, DType: d.Config.DType, Tokens: d.Config.Tokens}
+		s.Steps, _ = f.AttrInt64("/", "steps")
+		s.Command, _ = f.AttrString("/", "command")
+		s.GoVersion, _ = f.AttrString("/", "go_version")
+		s.Start, _ = time.Parse(time.RFC3339Nano, d.StartTime)
+		d.Segments = []Segment{s}
 	}
 	f64 := map[string]*[]float64{"loss": &d.Loss, "aux_loss": &d.AuxLoss, "dispatch_us": &d.DispatchUS,
 		"combine_us": &d.CombineUS, "wall_time": &d.WallTime}
@@ -194,15 +496,61 @@ func ReadTrace(path string) (*TraceData, error) {
 			*i64[tt.name], shape, err = f.ReadInt64("trace/" + tt.name)
 		}
 		if err != nil {
-			return nil, err
+			return nil, bad(err)
+		}
+		want := map[string]int{"experts": d.Config.Experts, "ranks": d.RankColumns}[tt.row]
+		if (tt.row == "" && len(shape) != 1) || (tt.row != "" && (len(shape) != 2 || shape[1] != want)) {
+			return nil, bad(fmt.Errorf("/trace/%s has shape %v, want [rows] or [rows, %d]", tt.name, shape, want))
 		}
 		if rows < 0 || shape[0] < rows {
 			rows = shape[0]
 		}
 	}
-	E, R := d.Config.Experts, d.WorldSize
+	E, W := d.Config.Experts, d.RankColumns
 	d.Step, d.Loss, d.AuxLoss, d.WallTime = d.Step[:rows], d.Loss[:rows], d.AuxLoss[:rows], d.WallTime[:rows]
 	d.TokensPerExpert = d.TokensPerExpert[:rows*E]
-	d.DispatchUS, d.CombineUS, d.BytesSent = d.DispatchUS[:rows*R], d.CombineUS[:rows*R], d.BytesSent[:rows*R]
+	d.DispatchUS, d.CombineUS, d.BytesSent = d.DispatchUS[:rows*W], d.CombineUS[:rows*W], d.BytesSent[:rows*W]
 	return d, nil
+}
+
+// readTraceV2 reads what version 2 added: the run id, the per-rank width and
+// the segments.
+func readTraceV2(f *h5.File, d *TraceData) error {
+	var err error
+	if d.RunID, err = f.AttrString("/", "run_id"); err != nil {
+		return err
+	}
+	w, err := f.AttrInt64("/", "rank_columns")
+	if err != nil {
+		return err
+	}
+	d.RankColumns = int(w)
+	if d.RankColumns < d.WorldSize {
+		return fmt.Errorf("rank_columns = %d is less than world_size = %d", d.RankColumns, d.WorldSize)
+	}
+	names, err := f.List("segments")
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if _, err := strconv.Atoi(n); err != nil {
+			return fmt.Errorf("/segments/%s: not a segment number", n)
+		}
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		x, _ := strconv.Atoi(a)
+		y, _ := strconv.Atoi(b)
+		return x - y
+	})
+	for _, n := range names {
+		s, err := readSegment(f, n)
+		if err != nil {
+			return fmt.Errorf("/segments/%s: %w", n, err)
+		}
+		d.Segments = append(d.Segments, s)
+	}
+	if len(d.Segments) == 0 {
+		return errors.New("no segments")
+	}
+	return nil
 }

@@ -1,6 +1,9 @@
 package moe
 
 import (
+	cryptorand "crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -22,6 +25,7 @@ type Trainer struct {
 	teacher *Teacher
 	adam    *Adam
 	step    int64
+	runID   string
 }
 
 // StepStats is what one training step measured. The per-rank slices are
@@ -38,18 +42,45 @@ type StepStats struct {
 	Elapsed         time.Duration
 }
 
-// NewTrainer creates the student layer (collective), the teacher and Adam.
+// NewTrainer creates the student layer (collective), the teacher and Adam,
+// and gives the run a new identity (RunID), the same on every rank.
 func NewTrainer(comm *mpi.Comm, cfg TrainConfig) (*Trainer, error) {
 	if err := cfg.Validate(comm.Size()); err != nil {
 		return nil, err
+	}
+	var id string
+	if comm.Rank() == 0 {
+		id = NewRunID(time.Now())
+	}
+	id, err := bcastString(comm, id, 0)
+	if err != nil {
+		return nil, fmt.Errorf("moe: new trainer: %w", err)
 	}
 	l, err := NewLayer(comm, cfg.Config)
 	if err != nil {
 		return nil, err
 	}
 	return &Trainer{cfg: cfg, comm: comm, layer: l, teacher: NewTeacher(cfg.Config, cfg.TeacherSeed),
-		adam: NewAdam(cfg.LR, l.Params())}, nil
+		adam: NewAdam(cfg.LR, l.Params()), runID: id}, nil
 }
+
+// NewRunID returns a new run identity: the UTC start time and 32 random
+// bits, such as "20250812T141502Z-3f9a1c2b". It sorts by start time and is
+// safe in file names.
+func NewRunID(start time.Time) string {
+	var b [4]byte
+	if _, err := cryptorand.Read(b[:]); err != nil {
+		// crypto/rand does not fail on Linux; the clock's nanoseconds still
+		// tell two runs of the same second apart.
+		binary.LittleEndian.PutUint32(b[:], uint32(start.UnixNano()))
+	}
+	return start.UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b[:])
+}
+
+// RunID is the run's identity: made by NewTrainer for a run from scratch,
+// taken from the checkpoint by LoadCheckpoint. Checkpoints and traces record
+// it, so that files of different runs are never mixed up.
+func (tr *Trainer) RunID() string { return tr.runID }
 
 // Close releases the layer's ep group.
 func (tr *Trainer) Close() error { return tr.layer.Close() }
@@ -70,13 +101,14 @@ func (tr *Trainer) Adam() *Adam { return tr.adam }
 // checkpoint a run resumed from.
 func (tr *Trainer) StepsDone() int64 { return tr.step }
 
-// Step runs one training step: the batch of step StepsDone()+1 on every
-// rank, forward, backward and an Adam update.
+// Step runs one training step: the batch of step StepsDone()+1 (see Batch:
+// this rank's share of the step's global batch), forward, backward and an
+// Adam update.
 func (tr *Trainer) Step() (*StepStats, error) {
 	start := time.Now()
 	s := tr.step + 1
 	l := tr.layer
-	x, target := Batch(tr.cfg.Config, tr.teacher, tr.cfg.Seed, s, tr.comm.Rank())
+	x, target := Batch(tr.cfg.Config, tr.teacher, tr.cfg.Seed, s, tr.comm.Rank(), tr.comm.Size())
 	out, aux, err := l.Forward(x)
 	if err != nil {
 		return nil, fmt.Errorf("moe: step %d: %w", s, err)

@@ -8,8 +8,18 @@
 //
 //	go build -tags mpi -o bin/moe-train ./examples/moe-train
 //	mpirun -np 4 bin/moe-train -steps 2000 -mode ll -dtype f32
-//	mpirun -np 4 bin/moe-train -steps 4000 -resume out/ckpt-002000.h5   # 2000 more
+//	mpirun -np 4 bin/moe-train -steps 4000 -resume auto              # 2000 more, the same run and trace
+//	mpirun -np 2 bin/moe-train -steps 6000 -resume auto -tokens 128  # 2000 more on 2 ranks, the same data
+//	mpirun -np 4 bin/moe-train -steps 2000 -fresh                    # a new run; the old one's files are moved aside
 //	h5ls -r out/trace.h5
+//
+// A run has an identity (a run id) kept by its resumes. A new run refuses to
+// write where another run's trace or checkpoints are (-fresh moves them to
+// DIR/moved-aside/<time>/ first); a resume continues the run's own trace,
+// keeping its rows up to the checkpoint's step and dropping later ones (it
+// says how many), and may use another number of ranks (any that divides the
+// experts), mode or element type. Keep -tokens x ranks to train on the same
+// data as an uninterrupted run; moe-train says when the global batch changes.
 //
 // Flags:
 //
@@ -29,7 +39,10 @@
 //	-trace PATH       the trace file ("" for none) (out/trace.h5)
 //	-ckpt-dir DIR     where checkpoints go ("" for none) (out)
 //	-ckpt-every N     a checkpoint every N steps, and one at the end (0: only at the end) (500)
-//	-resume PATH      continue from this checkpoint
+//	-resume PATH      continue from this checkpoint; "auto": from the newest
+//	                  checkpoint of the run in -ckpt-dir, or start one if none
+//	-fresh            start a new run even where another run's files are:
+//	                  they are moved aside to DIR/moved-aside/<time>/
 //	-progress-every N on a log, a progress line every N steps (0: none) (100)
 //	-progress MODE    auto, bar or lines: auto shows a live bar when the
 //	                  output is a terminal, lines otherwise (auto)
@@ -95,7 +108,8 @@ func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
 	trace := fs.String("trace", "out/trace.h5", "the trace file (empty: none)")
 	ckptDir := fs.String("ckpt-dir", "out", "directory of the checkpoints (empty: none)")
 	ckptEvery := fs.Int64("ckpt-every", 500, "write a checkpoint every N steps, and one at the end (0: only at the end)")
-	resume := fs.String("resume", "", "continue from this checkpoint")
+	resume := fs.String("resume", "", "continue from this checkpoint; \"auto\": from the newest checkpoint of the run in -ckpt-dir, or start one if none")
+	fresh := fs.Bool("fresh", false, "start a new run even where another run's trace or checkpoints are: they are moved aside to DIR/moved-aside/<time>/")
 	progressEvery := fs.Int64("progress-every", 100, "when the output is not a terminal, a progress line every N steps (0: none)")
 	progress := fs.String("progress", "auto", "progress display: auto, bar or lines")
 	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer before failing")
@@ -140,6 +154,12 @@ func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
 	if !(*aux >= 0 && *aux <= 1000) {
 		return bad("-aux %v: want 0 <= aux <= 1000", *aux)
 	}
+	if *fresh && *resume != "" {
+		return bad("-fresh starts a new run and -resume %q continues one: give one of them", *resume)
+	}
+	if *resume == moe.ResumeAuto && *ckptDir == "" {
+		return bad("-resume auto looks for checkpoints in -ckpt-dir, which is empty")
+	}
 	if *timeout <= 0 {
 		return bad("-timeout %v: want a positive duration", *timeout)
 	}
@@ -167,7 +187,7 @@ func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
 				Tokens: *tokens, Act: a, Seed: *seed, Timeout: *timeout},
 			TeacherSeed: *teacherSeed, LR: *lr, AuxCoef: *aux,
 		},
-		Steps: *steps, TracePath: *trace, CheckpointDir: *ckptDir, CheckpointEvery: *ckptEvery, Resume: *resume,
+		Steps: *steps, TracePath: *trace, CheckpointDir: *ckptDir, CheckpointEvery: *ckptEvery, Resume: *resume, Fresh: *fresh,
 		Command: strings.Join(append([]string{"moe-train"}, args...), " "),
 	}
 	return o, -1
@@ -225,6 +245,7 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 	if world.Rank() == 0 {
 		p = newProgress(stdout, o, world.Size(), o.run.Nodes)
 		o.run.OnStep = p.step
+		o.run.OnNote = func(s string) { fmt.Fprintln(stdout, "moe-train:", s) }
 	}
 	res, err := moe.Run(world, o.run)
 	if err != nil {
@@ -233,7 +254,7 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 		}
 		return err
 	}
-	if p != nil {
+	if p != nil && !res.NothingToDo {
 		p.summary(res)
 	}
 	return nil
@@ -354,8 +375,8 @@ func (p *progress) summary(r *moe.RunResult) {
 		return
 	}
 	ratio := r.First.Loss / r.Last.Loss
-	fmt.Fprintf(w, "moe-train: done: steps %d..%d (%s/%s, %d ranks, %d node(s)) in %s\n",
-		r.First.Step, r.Last.Step, c.Mode, c.DType, p.ranks, p.nodes, clock(time.Since(p.start)))
+	fmt.Fprintf(w, "moe-train: done: run %s, steps %d..%d (%s/%s, %d ranks, %d node(s)) in %s\n",
+		r.RunID, r.First.Step, r.Last.Step, c.Mode, c.DType, p.ranks, p.nodes, clock(time.Since(p.start)))
 	fmt.Fprintf(w, "  loss      %.4f -> %.4f (%.1fx lower); aux loss %.4f -> %.4f\n", r.First.Loss, r.Last.Loss, ratio, r.First.AuxLoss, r.Last.AuxLoss)
 	fmt.Fprintf(w, "  speed     %s tokens/s; per step: dispatch %s, combine %s (mean over ranks and steps)\n",
 		si(r.TokensPerSecond()), micro(float64(r.MeanDispatch.Nanoseconds())/1e3), micro(float64(r.MeanCombine.Nanoseconds())/1e3))

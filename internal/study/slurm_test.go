@@ -14,48 +14,63 @@ import (
 // make test-slurm's batch jobs wrote (scripts/slurm/test-slurm.sh runs it
 // with GOEP_SLURM_OUTPUTS set to its log directory; skipped otherwise):
 //
-//	train/trace.h5              train.sbatch, srun, 2 nodes x 2 ranks, 200 steps
-//	train/trace-from-000200.h5  train.sbatch again, mpirun, resumed to step 300
-//	study/study.h5              study.sbatch, srun, layouts on 1 and 2 nodes
+//	train/trace.h5    one run in three jobs of train.sbatch: srun on 2 nodes x 2 ranks
+//	                  to step 200, mpirun on 2 x 2 to 300, srun on 1 node x 2 to 400
+//	study/study.h5    study.sbatch, srun, layouts on 1 and 2 nodes
 func TestSlurmOutputs(t *testing.T) {
 	dir := os.Getenv("GOEP_SLURM_OUTPUTS")
 	if dir == "" {
 		t.Skip("GOEP_SLURM_OUTPUTS is not set: run by make test-slurm")
 	}
-	for _, tc := range []struct {
-		file       string
-		start, end int64
-		resumed    string
-	}{
-		{"trace.h5", 0, 200, ""},
-		{"trace-from-000200.h5", 200, 300, "ckpt-000200.h5"},
-	} {
-		path := filepath.Join(dir, "train", tc.file)
-		tr, err := moe.ReadTrace(path)
-		if err != nil {
-			t.Fatal(err)
+	path := filepath.Join(dir, "train", "trace.h5")
+	tr, err := moe.ReadTrace(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.RunID == "" || len(tr.Step) != 400 || tr.Step[0] != 1 || tr.Step[399] != 400 {
+		t.Errorf("%s: run %q, %d steps, want one run of steps 1..400", path, tr.RunID, len(tr.Step))
+	}
+	for i, want := range []struct {
+		start         int64
+		ranks, nodes  int
+		resumed       string
+		command, host string
+	}{{0, 4, 2, "", "", "n1@"}, {200, 4, 2, "ckpt-000200.h5", "", ""}, {300, 2, 1, "ckpt-000300.h5", "-resume auto", "n1@"}} {
+		if i >= len(tr.Segments) {
+			t.Fatalf("%s: %d segments, want 3", path, len(tr.Segments))
 		}
-		if tr.Nodes != 2 || tr.WorldSize != 4 {
-			t.Errorf("%s: %d ranks on %d nodes, want 4 on 2 (srun -N 2 --ntasks-per-node=2)", path, tr.WorldSize, tr.Nodes)
+		s := tr.Segments[i]
+		if s.StartStep != want.start || s.WorldSize != want.ranks || s.Nodes != want.nodes {
+			t.Errorf("%s: segment %d: from step %d on %d ranks, %d nodes; want %d, %d, %d", path, i, s.StartStep, s.WorldSize, s.Nodes, want.start, want.ranks, want.nodes)
 		}
-		if n := int64(len(tr.Loss)); n != tc.end-tc.start || tr.StartStep != tc.start ||
-			len(tr.Step) == 0 || tr.Step[len(tr.Step)-1] != tc.end {
-			t.Errorf("%s: %d steps from %d, want %d..%d", path, n, tr.StartStep, tc.start+1, tc.end)
+		if !strings.HasSuffix(s.Checkpoint, want.resumed) || (want.resumed == "") != (s.Checkpoint == "") {
+			t.Errorf("%s: segment %d resumed from %q, want %q", path, i, s.Checkpoint, want.resumed)
 		}
-		if !strings.HasSuffix(tr.ResumedFrom, tc.resumed) || (tc.resumed == "") != (tr.ResumedFrom == "") {
-			t.Errorf("%s: resumed from %q, want %q", path, tr.ResumedFrom, tc.resumed)
+		if !strings.Contains(s.Command, want.command) || !strings.HasPrefix(s.Hosts, want.host) {
+			t.Errorf("%s: segment %d: command %q, hosts %q", path, i, s.Command, s.Hosts)
 		}
-		for i, l := range tr.Loss {
-			if math.IsNaN(l) || math.IsInf(l, 0) || l < 0 {
-				t.Fatalf("%s: loss[%d] = %g", path, i, l)
+	}
+	if tr.WorldSize != 2 || tr.Nodes != 1 || tr.RankColumns != 4 {
+		t.Errorf("%s: latest segment %d ranks on %d nodes, %d rank columns; want 2, 1, 4", path, tr.WorldSize, tr.Nodes, tr.RankColumns)
+	}
+	for i, l := range tr.Loss {
+		if math.IsNaN(l) || math.IsInf(l, 0) || l < 0 {
+			t.Fatalf("%s: loss[%d] = %g", path, i, l)
+		}
+	}
+	if len(tr.DispatchUS) != len(tr.Loss)*tr.RankColumns {
+		t.Errorf("%s: %d dispatch times, want steps x rank columns = %d", path, len(tr.DispatchUS), len(tr.Loss)*tr.RankColumns)
+	}
+	for i := range tr.Step {
+		ranks := tr.Segments[tr.SegmentOf(i)].WorldSize
+		for r, v := range tr.DispatchUS[i*tr.RankColumns : (i+1)*tr.RankColumns] {
+			if (r < ranks) == math.IsNaN(v) {
+				t.Fatalf("%s: step %d (%d ranks): dispatch_us of rank column %d is %g", path, tr.Step[i], ranks, r, v)
 			}
-		}
-		if len(tr.DispatchUS) != len(tr.Loss)*tr.WorldSize {
-			t.Errorf("%s: %d dispatch times, want steps x ranks = %d", path, len(tr.DispatchUS), len(tr.Loss)*tr.WorldSize)
 		}
 	}
 
-	path := filepath.Join(dir, "study", "study.h5")
+	path = filepath.Join(dir, "study", "study.h5")
 	s, err := Read(path)
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,13 @@
 #                   200 steps; exit 0, one log per rank, trace.h5 (h5dump): nodes 2, world_size 4,
 #                   /trace/loss of 200 rows; checkpoint ckpt-000200.h5
 #   train-mpirun    the same job again with LAUNCHER=mpirun and -steps 300: resumes from
-#                   ckpt-000200.h5 by itself; trace-from-000200.h5 says 2 nodes, 100 rows
+#                   ckpt-000200.h5 by itself and continues trace.h5: 300 rows, 2 segments
+#   train-resubmit  the same output directory resubmitted on 1 node x 2 ranks (GOEP_TRAIN_RESUME=auto,
+#                   GOEP_TRAIN_GLOBAL_BATCH keeping 256 tokens per step), -steps 400: continues the
+#                   same run from ckpt-000300.h5: trace.h5 has 400 rows and 3 segments (4, 4, 2 ranks;
+#                   2, 2, 1 nodes), one run_id in it and every checkpoint; then a new run into that
+#                   directory (GOEP_TRAIN_RESUME="") is refused, naming the run and -fresh, and no
+#                   file there changes
 #   study-srun      sbatch --wait study.sbatch, a small sweep (layouts 1x1 1x2 1x4 2x2 2x4, LL and HT,
 #                   f32 and bf16): exit 0, every 2-node step's JSON says "nodes":2, study.h5 passes
 #                   ep-plot check and h5dump shows its tables and attributes, the two charts are
@@ -24,7 +30,7 @@
 #   study-mpirun    study.sbatch with LAUNCHER=mpirun, layouts 1x2 2x4, LL f32: exit 0, 1 and 2 nodes
 #   study-fails     a sweep ep-bench refuses (6 experts on 4 ranks): the job fails (non-zero) and
 #                   prints the log of each of the 4 ranks
-#   go-readers      go test -run TestSlurmOutputs ./internal/study: the trace read by moe.ReadTrace,
+#   go-readers      go test -run TestSlurmOutputs ./internal/study: the trace (3 segments) read by moe.ReadTrace,
 #                   the study by internal/study (2-node rows from 2-node steps only), the model
 #   no-daemons      after stop, no slurmctld, slurmd, slurmstepd (or munged it started) is left
 # The cluster is always stopped (trap EXIT). Each check prints PASS or FAIL with its time; a
@@ -182,7 +188,7 @@ t=$SECONDS; rc=0
 errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   trace_errors "$TRAIN/trace.h5" 2 4 200
   [ -s "$TRAIN/ckpt-000200.h5" ] || echo "no checkpoint ckpt-000200.h5;"
-  for r in 0 1 2 3; do [ -f "$TRAIN/logs/train.$r.out" ] || echo "no log of rank $r;"; done
+  for r in 0 1 2 3; do compgen -G "$TRAIN/logs/train-*.$r.out" >/dev/null || echo "no log of rank $r;"; done
   grep -q "srun --mpi=pmix -N 2 -n 4" "$LOGS/train-srun.log" || echo "no srun --mpi=pmix -N 2 -n 4 step;")
 result train-srun "$t" "$errs"
 
@@ -191,11 +197,50 @@ t=$SECONDS; rc=0
 (export LAUNCHER=mpirun GOEP_OUT_DIR=$TRAIN GOEP_STEP_TIMEOUT=$TMO
   sbatch_wait train-mpirun scripts/slurm/train.sbatch -steps 300 -ckpt-every 100 -progress-every 100 -mode ht; exit "$rc") || rc=$?
 errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
-  trace_errors "$TRAIN/trace-from-000200.h5" 2 4 100
-  [ "$(h5attr "$TRAIN/trace-from-000200.h5" start_step)" = 200 ] || echo "trace-from-000200.h5: start_step is not 200;"
+  trace_errors "$TRAIN/trace.h5" 2 4 300
+  [ "$(h5attr "$TRAIN/trace.h5" start_step)" = 200 ] || echo "trace.h5: start_step is not 200;"
+  [ "$(h5attr "$TRAIN/trace.h5" segment_count)" = 2 ] || echo "trace.h5: not 2 segments;"
   [ -s "$TRAIN/ckpt-000300.h5" ] || echo "no checkpoint ckpt-000300.h5;"
   grep -q "mpirun -np 4 --host n1:2,n2:2" "$LOGS/train-mpirun.log" || echo "no mpirun -np 4 --host n1:2,n2:2 step;")
 result train-mpirun "$t" "$errs"
+
+# f2. the same output directory resubmitted on fewer nodes continues the same run; a new run there
+# is refused and changes nothing.
+t=$SECONDS; rc=0
+(export GOEP_OUT_DIR=$TRAIN GOEP_STEP_TIMEOUT=$TMO GOEP_TRAIN_RESUME=auto GOEP_TRAIN_GLOBAL_BATCH=256
+  sbatch_wait train-resubmit -N 1 --ntasks-per-node=2 scripts/slurm/train.sbatch -steps 400 -ckpt-every 100 \
+    -progress-every 100 -mode ht; exit "$rc") || rc=$?
+train_run=$(h5attr "$TRAIN/trace.h5" run_id)
+errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
+  trace_errors "$TRAIN/trace.h5" 1 2 400
+  [ -n "$train_run" ] || echo "trace.h5 has no run_id;"
+  for c in 100 200 300 400; do
+    got=$(h5attr "$TRAIN/ckpt-000$c.h5" run_id)
+    [ "$got" = "$train_run" ] || echo "ckpt-000$c.h5: run_id \"$got\", the trace's \"$train_run\";"
+  done
+  [ "$(h5attr "$TRAIN/trace.h5" segment_count)" = 3 ] || echo "trace.h5: not 3 segments;"
+  got=$(for i in 0 1 2; do h5attr "$TRAIN/trace.h5" "segments/000$i/world_size"; done | xargs)
+  [ "$got" = "4 4 2" ] || echo "segments' world_size \"$got\", want \"4 4 2\";"
+  got=$(for i in 0 1 2; do h5attr "$TRAIN/trace.h5" "segments/000$i/nodes"; done | xargs)
+  [ "$got" = "2 2 1" ] || echo "segments' nodes \"$got\", want \"2 2 1\";"
+  got=$(h5attr "$TRAIN/trace.h5" segments/0002/tokens)
+  [ "$got" = 128 ] || echo "segment 2: tokens \"$got\", want 128 (256 per step on 2 ranks);"
+  [[ "$(h5attr "$TRAIN/trace.h5" segments/0000/hosts)" =~ ^n1@.+:2,n2@.+:2$ ]] || echo "segment 0: hosts are not n1@...:2,n2@...:2;"
+  grep -q "run $train_run: resuming (newest checkpoint) from .*ckpt-000300.h5 at step 300" "$LOGS/train-resubmit.log" ||
+    echo "no \"run $train_run: resuming (newest checkpoint) from ckpt-000300.h5\" in the output;"
+  grep -q "world size = 4 ranks in the checkpoint, 2 in this run" "$LOGS/train-resubmit.log" || echo "the new world size is not said;"
+  ! grep -q "global batch changed" "$LOGS/train-resubmit.log" || echo "the global batch changed;")
+if [ -z "$errs" ]; then
+  train_sums=$(cd "$TRAIN" && sha256sum ./*.h5)
+  rc=0
+  (export GOEP_OUT_DIR=$TRAIN GOEP_STEP_TIMEOUT=$TMO GOEP_TRAIN_RESUME=
+    sbatch_wait train-refused -N 1 --ntasks-per-node=2 scripts/slurm/train.sbatch -steps 100 -mode ht; exit "$rc") || rc=$?
+  cat "$LOGS/train-refused.log" >>"$LOGS/train-resubmit.log"
+  errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "a new run into the run's directory: exit status $rc, want a refusal;"
+    grep -q "refusing to start a new run .*run $train_run.*-fresh" "$LOGS/train-refused.log" || echo "the refusal does not name run $train_run and -fresh;"
+    [ "$(cd "$TRAIN" && sha256sum ./*.h5)" = "$train_sums" ] || echo "the refused run changed the run's files;")
+fi
+result train-resubmit "$t" "$errs"
 
 # The small sweep of the study checks (a few seconds per step here).
 small=(STUDY_DTYPES=f32,bf16 STUDY_TOKENS_LL=16,64 STUDY_TOKENS_HT=64,256 STUDY_HIDDEN=256 STUDY_TOPK=2

@@ -9,17 +9,22 @@
 #   salloc -N 2 --ntasks-per-node=2 env LAUNCHER=mpirun scripts/slurm/train.sh -steps 500
 #
 # moe-train gets -trace DIR/trace.h5 -ckpt-dir DIR -progress lines first, then this script's
-# arguments, which win (a flag given twice takes its last value). With GOEP_TRAIN_RESUME=auto it
-# continues from the newest DIR/ckpt-NNNNNN.h5 (the trace is then DIR/trace-from-NNNNNN.h5), so a
-# requeued or resubmitted job picks up where the last one stopped; when that checkpoint is already
-# at -steps there is nothing to do and it exits 0.
+# arguments, which win (a flag given twice takes its last value). DIR holds one run: its one trace
+# and its checkpoints. With GOEP_TRAIN_RESUME=auto moe-train continues the run in DIR from its newest
+# checkpoint (-resume auto), on this job's ranks whatever the last job's were, and continues its
+# trace; a requeued or resubmitted job, on the same or another number of nodes, picks up where the
+# last one stopped, and one that finds the run done exits 0. A new run (GOEP_TRAIN_RESUME="")
+# refuses a DIR that holds another run; pass -fresh to move that run's files aside and start over.
+# Set GOEP_TRAIN_GLOBAL_BATCH to keep the tokens per step over all ranks (moe-train's -tokens is
+# then that divided by the ranks), so that a job on another node count trains on the same data.
 #
 # Environment:
 #   GOEP_TRAIN_NODES=2             nodes (srun -N); inside an allocation, default its node count
 #   GOEP_TRAIN_TASKS_PER_NODE=2    ranks per node; inside an allocation, default SLURM_NTASKS_PER_NODE
 #   GOEP_OUT_DIR=out/train-<job id, or date>   trace, checkpoints, logs/ (one log per rank)
-#   GOEP_TRAIN_RESUME=             "" (start afresh), auto (newest checkpoint in GOEP_OUT_DIR if
-#                                  any) or a checkpoint's path
+#   GOEP_TRAIN_RESUME=             "" (a new run), auto (continue the run in GOEP_OUT_DIR from its
+#                                  newest checkpoint, or start one) or a checkpoint's path
+#   GOEP_TRAIN_GLOBAL_BATCH=       tokens per step over all ranks: -tokens GLOBAL/ranks (must divide)
 #   GOEP_ROOT=                     the repository (default: the submit directory, else this
 #                                  script's); relative paths are from there
 #   Site settings, see lib.sh: LAUNCHER=srun|mpirun, GOEP_SRUN_MPI=pmix, GOEP_SRUN_FLAGS,
@@ -47,45 +52,28 @@ out=${GOEP_OUT_DIR:-out/train-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}}
 mkdir -p "$out/logs"
 bin=$(goep_bin moe-train)
 
-# The -steps the run asks for (moe-train's default is 1000), for a resume that has nothing to do.
-steps=1000
-args=("$@")
-for ((i = 0; i < ${#args[@]}; i++)); do
-  case "${args[i]}" in
-    -steps | --steps) steps=${args[i + 1]:-$steps} ;;
-    -steps=* | --steps=*) steps=${args[i]#*=} ;;
-  esac
-done
-
-trace="$out/trace.h5"
-step=train   # the job step's name: its logs are logs/STEP.R.out and .err
+ranks=$((nodes * ppn))
+tokens=()
+if [ -n "${GOEP_TRAIN_GLOBAL_BATCH:-}" ]; then
+  [[ "$GOEP_TRAIN_GLOBAL_BATCH" =~ ^[1-9][0-9]*$ ]] && [ $((GOEP_TRAIN_GLOBAL_BATCH % ranks)) = 0 ] ||
+    goep_die "GOEP_TRAIN_GLOBAL_BATCH=$GOEP_TRAIN_GLOBAL_BATCH: want a positive multiple of the $ranks ranks"
+  tokens=(-tokens $((GOEP_TRAIN_GLOBAL_BATCH / ranks)))
+fi
 resume=()
 case "${GOEP_TRAIN_RESUME:-}" in
   "") ;;
-  auto)
-    last=$(ls "$out"/ckpt-[0-9]*.h5 2>/dev/null | sort | tail -n 1 || true)
-    if [ -n "$last" ]; then
-      at=$(basename "$last" .h5)
-      at=$((10#${at#ckpt-}))
-      if [ "$at" -ge "$steps" ]; then
-        goep_say "$last is at step $at, the run asks for $steps: nothing to do"
-        exit 0
-      fi
-      resume=(-resume "$last")
-      trace=$(printf '%s/trace-from-%06d.h5' "$out" "$at")
-      step=$(printf 'train-from-%06d' "$at")
-    fi
-    ;;
-  *)
-    resume=(-resume "$GOEP_TRAIN_RESUME")
-    step=train-from-$(basename "$GOEP_TRAIN_RESUME" .h5)
-    ;;
+  *) resume=(-resume "$GOEP_TRAIN_RESUME") ;;
 esac
+trace="$out/trace.h5"
+# The job step's name, its logs logs/STEP.R.out and .err: one per job (and requeue), so that no job
+# replaces another's logs.
+step=train-${SLURM_JOB_ID:-$(date -u +%Y%m%dT%H%M%SZ)}
+if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then step+=-restart$SLURM_RESTART_COUNT; fi
 
-goep_say "$((nodes * ppn)) ranks on $nodes node(s), launcher $LAUNCHER, output in $out${resume[1]:+, resuming from ${resume[1]}}"
+goep_say "$ranks ranks on $nodes node(s), launcher $LAUNCHER, output in $out${resume[1]:+, -resume ${resume[1]}}"
 rc=0
-goep_step "$step" "$out/logs" "$nodes" $((nodes * ppn)) "$bin" -trace "$trace" -ckpt-dir "$out" -progress lines \
-  "${resume[@]}" "$@" || rc=$?
+goep_step "$step" "$out/logs" "$nodes" "$ranks" "$bin" -trace "$trace" -ckpt-dir "$out" -progress lines \
+  "${tokens[@]}" "${resume[@]}" "$@" || rc=$?
 # Rank 0 reports progress and the summary: show it.
 [ ! -s "$out/logs/$step.0.out" ] || cat "$out/logs/$step.0.out"
 if [ "$rc" = 0 ]; then goep_say "done: $trace, checkpoints in $out, logs in $out/logs"; fi
