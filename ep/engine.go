@@ -36,7 +36,6 @@ type engine struct {
 	localRank int
 	nodes     int
 	nodeOf    []int
-	rail      []int     // per node: the rank there that this rank sends across to (HT)
 	last      [2]uint64 // op of the last combine per buffer set
 	names     opNames
 }
@@ -76,15 +75,8 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 		return nil, err
 	}
 	t := e.topo
-	if t.Nodes > 1 && !t.Uniform() {
-		return nil, fmt.Errorf("%d nodes hold different numbers of ranks: inter-node paths pair each rank with the same local rank on every node, so every node needs the same count", t.Nodes)
-	}
 	R := comm.Size()
 	e.node, e.localRank, e.nodes, e.nodeOf = t.Node, t.LocalRank, t.Nodes, t.NodeOf
-	e.rail = make([]int, t.Nodes)
-	for n := range e.rail {
-		e.rail[n] = t.RanksOnNode(n)[e.localRank]
-	}
 	tr := &e.t
 	tr.me, tr.size, tr.timeout = comm.Rank(), R, spec.Timeout
 	tr.local = make([]bool, R)
