@@ -74,7 +74,7 @@ type alltoallvEngine struct {
 	pin                       runtime.Pinner
 	sc, sd, rc, rd            []int // alltoallv counts and displacements, in elements
 	counts, got               []int32
-	src                       []ptr
+	src                       addrTable
 	w                         []float32
 	start                     []int32
 }
@@ -354,7 +354,8 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 	base := unsafe.Pointer(unsafe.SliceData(set.back))
 	rowAt := func(i int) ptr { return unsafe.Add(base, i*H) }
 	a.start = growTo(a.start, rt.T+1)
-	src, w := a.src[:0], a.w[:0]
+	src, w := &a.src, a.w[:0]
+	src.reset()
 	first := make([]int, a.R+1) // where each rank's rows start among those back
 	for r := 0; r < a.R; r++ {
 		first[r+1] = first[r] + st.sendCounts[r]
@@ -386,10 +387,10 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 			}
 		}
 		for t := 0; t < rt.T; t++ {
-			a.start[t] = int32(len(src))
+			a.start[t] = int32(src.len())
 			for k := 0; k < K; k++ {
 				if d.TopK[t*K+k] >= 0 {
-					src = append(src, rowAt(int(idx[t*K+k])))
+					src.add(rowAt(int(idx[t*K+k])))
 					w = append(w, c.Weights[t*K+k])
 					if withValues {
 						slots[t*K+k] = set.backVals[idx[t*K+k]]
@@ -399,11 +400,11 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		}
 	} else {
 		for t := 0; t < rt.T; t++ {
-			a.start[t] = int32(len(src))
+			a.start[t] = int32(src.len())
 			for r := 0; r < a.R; r++ {
 				if o := rt.TokRankOrd[t*a.R+r]; o >= 0 {
 					i := first[r] + int(o)
-					src = append(src, rowAt(i))
+					src.add(rowAt(i))
 					if withValues {
 						for k := 0; k < K; k++ {
 							slots[t*K+k] += set.backVals[i*K+k]
@@ -414,10 +415,9 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		}
 		w = nil
 	}
-	a.start[rt.T] = int32(len(src))
-	a.src, a.w = src, w
+	a.start[rt.T] = int32(src.len())
+	a.w = w
 	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), a.spec.Elem, src, w, a.start, rt.T, a.H, a.spec.Elem)
-	clear(a.src) // it pointed into set.back, Go memory pinned for the call only
 	if !c.SlotValues.IsZero() && missing >= 0 {
 		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
 	}

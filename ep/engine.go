@@ -3,6 +3,7 @@ package ep
 import (
 	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/goep/goep/mpi"
@@ -39,6 +40,11 @@ type engine struct {
 	last      [2]uint64 // op of the last combine per buffer set
 	names     opNames
 }
+
+// spinWhenAlone is how long a wait spins before giving up the core when
+// every rank of the node can have a core of its own: longer than a flag's
+// round trip, short against the cost of being descheduled.
+const spinWhenAlone = 20 * time.Microsecond
 
 // mode is LowLatency or HighThroughput: the protocol of each half call, on
 // the transport. Each mode owns its areas of the two memories and its
@@ -91,6 +97,9 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 		}
 	}
 	tr.nodeRanks = t.RanksOnNode(e.node)
+	if len(tr.nodeRanks) <= onlineCPUs() {
+		tr.spin = spinWhenAlone
+	}
 
 	countLen := spec.NumExperts // LL: pairs per expert
 	if spec.Mode == HighThroughput {

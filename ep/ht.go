@@ -48,7 +48,7 @@ type htMode struct {
 	partials                       []byte
 	vsum                           []float32
 	start                          []int32
-	src, vals2                     []ptr
+	src, vals2                     addrTable
 	area                           []int
 	counts                         []int32
 }
@@ -479,26 +479,28 @@ func (m *htMode) combineWait(c *Combine) error {
 		return err
 	}
 	// This rank's tokens: node by node, ranks in local order inside this node.
-	start, src, vals := growTo(m.start, rt.T+1), m.src[:0], m.vals2[:0]
+	start, src, vals := growTo(m.start, rt.T+1), &m.src, &m.vals2
+	src.reset()
+	vals.reset()
 	for tk := 0; tk < rt.T; tk++ {
-		start[tk] = int32(len(src))
+		start[tk] = int32(src.len())
 		for b := 0; b < m.nodes; b++ {
 			if b == m.myNode {
 				for _, r := range t.nodeRanks {
 					if o := rt.TokRankOrd[tk*R+r]; o >= 0 {
 						row := st.sendOff[r] + int(o)
-						src = append(src, t.lsa(r, area[r]+row*m.rowBytes))
-						vals = append(vals, t.lsa(r, m.vals+4*row*K))
+						src.add(t.lsa(r, area[r]+row*m.rowBytes))
+						vals.add(t.lsa(r, m.vals+4*row*K))
 					}
 				}
 			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 {
-				src = append(src, t.staged(m.sums+(b*M+int(o))*m.rowBytes))
-				vals = append(vals, t.staged(m.svals+4*(b*M+int(o))*K))
+				src.add(t.staged(m.sums + (b*M+int(o))*m.rowBytes))
+				vals.add(t.staged(m.svals + 4*(b*M+int(o))*K))
 			}
 		}
 	}
-	start[rt.T] = int32(len(src))
-	m.start, m.src, m.vals2 = start, src, vals
+	start[rt.T] = int32(src.len())
+	m.start = start
 	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
 	if withValues {
 		sumValues(c.SlotValues.Host(), vals, start, rt.T, K)
@@ -523,12 +525,13 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 		if p.rows == 0 {
 			continue
 		}
-		src, vals := growTo(m.src, len(p.dst)), growTo(m.vals2, len(p.dst))
-		m.src, m.vals2 = src, vals
+		src, vals := &m.src, &m.vals2
+		src.reset()
+		vals.reset()
 		for i := range p.dst {
 			r, row := int(p.dst[i]), int(p.row[i])
-			src[i] = t.lsa(r, area[r]+row*m.rowBytes)
-			vals[i] = t.lsa(r, m.vals+4*row*K)
+			src.add(t.lsa(r, area[r]+row*m.rowBytes))
+			vals.add(t.lsa(r, m.vals+4*row*K))
 		}
 		m.partials = growTo(m.partials, p.rows*m.rowBytes)
 		reduceRows(unsafe.Pointer(unsafe.SliceData(m.partials)), m.e.spec.Elem, src, nil, p.start, p.rows, m.H, m.e.spec.Elem)

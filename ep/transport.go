@@ -81,13 +81,19 @@ type transport struct {
 	in        inbox
 	timeout   time.Duration
 
+	// spin is how long a wait spins before it gives up the core: a few
+	// microseconds when every rank of the node has a core of its own,
+	// nothing when they share cores (a spinning rank would delay the one it
+	// waits for).
+	spin time.Duration
+
 	// Reused from call to call.
 	flags         []ptr
 	peers         []int
-	locDst        []ptr
+	locDst        addrTable
 	locOff, lens  []int64
-	landDst       []ptr
-	landSrc       []ptr
+	landDst       addrTable
+	landSrc       addrTable
 	landLens      []int64
 	blocks, flagB []mpi.Block
 	countB        []mpi.Block
@@ -154,7 +160,7 @@ func (t *transport) await(op, what string, k flagKind, set int, from, via []int,
 		return nil
 	}
 	if t.win == nil {
-		if i := waitAll(flags, target, t.timeout); i >= 0 {
+		if i := waitAll(flags, target, t.timeout, t.spin); i >= 0 {
 			return &TimeoutError{Op: op, Peer: peers[i], What: what, After: t.timeout}
 		}
 		return nil
@@ -167,7 +173,7 @@ func (t *transport) await(op, what string, k flagKind, set int, from, via []int,
 		if err := t.win.Sync(); err != nil {
 			return err
 		}
-		i := waitAll(flags, target, progressSlice)
+		i := waitAll(flags, target, progressSlice, min(t.spin, progressSlice))
 		if i < 0 {
 			return nil
 		}
@@ -190,6 +196,15 @@ func (t *transport) flagValue(k flagKind, set, of, via int) uint64 {
 // flagCounts at every other rank: node peers read it in this rank's segment,
 // other nodes get it put into their inbox.
 func (t *transport) shareCounts(b int, q uint64, vec []int32) error {
+	if err := t.putCounts(b, vec); err != nil {
+		return err
+	}
+	return t.raise(t.others, flagCounts, b, t.me, q)
+}
+
+// putCounts is shareCounts without the flag, for a protocol whose counts
+// ride on a later flag (any flag raised after it covers them).
+func (t *transport) putCounts(b int, vec []int32) error {
 	off := t.in.countsOff(b, t.me)
 	copy(unsafe.Slice((*int32)(t.lsa(t.me, off)), len(vec)), vec)
 	blocks := t.countB[:0]
@@ -198,11 +213,9 @@ func (t *transport) shareCounts(b int, q uint64, vec []int32) error {
 	}
 	t.countB = blocks
 	if len(blocks) > 0 {
-		if err := t.win.PutBlocks(dtype.Bytes(vec), blocks); err != nil {
-			return err
-		}
+		return t.win.PutBlocks(dtype.Bytes(vec), blocks)
 	}
-	return t.raise(t.others, flagCounts, b, t.me, q)
+	return nil
 }
 
 // counts is rank s's count vector of set b, once its flagCounts arrived.
@@ -223,7 +236,7 @@ func (t *transport) post(d, finalOff, stagedOff int, srcOff int64, n int) {
 		return
 	}
 	if t.local[d] {
-		t.locDst = append(t.locDst, t.lsa(d, finalOff))
+		t.locDst.add(t.lsa(d, finalOff))
 		t.locOff = append(t.locOff, srcOff)
 		t.lens = append(t.lens, int64(n))
 		return
@@ -252,31 +265,42 @@ func (t *transport) exposed(r, off, stagedOff int) ptr {
 // flush sends what post and expose queued, from origin: stores into node
 // peers' segments, puts into other nodes' windows (complete at return).
 func (t *transport) flush(origin []byte) error {
-	if len(t.locDst) > 0 {
-		scatterBlocks(t.locDst, unsafe.Pointer(unsafe.SliceData(origin)), t.locOff, t.lens)
+	if t.locDst.len() > 0 {
+		scatterBlocks(&t.locDst, origin, t.locOff, t.lens)
 	}
 	var err error
 	if len(t.blocks) > 0 {
 		err = t.win.PutBlocks(origin, t.blocks)
 	}
-	t.locDst, t.locOff, t.lens, t.blocks = t.locDst[:0], t.locOff[:0], t.lens[:0], t.blocks[:0]
+	t.locDst.reset()
+	t.locOff, t.lens, t.blocks = t.locOff[:0], t.lens[:0], t.blocks[:0]
 	return err
 }
 
-// land queues the move of n bytes that rank s posted to this rank: from
-// stagedOff of this rank's staging window to finalOff of its segment (a node
-// peer's bytes are in place already). flushLands moves them.
-func (t *transport) land(s, stagedOff, finalOff, n int) {
-	if n > 0 && !t.local[s] {
-		t.landDst = append(t.landDst, t.lsa(t.me, finalOff))
-		t.landSrc = append(t.landSrc, t.staged(stagedOff))
-		t.landLens = append(t.landLens, int64(n))
+// settle queues the move of n bytes that rank s posted to this rank into
+// finalOff of its segment: from slotOff of the segment, where a node peer
+// stored them (nothing to do when the two are the same place), or from
+// stagedOff of the staging window. Moves run in order and may overlap (a
+// block moved down over its own old place), as compacting needs.
+func (t *transport) settle(s, stagedOff, slotOff, finalOff, n int) {
+	if n == 0 || t.local[s] && slotOff == finalOff {
+		return
 	}
+	src := t.staged(stagedOff)
+	if t.local[s] {
+		src = t.lsa(t.me, slotOff)
+	}
+	t.landDst.add(t.lsa(t.me, finalOff))
+	t.landSrc.add(src)
+	t.landLens = append(t.landLens, int64(n))
 }
 
+// flushLands does what land and settle queued, in order.
 func (t *transport) flushLands() {
-	copyBlocks(t.landDst, t.landSrc, t.landLens)
-	t.landDst, t.landSrc, t.landLens = t.landDst[:0], t.landSrc[:0], t.landLens[:0]
+	moveBlocks(&t.landDst, &t.landSrc, t.landLens)
+	t.landDst.reset()
+	t.landSrc.reset()
+	t.landLens = t.landLens[:0]
 }
 
 // awaitReaders waits until every rank that reads this rank's buffers of set

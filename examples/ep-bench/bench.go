@@ -26,6 +26,7 @@ type options struct {
 	iters, warmup                   int
 	seed                            uint64
 	jsonOut, validate, skipBaseline bool
+	latency                         bool
 	timeout                         time.Duration
 }
 
@@ -54,12 +55,22 @@ func run(stdout, stderr io.Writer, args []string) int {
 		fmt.Fprintln(stderr, "ep-bench:", err)
 		return 1
 	}
+	var floor float64
+	if opt.latency {
+		if floor, err = flagRoundTrip(world, 7, 20000); err != nil {
+			fmt.Fprintf(stderr, "ep-bench: rank %d: flag round trip: %v\n", world.Rank(), err)
+			mpi.Abort(1, err.Error())
+		}
+	}
+	var results []*Result
 	for _, cfg := range opt.configs() {
 		res, err := measure(world, cfg, opt)
 		if err != nil {
 			fmt.Fprintf(stderr, "ep-bench: rank %d: %v: %v\n", world.Rank(), cfg, err)
 			mpi.Abort(1, err.Error())
 		}
+		res.FlagRoundTripUS = floor
+		results = append(results, res)
 		if world.Rank() == 0 {
 			if opt.jsonOut {
 				b, _ := json.Marshal(res)
@@ -68,6 +79,9 @@ func run(stdout, stderr io.Writer, args []string) int {
 				printTable(stdout, res, !opt.skipBaseline)
 			}
 		}
+	}
+	if opt.latency && !opt.jsonOut && world.Rank() == 0 {
+		printLatency(stdout, results, floor)
 	}
 	if err := mpi.Finalize(); err != nil {
 		fmt.Fprintln(stderr, "ep-bench:", err)
@@ -92,6 +106,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	validate := fs.Bool("validate", true, "check ep's results against the alltoallv path once per configuration")
 	skip := fs.Bool("no-baseline", false, "do not run the alltoallv baseline")
 	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
+	latency := fs.Bool("latency", false, "LL latency sweep: tokens 1, 2, 4, ... 128 per rank (-tokens sets the sweep's largest), "+
+		"with the flag round trip between two ranks of a node measured beside it")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mpirun -np N ep-bench [flags]   (every numeric flag takes a comma-separated list)")
 		fs.PrintDefaults()
@@ -103,7 +119,7 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
-		skipBaseline: *skip, timeout: *timeout}
+		skipBaseline: *skip, timeout: *timeout, latency: *latency}
 	var err error
 	for _, m := range strings.Split(*modes, ",") {
 		mode, err := ep.ParseMode(strings.TrimSpace(m))
@@ -129,6 +145,17 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	}
 	if o.experts, err = intList("-experts", *experts, 1); err != nil {
 		return nil, err
+	}
+	if o.latency {
+		o.modes = []ep.Mode{ep.LowLatency}
+		top := 128
+		if fs.Lookup("tokens").Value.String() != "128" {
+			top = slices.Max(o.tokens)
+		}
+		o.tokens = nil
+		for t := 1; t <= top; t *= 2 {
+			o.tokens = append(o.tokens, t)
+		}
 	}
 	if o.iters < 1 || o.warmup < 0 {
 		return nil, fmt.Errorf("-iters %d must be at least 1 and -warmup %d not negative", o.iters, o.warmup)
@@ -435,6 +462,21 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 	}
 	fmt.Fprintf(w, "  memcpy of the same bytes: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n\n",
 		r.MemcpyGBps, 100*r.DispatchOfMemcpy, 100*r.CombineOfMemcpy)
+}
+
+// printLatency is the -latency sweep as one table: ep's LL dispatch and
+// combine against the flag round trip measured in the same run.
+func printLatency(w io.Writer, results []*Result, floor float64) {
+	fmt.Fprintf(w, "LL latency, flag round trip between two ranks of a node: %.2f us\n", floor)
+	fmt.Fprintf(w, "  %8s %8s %12s %11s %10s %10s %14s\n", "tokens", "hidden", "dispatch us", "combine us", "total us", "x floor", "alltoallv us")
+	for _, r := range results {
+		ratio := 0.0
+		if floor > 0 {
+			ratio = (r.DispatchUS + r.CombineUS) / floor
+		}
+		fmt.Fprintf(w, "  %8d %8d %12.2f %11.2f %10.2f %10.2f %14.2f\n", r.Tokens, r.Hidden, r.DispatchUS, r.CombineUS,
+			r.DispatchUS+r.CombineUS, ratio, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
+	}
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

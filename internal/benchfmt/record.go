@@ -33,6 +33,11 @@ type Record struct {
 	AlltoallvCombineGBps  float64 `json:"alltoallv_combine_gbps,omitempty"`
 	Speedup               float64 `json:"speedup_vs_alltoallv,omitempty"` // alltoallv (dispatch+combine) / ep (dispatch+combine)
 
+	// FlagRoundTripUS is the floor of a flag exchange between ranks 0 and 1
+	// of a node, measured in the same run (ep-bench -latency); absent when
+	// not measured.
+	FlagRoundTripUS float64 `json:"flag_round_trip_us,omitempty"`
+
 	MemcpyGBps         float64 `json:"memcpy_gbps"`          // glibc memcpy of the same bytes, per rank, all ranks at once
 	DispatchOfMemcpy   float64 `json:"dispatch_memcpy_frac"` // DispatchGBps / MemcpyGBps
 	CombineOfMemcpy    float64 `json:"combine_memcpy_frac"`

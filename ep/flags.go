@@ -1,0 +1,72 @@
+package ep
+
+import (
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Flags between ranks. A flag is a 64-bit word in shared (or RMA window)
+// memory holding the sequence number of the last operation its writer
+// finished. The writer stores the data first, then the flag (signal); the
+// reader waits for the flag (waitAll) and only then reads the data. Go's
+// atomic store and load are sequentially consistent, stronger than the
+// release and acquire this needs, so the reader sees every byte written
+// before the flag. They run in Go, not C: a flag costs a few instructions,
+// and a cgo call would cost more than the flag.
+
+// signal stores v into every flag.
+func signal(flags []ptr, v uint64) {
+	for _, f := range flags {
+		atomic.StoreUint64((*uint64)(f), v)
+	}
+}
+
+// loadFlag reads a flag.
+func loadFlag(f ptr) uint64 { return atomic.LoadUint64((*uint64)(f)) }
+
+// clockAfter is how many sweeps a wait makes before it reads the clock.
+const clockAfter = 64
+
+// waitAll waits until every flag holds at least target, for at most
+// timeout, and returns the index of the first flag still short of it, or
+// -1. It spins for spin first (a peer with a core of its own answers within
+// microseconds, and giving up the core would cost more), then yields the
+// core between sweeps (a machine may run more ranks than cores), and after
+// 5 ms sleeps 50 us between sweeps.
+func waitAll(flags []ptr, target uint64, timeout, spin time.Duration) int {
+	first := 0 // flags before it have arrived
+	var start time.Time
+	spinning := spin > 0
+	for sweep := 0; ; sweep++ {
+		for first < len(flags) && atomic.LoadUint64((*uint64)(flags[first])) >= target {
+			first++
+		}
+		if first == len(flags) {
+			return -1
+		}
+		// When spinning, the clock is read only once the flags are late: most
+		// waits end within the first sweeps, and reading it costs more than a
+		// sweep.
+		if spinning && sweep < clockAfter {
+			continue
+		}
+		if start.IsZero() {
+			start = time.Now()
+		}
+		if sweep&63 == 0 {
+			waited := time.Since(start)
+			if waited > timeout {
+				return first
+			}
+			spinning = waited < spin
+			if waited > 5*time.Millisecond {
+				time.Sleep(50 * time.Microsecond)
+				continue
+			}
+		}
+		if !spinning {
+			syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+		}
+	}
+}
