@@ -61,6 +61,33 @@ type Engine interface {
 	Close() error
 }
 
+// A Refuser is an Engine that takes part in a call this rank refused, so
+// that every rank's same call fails at once, naming this rank and its
+// reason (a *RefusedError on the others), and the group stays usable. The
+// Group calls Refuse instead of DispatchSend or CombineSend when its checks
+// refuse a collective call's input on this rank. With an engine that is not
+// a Refuser, the other ranks wait for this rank until their timeout.
+type Refuser interface {
+	Refuse(r *Refusal) error
+}
+
+// Refusal is a call this rank refused, numbered as it would have been.
+type Refusal struct {
+	Op     uint64   // the call's sequence number
+	Set    int      // its buffer set, where this rank knows it (a combine of a bad handle does not)
+	Kind   CallKind // a dispatch (fresh or cached) or a combine
+	Reason string   // this rank's error text
+}
+
+// CallKind is a dispatch or a combine.
+type CallKind int
+
+// Kinds of collective call.
+const (
+	CallDispatch CallKind = iota + 1 // Dispatch, DispatchCached and their halves
+	CallCombine                      // Combine and its halves
+)
+
 // Placement places a group's ranks on nodes.
 type Placement struct {
 	Node   int   // this rank's node

@@ -148,18 +148,71 @@ func (e *engine) Memory() Memory { return HostMemory }
 
 func (e *engine) BufferBytes() int { return e.segSize + e.winSize }
 
-func (e *engine) DispatchSend(d *Dispatch) error { return e.mode.send(d) }
+func (e *engine) DispatchSend(d *Dispatch) error {
+	return e.outcome(d.Op, e.names.dispatch, e.mode.send(d))
+}
 
-func (e *engine) DispatchWait(d *Dispatch) error { return e.mode.wait(d) }
+func (e *engine) DispatchWait(d *Dispatch) error {
+	return e.outcome(d.Op, e.names.dispatch, e.mode.wait(d))
+}
 
-func (e *engine) CombineSend(c *Combine) error { return e.mode.combineSend(c) }
+func (e *engine) CombineSend(c *Combine) error {
+	return e.outcome(c.Op, e.names.combine, e.mode.combineSend(c))
+}
 
 func (e *engine) CombineWait(c *Combine) error {
-	err := e.mode.combineWait(c)
-	if err == nil || errors.Is(err, ErrBadInput) { // the combine ran: its readers will release the buffers
-		e.last[c.Dispatch.Set] = c.Op
+	err := e.outcome(c.Op, e.names.combine, e.mode.combineWait(c))
+	if err == nil || errors.Is(err, ErrBadInput) && !isRefused(err) {
+		e.last[c.Dispatch.Set] = c.Op // the combine ran: its readers will release the buffers
 	}
 	return err
+}
+
+// Refuse takes part in a call this rank refused: its note, then every flag
+// of the call marked refused, so that the other ranks' same call fails at
+// once with this rank's reason.
+func (e *engine) Refuse(r *Refusal) error {
+	if err := e.t.writeNote(r.Reason); err != nil {
+		return err
+	}
+	op := e.names.dispatch
+	if r.Kind == CallCombine {
+		op = e.names.combine
+	}
+	return e.endRefused(op, r.Op, e.t.me)
+}
+
+// outcome passes a half call's error on; when the call was refused by a
+// rank, it reads that rank's reason, ends the call here too, and reports
+// the refusal.
+func (e *engine) outcome(q uint64, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var r *refusal
+	if !errors.As(err, &r) {
+		return err
+	}
+	reason := e.t.note(r.origin) // before the rendezvous: the origin may write another note after it
+	if err := e.endRefused(op, q, r.origin); err != nil {
+		return err
+	}
+	return &RefusedError{Op: op, Rank: r.origin, Reason: reason}
+}
+
+// endRefused ends refused call q on this rank: it raises its abort word
+// for q at every rank (a rank waiting for any of this rank's flags of the
+// call sees it and ends the call too), then meets every rank: flags hold
+// only their latest value, so no rank may start another call (and
+// overwrite a flag of this one that a slower rank still reads) before every
+// rank has ended this one. Only a refused call pays for the rendezvous; the
+// call's own flags are never touched.
+func (e *engine) endRefused(op string, q uint64, origin int) error {
+	t := &e.t
+	if err := t.raise(t.others, flagAborted, 0, t.me, q, refusedBy(origin)); err != nil {
+		return err
+	}
+	return t.wait(op, "the end of a refused call", flagAborted, 0, t.all, nil, q, false)
 }
 
 // Close frees the windows and the node communicator. It is collective.

@@ -48,6 +48,32 @@ func (e *InputError) Error() string { return "ep: " + e.Op + ": " + e.Msg }
 // Is reports whether target is ErrBadInput.
 func (e *InputError) Is(target error) bool { return target == ErrBadInput }
 
+// RefusedError reports a collective call that another rank refused (its
+// input failed the checks there, or disagreed with this rank's), so that
+// the same call failed on every rank at once instead of waiting for that
+// rank until the timeout. The group stays usable.
+type RefusedError struct {
+	Op     string // the call, e.g. "ll dispatch"
+	Rank   int    // the rank that refused it
+	Reason string // that rank's error
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("ep: %s: rank %d refused the call: %s", e.Op, e.Rank, e.Reason)
+}
+
+// Is reports whether target is ErrBadInput.
+func (e *RefusedError) Is(target error) bool { return target == ErrBadInput }
+
+// isRefused reports a *RefusedError. (errors.As's target escapes: it is
+// declared only when there is an error, so that calls allocate nothing.)
+func isRefused(err error) bool { return err != nil && refusedIn(err) }
+
+func refusedIn(err error) bool {
+	var r *RefusedError
+	return errors.As(err, &r)
+}
+
 func inputErrorf(op, format string, a ...any) error {
 	return &InputError{Op: op, Msg: fmt.Sprintf(format, a...)}
 }

@@ -7,8 +7,10 @@ import (
 )
 
 // Flags between ranks. A flag is a 64-bit word in shared (or RMA window)
-// memory holding the sequence number of the last operation its writer
-// finished. The writer stores the data first, then the flag (signal); the
+// memory holding the sequence number q of the last operation its writer
+// finished, in its high 32 bits, and a payload in its low 32 (flagWord):
+// waits compare with q<<32, so the payload never makes a flag look newer or
+// older than its call. The writer stores the data first, then the flag (signal); the
 // reader waits for the flag (waitAll) and only then reads the data. Go's
 // atomic store and load are sequentially consistent, stronger than the
 // release and acquire this needs, so the reader sees every byte written
@@ -25,16 +27,29 @@ func signal(flags []ptr, v uint64) {
 // loadFlag reads a flag.
 func loadFlag(f ptr) uint64 { return atomic.LoadUint64((*uint64)(f)) }
 
+// flagWord is the value of a flag raised by call q with payload p.
+func flagWord(q uint64, p uint32) uint64 { return q<<32 | uint64(p) }
+
+// refusedBit marks an abort word: call q was refused (an input failed the
+// checks on a rank); the low 24 bits hold the rank that refused it.
+const refusedBit = 1 << 31
+
+// refusedBy is the payload of an abort word for a call rank r refused.
+func refusedBy(r int) uint32 { return refusedBit | uint32(r)&0xffffff }
+
 // clockAfter is how many sweeps a wait makes before it reads the clock.
 const clockAfter = 64
 
 // waitAll waits until every flag holds at least target, for at most
 // timeout, and returns the index of the first flag still short of it, or
-// -1. It spins for spin first (a peer with a core of its own answers within
+// -1. aborts (nil: none) holds, for each flag, the abort word of the rank
+// that raises it: when a flag is late and its rank's abort word says the
+// target's call was refused, waitAll returns at once with the rank that
+// refused it (refused; else -1). It spins for spin first (a peer with a core of its own answers within
 // microseconds, and giving up the core would cost more), then yields the
 // core between sweeps (a machine may run more ranks than cores), and after
 // 5 ms sleeps 50 us between sweeps.
-func waitAll(flags []ptr, target uint64, timeout, spin time.Duration) int {
+func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration) (missing, refused int) {
 	first := 0 // flags before it have arrived
 	var start time.Time
 	spinning := spin > 0
@@ -43,7 +58,12 @@ func waitAll(flags []ptr, target uint64, timeout, spin time.Duration) int {
 			first++
 		}
 		if first == len(flags) {
-			return -1
+			return -1, -1
+		}
+		if aborts != nil {
+			if a := atomic.LoadUint64((*uint64)(aborts[first])); a>>32 == target>>32 && a&refusedBit != 0 {
+				return -1, int(a & 0xffffff)
+			}
 		}
 		// When spinning, the clock is read only once the flags are late: most
 		// waits end within the first sweeps, and reading it costs more than a
@@ -57,7 +77,7 @@ func waitAll(flags []ptr, target uint64, timeout, spin time.Duration) int {
 		if sweep&63 == 0 {
 			waited := time.Since(start)
 			if waited > timeout {
-				return first
+				return first, -1
 			}
 			spinning = waited < spin
 			if waited > 5*time.Millisecond {

@@ -245,6 +245,27 @@ func (g *Group[E]) engineError(err error) error {
 	return err
 }
 
+// refuse makes a collective call this rank refused (err) fail on every
+// rank at once: the call is numbered as on the others (and in LL takes its
+// buffer set's turn), and an engine that is a Refuser tells the other
+// ranks, which get a *RefusedError naming this rank and err. set is the
+// call's buffer set, or -1 when this rank cannot know it.
+func (g *Group[E]) refuse(kind CallKind, set int, err error) error {
+	g.op++
+	if kind == CallDispatch {
+		if g.spec.Mode == LowLatency {
+			set = int(g.dispatches % 2)
+		}
+		g.dispatches++
+	}
+	if r, ok := g.eng.(Refuser); ok {
+		if rerr := r.Refuse(&Refusal{Op: g.op, Set: set, Kind: kind, Reason: err.Error()}); rerr != nil {
+			return errors.Join(err, g.engineError(rerr))
+		}
+	}
+	return err
+}
+
 // opNames name the calls in errors: "ll dispatch", "ht combine", ... made
 // once, so that calls do not build strings.
 type opNames struct{ dispatch, cached, combine string }

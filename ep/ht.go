@@ -202,7 +202,7 @@ func (m *htMode) send(d *Dispatch) error {
 		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*m.K), t.lsa(dst, m.w+4*first*m.K),
 			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst)
 	}
-	if err := t.raise(t.nodeRanks, flagData, 0, me, q); err != nil {
+	if err := t.raise(t.nodeRanks, flagData, 0, me, q, 0); err != nil {
 		return err
 	}
 	return m.sendAcross(d)
@@ -304,7 +304,7 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	return t.raise(m.myRails, flagStaged, 0, t.me, d.Op)
+	return t.raise(m.myRails, flagStaged, 0, t.me, d.Op, 0)
 }
 
 func (m *htMode) wait(d *Dispatch) error {
@@ -376,7 +376,7 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*K), t.lsa(dst, m.w+4*first*K),
 			perDst[dst], tok, topk, w, K, m.L, dst)
 	}
-	return t.raise(t.nodeRanks, flagData, 0, s, d.Op)
+	return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0)
 }
 
 // recvOffAt is where rows from source s start among rank dst's rows.
@@ -449,7 +449,7 @@ func (m *htMode) combineSend(c *Combine) error {
 		copy(hostTensor[float32](e, m.vals, c.RowValues.Len()).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
-	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op<<ySrcBits|uint64(ysrc))
+	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op, uint32(ysrc))
 }
 
 func (m *htMode) combineWait(c *Combine) error {
@@ -458,14 +458,14 @@ func (m *htMode) combineWait(c *Combine) error {
 	d := c.Dispatch
 	st := d.State.(*htState)
 	rt, R, K, M := d.Route, m.R, m.K, m.M
-	if err := t.await(op, "its partial outputs", flagReady, 0, t.nodeRanks, nil, c.Op<<ySrcBits); err != nil {
+	if err := t.await(op, "its partial outputs", flagReady, 0, t.nodeRanks, nil, c.Op); err != nil {
 		return err
 	}
 	area := growTo(m.area, R) // where each rank of this node keeps its partials
 	m.area = area
 	missing := -1
 	for _, r := range t.nodeRanks {
-		where := t.flagValue(flagReady, 0, r, r)
+		where := t.flagPayload(flagReady, 0, r, r)
 		area[r] = m.comb
 		if where&ySrcComb == 0 {
 			area[r] = m.recv
@@ -548,7 +548,7 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 			}
 		}
 	}
-	if err := t.raise(m.senderRanks, flagSums, 0, t.me, c.Op); err != nil {
+	if err := t.raise(m.senderRanks, flagSums, 0, t.me, c.Op, 0); err != nil {
 		return err
 	}
 	return t.await(op, "the sums of its node", flagSums, 0, m.myRails, nil, c.Op)

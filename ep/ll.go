@@ -60,7 +60,7 @@ type llMode struct {
 	src    addrTable // reduce: source rows
 	wts    []float32 // reduce: their weights
 	vp     addrTable // slot values: source of each (token, slot)
-	where  []uint64  // combine: where each rank's outputs are
+	where  []uint32  // combine: where each rank's outputs are
 }
 
 // slotProtocolMax is the largest message (the most bytes one rank sends:
@@ -234,7 +234,7 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	return t.raise(t.all, flagData, b, me, d.Op)
+	return t.raise(t.all, flagData, b, me, d.Op, 0)
 }
 
 func (m *llMode) wait(d *Dispatch) error {
@@ -324,13 +324,11 @@ func (m *llMode) settleRows(b int, st *llState) {
 	}
 }
 
-// Where a rank's expert outputs are, carried in the low bits of its
-// combine-ready flag.
+// Where a rank's expert outputs are: the payload of its combine-ready flag.
 const (
 	ySrcRecv   = 1 // the receive buffer
 	ySrcComb   = 2 // the combine buffer
 	ySrcValues = 4 // bit: row values were passed
-	ySrcBits   = 3 // flag value = q<<ySrcBits | where
 )
 
 func (m *llMode) combineSend(c *Combine) error {
@@ -378,7 +376,7 @@ func (m *llMode) combineSend(c *Combine) error {
 	if err := t.flush(t.segBytes); err != nil {
 		return err
 	}
-	return t.raise(t.all, flagReady, b, me, c.Op<<ySrcBits|uint64(ysrc))
+	return t.raise(t.all, flagReady, b, me, c.Op, uint32(ysrc))
 }
 
 func (m *llMode) combineWait(c *Combine) error {
@@ -387,14 +385,14 @@ func (m *llMode) combineWait(c *Combine) error {
 	d := c.Dispatch
 	b, me, rt, K, L := d.Set, t.me, d.Route, m.K, m.L
 	st := d.State.(*llState)
-	if err := t.await(op, "its expert outputs", flagReady, b, t.all, nil, c.Op<<ySrcBits); err != nil {
+	if err := t.await(op, "its expert outputs", flagReady, b, t.all, nil, c.Op); err != nil {
 		return err
 	}
 	withValues := !c.SlotValues.IsZero()
 	missing := -1
 	m.where = growTo(m.where, m.R)
 	for r := range m.where {
-		m.where[r] = t.flagValue(flagReady, b, r, r) & (1<<ySrcBits - 1)
+		m.where[r] = t.flagPayload(flagReady, b, r, r)
 		if m.slots { // where this rank's rows ended up in r's blocks: r packed them
 			packed := unsafe.Slice((*int32)(t.exposed(r, m.packed[b]+4*me*L, m.cpacked[b]+4*r*L)), L)
 			copy(st.off[me*m.E+r*L:me*m.E+(r+1)*L], packed)

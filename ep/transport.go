@@ -1,6 +1,8 @@
 package ep
 
 import (
+	"bytes"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -36,25 +38,30 @@ const flagSlot = 64
 type flagKind int
 
 const (
-	flagCounts flagKind = iota // the source's count vector can be read
-	flagData                   // the source's rows are in place (or staged)
-	flagReady                  // the source's expert outputs can be read; value q<<3 | where they are
-	flagDone                   // the source finished reading this rank's buffers in place
-	flagStaged                 // HT: the source's tokens are staged here, at its rail peer
-	flagSums                   // HT: the source (a rail peer) put its node's sums here
+	flagCounts  flagKind = iota // the source's count vector can be read
+	flagData                    // the source's rows are in place (or staged)
+	flagReady                   // the source's expert outputs can be read; value q<<3 | where they are
+	flagDone                    // the source finished reading this rank's buffers in place
+	flagStaged                  // HT: the source's tokens are staged here, at its rail peer
+	flagSums                    // HT: the source (a rail peer) put its node's sums here
+	flagAborted                 // the source ended a refused call (payload: the rank that refused it)
 	numFlagKinds
 )
 
-// inbox places the flags and count vectors at the start of both memories.
+// inbox places the flags, count vectors and refusal notes at the start of
+// both memories.
 type inbox struct {
 	ranks    int
 	countLen int // int32s in one rank's count vector
 	size     int
 }
 
+// noteLen is the room for a refusing rank's reason (longer ones are cut).
+const noteLen = 512
+
 func newInbox(ranks, countLen int) inbox {
 	in := inbox{ranks: ranks, countLen: countLen}
-	in.size = in.countsOff(2, 0)
+	in.size = in.noteOff(ranks)
 	return in
 }
 
@@ -65,6 +72,8 @@ func (in inbox) flagOff(k flagKind, set, src int) int {
 func (in inbox) countsOff(set, src int) int {
 	return int(numFlagKinds)*2*in.ranks*flagSlot + 4*(set*in.ranks+src)*in.countLen
 }
+
+func (in inbox) noteOff(src int) int { return in.countsOff(2, 0) + src*noteLen }
 
 // transport reaches the other ranks of a group.
 type transport struct {
@@ -88,7 +97,7 @@ type transport struct {
 	spin time.Duration
 
 	// Reused from call to call.
-	flags         []ptr
+	flags, aborts []ptr
 	peers         []int
 	locDst        addrTable
 	locOff, lens  []int64
@@ -114,10 +123,12 @@ func (t *transport) inboxOf(via, off int) ptr {
 	return t.staged(off)
 }
 
-// raise sets this rank's flag of kind k and set to v at every rank of to
-// (on behalf of rank of: this rank, or a rank whose rows this one forwarded).
-// Data written before raise is visible to a rank that sees the flag.
-func (t *transport) raise(to []int, k flagKind, set, of int, v uint64) error {
+// raise sets this rank's flag of kind k and set to call q with payload p at
+// every rank of to (on behalf of rank of: this rank, or a rank whose rows
+// this one forwarded). Data written before raise is visible to a rank that
+// sees the flag.
+func (t *transport) raise(to []int, k flagKind, set, of int, q uint64, p uint32) error {
+	v := flagWord(q, p)
 	off := t.in.flagOff(k, set, of)
 	local, blocks := t.flags[:0], t.flagB[:0]
 	for _, d := range to {
@@ -139,11 +150,20 @@ func (t *transport) raise(to []int, k flagKind, set, of int, v uint64) error {
 	return t.win.PutBlocks(t.word, blocks)
 }
 
-// await waits until flag (k, set, from[i]) holds at least target for every
-// i, as raised by via[i] (via nil: by from[i] itself). A timeout names
-// via[i], the rank that should have raised it, and what it stands for.
-func (t *transport) await(op, what string, k flagKind, set int, from, via []int, target uint64) error {
-	flags, peers := t.flags[:0], t.peers[:0]
+// await waits until flag (k, set, from[i]) holds call q for every i, as
+// raised by via[i] (via nil: by from[i] itself). A timeout names via[i], the
+// rank that should have raised it, and what it stands for; a late rank
+// whose abort word says call q was refused ends the wait with a *refusal
+// naming the rank that refused it.
+func (t *transport) await(op, what string, k flagKind, set int, from, via []int, q uint64) error {
+	return t.wait(op, what, k, set, from, via, q, true)
+}
+
+// wait is await; with watchAborts false it does not look at abort words
+// (the rendezvous that ends a refused call waits for those themselves).
+func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, q uint64, watchAborts bool) error {
+	target := flagWord(q, 0)
+	flags, aborts, peers := t.flags[:0], t.aborts[:0], t.peers[:0]
 	for i, s := range from {
 		if s == t.me && via == nil {
 			continue
@@ -153,17 +173,19 @@ func (t *transport) await(op, what string, k flagKind, set int, from, via []int,
 			v = via[i]
 		}
 		flags = append(flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
+		aborts = append(aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
 		peers = append(peers, v)
 	}
-	t.flags, t.peers = flags, peers
+	t.flags, t.aborts, t.peers = flags, aborts, peers
 	if len(flags) == 0 {
 		return nil
 	}
+	if !watchAborts {
+		aborts = nil
+	}
 	if t.win == nil {
-		if i := waitAll(flags, target, t.timeout, t.spin); i >= 0 {
-			return &TimeoutError{Op: op, Peer: peers[i], What: what, After: t.timeout}
-		}
-		return nil
+		i, refused := waitAll(flags, aborts, target, t.timeout, t.spin)
+		return t.waitResult(op, what, peers, i, refused)
 	}
 	// Across nodes, poll in slices and let MPI make progress between them:
 	// a one-sided put may need the target to take part in MPI (as UCX over
@@ -173,23 +195,70 @@ func (t *transport) await(op, what string, k flagKind, set int, from, via []int,
 		if err := t.win.Sync(); err != nil {
 			return err
 		}
-		i := waitAll(flags, target, progressSlice, min(t.spin, progressSlice))
-		if i < 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return &TimeoutError{Op: op, Peer: peers[i], What: what, After: t.timeout}
+		i, refused := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice))
+		if i < 0 || time.Now().After(deadline) {
+			return t.waitResult(op, what, peers, i, refused)
 		}
 	}
 }
+
+// waitResult turns waitAll's outcome into await's error.
+func (t *transport) waitResult(op, what string, peers []int, missing, refused int) error {
+	switch {
+	case refused >= 0:
+		return &refusal{origin: refused}
+	case missing >= 0:
+		return &TimeoutError{Op: op, Peer: peers[missing], What: what, After: t.timeout}
+	}
+	return nil
+}
+
+// refusal is what await returns when the call it waits in was refused by
+// a rank (origin): the engine ends the call (endRefused) and reports a
+// *RefusedError with that rank's note.
+type refusal struct{ origin int }
+
+func (r *refusal) Error() string { return "ep: the call was refused by rank " + strconv.Itoa(r.origin) }
 
 // progressSlice is how long a wait across nodes polls memory before it
 // calls into MPI again.
 const progressSlice = 200 * time.Microsecond
 
-// flagValue reads flag (k, set, of) as raised by via.
-func (t *transport) flagValue(k flagKind, set, of, via int) uint64 {
-	return loadFlag(t.inboxOf(via, t.in.flagOff(k, set, of)))
+// flagPayload reads the payload of flag (k, set, of) as raised by via.
+func (t *transport) flagPayload(k flagKind, set, of, via int) uint32 {
+	return uint32(loadFlag(t.inboxOf(via, t.in.flagOff(k, set, of))))
+}
+
+// writeNote makes reason this rank's refusal note: in its segment for the
+// node's ranks, put into the other nodes' inboxes. It precedes the refused
+// flags, which make it visible.
+func (t *transport) writeNote(reason string) error {
+	off := t.in.noteOff(t.me)
+	note := make([]byte, noteLen) // a refused call is no hot path
+	copy(note[:noteLen-1], reason)
+	copy(unsafe.Slice((*byte)(t.lsa(t.me, off)), noteLen), note)
+	var blocks []mpi.Block
+	for _, d := range t.remote {
+		blocks = append(blocks, mpi.Block{Len: noteLen, Target: d, DstOffset: off})
+	}
+	if len(blocks) == 0 {
+		return nil
+	}
+	return t.win.PutBlocks(note, blocks)
+}
+
+// note is rank origin's refusal note.
+func (t *transport) note(origin int) string {
+	off := t.in.noteOff(origin)
+	p := t.staged(off)
+	if t.local[origin] {
+		p = t.lsa(origin, off)
+	}
+	b := unsafe.Slice((*byte)(p), noteLen)
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
 }
 
 // shareCounts makes vec this rank's count vector of set b and raises
@@ -199,7 +268,7 @@ func (t *transport) shareCounts(b int, q uint64, vec []int32) error {
 	if err := t.putCounts(b, vec); err != nil {
 		return err
 	}
-	return t.raise(t.others, flagCounts, b, t.me, q)
+	return t.raise(t.others, flagCounts, b, t.me, q, 0)
 }
 
 // putCounts is shareCounts without the flag, for a protocol whose counts
@@ -315,5 +384,5 @@ func (t *transport) awaitReaders(op string, b int, last uint64) error {
 // releaseReaders tells the ranks whose buffers of set b this rank read in
 // place (its node peers) that combine q is over.
 func (t *transport) releaseReaders(b int, q uint64) error {
-	return t.raise(t.nodeRanks, flagDone, b, t.me, q)
+	return t.raise(t.nodeRanks, flagDone, b, t.me, q, 0)
 }

@@ -31,6 +31,10 @@ type Suite struct {
 	// ZeroAllocs asks for the check that steady-state dispatch+combine
 	// cycles allocate nothing.
 	ZeroAllocs bool
+	// Refusals asks for the check that one rank's refused input fails the
+	// same call on every rank at once (the backend's engines are
+	// ep.Refusers).
+	Refusals bool
 }
 
 // testTimeout is the groups' timeout in the checks: long enough for a
@@ -52,6 +56,9 @@ func Run(t *testing.T, s Suite) {
 		t.Run("MatchesReference", func(t *testing.T) { s.testMatchesReference(t) })
 	}
 	t.Run("BadInputIsRefusedAndWritesNothing", func(t *testing.T) { s.testBadInput(t) })
+	if s.Refusals {
+		t.Run("RefusalFailsEveryRank", func(t *testing.T) { s.testRefusalFailsEveryRank(t) })
+	}
 	t.Run("InvalidConfigs", func(t *testing.T) { s.testInvalidConfigs(t) })
 	t.Run("UseAfterClose", func(t *testing.T) { s.testUseAfterClose(t) })
 	if s.ZeroAllocs {
