@@ -1,6 +1,10 @@
 package ep
 
-import "github.com/goep/goep/mpi"
+import (
+	"time"
+
+	"github.com/goep/goep/mpi"
+)
 
 // A Backend makes the engines that move a Group's rows: CPU (the default:
 // MPI shared memory inside a node, one-sided MPI across nodes), Alltoallv
@@ -87,6 +91,13 @@ const (
 	CallDispatch CallKind = iota + 1 // Dispatch, DispatchCached and their halves
 	CallCombine                      // Combine and its halves
 )
+
+// A Meter is an Engine that measures, since it was opened, how long this
+// rank waited for each peer (waits, indexed by rank) and how many bytes it
+// sent across nodes (network). Group.Stats reports them.
+type Meter interface {
+	Meter() (waits []time.Duration, network int64)
+}
 
 // Placement places a group's ranks on nodes.
 type Placement struct {

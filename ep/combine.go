@@ -91,6 +91,9 @@ func (r CombineRequest[E]) Wait() error {
 	}
 	s.inComb = false
 	err := g.engineError(g.eng.CombineWait(&s.c))
+	if err == nil {
+		g.count(s, true)
+	}
 	if g.spec.Mode == LowLatency && !isRefused(err) { // the combine ran (it may have refused an option): the set is free
 		s.done = true
 		if g.pending[s.d.Set] == s {

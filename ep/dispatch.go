@@ -138,6 +138,8 @@ func (r DispatchRequest[E]) Wait() (Handle[E], error) {
 		return Handle[E]{}, err
 	}
 	s.ready = true
+	g.traffic(s)
+	g.count(s, false)
 	return Handle[E]{s: s, gen: s.gen}, nil
 }
 

@@ -97,6 +97,7 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 		}
 	}
 	tr.nodeRanks = t.RanksOnNode(e.node)
+	tr.waits = make([]time.Duration, R)
 	if len(tr.nodeRanks) <= onlineCPUs() {
 		tr.spin = spinWhenAlone
 	}
@@ -147,6 +148,9 @@ func (e *engine) Placement() Placement {
 func (e *engine) Memory() Memory { return HostMemory }
 
 func (e *engine) BufferBytes() int { return e.segSize + e.winSize }
+
+// Meter reports what the engine measured since it was opened.
+func (e *engine) Meter() ([]time.Duration, int64) { return e.t.waits, e.t.netBytes }
 
 func (e *engine) DispatchSend(d *Dispatch) error {
 	return e.outcome(d.Op, e.names.dispatch, e.mode.send(d))

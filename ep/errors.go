@@ -20,6 +20,7 @@ var ErrBadInput = errors.New("ep: bad input")
 type TimeoutError struct {
 	Op    string        // the call, e.g. "ll dispatch"
 	Peer  int           // the rank that did not arrive; -1 when the engine cannot tell (an MPI collective)
+	Host  string        // the peer's host, when known
 	What  string        // what was waited for
 	After time.Duration // the timeout
 }
@@ -29,8 +30,12 @@ func (e *TimeoutError) Error() string {
 		return fmt.Sprintf("ep: %s: a rank did not arrive within %v (waiting for %s, which cannot say which): it has stopped or stalled",
 			e.Op, e.After, e.What)
 	}
-	return fmt.Sprintf("ep: %s: rank %d did not arrive within %v (waiting for %s): it has stopped or stalled",
-		e.Op, e.Peer, e.After, e.What)
+	peer := fmt.Sprintf("rank %d", e.Peer)
+	if e.Host != "" {
+		peer += " on host " + e.Host
+	}
+	return fmt.Sprintf("ep: %s: %s did not arrive within %v (waiting for %s): it has stopped or stalled",
+		e.Op, peer, e.After, e.What)
 }
 
 // Is reports whether target is ErrTimeout.

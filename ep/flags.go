@@ -49,7 +49,11 @@ const clockAfter = 64
 // microseconds, and giving up the core would cost more), then yields the
 // core between sweeps (a machine may run more ranks than cores), and after
 // 5 ms sleeps 50 us between sweeps.
-func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration) (missing, refused int) {
+//
+// A wait that read the clock also says how long it waited (waited) and for
+// which flag last (late): the statistics of a rank's waits on its peers. A
+// wait that ended before reading the clock waited nothing worth counting.
+func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration) (missing, refused, late int, waited time.Duration) {
 	first := 0 // flags before it have arrived
 	var start time.Time
 	spinning := spin > 0
@@ -58,11 +62,15 @@ func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration) (m
 			first++
 		}
 		if first == len(flags) {
-			return -1, -1
+			if !start.IsZero() {
+				waited = time.Since(start)
+			}
+			return -1, -1, late, waited
 		}
+		late = first
 		if aborts != nil {
 			if a := atomic.LoadUint64((*uint64)(aborts[first])); a>>32 == target>>32 && a&refusedBit != 0 {
-				return -1, int(a & 0xffffff)
+				return -1, int(a & 0xffffff), late, 0
 			}
 		}
 		// When spinning, the clock is read only once the flags are late: most
@@ -75,9 +83,9 @@ func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration) (m
 			start = time.Now()
 		}
 		if sweep&63 == 0 {
-			waited := time.Since(start)
+			waited = time.Since(start)
 			if waited > timeout {
-				return first, -1
+				return first, -1, late, waited
 			}
 			spinning = waited < spin
 			if waited > 5*time.Millisecond {

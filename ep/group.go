@@ -41,6 +41,7 @@ type Group[E Element] struct {
 	pending    [2]*handleState[E] // LL: per buffer set, the handle whose combine has not run
 	htLast     uint64             // HT: op of the newest dispatch, whose rows the receive buffer holds
 	scratchRT  Routing            // routing of a dispatch being checked
+	stats      stats
 	names      opNames
 	broken     error
 	closed     bool
@@ -60,6 +61,8 @@ type handleState[E Element] struct {
 	done    bool // LL: combined
 	c       Combine
 	inComb  bool // a CombineSend whose Wait has not run
+	// rows to and from each rank in the dispatch (statistics)
+	rowsTo, rowsFrom []int32
 }
 
 // busy reports a record that a call still needs.
@@ -116,10 +119,38 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		names: newOpNames(cfg.Mode)}
 	g.sh = shape{E: cfg.NumExperts, L: cfg.NumExperts / g.size, R: g.size, K: cfg.TopK, nodes: p.Nodes,
 		nodeOf: make([]int32, g.size)}
+	if g.stats.hosts, err = hostNames(c); err != nil {
+		return nil, errors.Join(err, eng.Close())
+	}
+	g.stats.SentBytes, g.stats.RecvBytes = make([]int64, g.size), make([]int64, g.size)
+	g.ResetStats()
 	for r, n := range p.NodeOf {
 		g.sh.nodeOf[r] = int32(n)
 	}
 	return g, nil
+}
+
+// hostNameLen bounds a host's name in hostNames.
+const hostNameLen = 64
+
+// hostNames gathers every rank's host, for Stats and timeout errors. It is
+// collective.
+func hostNames(c *mpi.Comm) ([]string, error) {
+	name, err := mpi.ProcessorName()
+	if err != nil {
+		return nil, err
+	}
+	mine := make([]byte, hostNameLen)
+	copy(mine, name)
+	all := make([]byte, hostNameLen*c.Size())
+	if err := c.Allgather(mine, all); err != nil {
+		return nil, fmt.Errorf("ep: NewGroup: gathering host names: %w", err)
+	}
+	out := make([]string, c.Size())
+	for r := range out {
+		out[r] = strings.TrimRight(string(all[r*hostNameLen:(r+1)*hostNameLen]), "\x00")
+	}
+	return out, nil
 }
 
 // backendNameLen bounds a backend's name in the config check.
@@ -239,6 +270,7 @@ func (g *Group[E]) engineError(err error) error {
 	if err == nil || errors.Is(err, ErrBadInput) {
 		return err
 	}
+	g.nameHost(err)
 	if g.broken == nil {
 		g.broken = err
 	}
@@ -264,6 +296,14 @@ func (g *Group[E]) refuse(kind CallKind, set int, err error) error {
 		}
 	}
 	return err
+}
+
+// nameHost fills in the host of a timeout's peer.
+func (g *Group[E]) nameHost(err error) {
+	var te *TimeoutError
+	if errors.As(err, &te) && te.Peer >= 0 && te.Peer < len(g.stats.hosts) {
+		te.Host = g.stats.hosts[te.Peer]
+	}
 }
 
 // opNames name the calls in errors: "ll dispatch", "ht combine", ... made

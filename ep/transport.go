@@ -96,6 +96,11 @@ type transport struct {
 	// waits for).
 	spin time.Duration
 
+	// Statistics: per rank, the time this rank waited for its flags, and
+	// the bytes this rank put across nodes.
+	waits    []time.Duration
+	netBytes int64
+
 	// Reused from call to call.
 	flags, aborts []ptr
 	peers         []int
@@ -147,6 +152,7 @@ func (t *transport) raise(to []int, k flagKind, set, of int, q uint64, p uint32)
 		t.word = make([]byte, 8)
 	}
 	*(*uint64)(unsafe.Pointer(&t.word[0])) = v
+	t.netBytes += int64(8 * len(blocks))
 	return t.win.PutBlocks(t.word, blocks)
 }
 
@@ -184,7 +190,10 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 		aborts = nil
 	}
 	if t.win == nil {
-		i, refused := waitAll(flags, aborts, target, t.timeout, t.spin)
+		i, refused, late, waited := waitAll(flags, aborts, target, t.timeout, t.spin)
+		if waited > 0 {
+			t.waits[peers[late]] += waited
+		}
 		return t.waitResult(op, what, peers, i, refused)
 	}
 	// Across nodes, poll in slices and let MPI make progress between them:
@@ -195,7 +204,10 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 		if err := t.win.Sync(); err != nil {
 			return err
 		}
-		i, refused := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice))
+		i, refused, late, waited := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice))
+		if waited > 0 {
+			t.waits[peers[late]] += waited
+		}
 		if i < 0 || time.Now().After(deadline) {
 			return t.waitResult(op, what, peers, i, refused)
 		}
@@ -282,6 +294,7 @@ func (t *transport) putCounts(b int, vec []int32) error {
 	}
 	t.countB = blocks
 	if len(blocks) > 0 {
+		t.netBytes += int64(4 * len(vec) * len(blocks))
 		return t.win.PutBlocks(dtype.Bytes(vec), blocks)
 	}
 	return nil
@@ -339,6 +352,9 @@ func (t *transport) flush(origin []byte) error {
 	}
 	var err error
 	if len(t.blocks) > 0 {
+		for _, b := range t.blocks {
+			t.netBytes += int64(b.Len)
+		}
 		err = t.win.PutBlocks(origin, t.blocks)
 	}
 	t.locDst.reset()
