@@ -114,7 +114,11 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		}
 	}
 	eng, err := cfg.backend().Open(c, spec)
-	if err = mpi.AgreeOnError(c, err); err != nil {
+	var agreed *mpi.AgreedError
+	if !errors.As(err, &agreed) { // an engine that agreed already failed on every rank alike
+		err = mpi.AgreeOnError(c, err)
+	}
+	if err != nil {
 		if eng != nil {
 			err = errors.Join(err, eng.Close())
 		}

@@ -82,9 +82,15 @@ type llState struct {
 }
 
 func newLL(e *engine, seg, win *areas) *llMode {
-	s := e.spec
-	R := e.t.size
-	m := &llMode{e: e, R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
+	m := layoutLL(e.spec, e.t.size, seg, win)
+	m.e = e
+	return m
+}
+
+// layoutLL places LL's areas for a group of R ranks: what newLL does but
+// for the engine, which BufferPlan needs too.
+func layoutLL(s Spec, R int, seg, win *areas) *llMode {
+	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
 		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank}
 	rows := m.L * m.span
 	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
