@@ -1,6 +1,7 @@
 package eptest
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -21,6 +22,10 @@ func (s Suite) testLifecycle(t *testing.T) {
 	t.Run("CreateRunClose50Times", func(t *testing.T) { s.testCreateRunClose(t, 50) })
 	t.Run("GroupOnSubCommunicator", func(t *testing.T) { s.testSubCommunicator(t) })
 	t.Run("RanksCloseAtDifferentTimes", func(t *testing.T) { s.testCloseAtDifferentTimes(t) })
+	if s.Comm.Size() > 1 {
+		t.Run("SkippedNewGroupNamesTheRank", func(t *testing.T) { s.testSkippedNewGroup(t) })
+		t.Run("SkippedCloseNamesTheRank", func(t *testing.T) { s.testSkippedClose(t) })
+	}
 }
 
 // oneRound dispatches every rank's tokens of sc on g and combines them with
@@ -143,4 +148,55 @@ func (s Suite) testCloseAtDifferentTimes(t *testing.T) {
 		}
 		require.NoError(t, g.Close(), "%v: rank %d closing", mode, me)
 	}
+}
+
+// skipTimeout is how long the others wait for a rank that skips NewGroup or
+// Close in the checks below.
+const skipTimeout = time.Second
+
+// requireMissing checks that err names rank as the one that did not call op.
+func requireMissing(t *testing.T, err error, op string, rank int) {
+	t.Helper()
+	var te *ep.TimeoutError
+	require.Error(t, err, "%s returned although rank %d never called it", op, rank)
+	require.True(t, errors.As(err, &te), "%s: %v is not an *ep.TimeoutError", op, err)
+	assert.Equal(t, rank, te.Peer, "%s: the rank named (%v)", op, err)
+	assert.Equal(t, op, te.Op)
+	assert.ErrorIs(t, err, ep.ErrTimeout)
+}
+
+// The last rank does not call NewGroup: every other rank's NewGroup returns
+// an error naming it, after the timeout, instead of hanging in a collective.
+func (s Suite) testSkippedNewGroup(t *testing.T) {
+	defer s.agree(t)
+	R, me := s.Comm.Size(), s.Comm.Rank()
+	if me == R-1 {
+		return
+	}
+	cfg := scenarios(R)[0].config(ep.LowLatency)
+	cfg.Backend, cfg.Timeout = s.Backend, skipTimeout
+	g, err := ep.NewGroup[float32](s.Comm, cfg)
+	if g != nil {
+		assert.NoError(t, g.Close())
+	}
+	requireMissing(t, err, "NewGroup", R-1)
+}
+
+// The last rank does not call Close at first: the others' Close names it and
+// frees nothing; when it closes, a second Close on the others succeeds.
+func (s Suite) testSkippedClose(t *testing.T) {
+	defer s.agree(t)
+	R, me := s.Comm.Size(), s.Comm.Rank()
+	sc := scenarios(R)[1]
+	cfg := sc.config(ep.LowLatency)
+	cfg.Backend, cfg.Timeout = s.Backend, skipTimeout
+	g, err := ep.NewGroup[float32](s.Comm, cfg)
+	require.NoError(t, err)
+	oneRound(t, s, g, ep.LowLatency, sc)
+	if me != R-1 {
+		requireMissing(t, g.Close(), "Close", R-1)
+	}
+	// Every rank now closes: the last for the first time, the others again.
+	require.NoError(t, s.Comm.Barrier())
+	require.NoError(t, g.Close(), "rank %d: closing once every rank closes", me)
 }
