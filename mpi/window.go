@@ -96,7 +96,9 @@ func (w *Window) checkTarget(call string, target, offset, n int) error {
 }
 
 // LockAll opens a passive-target access epoch to every rank
-// (MPI_Win_lock_all). It is not collective.
+// (MPI_Win_lock_all with MPI_MODE_NOCHECK: a Window has no exclusive locks).
+// It does not communicate, so it never waits for a peer, even one that is not
+// calling MPI. It is not collective.
 func (w *Window) LockAll() error {
 	if w.freed {
 		return argErrorf("Window.LockAll", "window has been freed")

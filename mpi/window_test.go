@@ -2,7 +2,11 @@ package mpi_test
 
 import (
 	"encoding/binary"
+	"runtime"
+	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -102,4 +106,42 @@ func TestWindowPutGetAtomics(t *testing.T) {
 	require.NoError(t, win.UnlockAll())
 	require.NoError(t, win.Free())
 	mpitesting.Agree(t, w)
+}
+
+// Opening an epoch must not need the peers' MPI progress. Across hosts (Open
+// MPI's osc/ucx over TCP) a lock taken with remote atomics completes only when
+// the target next calls MPI, so a rank locking while its peers poll window
+// memory for its signal, as ep's waits do, would wait for them while they wait
+// for it (issue 17). Here rank 0 locks while every other rank polls its window
+// for rank 0's put and makes no MPI call; they give up after a deadline.
+func TestLockAllWhilePeersAreOutOfMPI(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	win, err := w.AllocateWindow(8)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, win.Free()) }()
+	require.NoError(t, w.Barrier())
+	const deadline = 20 * time.Second
+	if w.Rank() == 0 {
+		time.Sleep(50 * time.Millisecond) // the peers leave MPI first
+		require.NoError(t, win.LockAll())
+		word := binary.LittleEndian.AppendUint64(nil, 1)
+		var blocks []mpi.Block
+		for r := 1; r < w.Size(); r++ {
+			blocks = append(blocks, mpi.Block{Len: 8, Target: r})
+		}
+		require.NoError(t, win.PutBlocks(word, blocks))
+	} else {
+		flag := (*uint64)(unsafe.Pointer(&win.Local()[0]))
+		start := time.Now()
+		for atomic.LoadUint64(flag) != 1 { // no MPI call while waiting
+			if time.Since(start) > deadline {
+				t.Errorf("rank %d: rank 0's LockAll and put did not arrive within %v while this rank made no MPI call", w.Rank(), deadline)
+				break
+			}
+			runtime.Gosched()
+		}
+		require.NoError(t, win.LockAll())
+	}
+	require.NoError(t, w.Barrier())
 }
