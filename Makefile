@@ -13,7 +13,7 @@ MPI_TEST_SIM  ?= 4/2,8/4,8/2
 
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps deps-nvrtc build run hello test test-unit test-mpi test-gpu test-slurm lint clean
+.PHONY: all deps deps-nvrtc build run hello test test-unit test-mpi test-gpu test-slurm test-cluster lint clean
 
 all: build
 
@@ -77,6 +77,13 @@ test-gpu: deps
 ## the training (train.sbatch) and a small scaling study (study.sbatch) by srun and mpirun; 1.5-2 min.
 test-slurm:
 	GO=$(GO) scripts/slurm/test-slurm.sh
+
+## test-cluster: goep across emulated hosts with their own network (root): scripts/cluster/cluster.sh brings
+## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); the mpi, ep and moe test
+## binaries run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host, a short training, ep-bench LL
+## and HT against alltoallv; then it comes down and nothing may be left. About 2 minutes.
+test-cluster: deps
+	GO=$(GO) scripts/cluster/test-cluster.sh
 
 clean:
 	rm -rf bin out

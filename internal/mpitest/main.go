@@ -315,6 +315,9 @@ func (rn runner) one(pkg, bin, dir, name string, cfg config) result {
 	if cfg.perNode > 0 {
 		args = append(args, "-x", "GOEP_RANKS_PER_NODE="+strconv.Itoa(cfg.perNode))
 	}
+	if v, ok := os.LookupEnv("GOEP_REQUIRE_TOOLS"); ok { // ranks on other hosts do not inherit it
+		args = append(args, "-x", "GOEP_REQUIRE_TOOLS="+v)
+	}
 	if len(cfg.hosts) > 0 {
 		var place []string
 		for i, n := range cfg.hosts {
