@@ -73,10 +73,13 @@ test-gpu: deps
 	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/gpu-mpi.test ./gpu
 	cp scripts/gpu/run-on-device.sh bin/gpu/
 
-## test-slurm: a real 2-node Slurm cluster on this machine (root): mpi-hello by srun and sbatch+mpirun,
-## the training (train.sbatch) and a small scaling study (study.sbatch) by srun and mpirun; 1.5-2 min.
+## test-slurm: a real 2-node Slurm cluster (root): mpi-hello by srun and sbatch+mpirun, the training
+## (train.sbatch) and a small scaling study (study.sbatch) by srun and mpirun; 1.5-2 min. The nodes
+## are emulated hosts with their own network (scripts/cluster, one slurmd each); SLURM_TEST_FLAGS=--local
+## simulates both nodes on this machine instead (where network namespaces are not available).
+SLURM_TEST_FLAGS ?= --net
 test-slurm:
-	GO=$(GO) scripts/slurm/test-slurm.sh
+	GO=$(GO) scripts/slurm/test-slurm.sh $(SLURM_TEST_FLAGS)
 
 ## test-cluster: goep across emulated hosts with their own network (root): scripts/cluster/cluster.sh brings
 ## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); the mpi, ep and moe test

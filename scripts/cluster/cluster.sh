@@ -189,6 +189,7 @@ up() {
     # The host's own /tmp and /dev/shm (bound in its mount view) and its hostname (a UTS
     # namespace bound to a file, so that every process started in the host shares it).
     install -d -m 1777 "$DIR/h$i/tmp" "$DIR/h$i/shm"
+    mkdir -p "$DIR/h$i/cgroup"   # where the machine's cgroups wait while /sys is remounted
     touch "$DIR/ns/h$i.uts"
     unshare --uts="$DIR/ns/h$i.uts" hostname "$PREFIX-h$i"
   done
@@ -244,21 +245,31 @@ healthy() {
 # inhost I CMD...: run CMD in host I, in the current directory: in its network and UTS namespaces
 # and in a mount namespace of its own where the host's directories are bound over /tmp and
 # /dev/shm, a sysfs of the host's network namespace over /sys (Open MPI and UCX read interfaces
-# there) and the cluster's host table over /etc/hosts. The mount view is made afresh for each
+# there) with the machine's cgroups kept at /sys/fs/cgroup (slurmd needs them), and the cluster's
+# host table over /etc/hosts. The mount view is made afresh for each
 # command rather than kept in a persistent namespace: a namespace file bound after a host's view
 # was copied is not visible in it, and pid 1's namespaces, the way back, may be out of reach.
 inhost() {
+  inhost_argv "$@"
+  "${ARGV[@]}"
+}
+
+# inhost_argv I CMD...: sets ARGV to the command line of inhost (exec runs it in place, so that
+# the caller's pid becomes CMD's: a daemon started in the background keeps the pid it was given).
+inhost_argv() {
   local i=$1
   shift
-  nsenter --net="/run/netns/$(host_ns "$i")" --uts="$DIR/ns/h$i.uts" \
+  ARGV=(nsenter --net="/run/netns/$(host_ns "$i")" --uts="$DIR/ns/h$i.uts"
     unshare --mount --propagation private /bin/sh -ec '
       mount --bind "$1/h$2/tmp" /tmp
       mount --bind "$1/h$2/shm" /dev/shm
+      if mountpoint -q /sys/fs/cgroup; then mount --rbind /sys/fs/cgroup "$1/h$2/cgroup"; fi
       mount -t sysfs "goep-h$2-sys" /sys
+      if mountpoint -q "$1/h$2/cgroup"; then mount --move "$1/h$2/cgroup" /sys/fs/cgroup; fi
       mount --bind "$1/hosts" /etc/hosts
       cd "$3"
       shift 3
-      exec "$@"' inhost "$DIR" "$i" "$PWD" "$@"
+      exec "$@"' inhost "$DIR" "$i" "$PWD" "$@")
 }
 
 # writeenv: the Open MPI settings every launch across the hosts needs, as export lines.
@@ -356,7 +367,8 @@ case "$cmd" in
     i=$(resolve "$1")
     [ -n "$i" ] || die "exec: no host '$1' in the cluster (hosts: $(cluster_hosts | sed "s/^/$PREFIX-h/" | xargs))"
     shift
-    inhost "$i" "$@"
+    inhost_argv "$i" "$@"
+    exec "${ARGV[@]}"
     ;;
   *) usage ;;
 esac
