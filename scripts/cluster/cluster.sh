@@ -142,6 +142,12 @@ leftovers() {
 up() {
   local n=$1 rate=$2 delay=$3 slots=$4 explicit=$5 i ns want
   want="hosts=$n rate=$rate delay=$delay slots=$slots"
+  # netem (for --delay), probed in a throw-away namespace before anything existing is touched.
+  if [ "$delay" != 0 ] && ! unshare --net tc qdisc add dev lo root netem delay "$delay" 2>/dev/null; then
+    [ "$explicit" = 0 ] || die "--delay $delay needs the netem qdisc, which this kernel lacks (CONFIG_NET_SCH_NETEM)"
+    say "note: this kernel has no netem qdisc: no latency is added (the links keep the $rate cap)"
+    delay=0
+  fi
   if [ -f "$DIR/settings" ] && [ "$(cat "$DIR/settings")" = "$want" ] && healthy "$n"; then
     say "already up: $want"
     return 0
@@ -166,12 +172,6 @@ up() {
 
   ip netns add "$BRNS"
   ip -n "$BRNS" link set lo up
-  if [ "$delay" != 0 ] && ! tc -n "$BRNS" qdisc add dev lo root netem delay "$delay" 2>/dev/null; then
-    [ "$explicit" = 0 ] || die "--delay $delay needs the netem qdisc, which this kernel lacks (CONFIG_NET_SCH_NETEM)"
-    say "note: this kernel has no netem qdisc: no latency is added (the links keep the $rate cap)"
-    delay=0
-  fi
-  tc -n "$BRNS" qdisc del dev lo root 2>/dev/null || true
   ip -n "$BRNS" link add br0 type bridge
   ip -n "$BRNS" link set br0 up
   for i in $(seq "$n"); do
