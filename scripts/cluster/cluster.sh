@@ -3,8 +3,9 @@
 #
 #   scripts/cluster/cluster.sh up N [--slots S] [--rate R] [--delay D]
 #       N hosts goep-h1..goep-hN. Each is a network namespace (its own interfaces, addresses and
-#       ports), a UTS namespace (its own hostname) and a mount namespace (its own /tmp, /dev/shm,
-#       /sys and /etc/hosts; everything else, the repository included, is the machine's). Host i
+#       ports), a UTS namespace (its own hostname) and a mount view of its own for every command
+#       run in it (its own /tmp, /dev/shm, /sys and /etc/hosts; everything else, the repository
+#       included, is the machine's; see inhost below for why not one mount namespace). Host i
 #       has eth0 = 10.213.0.i/24, a veth link to a bridge that lives in a namespace of its own
 #       (goep-br), so the machine's own network is not touched and no traffic leaves the
 #       project's namespaces (no route, no address outside 10.213.0.0/24). Each link is capped in
@@ -41,7 +42,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 say() { echo "cluster.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-# host_ns I: the network namespace name of host I; its uts and mnt files are under $DIR/ns/hI.
+# host_ns I: the network namespace name of host I (its UTS namespace is bound to $DIR/ns/hI.uts).
 host_ns() { echo "$PREFIX-h$1"; }
 
 # cluster_hosts: the host indices of the cluster that exists (from its network namespaces).
@@ -288,8 +289,6 @@ export OMPI_MCA_btl=self,vader,tcp
 # hosts use too.
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_hwloc_base_binding_policy=none
-# UCX (one-sided windows across hosts, osc ucx) on the test network only:
-export UCX_NET_DEVICES=eth0
 EOF
   if [ "$(id -u)" = 0 ]; then
     echo "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" >>"$DIR/env"
@@ -313,7 +312,7 @@ status() {
   echo "processes in the hosts: ${pids:-none}"
 }
 
-usage() { sed -n '2,36p' "$0" >&2; exit 2; }
+usage() { sed -n '2,32p' "$0" >&2; exit 2; }
 
 cmd=${1:-}
 [ $# -eq 0 ] || shift
