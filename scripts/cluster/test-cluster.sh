@@ -47,9 +47,18 @@ failed=()
 [ "$(id -u)" = 0 ] || { echo "test-cluster.sh: run as root (it makes network namespaces)" >&2; exit 1; }
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 
-# launchers: pids of mpirun and orted processes now (one of ours left behind is a failure).
-launchers() { ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && ($3 == "mpirun" || $3 == "orted") { print $1 }' | sort; }
-before=$(launchers)   # someone else's, running before this test
+# launchers: mpirun and orted processes of the emulated cluster (started through its rsh agent,
+# which their environment or command line names), so that other people's runs never count.
+launchers() {
+  local p
+  for p in $(ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && ($3 == "mpirun" || $3 == "orted") { print $1 }'); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^OMPI_MCA_plm_rsh_agent=$ROOT/scripts/cluster/rsh\$" ||
+      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "plm_rsh_agent $ROOT/scripts/cluster/rsh "; then
+      echo "$p"
+    fi
+  done | sort
+}
+before=$(launchers)   # a run of ours still going from before (another test-cluster): not this one's
 
 echo "test-cluster: building bin/mpi-hello bin/moe-train bin/ep-bench"
 for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
