@@ -191,6 +191,10 @@ up() {
     # namespace bound to a file, so that every process started in the host shares it).
     install -d -m 1777 "$DIR/h$i/tmp" "$DIR/h$i/shm"
     mkdir -p "$DIR/h$i/cgroup"   # where the machine's cgroups wait while /sys is remounted
+    # A boot id of its own: UCX takes the kernel's boot id for the machine's identity, and with
+    # the same one on every host it moves "remote" one-sided data through shared memory and
+    # cross-memory attach (the hosts share the PID namespace), never through the network.
+    cat /proc/sys/kernel/random/uuid >"$DIR/h$i/boot_id"
     touch "$DIR/ns/h$i.uts"
     unshare --uts="$DIR/ns/h$i.uts" hostname "$PREFIX-h$i"
   done
@@ -246,8 +250,9 @@ healthy() {
 # inhost I CMD...: run CMD in host I, in the current directory: in its network and UTS namespaces
 # and in a mount namespace of its own where the host's directories are bound over /tmp and
 # /dev/shm, a sysfs of the host's network namespace over /sys (Open MPI and UCX read interfaces
-# there) with the machine's cgroups kept at /sys/fs/cgroup (slurmd needs them), and the cluster's
-# host table over /etc/hosts. The mount view is made afresh for each
+# there) with the machine's cgroups kept at /sys/fs/cgroup (slurmd needs them), the cluster's
+# host table over /etc/hosts, and the host's own boot id over the kernel's (UCX tells machines
+# apart by it: with one boot id it joins "hosts" through shared memory, bypassing the network). The mount view is made afresh for each
 # command rather than kept in a persistent namespace: a namespace file bound after a host's view
 # was copied is not visible in it, and pid 1's namespaces, the way back, may be out of reach.
 inhost() {
@@ -268,6 +273,7 @@ inhost_argv() {
       mount -t sysfs "goep-h$2-sys" /sys
       if mountpoint -q "$1/h$2/cgroup"; then mount --move "$1/h$2/cgroup" /sys/fs/cgroup; fi
       mount --bind "$1/hosts" /etc/hosts
+      mount --bind "$1/h$2/boot_id" /proc/sys/kernel/random/boot_id
       cd "$3"
       shift 3
       exec "$@"' inhost "$DIR" "$i" "$PWD" "$@")
