@@ -203,6 +203,18 @@ func (w *Window) Sync() error {
 	return w.h.sync()
 }
 
+// Progress lets MPI make progress on the window's communicator without
+// waiting for anything (MPI_Iprobe). A rank that polls its window memory for
+// a peer's data must call it now and then: with some transports (Open MPI's
+// osc/ucx over TCP, between hosts) a put, a get, an atomic and the origin's
+// flush complete only while the target calls MPI. It is not collective.
+func (w *Window) Progress() error {
+	if w.freed {
+		return argErrorf("Window.Progress", "window has been freed")
+	}
+	return w.h.progress()
+}
+
 // Raw is the MPI_Win handle as an integer, for cgo code in other packages
 // linked against the same MPI (zero without the mpi build tag).
 func (w *Window) Raw() uintptr { return w.h.raw() }

@@ -197,6 +197,14 @@ func (h winHandle) sync() error {
 	return nil
 }
 
+func (h winHandle) progress() error {
+	var flag C.int
+	if rc := C.MPI_Iprobe(C.MPI_ANY_SOURCE, C.MPI_ANY_TAG, h.comm.h.c, &flag, C.MPI_STATUS_IGNORE); rc != C.MPI_SUCCESS {
+		return mpiError("MPI_Iprobe", rc)
+	}
+	return nil
+}
+
 func (h winHandle) raw() uintptr { return uintptr(unsafe.Pointer(h.w)) }
 
 // Sync is MPI_Win_sync on the shared window: a full memory barrier that
