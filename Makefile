@@ -14,7 +14,7 @@ MPI_TEST_SIM  ?= 4/2,8/4,8/2
 
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps deps-nvrtc build run hello test test-unit test-mpi test-gpu test-slurm lint clean
+.PHONY: all deps deps-nvrtc build run hello test test-unit test-mpi test-gpu test-slurm test-cluster lint clean
 
 all: build
 
@@ -81,10 +81,20 @@ test-gpu: deps
 	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/gpu-mpi.test ./gpu
 	cp scripts/gpu/run-on-device.sh bin/gpu/
 
-## test-slurm: a real 2-node Slurm cluster on this machine (root): mpi-hello by srun and sbatch+mpirun,
-## the training (train.sbatch) and a small scaling study (study.sbatch) by srun and mpirun; 1.5-2 min.
+## test-slurm: a real 2-node Slurm cluster (root): mpi-hello by srun and sbatch+mpirun, the training
+## (train.sbatch) and a small scaling study (study.sbatch) by srun and mpirun; 1.5-2 min. The nodes
+## are emulated hosts with their own network (scripts/cluster, one slurmd each); SLURM_TEST_FLAGS=--local
+## simulates both nodes on this machine instead (where network namespaces are not available).
+SLURM_TEST_FLAGS ?= --net
 test-slurm:
-	GO=$(GO) scripts/slurm/test-slurm.sh
+	GO=$(GO) scripts/slurm/test-slurm.sh $(SLURM_TEST_FLAGS)
+
+## test-cluster: goep across emulated hosts with their own network (root): scripts/cluster/cluster.sh brings
+## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); the mpi, ep and moe test
+## binaries run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host, a short training, ep-bench LL
+## and HT against alltoallv; then it comes down and nothing may be left. About 2 minutes.
+test-cluster: deps
+	GO=$(GO) scripts/cluster/test-cluster.sh
 
 clean:
 	rm -rf bin out

@@ -43,4 +43,19 @@ typedef struct {
 // when it returns. It returns 0, or on an error the MPI code plus, in bits 32
 // and up, 1 + the index of the block that failed (0: the final flush).
 int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n);
+
+// Open MPI's one-sided components, before and after MPI_Init (onesided_mpi.go).
+// goep_is_open_mpi: 1 when mpi.h is Open MPI's.
+int goep_is_open_mpi(void);
+// goep_libmpi_path writes the path of the loaded MPI library into buf; 0 on success.
+int goep_libmpi_path(char *buf, int cap);
+// goep_static_component: 1 when component symbol sym is linked in (a build of Open MPI with
+// static components).
+int goep_static_component(const char *sym);
+// goep_can_load: 1 when the shared object at path loads (its libraries are found). It stays
+// loaded, as MPI_Init would load it anyway.
+int goep_can_load(const char *path);
+// goep_mca_string reads the string control variable name through MPI_T; 0 on success. Call it
+// after MPI_Init: it asks MPI_T for the thread level MPI provided, which it leaves as it was.
+int goep_mca_string(const char *name, char *buf, int cap);
 #endif
