@@ -41,7 +41,7 @@ func TestCommAllPairs(t *testing.T) {
 	s := stream(t, d)
 	var sends, recvs []gpu.Transfer
 	type want struct {
-		p          gpu.DevicePtr
+		p         gpu.DevicePtr
 		src, k, n int
 	}
 	var wants []want

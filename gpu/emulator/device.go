@@ -41,7 +41,9 @@ type span struct {
 	n int
 }
 
-func (s span) contains(p gpu.DevicePtr, n int) bool { return p >= s.p && uint64(p)+uint64(n) <= uint64(s.p)+uint64(s.n) }
+func (s span) contains(p gpu.DevicePtr, n int) bool {
+	return p >= s.p && uint64(p)+uint64(n) <= uint64(s.p)+uint64(s.n)
+}
 
 var (
 	devMu   sync.Mutex
