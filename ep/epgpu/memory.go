@@ -93,3 +93,24 @@ func (m *memory) mine(op string, t ep.Tensor[byte]) error {
 	}
 	return nil
 }
+
+// CopyOnDevice copies src into dst, two tensors of the same length in the
+// memory of a GPU group's device, once the work queued there has run, and
+// waits for the copy (cuMemcpyDtoD on a CUDA device): the reference that
+// ep-bench compares a GPU group's bandwidth with.
+func CopyOnDevice(dst, src ep.Tensor[byte]) error {
+	m, ok := dst.Memory().(*memory)
+	if !ok || src.Memory() != dst.Memory() {
+		return fmt.Errorf("epgpu: CopyOnDevice: %v and %v are not in one GPU device's memory", dst, src)
+	}
+	if dst.Len() != src.Len() {
+		return fmt.Errorf("epgpu: CopyOnDevice: %d bytes into %d", src.Len(), dst.Len())
+	}
+	if err := m.dev.Synchronize(); err != nil {
+		return err
+	}
+	if err := m.dev.MemcpyDtoD(ptrOf(dst), ptrOf(src), dst.Len()); err != nil {
+		return err
+	}
+	return m.dev.Synchronize()
+}
