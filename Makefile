@@ -7,7 +7,7 @@ MPIRUN  ?= mpirun
 # More ranks than cores, and root (containers, CI), are normal here.
 MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-as-root)
 # Packages whose tests also run under mpirun (1, 2, 4, 8 ranks and simulated nodes).
-MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./gpu
+MPI_TEST_PKGS ?= ./mpi ./ep ./ep/epgpu ./moe ./gpu ./gpu/emulator
 MPI_TEST_NP   ?= 1,2,4,8
 MPI_TEST_SIM  ?= 4/2,8/4,8/2
 
@@ -65,13 +65,19 @@ test-unit: deps deps-nvrtc
 test-mpi: deps
 	$(GO) run ./internal/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
 
-## test-gpu: build package gpu's GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the
-## script that runs them: carry bin/gpu/ to a GPU machine (no Go needed there), run bin/gpu/run-on-device.sh.
+## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that
+## runs them: package gpu's (device, kernels, NCCL), the ep conformance suite on the CUDA backend (epgpu),
+## and ep-bench for -device cuda. Carry bin/gpu/ to a GPU machine (no Go needed there) and run
+## bin/gpu/run-on-device.sh; it fails, never skips, where there is no GPU.
 test-gpu: deps
-	$(GO) vet -tags gpu ./gpu
-	$(GO) vet -tags 'gpu mpi' ./gpu
+	$(GO) vet -tags gpu ./gpu ./ep/epgpu
+	$(GO) vet -tags 'gpu mpi' ./gpu ./ep/epgpu
 	$(GO) test -c -tags gpu -o bin/gpu/gpu.test ./gpu
 	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/gpu-mpi.test ./gpu
+	$(GO) test -c -tags gpu -o bin/gpu/epgpu.test ./ep/epgpu
+	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/epgpu-mpi.test ./ep/epgpu
+	$(GO) build -tags mpi -o bin/gpu/ep-bench ./examples/ep-bench
+	$(GO) build -o bin/gpu/ep-bench-1rank ./examples/ep-bench
 	cp scripts/gpu/run-on-device.sh bin/gpu/
 
 ## test-slurm: a real 2-node Slurm cluster on this machine (root): mpi-hello by srun and sbatch+mpirun,
