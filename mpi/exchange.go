@@ -16,10 +16,6 @@ type Message struct {
 	Bytes int
 }
 
-// exchangeTag is the MPI tag of every Exchange message: messages between two
-// ranks match in the order they were posted, as NCCL's do.
-const exchangeTag = 0x6570
-
 // checkMessages validates the messages of an Exchange.
 func (c *Comm) checkMessages(call string, sends, recvs []Message) error {
 	for k, list := range [][]Message{sends, recvs} {

@@ -9,6 +9,10 @@ import "C"
 
 import "fmt"
 
+// exchangeTag is the MPI tag of every Exchange message: messages between two
+// ranks match in the order they were posted, as NCCL's do.
+const exchangeTag = 0x6570
+
 // Exchange is a set of non-blocking sends and receives in flight
 // (MPI_Isend, MPI_Irecv): the point-to-point transport of an emulated GPU,
 // where NCCL's grouped ncclSend/ncclRecv would be. Test polls it; Cancel
