@@ -270,6 +270,11 @@ func (e *engine) wait(op, what string, ev Event, h headers) error {
 			return fmt.Errorf("epgpu: %s: waiting for %s: %w", op, what, err)
 		}
 		if done {
+			// The watchdog's verdict first: its abort also ends the
+			// group, and then the event, before this loop sees it.
+			if f := e.wd.err(); f != nil {
+				return e.failure(op, what, f, h)
+			}
 			if err := e.comm.AsyncError(); err != nil {
 				return e.failure(op, what, err, h)
 			}
