@@ -47,8 +47,8 @@
 //
 // # Kernels
 //
-// The kernels are CUDA C (package gpu/internal/kernels, embedded by
-// go:embed, since cgo does not compile .cu files), using nothing newer than
+// The kernels are CUDA C (package gpu/internal/kernels, embedded in the
+// binary, since cgo does not compile .cu files), using nothing newer than
 // CUDA 11.8 and no CUDA header, so that Debian's NVRTC 11.8 compiles them.
 // Device.Kernels compiles them with NVRTC on first use, for the newest
 // virtual architecture (compute_XY) that NVRTC supports and the device can
