@@ -21,9 +21,13 @@
 #   gpu-mpi.test   in addition Open MPI 4.1 (libmpi.so.40 and its libraries,
 #                  and mpirun); optional: run only where mpirun exists.
 #   epgpu*.test,   the same as gpu.test and gpu-mpi.test. ep-bench -device cuda
-#   ep-bench*      runs after the tests: on 2 ranks under mpirun where there is
-#                  one, else ep-bench-1rank on one rank. GOEP_BENCH_ARGS
-#                  replaces its configuration flags.
+#   ep-bench*      runs after the tests: under mpirun where there is one, else
+#                  ep-bench-1rank on one rank. GOEP_BENCH_ARGS replaces its
+#                  configuration flags.
+# The MPI runs use GOEP_MPI_NP ranks (default 2): with one GPU, several ranks
+# share it, which NCCL accepts from 2.30 on (NCCL_MULTI_RANK_GPU_ENABLE=1, set
+# below); an older NCCL refuses with "Duplicate GPU detected", and the run
+# fails saying so.
 # The libraries are searched where the toolkit and pip put them; set
 # GOEP_CUDA_LIB, GOEP_NVRTC_LIB, GOEP_NCCL_LIB (a path, or colon-separated
 # candidates) to choose. An NVRTC newer than the driver makes PTX the driver
@@ -114,7 +118,7 @@ fi
 have_mpi() { # $1: a binary built with the mpi tag
   [ -x "$1" ] && command -v mpirun >/dev/null && ! ldd "$1" | grep -q 'not found'
 }
-mpi_args=(--oversubscribe -np 2)
+mpi_args=(--oversubscribe -np "${GOEP_MPI_NP:-2}")
 [ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)
 for v in NCCL_MULTI_RANK_GPU_ENABLE GOEP_REQUIRE_TOOLS GOEP_CUDA_LIB GOEP_NVRTC_LIB GOEP_NCCL_LIB; do
   [ -n "${!v:-}" ] && mpi_args+=(-x "$v")
@@ -127,7 +131,7 @@ else
   echo "not built: run make test-gpu"; status=1
 fi
 
-echo "== epgpu-mpi.test under mpirun (the conformance suite on 2 ranks: NCCL transfers, a stalled rank, the watchdog)"
+echo "== epgpu-mpi.test under mpirun (the conformance suite on ${GOEP_MPI_NP:-2} ranks: NCCL transfers, a stalled rank, the watchdog)"
 if have_mpi "$bin/epgpu-mpi.test"; then
   (cd "$bin" && mpirun "${mpi_args[@]}" ./epgpu-mpi.test -test.count=1 -test.timeout=20m) || status=1
 else
