@@ -7,9 +7,14 @@ MPIRUN  ?= mpirun
 # More ranks than cores, and root (containers, CI), are normal here.
 MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-as-root)
 # Packages whose tests also run under mpirun (1, 2, 4, 8 ranks and simulated nodes).
-MPI_TEST_PKGS ?= ./mpi ./ep ./ep/epgpu ./moe ./gpu ./gpu/emulator
+MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./gpu
 MPI_TEST_NP   ?= 1,2,4,8
 MPI_TEST_SIM  ?= 4/2,8/4,8/2
+# The GPU backend on the emulated device (the ep conformance suite) and the emulator, at 1, 2 and 4
+# ranks and 2 simulated nodes: each run of the suite on the emulator costs about 7 s here.
+MPI_TEST_EMU_PKGS ?= ./ep/epgpu ./gpu/emulator
+MPI_TEST_EMU_NP   ?= 1,2,4
+MPI_TEST_EMU_SIM  ?= 4/2
 
 export GOEP_REQUIRE_TOOLS = 1
 
@@ -64,6 +69,7 @@ test-unit: deps deps-nvrtc
 
 test-mpi: deps
 	$(GO) run ./internal/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
+	$(GO) run ./internal/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
 
 ## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that
 ## runs them: package gpu's (device, kernels, NCCL), the ep conformance suite on the CUDA backend (epgpu),
