@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"runtime"
@@ -74,7 +75,7 @@ type alltoallvEngine struct {
 	pin                       runtime.Pinner
 	sc, sd, rc, rd            []int // alltoallv counts and displacements, in elements
 	counts, got               []int32
-	src                       []ptr
+	src                       addrTable
 	w                         []float32
 	start                     []int32
 }
@@ -127,6 +128,72 @@ func (a *alltoallvEngine) timeout(op, what string, err error) error {
 	return err
 }
 
+// refusedCount is what a rank that refused a call sends in the call's first
+// MPI_Alltoall instead of its counts.
+const refusedCount = -1
+
+// status is the first collective of every call: an MPI_Alltoall of send
+// (counts, or whether values were passed) into a.got. When a rank sent
+// refusedCount, every rank learns the lowest such rank's reason (an
+// MPI_Bcast) and the call ends with a *RefusedError.
+func (a *alltoallvEngine) status(op, what string, send []int32) error {
+	a.got = growTo(a.got, a.R)
+	if err := mpi.AlltoallSlice(a.comm, send, a.got); err != nil {
+		return a.timeout(op, what, err)
+	}
+	for r, v := range a.got {
+		if v == refusedCount {
+			reason, err := a.noteOf(r, "")
+			if err != nil {
+				return a.timeout(op, "a refusal's reason in an MPI_Bcast", err)
+			}
+			return &RefusedError{Op: op, Rank: r, Reason: reason}
+		}
+	}
+	return nil
+}
+
+// noteOf broadcasts rank origin's reason (mine, on origin).
+func (a *alltoallvEngine) noteOf(origin int, mine string) (string, error) {
+	note := make([]byte, noteLen) // a refused call is no hot path
+	copy(note[:noteLen-1], mine)
+	if err := a.comm.Bcast(note, origin); err != nil {
+		return "", err
+	}
+	if i := bytes.IndexByte(note, 0); i >= 0 {
+		note = note[:i]
+	}
+	return string(note), nil
+}
+
+// Refuse takes part in the first collective of a call this rank refused,
+// saying so, then in the broadcast of the lowest refusing rank's reason.
+func (a *alltoallvEngine) Refuse(r *Refusal) error {
+	op := "alltoallv " + a.spec.Mode.String() + " dispatch"
+	if r.Kind == CallCombine {
+		op = "alltoallv " + a.spec.Mode.String() + " combine"
+	}
+	refusal := make([]int32, a.R)
+	for i := range refusal {
+		refusal[i] = refusedCount
+	}
+	a.got = growTo(a.got, a.R)
+	if err := mpi.AlltoallSlice(a.comm, refusal, a.got); err != nil {
+		return a.timeout(op, "an MPI_Alltoall", err)
+	}
+	origin := a.me
+	for s, v := range a.got {
+		if v == refusedCount {
+			origin = s
+			break
+		}
+	}
+	if _, err := a.noteOf(origin, r.Reason); err != nil {
+		return a.timeout(op, "a refusal's reason in an MPI_Bcast", err)
+	}
+	return nil
+}
+
 func (a *alltoallvEngine) state(d *Dispatch) *a2aState {
 	st, ok := d.State.(*a2aState)
 	if !ok {
@@ -177,22 +244,19 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 		}
 	}
 	a.sendRows, a.sendMeta = rows, words
-	if d.From != nil {
-		copy(st.recvCounts, d.From.State.(*a2aState).recvCounts)
-		st.cached = true
-	} else {
-		a.counts, a.got = growTo(a.counts, a.R), growTo(a.got, a.R)
-		for i, n := range st.sendCounts {
-			a.counts[i] = int32(n)
-		}
-		if err := mpi.AlltoallSlice(a.comm, a.counts, a.got); err != nil {
-			return a.timeout(op, "the counts of an MPI_Alltoall", err)
-		}
-		for i, n := range a.got {
-			st.recvCounts[i] = int(n)
-		}
-		st.cached = false
+	// The counts go first, also in a cached dispatch: the exchange is how a
+	// rank that refused the call says so (status).
+	a.counts = growTo(a.counts, a.R)
+	for i, n := range st.sendCounts {
+		a.counts[i] = int32(n)
 	}
+	if err := a.status(op, "the counts of an MPI_Alltoall", a.counts); err != nil {
+		return err
+	}
+	for i, n := range a.got {
+		st.recvCounts[i] = int(n)
+	}
+	st.cached = d.From != nil
 	var err error
 	if a.recvRows, err = moveV(a, a.sendRows, st.sendCounts, st.recvCounts, a.rowBytes, a.recvRows); err != nil {
 		return a.timeout(op, "the rows of an MPI_Alltoallv", err)
@@ -306,27 +370,28 @@ func (a *alltoallvEngine) CombineSend(c *Combine) error {
 		vals = append(vals, c.RowValues.Host()...)
 	}
 	a.sendVals = vals
-	var err error
-	if set.back, err = moveV(a, send, st.recvCounts, st.sendCounts, H, set.back); err != nil {
-		return a.timeout(op, "the outputs of an MPI_Alltoallv", err)
-	}
-	// Every rank says whether it passed values (the others need to know),
-	// then the values travel if all did.
-	width := 1
-	if a.spec.Mode == HighThroughput {
-		width = a.K
-	}
-	a.counts, a.got = growTo(a.counts, a.R), growTo(a.got, a.R)
+	// Every rank says first whether it passed values (the others need to
+	// know, and it is how a rank that refused the call says so), then the
+	// outputs go back, then the values if every rank passed them.
+	a.counts = growTo(a.counts, a.R)
 	for i := range a.counts {
 		a.counts[i] = 0
 		if withValues {
 			a.counts[i] = 1
 		}
 	}
-	if err := mpi.AlltoallSlice(a.comm, a.counts, a.got); err != nil {
-		return a.timeout(op, "an MPI_Alltoall", err)
+	if err := a.status(op, "an MPI_Alltoall", a.counts); err != nil {
+		return err
 	}
 	set.passed = append(set.passed[:0], a.got...)
+	var err error
+	if set.back, err = moveV(a, send, st.recvCounts, st.sendCounts, H, set.back); err != nil {
+		return a.timeout(op, "the outputs of an MPI_Alltoallv", err)
+	}
+	width := 1
+	if a.spec.Mode == HighThroughput {
+		width = a.K
+	}
 	missing := false
 	for _, v := range a.got {
 		missing = missing || v == 0
@@ -354,7 +419,8 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 	base := unsafe.Pointer(unsafe.SliceData(set.back))
 	rowAt := func(i int) ptr { return unsafe.Add(base, i*H) }
 	a.start = growTo(a.start, rt.T+1)
-	src, w := a.src[:0], a.w[:0]
+	src, w := &a.src, a.w[:0]
+	src.reset()
 	first := make([]int, a.R+1) // where each rank's rows start among those back
 	for r := 0; r < a.R; r++ {
 		first[r+1] = first[r] + st.sendCounts[r]
@@ -386,10 +452,10 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 			}
 		}
 		for t := 0; t < rt.T; t++ {
-			a.start[t] = int32(len(src))
+			a.start[t] = int32(src.len())
 			for k := 0; k < K; k++ {
 				if d.TopK[t*K+k] >= 0 {
-					src = append(src, rowAt(int(idx[t*K+k])))
+					src.add(rowAt(int(idx[t*K+k])))
 					w = append(w, c.Weights[t*K+k])
 					if withValues {
 						slots[t*K+k] = set.backVals[idx[t*K+k]]
@@ -399,11 +465,11 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		}
 	} else {
 		for t := 0; t < rt.T; t++ {
-			a.start[t] = int32(len(src))
+			a.start[t] = int32(src.len())
 			for r := 0; r < a.R; r++ {
 				if o := rt.TokRankOrd[t*a.R+r]; o >= 0 {
 					i := first[r] + int(o)
-					src = append(src, rowAt(i))
+					src.add(rowAt(i))
 					if withValues {
 						for k := 0; k < K; k++ {
 							slots[t*K+k] += set.backVals[i*K+k]
@@ -414,10 +480,9 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		}
 		w = nil
 	}
-	a.start[rt.T] = int32(len(src))
-	a.src, a.w = src, w
+	a.start[rt.T] = int32(src.len())
+	a.w = w
 	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), a.spec.Elem, src, w, a.start, rt.T, a.H, a.spec.Elem)
-	clear(a.src) // it pointed into set.back, Go memory pinned for the call only
 	if !c.SlotValues.IsZero() && missing >= 0 {
 		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
 	}

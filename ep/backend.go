@@ -1,6 +1,10 @@
 package ep
 
-import "github.com/goep/goep/mpi"
+import (
+	"time"
+
+	"github.com/goep/goep/mpi"
+)
 
 // A Backend makes the engines that move a Group's rows: CPU (the default:
 // MPI shared memory inside a node, one-sided MPI across nodes), Alltoallv
@@ -61,6 +65,58 @@ type Engine interface {
 	Close() error
 }
 
+// A Refuser is an Engine that takes part in a call this rank refused, so
+// that every rank's same call fails at once, naming this rank and its
+// reason (a *RefusedError on the others), and the group stays usable. The
+// Group calls Refuse instead of DispatchSend or CombineSend when its checks
+// refuse a collective call's input on this rank. With an engine that is not
+// a Refuser, the other ranks wait for this rank until their timeout.
+type Refuser interface {
+	Refuse(r *Refusal) error
+}
+
+// Refusal is a call this rank refused, numbered as it would have been.
+type Refusal struct {
+	Op     uint64   // the call's sequence number
+	Set    int      // its buffer set, where this rank knows it (a combine of a bad handle does not)
+	Kind   CallKind // a dispatch (fresh or cached) or a combine
+	Reason string   // this rank's error text
+}
+
+// CallKind is a dispatch or a combine.
+type CallKind int
+
+// Kinds of collective call.
+const (
+	CallDispatch CallKind = iota + 1 // Dispatch, DispatchCached and their halves
+	CallCombine                      // Combine and its halves
+)
+
+// A Meter is an Engine that measures, since it was opened, how long this
+// rank waited for each peer (waits, indexed by rank) and how many bytes it
+// sent across nodes (network). Group.Stats reports them.
+type Meter interface {
+	Meter() (waits []time.Duration, network int64)
+}
+
+// A MaskingBackend is a Backend whose engines are Maskers: NewGroup refuses
+// Config.MaskStalledRanks with any other.
+type MaskingBackend interface {
+	MasksStalledRanks() bool
+}
+
+// A Masker is an Engine that can mask stalled ranks
+// (Config.MaskStalledRanks).
+type Masker interface {
+	// Masked is, per rank, whether this rank has masked it.
+	Masked() []bool
+	// SetMask makes masked the mask of every rank that takes part (the
+	// ranks it does not mask, which all call SetMask with the same mask),
+	// and agrees with them on the calls' numbering: each passes the number
+	// of calls and dispatches it made, and gets the largest of each.
+	SetMask(masked []bool, calls, dispatches uint64) (uint64, uint64, error)
+}
+
 // Placement places a group's ranks on nodes.
 type Placement struct {
 	Node   int   // this rank's node
@@ -119,6 +175,11 @@ type Received struct {
 	SourceCounts []int
 	// NumRecv is the number of valid rows.
 	NumRecv int
+	// Dropped lists the (token, slot) pairs of this rank's dispatch (as
+	// t*TopK+k) whose expert was on a masked rank: they were not sent, or
+	// their output did not come back, and contribute nothing to the combine
+	// (MaskStalledRanks). The engine may add to it during the combine.
+	Dropped []int32
 }
 
 // Combine is one combine call as an engine sees it; like Dispatch, the

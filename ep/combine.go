@@ -45,17 +45,21 @@ func (g *Group[E]) CombineSend(h Handle[E], y, out Tensor[E], opts *CombineOptio
 	if err := g.usable(op); err != nil {
 		return CombineRequest[E]{}, err
 	}
-	s, err := g.checkHandle(op, h)
-	if err != nil {
-		return CombineRequest[E]{}, err
-	}
 	var o CombineOptions
 	if opts != nil {
 		o = *opts
 	}
-	where, err := g.checkCombine(op, s, y, out, o)
+	s, err := g.checkHandle(op, h)
+	var where YPlace
+	if err == nil {
+		where, err = g.checkCombine(op, s, y, out, o)
+	}
 	if err != nil {
-		return CombineRequest[E]{}, err
+		set := -1
+		if s != nil {
+			set = s.d.Set
+		}
+		return CombineRequest[E]{}, g.refuse(CallCombine, set, err)
 	}
 	weights := o.WeightsOverride
 	if g.spec.Mode == LowLatency && weights == nil {
@@ -87,7 +91,10 @@ func (r CombineRequest[E]) Wait() error {
 	}
 	s.inComb = false
 	err := g.engineError(g.eng.CombineWait(&s.c))
-	if g.spec.Mode == LowLatency { // the buffer set is free again, even when the combine refused an option
+	if err == nil {
+		g.count(s, true)
+	}
+	if g.spec.Mode == LowLatency && !isRefused(err) { // the combine ran (it may have refused an option): the set is free
 		s.done = true
 		if g.pending[s.d.Set] == s {
 			g.pending[s.d.Set] = nil

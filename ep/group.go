@@ -41,9 +41,11 @@ type Group[E Element] struct {
 	pending    [2]*handleState[E] // LL: per buffer set, the handle whose combine has not run
 	htLast     uint64             // HT: op of the newest dispatch, whose rows the receive buffer holds
 	scratchRT  Routing            // routing of a dispatch being checked
+	stats      stats
 	names      opNames
 	broken     error
 	closed     bool
+	maskedOut  error // ErrMasked: the others went on without this rank; SetMask lets it rejoin
 }
 
 // handleState is one dispatch and its combine: what a Handle points to.
@@ -60,6 +62,8 @@ type handleState[E Element] struct {
 	done    bool // LL: combined
 	c       Combine
 	inComb  bool // a CombineSend whose Wait has not run
+	// rows to and from each rank in the dispatch (statistics)
+	rowsTo, rowsFrom []int32
 }
 
 // busy reports a record that a call still needs.
@@ -104,8 +108,17 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	}
 	spec := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(),
 		Name: fmt.Sprintf("ep.Group[%s]", elem)}
+	if cfg.MaskStalledRanks {
+		if err := checkMasker(cfg); err != nil {
+			return nil, err
+		}
+	}
 	eng, err := cfg.backend().Open(c, spec)
-	if err = mpi.AgreeOnError(c, err); err != nil {
+	var agreed *mpi.AgreedError
+	if !errors.As(err, &agreed) { // an engine that agreed already failed on every rank alike
+		err = mpi.AgreeOnError(c, err)
+	}
+	if err != nil {
 		if eng != nil {
 			err = errors.Join(err, eng.Close())
 		}
@@ -116,10 +129,47 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		names: newOpNames(cfg.Mode)}
 	g.sh = shape{E: cfg.NumExperts, L: cfg.NumExperts / g.size, R: g.size, K: cfg.TopK, nodes: p.Nodes,
 		nodeOf: make([]int32, g.size)}
+	if g.stats.hosts, err = hostNames(c); err != nil {
+		return nil, errors.Join(err, eng.Close())
+	}
+	g.stats.SentBytes, g.stats.RecvBytes = make([]int64, g.size), make([]int64, g.size)
+	g.ResetStats()
 	for r, n := range p.NodeOf {
 		g.sh.nodeOf[r] = int32(n)
 	}
 	return g, nil
+}
+
+// hostNameLen bounds a host's name in hostNames.
+const hostNameLen = 64
+
+// hostNames gathers every rank's host, for Stats and timeout errors. It is
+// collective.
+func hostNames(c *mpi.Comm) ([]string, error) {
+	name, err := mpi.ProcessorName()
+	if err != nil {
+		return nil, err
+	}
+	mine := make([]byte, hostNameLen)
+	copy(mine, name)
+	all := make([]byte, hostNameLen*c.Size())
+	if err := c.Allgather(mine, all); err != nil {
+		return nil, fmt.Errorf("ep: NewGroup: gathering host names: %w", err)
+	}
+	out := make([]string, c.Size())
+	for r := range out {
+		out[r] = strings.TrimRight(string(all[r*hostNameLen:(r+1)*hostNameLen]), "\x00")
+	}
+	return out, nil
+}
+
+// checkMasker refuses MaskStalledRanks for a backend that cannot.
+func checkMasker(cfg Config) error {
+	b := cfg.backend()
+	if mb, ok := b.(MaskingBackend); ok && mb.MasksStalledRanks() {
+		return nil
+	}
+	return fmt.Errorf("ep: NewGroup: the %s backend cannot mask stalled ranks (MaskStalledRanks)", b.Name())
 }
 
 // backendNameLen bounds a backend's name in the config check.
@@ -229,6 +279,9 @@ func (g *Group[E]) usable(op string) error {
 	if g.broken != nil {
 		return fmt.Errorf("ep: %s: the group is unusable after an earlier failure: %w", op, g.broken)
 	}
+	if g.maskedOut != nil {
+		return fmt.Errorf("ep: %s: %w", op, ErrMasked)
+	}
 	return nil
 }
 
@@ -239,10 +292,44 @@ func (g *Group[E]) engineError(err error) error {
 	if err == nil || errors.Is(err, ErrBadInput) {
 		return err
 	}
+	if errors.Is(err, ErrMasked) { // not broken: SetMask lets this rank rejoin
+		g.maskedOut = err
+		return err
+	}
+	g.nameHost(err)
 	if g.broken == nil {
 		g.broken = err
 	}
 	return err
+}
+
+// refuse makes a collective call this rank refused (err) fail on every
+// rank at once: the call is numbered as on the others (and in LL takes its
+// buffer set's turn), and an engine that is a Refuser tells the other
+// ranks, which get a *RefusedError naming this rank and err. set is the
+// call's buffer set, or -1 when this rank cannot know it.
+func (g *Group[E]) refuse(kind CallKind, set int, err error) error {
+	g.op++
+	if kind == CallDispatch {
+		if g.spec.Mode == LowLatency {
+			set = int(g.dispatches % 2)
+		}
+		g.dispatches++
+	}
+	if r, ok := g.eng.(Refuser); ok {
+		if rerr := r.Refuse(&Refusal{Op: g.op, Set: set, Kind: kind, Reason: err.Error()}); rerr != nil {
+			return errors.Join(err, g.engineError(rerr))
+		}
+	}
+	return err
+}
+
+// nameHost fills in the host of a timeout's peer.
+func (g *Group[E]) nameHost(err error) {
+	var te *TimeoutError
+	if errors.As(err, &te) && te.Peer >= 0 && te.Peer < len(g.stats.hosts) {
+		te.Host = g.stats.hosts[te.Peer]
+	}
 }
 
 // opNames name the calls in errors: "ll dispatch", "ht combine", ... made

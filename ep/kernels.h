@@ -1,5 +1,6 @@
 // C kernels of package ep. Each call does a whole batch; none keeps a
-// pointer it was given after it returns.
+// pointer it was given after it returns. Tables of addresses are uintptr_t:
+// they hold window (C) memory, which Go need not check on each call.
 #ifndef GOEP_EP_KERNELS_H
 #define GOEP_EP_KERNELS_H
 #include <stdint.h>
@@ -25,21 +26,18 @@ void ep_ht_meta(int32_t *tok_out, int32_t *topk_out, float *w_out, const int32_t
 void ep_count_local(const int32_t *topk_local, int64_t n, int K, int L, int32_t *counts);
 
 // rows.c
-void ep_copy_rows(void *const *dst, const void *const *src, const int64_t *lens, int64_t n, int64_t row_bytes);
-void ep_scatter_rows(void *const *dst, const char *src, const int64_t *src_off, const int64_t *lens, int64_t n,
+void ep_copy_rows(const uintptr_t *dst, const uintptr_t *src, const int64_t *lens, int64_t n, int64_t row_bytes);
+void ep_move_blocks(const uintptr_t *dst, const uintptr_t *src, const int64_t *lens, int64_t n);
+void ep_scatter_rows(const uintptr_t *dst, const char *src, const int64_t *src_off, const int64_t *lens, int64_t n,
                      int64_t row_bytes);
-void ep_reduce_rows(void *out, int out_dtype, const void *const *src, const float *w, const int32_t *start,
+void ep_reduce_rows(void *out, int out_dtype, const uintptr_t *src, const float *w, const int32_t *start,
                     int64_t n, int64_t hidden, int dtype, float *acc);
-void ep_gather_values(float *out, const float *const *src, int64_t n);
-void ep_sum_values(float *out, const float *const *src, const int32_t *start, int64_t n, int K);
+void ep_sum_values(float *out, const uintptr_t *src, const int32_t *start, int64_t n, int K);
 
 // convert.c
 void ep_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
 void ep_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
 
 // sync.c
-void ep_signal(uint64_t *const *flags, int n, uint64_t value);
-int ep_wait_all(const uint64_t *const *flags, int n, uint64_t target, int64_t timeout_ns);
-uint64_t ep_load(const uint64_t *flag);
-void ep_fence(void);
+long ep_online_cpus(void);
 #endif

@@ -25,11 +25,11 @@ func benchReduce[E Element](b *testing.B, tokens, k, hidden int, weighted bool) 
 		rows[i] = one
 	}
 	out := make([]E, tokens*hidden)
-	src := make([]unsafe.Pointer, tokens*k)
+	var src addrTable
 	start := make([]int32, tokens+1)
 	w := make([]float32, tokens*k)
-	for i := range src {
-		src[i] = unsafe.Pointer(&rows[i*hidden])
+	for i := 0; i < tokens*k; i++ {
+		src.add(unsafe.Pointer(&rows[i*hidden]))
 		w[i] = 0.5
 	}
 	for t := range start {
@@ -39,10 +39,10 @@ func benchReduce[E Element](b *testing.B, tokens, k, hidden int, weighted bool) 
 		w = nil
 	}
 	dtype := DTypeOf[E]()
-	b.SetBytes(int64(len(src) * rowBytes))
+	b.SetBytes(int64(src.len() * rowBytes))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		reduceRows(unsafe.Pointer(&out[0]), dtype, src, w, start, tokens, hidden, dtype)
+		reduceRows(unsafe.Pointer(&out[0]), dtype, &src, w, start, tokens, hidden, dtype)
 	}
 }
 
@@ -64,14 +64,15 @@ func BenchmarkKernelCopyRows(b *testing.B) {
 	defer pin.Unpin()
 	pin.Pin(&src[0])
 	pin.Pin(&dst[0])
-	s, d := make([]unsafe.Pointer, n), make([]unsafe.Pointer, n)
+	var s, d addrTable
 	for i := 0; i < n; i++ {
-		s[i], d[i] = unsafe.Pointer(&src[i*rowBytes]), unsafe.Pointer(&dst[(n-1-i)*rowBytes])
+		s.add(unsafe.Pointer(&src[i*rowBytes]))
+		d.add(unsafe.Pointer(&dst[(n-1-i)*rowBytes]))
 	}
 	b.SetBytes(n * rowBytes)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		copyRows(d, s, rowBytes)
+		copyRows(&d, &s, rowBytes)
 	}
 }
 

@@ -261,6 +261,8 @@ func (s Suite) testStalledRank(t *testing.T) {
 						assert.Contains(t, []int{-1, R - 1}, te.Peer, "the stalled rank, or -1: %v", err)
 					} else {
 						assert.Equal(t, R-1, te.Peer, "the stalled rank is named: %v", err)
+						assert.Equal(t, g.Stats().Hosts[R-1], te.Host, "and its host: %v", err)
+						assert.Contains(t, err.Error(), "on host "+te.Host)
 					}
 				}
 				assert.Less(t, elapsed, 5*time.Second)

@@ -31,6 +31,13 @@ type Suite struct {
 	// ZeroAllocs asks for the check that steady-state dispatch+combine
 	// cycles allocate nothing.
 	ZeroAllocs bool
+	// Refusals asks for the check that one rank's refused input fails the
+	// same call on every rank at once (the backend's engines are
+	// ep.Refusers).
+	Refusals bool
+	// Masking asks for the check of MaskStalledRanks with a rank stopped by
+	// SIGSTOP (the backend is an ep.MaskingBackend).
+	Masking bool
 }
 
 // testTimeout is the groups' timeout in the checks: long enough for a
@@ -43,21 +50,29 @@ var modes = []ep.Mode{ep.LowLatency, ep.HighThroughput}
 func Run(t *testing.T, s Suite) {
 	require.NotNil(t, s.Comm, "Suite.Comm")
 	require.NotNil(t, s.Backend, "Suite.Backend")
+	t.Run("Lifecycle", func(t *testing.T) { s.testLifecycle(t) })
 	t.Run("DispatchCombine", func(t *testing.T) { s.testDispatchCombine(t) })
 	t.Run("ScaledExperts", func(t *testing.T) { s.testScaledExperts(t) })
 	t.Run("ConsecutiveCallsBothBuffers", func(t *testing.T) { s.testConsecutiveCalls(t) })
 	t.Run("BackwardIsTranspose", func(t *testing.T) { s.testBackwardIsTranspose(t) })
 	t.Run("RowValuesReturnToSlots", func(t *testing.T) { s.testRowValues(t) })
+	t.Run("StatsCountTraffic", func(t *testing.T) { s.testStats(t) })
 	if s.Reference != nil {
 		t.Run("MatchesReference", func(t *testing.T) { s.testMatchesReference(t) })
 	}
 	t.Run("BadInputIsRefusedAndWritesNothing", func(t *testing.T) { s.testBadInput(t) })
+	if s.Refusals {
+		t.Run("RefusalFailsEveryRank", func(t *testing.T) { s.testRefusalFailsEveryRank(t) })
+	}
 	t.Run("InvalidConfigs", func(t *testing.T) { s.testInvalidConfigs(t) })
 	t.Run("UseAfterClose", func(t *testing.T) { s.testUseAfterClose(t) })
 	if s.ZeroAllocs {
 		t.Run("SteadyStateAllocatesNothing", func(t *testing.T) { s.testZeroAllocs(t) })
 	}
 	t.Run("StalledRankTimesOut", func(t *testing.T) { s.testStalledRank(t) })
+	if s.Masking {
+		t.Run("MaskStalledRank", func(t *testing.T) { s.testMaskStalledRank(t) })
+	}
 }
 
 // agree fails t on every rank if it failed on any, so that ranks stay in

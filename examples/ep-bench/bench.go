@@ -27,6 +27,8 @@ type options struct {
 	iters, warmup                   int
 	seed                            uint64
 	jsonOut, validate, skipBaseline bool
+	latency                         bool
+	planRanks, planNodes            int
 	timeout                         time.Duration
 	device                          string // cpu, emulate or cuda
 }
@@ -55,17 +57,30 @@ func run(stdout, stderr io.Writer, args []string) int {
 		fmt.Fprintln(stderr, "ep-bench:", err)
 		return 2
 	}
+	if opt.planRanks > 0 {
+		return plan(stdout, stderr, opt)
+	}
 	world, err := mpi.Init()
 	if err != nil {
 		fmt.Fprintln(stderr, "ep-bench:", err)
 		return 1
 	}
+	var floor float64
+	if opt.latency {
+		if floor, err = flagRoundTrip(world, 7, 20000); err != nil {
+			fmt.Fprintf(stderr, "ep-bench: rank %d: flag round trip: %v\n", world.Rank(), err)
+			mpi.Abort(1, err.Error())
+		}
+	}
+	var results []*Result
 	for _, cfg := range opt.configs() {
 		res, err := measure(world, cfg, opt)
 		if err != nil {
 			fmt.Fprintf(stderr, "ep-bench: rank %d: %v: %v\n", world.Rank(), cfg, err)
 			mpi.Abort(1, err.Error())
 		}
+		res.FlagRoundTripUS = floor
+		results = append(results, res)
 		if world.Rank() == 0 {
 			if opt.jsonOut {
 				b, _ := json.Marshal(res)
@@ -74,6 +89,9 @@ func run(stdout, stderr io.Writer, args []string) int {
 				printTable(stdout, res, !opt.skipBaseline)
 			}
 		}
+	}
+	if opt.latency && !opt.jsonOut && world.Rank() == 0 {
+		printLatency(stdout, results, floor)
 	}
 	if err := mpi.Finalize(); err != nil {
 		fmt.Fprintln(stderr, "ep-bench:", err)
@@ -99,6 +117,10 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	skip := fs.Bool("no-baseline", false, "do not run the alltoallv baseline")
 	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
 	device := fs.String("device", "cpu", "cpu (ep's CPU engine), emulate (the GPU backend on an emulated device) or cuda (the GPU backend on each rank's GPU); with a device, the CPU engine runs beside it, checks its results and is timed too")
+	planRanks := fs.Int("plan", 0, "print, for this many ranks (no MPI, nothing allocated), each configuration's buffers (ep.BufferPlan) and exit")
+	planNodes := fs.Int("plan-nodes", 1, "the nodes -plan spreads the ranks over")
+	latency := fs.Bool("latency", false, "LL latency sweep: tokens 1, 2, 4, ... 128 per rank (-tokens sets the sweep's largest), "+
+		"with the flag round trip between two ranks of a node measured beside it")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mpirun -np N ep-bench [flags]   (every numeric flag takes a comma-separated list)")
 		fs.PrintDefaults()
@@ -110,7 +132,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
-		skipBaseline: *skip, timeout: *timeout, device: *device}
+		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes,
+		device: *device}
 	if _, ok := devices[o.device]; !ok {
 		return nil, fmt.Errorf("-device: %q is not cpu, emulate or cuda", o.device)
 	}
@@ -139,6 +162,17 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	}
 	if o.experts, err = intList("-experts", *experts, 1); err != nil {
 		return nil, err
+	}
+	if o.latency {
+		o.modes = []ep.Mode{ep.LowLatency}
+		top := 128
+		if fs.Lookup("tokens").Value.String() != "128" {
+			top = slices.Max(o.tokens)
+		}
+		o.tokens = nil
+		for t := 1; t <= top; t *= 2 {
+			o.tokens = append(o.tokens, t)
+		}
 	}
 	if o.iters < 1 || o.warmup < 0 {
 		return nil, fmt.Errorf("-iters %d must be at least 1 and -warmup %d not negative", o.iters, o.warmup)
@@ -501,6 +535,7 @@ func timeRound(world *mpi.Comm, dispatch, combine func() error) (time.Duration, 
 func printTable(w io.Writer, r *Result, baseline bool) {
 	fmt.Fprintf(w, "ep-bench %s %s: %d ranks on %d node(s), %d tokens/rank, hidden %d, top-%d, %d experts; %.1f MB/rank per call; median of %d, slowest rank\n",
 		r.Mode, r.DType, r.Ranks, r.Nodes, r.Tokens, r.Hidden, r.TopK, r.Experts, r.BytesPerRank/1e6, r.Iters)
+	fmt.Fprintf(w, "  buffers: %.1f MB per rank\n", float64(r.BufferBytesPerRank)/1e6)
 	fmt.Fprintf(w, "  %-22s %12s %10s %12s %10s %12s\n", "", "dispatch us", "GB/s", "combine us", "GB/s", "total us")
 	name := "ep (goep)"
 	if r.Device != "" {
@@ -531,6 +566,41 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 			r.Device, r.DeviceCopyGBps, 100*r.DispatchOfDeviceCopy, 100*r.CombineOfDeviceCopy)
 	}
 	fmt.Fprintln(w)
+}
+
+// printLatency is the -latency sweep as one table: ep's LL dispatch and
+// combine against the flag round trip measured in the same run.
+func printLatency(w io.Writer, results []*Result, floor float64) {
+	fmt.Fprintf(w, "LL latency, flag round trip between two ranks of a node: %.2f us\n", floor)
+	fmt.Fprintf(w, "  %8s %8s %12s %11s %10s %10s %14s\n", "tokens", "hidden", "dispatch us", "combine us", "total us", "x floor", "alltoallv us")
+	for _, r := range results {
+		ratio := 0.0
+		if floor > 0 {
+			ratio = (r.DispatchUS + r.CombineUS) / floor
+		}
+		fmt.Fprintf(w, "  %8d %8d %12.2f %11.2f %10.2f %10.2f %14.2f\n", r.Tokens, r.Hidden, r.DispatchUS, r.CombineUS,
+			r.DispatchUS+r.CombineUS, ratio, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
+	}
+}
+
+// plan prints each configuration's buffers for -plan ranks on -plan-nodes
+// nodes, as the CPU backend will hold them: a size hint for a job not yet
+// launched (NewGroup refuses what a node cannot give, before allocating).
+func plan(stdout, stderr io.Writer, o *options) int {
+	for _, c := range o.configs() {
+		cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden, TopK: c.topk}
+		elem := ep.BFloat16
+		if c.dtype == "f32" {
+			elem = ep.Float32
+		}
+		f, err := ep.BufferPlan(cfg, elem, o.planRanks, o.planNodes)
+		if err != nil {
+			fmt.Fprintf(stderr, "ep-bench: -plan: %v: %v\n", c, err)
+			return 2
+		}
+		fmt.Fprintf(stdout, "%v: %d ranks on %d nodes: %v\n", c, o.planRanks, o.planNodes, f)
+	}
+	return 0
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

@@ -34,6 +34,11 @@ type Record struct {
 	AlltoallvCombineGBps  float64 `json:"alltoallv_combine_gbps,omitempty"`
 	Speedup               float64 `json:"speedup_vs_alltoallv,omitempty"` // alltoallv (dispatch+combine) / ep (dispatch+combine)
 
+	// FlagRoundTripUS is the floor of a flag exchange between ranks 0 and 1
+	// of a node, measured in the same run (ep-bench -latency); absent when
+	// not measured.
+	FlagRoundTripUS float64 `json:"flag_round_trip_us,omitempty"`
+
 	MemcpyGBps         float64 `json:"memcpy_gbps"`          // glibc memcpy of the same bytes, per rank, all ranks at once
 	DispatchOfMemcpy   float64 `json:"dispatch_memcpy_frac"` // DispatchGBps / MemcpyGBps
 	CombineOfMemcpy    float64 `json:"combine_memcpy_frac"`
@@ -62,12 +67,13 @@ func (r *Record) ElemBytes() int {
 	return 2
 }
 
-// RanksPerNode is the number of ranks on each node (ranks / nodes).
+// RanksPerNode is the number of ranks on the largest node (nodes may hold
+// different numbers of ranks).
 func (r *Record) RanksPerNode() int {
 	if r.Nodes <= 0 {
 		return r.Ranks
 	}
-	return r.Ranks / r.Nodes
+	return (r.Ranks + r.Nodes - 1) / r.Nodes
 }
 
 // Validate reports what is wrong with a record read from JSON.
@@ -77,8 +83,8 @@ func (r *Record) Validate() error {
 		return fmt.Errorf("mode %q is not ll or ht", r.Mode)
 	case r.DType != "f32" && r.DType != "bf16":
 		return fmt.Errorf("dtype %q is not f32 or bf16", r.DType)
-	case r.Ranks < 1 || r.Nodes < 1 || r.Nodes > r.Ranks || r.Ranks%r.Nodes != 0:
-		return fmt.Errorf("%d ranks on %d nodes: want ranks >= 1, a multiple of nodes >= 1", r.Ranks, r.Nodes)
+	case r.Ranks < 1 || r.Nodes < 1 || r.Nodes > r.Ranks:
+		return fmt.Errorf("%d ranks on %d nodes: want ranks >= nodes >= 1", r.Ranks, r.Nodes)
 	case r.Tokens < 0 || r.Hidden < 1 || r.TopK < 1 || r.Experts < 1 || r.Iters < 1:
 		return fmt.Errorf("tokens %d, hidden %d, topk %d, experts %d, iters %d: out of range",
 			r.Tokens, r.Hidden, r.TopK, r.Experts, r.Iters)

@@ -1,0 +1,10 @@
+package ep
+
+// SetSlotProtocolMax sets the largest LL message that takes the slot
+// protocol, for groups made afterwards (0: never), and returns a function
+// that restores it: the tests run the conformance suite on both protocols.
+func SetSlotProtocolMax(n int) (restore func()) {
+	old := slotProtocolMax
+	slotProtocolMax = n
+	return func() { slotProtocolMax = old }
+}
