@@ -11,7 +11,7 @@ MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./gpu
 MPI_TEST_NP   ?= 1,2,4,8
 MPI_TEST_SIM  ?= 4/2,8/4,8/2
 # The GPU backend on the emulated device (the ep conformance suite) and the emulator, at 1, 2 and 4
-# ranks and 2 simulated nodes: each run of the suite on the emulator costs about 7 s here.
+# ranks and 2 simulated nodes: each run of the suite on the emulator costs 7 to 15 s here.
 MPI_TEST_EMU_PKGS ?= ./ep/epgpu ./gpu/emulator
 MPI_TEST_EMU_NP   ?= 1,2,4
 MPI_TEST_EMU_SIM  ?= 4/2
