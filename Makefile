@@ -11,6 +11,11 @@ MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-
 MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./gpu
 MPI_TEST_NP   ?= 1,2,4,8
 MPI_TEST_SIM  ?= 4/2,8/4,8/2
+# The GPU backend on the emulated device (the ep conformance suite) and the emulator, at 1, 2 and 4
+# ranks and 2 simulated nodes: each run of the suite on the emulator costs 7 to 15 s here.
+MPI_TEST_EMU_PKGS ?= ./ep/epgpu ./gpu/emulator
+MPI_TEST_EMU_NP   ?= 1,2,4
+MPI_TEST_EMU_SIM  ?= 4/2
 
 export GOEP_REQUIRE_TOOLS = 1
 
@@ -71,14 +76,21 @@ test-mpi: deps
 	$(GO) run ./internal/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
 	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes
 	$(GO) run ./internal/mpitest -np "" -sim 5/2,5/3 ./ep
+	$(GO) run ./internal/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
 
-## test-gpu: build package gpu's GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the
-## script that runs them: carry bin/gpu/ to a GPU machine (no Go needed there), run bin/gpu/run-on-device.sh.
+## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that
+## runs them: package gpu's (device, kernels, NCCL), the ep conformance suite on the CUDA backend (epgpu),
+## and ep-bench for -device cuda. Carry bin/gpu/ to a GPU machine (no Go needed there) and run
+## bin/gpu/run-on-device.sh; it fails, never skips, where there is no GPU.
 test-gpu: deps
-	$(GO) vet -tags gpu ./gpu
-	$(GO) vet -tags 'gpu mpi' ./gpu
+	$(GO) vet -tags gpu ./gpu ./ep/epgpu
+	$(GO) vet -tags 'gpu mpi' ./gpu ./ep/epgpu
 	$(GO) test -c -tags gpu -o bin/gpu/gpu.test ./gpu
 	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/gpu-mpi.test ./gpu
+	$(GO) test -c -tags gpu -o bin/gpu/epgpu.test ./ep/epgpu
+	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/epgpu-mpi.test ./ep/epgpu
+	$(GO) build -tags mpi -o bin/gpu/ep-bench ./examples/ep-bench
+	$(GO) build -o bin/gpu/ep-bench-1rank ./examples/ep-bench
 	cp scripts/gpu/run-on-device.sh bin/gpu/
 
 ## test-slurm: a real 2-node Slurm cluster (root): mpi-hello by srun and sbatch+mpirun, the training

@@ -38,6 +38,16 @@
 // unusable. With Timeout zero, collectives block inside MPI as in a plain MPI
 // program.
 //
+// # Point to point
+//
+// Comm.Exchange posts non-blocking sends and receives (MPI_Isend,
+// MPI_Irecv) of memory outside the Go heap (a Buffer, C memory) and returns
+// an *Exchange to poll (Test, Pending) or abandon (Cancel): the transport of
+// the emulated GPU of package gpu/emulator, which stands where NCCL's
+// grouped ncclSend/ncclRecv would. Messages between two ranks match in the
+// order they were posted, and a receive must be matched by a send of its
+// exact size.
+//
 // # Topology
 //
 // Topology groups the ranks of a communicator into nodes: ranks that share

@@ -245,3 +245,49 @@ int goep_mca_string(const char *name, char *buf, int cap) {
   buf[cap - 1] = 0;
   return rc;
 }
+
+int64_t goep_p2p_start(MPI_Comm comm, int n, const int *recv, const int *peer, const uint64_t *addr, const int *bytes,
+                       int tag, MPI_Request *reqs) {
+  for (int i = 0; i < n; i++) reqs[i] = MPI_REQUEST_NULL;
+  for (int i = 0; i < n; i++) {
+    void *p = (void *)(uintptr_t)addr[i];
+    int rc = recv[i] ? MPI_Irecv(p, bytes[i], MPI_BYTE, peer[i], tag, comm, &reqs[i])
+                     : MPI_Isend(p, bytes[i], MPI_BYTE, peer[i], tag, comm, &reqs[i]);
+    if (rc != MPI_SUCCESS) return (int64_t)rc | ((int64_t)(i + 1) << 32);
+  }
+  return 0;
+}
+
+int goep_p2p_test(int n, MPI_Request *reqs, const int *recv, int *done, int64_t *got) {
+  for (int i = 0; i < n; i++) {
+    if (done[i]) continue;
+    MPI_Status st;
+    int flag = 0;
+    int rc = MPI_Test(&reqs[i], &flag, &st);
+    if (rc != MPI_SUCCESS) return rc;
+    if (!flag) continue;
+    done[i] = 1;
+    if (recv[i]) {
+      MPI_Count c = 0;
+      rc = MPI_Get_elements_x(&st, MPI_BYTE, &c);
+      if (rc != MPI_SUCCESS) return rc;
+      got[i] = (int64_t)c;
+    }
+  }
+  return MPI_SUCCESS;
+}
+
+int goep_p2p_cancel(int n, MPI_Request *reqs, const int *recv, const int *done) {
+  int left = 0;
+  for (int i = 0; i < n; i++) {
+    if (done[i] || reqs[i] == MPI_REQUEST_NULL) continue;
+    if (recv[i]) {
+      MPI_Cancel(&reqs[i]);
+      MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&reqs[i]);
+      left++;
+    }
+  }
+  return left;
+}

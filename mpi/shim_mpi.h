@@ -27,6 +27,19 @@ int goep_allreduce(const void *send, void *recv, int n, int dtype, int op, MPI_C
 int goep_error_string(int code, char *buf, int cap);
 int goep_arrive(MPI_Comm comm, int tag, int64_t timeout_ns, int *missing);
 
+// Point-to-point messages of an Exchange. goep_p2p_start posts n messages
+// (recv[i]: MPI_Irecv, else MPI_Isend) of bytes[i] bytes at addr[i] with
+// peer[i], into reqs; it returns 0, or the MPI code plus, in bits 32 and up,
+// 1 + the index of the message that failed. goep_p2p_test tests every
+// request not yet done, setting done[i] and, for a receive, got[i] to the
+// bytes received. goep_p2p_cancel cancels the receives not done (and waits
+// for the cancellations) and frees the requests of the sends not done,
+// returning how many sends it left to MPI.
+int64_t goep_p2p_start(MPI_Comm comm, int n, const int *recv, const int *peer, const uint64_t *addr, const int *bytes,
+                       int tag, MPI_Request *reqs);
+int goep_p2p_test(int n, MPI_Request *reqs, const int *recv, int *done, int64_t *got);
+int goep_p2p_cancel(int n, MPI_Request *reqs, const int *recv, const int *done);
+
 // One-sided helpers on a window in a lock_all epoch.
 //
 // goep_block is the layout of package mpi's Block on a 64-bit machine (four
