@@ -22,6 +22,14 @@
 #                same run (its -validate compares the results); prints the speedup
 #   clean        after cluster.sh down: no namespace, bridge, veth, mount or process of the
 #                cluster is left, and no mpirun/orted of this run
+#
+# tests-ep, tests-moe, train, bench-ll and bench-ht need ep to make MPI progress while it waits
+# across hosts (issue 17: over TCP a peer's put completes only while the target calls MPI; ep's
+# waits poll memory without calling MPI, so its calls hang across hosts). Until ep/ has that fix,
+# they are NOT RUN unless GOEP_CLUSTER_EP=1, and the summary says so; they never count as passed.
+# The fix: ep's waits across nodes call mpi.Window.Progress between polls; with it, all of them
+# passed here but ep's TestStalledRankTimesOut at 2x2 (a sender blocks in MPI_Win_flush on the
+# stalled rank, so another rank's timeout names the sender).
 # The cluster always comes down (trap EXIT). Exit status 1 if any check failed.
 #
 # Env: GO (the go command); GOEP_CLUSTER_TEST_LOGS (default out/test-cluster); GOEP_CLUSTER_RATE
@@ -39,6 +47,9 @@ MPI_HOSTS=${GOEP_CLUSTER_MPI_HOSTS:-2x2,4x1,2+2+1}
 EP_HOSTS=${GOEP_CLUSTER_EP_HOSTS:-2x2,4x1}
 MOE_HOSTS=${GOEP_CLUSTER_MOE_HOSTS:-2x2,4x1}
 ITERS=${GOEP_CLUSTER_BENCH_ITERS:-10}
+# 1 once ep makes MPI progress while waiting across hosts (issue 17; see the header).
+EP=${GOEP_CLUSTER_EP:-0}
+notrun=()
 CLUSTER=$ROOT/scripts/cluster/cluster.sh
 MPIRUN=$ROOT/scripts/cluster/mpirun
 T0=$SECONDS
@@ -104,13 +115,18 @@ mpitest() { # NAME LAYOUTS PACKAGE...
   grep -E '^(ok|FAIL) ' "$LOGS/$name.log" | sed 's/^/    /' || true
 }
 mpitest tests-mpi "$MPI_HOSTS" ./mpi
-mpitest tests-ep "$EP_HOSTS" ./ep
-mpitest tests-moe "$MOE_HOSTS" ./moe
+if [ "$EP" = 1 ]; then
+  mpitest tests-ep "$EP_HOSTS" ./ep
+  mpitest tests-moe "$MOE_HOSTS" ./moe
+else
+  notrun+=(tests-ep tests-moe train bench-ll bench-ht)
+fi
 
 # h5attr FILE NAME: a root attribute as h5dump prints it. h5rows FILE DATASET: its rows (h5ls).
 h5attr() { h5dump -a "/$2" "$1" 2>/dev/null | sed -n 's/^ *(0): *//p' | tr -d '"' | head -n 1; }
 h5rows() { h5ls "$1/$2" 2>/dev/null | sed -n 's/.*{\([0-9]*\).*/\1/p'; }
 
+if [ "$EP" = 1 ]; then
 # c. a short training run across 2 hosts.
 t=$SECONDS; rc=0
 TRAIN=$LOGS/train
@@ -150,6 +166,7 @@ bench() { # NAME MODE TOKENS
 echo "test-cluster: ep-bench across 2 hosts x 2 ranks, links capped at $RATE; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 bench bench-ll ll 128
 bench bench-ht ht 4096
+fi
 
 # e. down, and nothing is left.
 t=$SECONDS
@@ -163,6 +180,10 @@ errs=$( [ -z "$left" ] || echo "left after down: $left;"
 result clean "$t" "$errs"
 
 echo "test-cluster: $((SECONDS - T0)) s in all; logs in $LOGS"
+if [ ${#notrun[@]} -gt 0 ]; then
+  echo "test-cluster: NOT RUN: ${notrun[*]}: ep's calls hang across hosts until its waits let MPI"
+  echo "  make progress (issue 17: mpi.Window.Progress between polls); GOEP_CLUSTER_EP=1 runs them"
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test-cluster: FAILED: ${failed[*]}"
   exit 1
