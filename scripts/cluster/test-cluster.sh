@@ -33,7 +33,7 @@
 # The cluster always comes down (trap EXIT). Exit status 1 if any check failed.
 #
 # Env: GO (the go command); GOEP_CLUSTER_TEST_LOGS (default out/test-cluster); GOEP_CLUSTER_RATE
-# (default 10gbit) for the link caps; GOEP_CLUSTER_MPI_HOSTS, GOEP_CLUSTER_EP_HOSTS,
+# (default 10gbit) for the link caps; GOEP_CLUSTER_NAME (default gc<pid>: a cluster of its own); GOEP_CLUSTER_MPI_HOSTS, GOEP_CLUSTER_EP_HOSTS,
 # GOEP_CLUSTER_MOE_HOSTS (layouts for internal/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,19 +52,24 @@ EP=${GOEP_CLUSTER_EP:-0}
 notrun=()
 CLUSTER=$ROOT/scripts/cluster/cluster.sh
 MPIRUN=$ROOT/scripts/cluster/mpirun
+# A cluster of this run's own (its namespaces and state), so that test runs from other checkouts
+# on the same machine neither see nor tear down each other's hosts.
+export GOEP_CLUSTER_NAME=${GOEP_CLUSTER_NAME:-gc$$}
+export GOEP_CLUSTER_DIR=${GOEP_CLUSTER_DIR:-/run/$GOEP_CLUSTER_NAME-cluster}
+CDIR=$GOEP_CLUSTER_DIR
 T0=$SECONDS
 failed=()
 
 [ "$(id -u)" = 0 ] || { echo "test-cluster.sh: run as root (it makes network namespaces)" >&2; exit 1; }
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 
-# launchers: mpirun and orted processes of the emulated cluster (started through its rsh agent,
+# launchers: mpirun and orted processes of this run's cluster (started through its rsh agent,
 # which their environment or command line names), so that other people's runs never count.
 launchers() {
   local p
   for p in $(ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && ($3 == "mpirun" || $3 == "orted") { print $1 }'); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^OMPI_MCA_plm_rsh_agent=$ROOT/scripts/cluster/rsh\$" ||
-      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "plm_rsh_agent $ROOT/scripts/cluster/rsh "; then
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^OMPI_MCA_plm_rsh_agent=$CDIR/rsh\$" ||
+      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "plm_rsh_agent $CDIR/rsh "; then
       echo "$p"
     fi
   done | sort
@@ -77,7 +82,7 @@ for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./e
 trap '"$CLUSTER" down >/dev/null 2>&1 || true' EXIT
 t=$SECONDS
 "$CLUSTER" up 4 --rate "$RATE" --slots 2
-echo "test-cluster: 4 hosts up in $((SECONDS - t)) s, links capped at $RATE"
+echo "test-cluster: 4 hosts up in $((SECONDS - t)) s (cluster $GOEP_CLUSTER_NAME), links capped at $RATE"
 
 # result NAME T0 ERRORS: PASS (no ERRORS), or FAIL with the check's log.
 result() {
@@ -109,7 +114,7 @@ mpitest() { # NAME LAYOUTS PACKAGE...
   local name=$1 layouts=$2 rc=0
   shift 2
   t=$SECONDS
-  "$GO" run ./internal/mpitest -np "" -sim "" -hosts "$layouts" -hostfile /run/goep-cluster/hostfile \
+  "$GO" run ./internal/mpitest -np "" -sim "" -hosts "$layouts" -hostfile "$CDIR/hostfile" \
     -mpirun "$MPIRUN" -workdir "$LOGS/mpitest" -timeout 5m "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
   result "$name" "$t" "$( [ "$rc" = 0 ] || echo "mpitest exit status $rc;")"
   grep -E '^(ok|FAIL) ' "$LOGS/$name.log" | sed 's/^/    /' || true
@@ -176,7 +181,7 @@ left=$("$CLUSTER" check || true)
 stray=$(comm -13 <(echo "$before") <(launchers) | xargs)
 errs=$( [ -z "$left" ] || echo "left after down: $left;"
   [ -z "$stray" ] || echo "mpirun/orted still running: pids $stray;"
-  [ -z "$(ip netns list 2>/dev/null | grep '^goep-' || true)" ] || echo "ip netns still lists goep-*;")
+  [ -z "$(ip netns list 2>/dev/null | grep "^$GOEP_CLUSTER_NAME-" || true)" ] || echo "ip netns still lists $GOEP_CLUSTER_NAME-*;")
 result clean "$t" "$errs"
 
 echo "test-cluster: $((SECONDS - T0)) s in all; logs in $LOGS"

@@ -61,8 +61,10 @@ CLUSTER=$ROOT/scripts/slurm/cluster.sh
 MODE=() IN=() N1=n1 N2=n2
 STATE=${GOEP_SLURM_STATE_DIR:-/tmp/goep-slurm}
 if [ "$NET" = 1 ]; then
+  # Hosts of this run's own, so that runs from other checkouts on the machine do not collide.
+  export GOEP_CLUSTER_NAME=${GOEP_CLUSTER_NAME:-gs$$}
   MODE=(--net) IN=("$ROOT/scripts/cluster/cluster.sh" exec goep-h1) N1=goep-h1 N2=goep-h2
-  STATE=${GOEP_SLURM_STATE_DIR:-/var/tmp/goep-slurm-net}
+  STATE=${GOEP_SLURM_STATE_DIR:-/var/tmp/$GOEP_CLUSTER_NAME-slurm-net}
 fi
 T0=$SECONDS
 failed=()
@@ -314,6 +316,9 @@ left=$(comm -13 <(echo "$before") <(daemons) | xargs)
 hosts_left=""
 if [ "$NET" = 1 ]; then hosts_left=$("$ROOT/scripts/cluster/cluster.sh" check || true); fi
 result no-daemons "$t" "${left:+still running after stop: pids $left;}${hosts_left:+ hosts left: $hosts_left}"
+# The hosts' state directory is this run's own (its name has the run's pid): failures have
+# printed the daemons' logs by now.
+if [ "$NET" = 1 ] && [ -z "${GOEP_SLURM_STATE_DIR:-}" ]; then rm -rf "$STATE"; fi
 
 echo "test-slurm: $((SECONDS - T0)) s in all; logs in $LOGS"
 if [ ${#notrun[@]} -gt 0 ]; then
