@@ -12,7 +12,7 @@
 #       both directions with tc: --rate (default 10gbit) and --delay (default 5us; needs the
 #       kernel's netem: without it the default is dropped with a note, an explicit --delay fails).
 #       Writes the hostfile (S slots per host, default 2) and the Open MPI settings (env) under
-#       /run/goep-cluster. Idempotent: a cluster already up with the same settings is kept; one
+#       /run/NAME-cluster. Idempotent: a cluster already up with the same settings is kept; one
 #       with other settings, or the remains of a crashed one, is removed first.
 #   scripts/cluster/cluster.sh down
 #       kill every process left in the hosts, remove namespaces, links, bridge and files. Safe to
@@ -166,7 +166,7 @@ up() {
   # (shared-memory transports want memory, not disk), and the namespace files, which must be
   # bound on a mount that is not shared.
   mkdir -p "$DIR"
-  mount -t tmpfs -o mode=755 goep-cluster "$DIR"
+  mount -t tmpfs -o mode=755 "$NAME-cluster" "$DIR"
   mount --make-private "$DIR"
   mkdir -p "$DIR/ns"
   {
