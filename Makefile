@@ -102,9 +102,10 @@ test-slurm:
 	GO=$(GO) scripts/slurm/test-slurm.sh $(SLURM_TEST_FLAGS)
 
 ## test-cluster: goep across emulated hosts with their own network (root): scripts/cluster/cluster.sh brings
-## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); the mpi, ep and moe test
-## binaries run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host, a short training, ep-bench LL
-## and HT against alltoallv; then it comes down and nothing may be left. About 2 minutes.
+## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); mpi-hello and the mpi test
+## binary run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host; then it comes down and nothing may
+## be left (under a minute). GOEP_CLUSTER_EP=1 adds the ep and moe tests, a short training and ep-bench
+## LL and HT against alltoallv, which hang across hosts until ep's waits let MPI progress (issue 17).
 test-cluster: deps
 	GO=$(GO) scripts/cluster/test-cluster.sh
 

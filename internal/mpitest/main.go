@@ -71,7 +71,7 @@ func run(stdout, stderr io.Writer, args []string) int {
 	benchtime := fs.String("benchtime", "10x", "iterations of each benchmark: must be a count (Nx), the same on every rank")
 	hosts := fs.String("hosts", "", "comma-separated layouts across hosts: HxR (H hosts of R ranks) or R1+R2+... (ranks per host); needs -hostfile")
 	hostfile := fs.String("hostfile", "", "the hosts for -hosts, in Open MPI's hostfile format (the first word of each line)")
-	mpirunCmd := fs.String("mpirun", "mpirun", "the mpirun command (e.g. scripts/cluster/mpirun)")
+	mpirunCmd := fs.String("mpirun", "mpirun", "the mpirun command (e.g. scripts/cluster/mpirun; its -np and -sim runs go where its default hostfile puts them)")
 	workdir := fs.String("workdir", "", "directory for the test binaries and rank logs (default: a new temporary one); across hosts, one every host sees")
 	keep := fs.Bool("keep", false, "keep the build and log directory")
 	verbose := fs.Bool("v", false, "print every rank's output")

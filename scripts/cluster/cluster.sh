@@ -12,7 +12,7 @@
 #       both directions with tc: --rate (default 10gbit) and --delay (default 5us; needs the
 #       kernel's netem: without it the default is dropped with a note, an explicit --delay fails).
 #       Writes the hostfile (S slots per host, default 2) and the Open MPI settings (env) under
-#       /run/goep-cluster. Idempotent: a cluster already up with the same settings is kept; one
+#       /run/NAME-cluster. Idempotent: a cluster already up with the same settings is kept; one
 #       with other settings, or the remains of a crashed one, is removed first.
 #   scripts/cluster/cluster.sh down
 #       kill every process left in the hosts, remove namespaces, links, bridge and files. Safe to
@@ -28,13 +28,18 @@
 # Programs go across the hosts with scripts/cluster/mpirun (mpirun run on goep-h1 with the
 # hostfile and every setting the emulated network needs), e.g.
 #   scripts/cluster/cluster.sh up 2 && scripts/cluster/mpirun -np 4 bin/mpi-hello
-# Environment: GOEP_CLUSTER_DIR (default /run/goep-cluster; must not be under /tmp or /dev/shm,
-# which every host has its own of).
+# Environment: GOEP_CLUSTER_NAME (default goep): clusters of different names live side by side
+# (namespaces NAME-br, NAME-h1.., each its own bridge, so even the subnet does not clash; host
+# names are goep-hI in every one), for concurrent test runs on one machine. GOEP_CLUSTER_DIR
+# (default /run/NAME-cluster; not under /tmp or /dev/shm, which every host has its own of).
 set -euo pipefail
 
-DIR=${GOEP_CLUSTER_DIR:-/run/goep-cluster}
-NET=10.213.0          # the private test subnet, /24
-PREFIX=goep           # namespaces goep-br, goep-h1..; host names goep-h1..
+NAME=${GOEP_CLUSTER_NAME:-goep}
+[[ "$NAME" =~ ^[a-z][a-z0-9]{0,11}$ ]] || { echo "cluster.sh: GOEP_CLUSTER_NAME=$NAME: want a lower-case letter, then up to 11 letters or digits" >&2; exit 2; }
+DIR=${GOEP_CLUSTER_DIR:-/run/$NAME-cluster}
+NET=10.213.0          # the private test subnet, /24 (each cluster has its own bridge)
+PREFIX=$NAME          # namespaces NAME-br, NAME-h1..
+HOSTNAME_PREFIX=goep  # host names goep-h1.., in every cluster
 BRNS=$PREFIX-br
 LOCK=$DIR.lock
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -53,7 +58,7 @@ cluster_hosts() {
 # resolve NAME: the host index of goep-hI, hI, I or 10.213.0.I (no output if none).
 resolve() {
   local n=$1
-  n=${n#"$PREFIX"-h}
+  n=${n#"$HOSTNAME_PREFIX"-h}
   n=${n#h}
   n=${n#"$NET".}
   if [[ "$n" =~ ^[1-9][0-9]*$ ]] && [ -e "/run/netns/$(host_ns "$n")" ]; then echo "$n"; fi
@@ -131,7 +136,7 @@ leftovers() {
   [ -z "$x" ] || echo "network namespaces: $x"
   x=$(ns_pids | xargs)
   [ -z "$x" ] || echo "processes in them: $x"
-  x=$(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -E "^($PREFIX|p[0-9]+@)" | xargs || true)
+  x=$(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep "^$PREFIX-" | xargs || true)
   [ -z "$x" ] || echo "links in the root namespace: $x"
   if [ -e "$DIR" ]; then echo "state directory: $DIR"; fi
   x=$(awk -v d="$DIR" '$2 == d || index($2, d "/") == 1 { print $2 }' /proc/self/mounts | xargs)
@@ -161,15 +166,15 @@ up() {
   # (shared-memory transports want memory, not disk), and the namespace files, which must be
   # bound on a mount that is not shared.
   mkdir -p "$DIR"
-  mount -t tmpfs -o mode=755 goep-cluster "$DIR"
+  mount -t tmpfs -o mode=755 "$NAME-cluster" "$DIR"
   mount --make-private "$DIR"
   mkdir -p "$DIR/ns"
   {
     echo "127.0.0.1 localhost"
     echo "::1 localhost ip6-localhost ip6-loopback"
-    for i in $(seq "$n"); do echo "$NET.$i $PREFIX-h$i"; done
+    for i in $(seq "$n"); do echo "$NET.$i $HOSTNAME_PREFIX-h$i"; done
   } >"$DIR/hosts"
-  for i in $(seq "$n"); do echo "$PREFIX-h$i slots=$slots"; done >"$DIR/hostfile"
+  for i in $(seq "$n"); do echo "$HOSTNAME_PREFIX-h$i slots=$slots"; done >"$DIR/hostfile"
 
   ip netns add "$BRNS"
   ip -n "$BRNS" link set lo up
@@ -196,7 +201,7 @@ up() {
     # cross-memory attach (the hosts share the PID namespace), never through the network.
     cat /proc/sys/kernel/random/uuid >"$DIR/h$i/boot_id"
     touch "$DIR/ns/h$i.uts"
-    unshare --uts="$DIR/ns/h$i.uts" hostname "$PREFIX-h$i"
+    unshare --uts="$DIR/ns/h$i.uts" hostname "$HOSTNAME_PREFIX-h$i"
   done
   writeenv
   echo "$want" >"$DIR/settings"   # as asked for: what up compares with the next time
@@ -205,7 +210,7 @@ up() {
   trap - EXIT
   local lat=""
   [ "$delay" = 0 ] || lat=" and $delay"
-  say "up: $n host(s) $PREFIX-h1..$PREFIX-h$n on $NET.0/24, links capped at $rate$lat each way, $slots slots each"
+  say "up: $n host(s) $HOSTNAME_PREFIX-h1..$HOSTNAME_PREFIX-h$n on $NET.0/24 (cluster $NAME), links capped at $rate$lat each way, $slots slots each"
   say "hostfile $DIR/hostfile; run programs with $HERE/mpirun -np K PROGRAM"
 }
 
@@ -284,7 +289,7 @@ writeenv() {
   cat >"$DIR/env" <<EOF
 # Open MPI settings for the emulated cluster (written by scripts/cluster/cluster.sh up).
 # mpirun reaches the hosts through the rsh agent (no sshd), with this hostfile:
-export OMPI_MCA_plm_rsh_agent=$HERE/rsh
+export OMPI_MCA_plm_rsh_agent=$DIR/rsh
 export OMPI_MCA_orte_default_hostfile=$DIR/hostfile
 # Daemons and TCP messages only on the test subnet:
 export OMPI_MCA_oob_tcp_if_include=$NET.0/24
@@ -299,6 +304,12 @@ EOF
   if [ "$(id -u)" = 0 ]; then
     echo "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" >>"$DIR/env"
   fi
+  # The agent names this cluster itself: orted on another host runs it with a fresh environment.
+  cat >"$DIR/rsh" <<EOF
+#!/bin/sh
+GOEP_CLUSTER_NAME=$NAME GOEP_CLUSTER_DIR=$DIR exec $HERE/rsh "\$@"
+EOF
+  chmod 755 "$DIR/rsh"
 }
 
 status() {
@@ -310,7 +321,7 @@ status() {
   fi
   echo "settings: $(cat "$DIR/effective" 2>/dev/null || echo unknown)"
   for i in $hosts; do
-    echo "$PREFIX-h$i $(inhost "$i" hostname 2>/dev/null) $(ip -n "$(host_ns "$i")" -4 -o addr show dev eth0 2>/dev/null | awk '{print $4}')" \
+    echo "$HOSTNAME_PREFIX-h$i $(inhost "$i" hostname 2>/dev/null) $(ip -n "$(host_ns "$i")" -4 -o addr show dev eth0 2>/dev/null | awk '{print $4}')" \
       "qdisc: $(tc -n "$(host_ns "$i")" qdisc show dev eth0 2>/dev/null | head -n 1)"
   done
   local pids
@@ -366,11 +377,11 @@ case "$cmd" in
     if [ -n "$left" ]; then echo "$left"; exit 1; fi
     ;;
   status) status ;;
-  hosts) for i in $(cluster_hosts); do echo "$PREFIX-h$i"; done ;;
+  hosts) for i in $(cluster_hosts); do echo "$HOSTNAME_PREFIX-h$i"; done ;;
   exec)
     [ $# -ge 2 ] || die "exec HOST CMD [ARGS...]"
     i=$(resolve "$1")
-    [ -n "$i" ] || die "exec: no host '$1' in the cluster (hosts: $(cluster_hosts | sed "s/^/$PREFIX-h/" | xargs))"
+    [ -n "$i" ] || die "exec: no host '$1' in cluster $NAME (hosts: $(cluster_hosts | sed "s/^/$HOSTNAME_PREFIX-h/" | xargs))"
     shift
     inhost_argv "$i" "$@"
     exec "${ARGV[@]}"

@@ -22,10 +22,18 @@
 #                same run (its -validate compares the results); prints the speedup
 #   clean        after cluster.sh down: no namespace, bridge, veth, mount or process of the
 #                cluster is left, and no mpirun/orted of this run
+#
+# tests-ep, tests-moe, train, bench-ll and bench-ht need ep to make MPI progress while it waits
+# across hosts (issue 17: over TCP a peer's put completes only while the target calls MPI; ep's
+# waits poll memory without calling MPI, so its calls hang across hosts). Until ep/ has that fix,
+# they are NOT RUN unless GOEP_CLUSTER_EP=1, and the summary says so; they never count as passed.
+# The fix: ep's waits across nodes call mpi.Window.Progress between polls; with it, all of them
+# passed here but ep's TestStalledRankTimesOut at 2x2 (a sender blocks in MPI_Win_flush on the
+# stalled rank, so another rank's timeout names the sender).
 # The cluster always comes down (trap EXIT). Exit status 1 if any check failed.
 #
 # Env: GO (the go command); GOEP_CLUSTER_TEST_LOGS (default out/test-cluster); GOEP_CLUSTER_RATE
-# (default 10gbit) for the link caps; GOEP_CLUSTER_MPI_HOSTS, GOEP_CLUSTER_EP_HOSTS,
+# (default 10gbit) for the link caps; GOEP_CLUSTER_NAME (default gc<pid>: a cluster of its own); GOEP_CLUSTER_MPI_HOSTS, GOEP_CLUSTER_EP_HOSTS,
 # GOEP_CLUSTER_MOE_HOSTS (layouts for internal/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,21 +47,29 @@ MPI_HOSTS=${GOEP_CLUSTER_MPI_HOSTS:-2x2,4x1,2+2+1}
 EP_HOSTS=${GOEP_CLUSTER_EP_HOSTS:-2x2,4x1}
 MOE_HOSTS=${GOEP_CLUSTER_MOE_HOSTS:-2x2,4x1}
 ITERS=${GOEP_CLUSTER_BENCH_ITERS:-10}
+# 1 once ep makes MPI progress while waiting across hosts (issue 17; see the header).
+EP=${GOEP_CLUSTER_EP:-0}
+notrun=()
 CLUSTER=$ROOT/scripts/cluster/cluster.sh
 MPIRUN=$ROOT/scripts/cluster/mpirun
+# A cluster of this run's own (its namespaces and state), so that test runs from other checkouts
+# on the same machine neither see nor tear down each other's hosts.
+export GOEP_CLUSTER_NAME=${GOEP_CLUSTER_NAME:-gc$$}
+export GOEP_CLUSTER_DIR=${GOEP_CLUSTER_DIR:-/run/$GOEP_CLUSTER_NAME-cluster}
+CDIR=$GOEP_CLUSTER_DIR
 T0=$SECONDS
 failed=()
 
 [ "$(id -u)" = 0 ] || { echo "test-cluster.sh: run as root (it makes network namespaces)" >&2; exit 1; }
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 
-# launchers: mpirun and orted processes of the emulated cluster (started through its rsh agent,
+# launchers: mpirun and orted processes of this run's cluster (started through its rsh agent,
 # which their environment or command line names), so that other people's runs never count.
 launchers() {
   local p
   for p in $(ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && ($3 == "mpirun" || $3 == "orted") { print $1 }'); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^OMPI_MCA_plm_rsh_agent=$ROOT/scripts/cluster/rsh\$" ||
-      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "plm_rsh_agent $ROOT/scripts/cluster/rsh "; then
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^OMPI_MCA_plm_rsh_agent=$CDIR/rsh\$" ||
+      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "plm_rsh_agent $CDIR/rsh "; then
       echo "$p"
     fi
   done | sort
@@ -66,7 +82,7 @@ for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./e
 trap '"$CLUSTER" down >/dev/null 2>&1 || true' EXIT
 t=$SECONDS
 "$CLUSTER" up 4 --rate "$RATE" --slots 2
-echo "test-cluster: 4 hosts up in $((SECONDS - t)) s, links capped at $RATE"
+echo "test-cluster: 4 hosts up in $((SECONDS - t)) s (cluster $GOEP_CLUSTER_NAME), links capped at $RATE"
 
 # result NAME T0 ERRORS: PASS (no ERRORS), or FAIL with the check's log.
 result() {
@@ -98,19 +114,24 @@ mpitest() { # NAME LAYOUTS PACKAGE...
   local name=$1 layouts=$2 rc=0
   shift 2
   t=$SECONDS
-  "$GO" run ./internal/mpitest -np "" -sim "" -hosts "$layouts" -hostfile /run/goep-cluster/hostfile \
+  "$GO" run ./internal/mpitest -np "" -sim "" -hosts "$layouts" -hostfile "$CDIR/hostfile" \
     -mpirun "$MPIRUN" -workdir "$LOGS/mpitest" -timeout 5m "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
   result "$name" "$t" "$( [ "$rc" = 0 ] || echo "mpitest exit status $rc;")"
   grep -E '^(ok|FAIL) ' "$LOGS/$name.log" | sed 's/^/    /' || true
 }
 mpitest tests-mpi "$MPI_HOSTS" ./mpi
-mpitest tests-ep "$EP_HOSTS" ./ep
-mpitest tests-moe "$MOE_HOSTS" ./moe
+if [ "$EP" = 1 ]; then
+  mpitest tests-ep "$EP_HOSTS" ./ep
+  mpitest tests-moe "$MOE_HOSTS" ./moe
+else
+  notrun+=(tests-ep tests-moe train bench-ll bench-ht)
+fi
 
 # h5attr FILE NAME: a root attribute as h5dump prints it. h5rows FILE DATASET: its rows (h5ls).
 h5attr() { h5dump -a "/$2" "$1" 2>/dev/null | sed -n 's/^ *(0): *//p' | tr -d '"' | head -n 1; }
 h5rows() { h5ls "$1/$2" 2>/dev/null | sed -n 's/.*{\([0-9]*\).*/\1/p'; }
 
+if [ "$EP" = 1 ]; then
 # c. a short training run across 2 hosts.
 t=$SECONDS; rc=0
 TRAIN=$LOGS/train
@@ -150,6 +171,7 @@ bench() { # NAME MODE TOKENS
 echo "test-cluster: ep-bench across 2 hosts x 2 ranks, links capped at $RATE; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 bench bench-ll ll 128
 bench bench-ht ht 4096
+fi
 
 # e. down, and nothing is left.
 t=$SECONDS
@@ -159,10 +181,14 @@ left=$("$CLUSTER" check || true)
 stray=$(comm -13 <(echo "$before") <(launchers) | xargs)
 errs=$( [ -z "$left" ] || echo "left after down: $left;"
   [ -z "$stray" ] || echo "mpirun/orted still running: pids $stray;"
-  [ -z "$(ip netns list 2>/dev/null | grep '^goep-' || true)" ] || echo "ip netns still lists goep-*;")
+  [ -z "$(ip netns list 2>/dev/null | grep "^$GOEP_CLUSTER_NAME-" || true)" ] || echo "ip netns still lists $GOEP_CLUSTER_NAME-*;")
 result clean "$t" "$errs"
 
 echo "test-cluster: $((SECONDS - T0)) s in all; logs in $LOGS"
+if [ ${#notrun[@]} -gt 0 ]; then
+  echo "test-cluster: NOT RUN: ${notrun[*]}: ep's calls hang across hosts until its waits let MPI"
+  echo "  make progress (issue 17: mpi.Window.Progress between polls); GOEP_CLUSTER_EP=1 runs them"
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test-cluster: FAILED: ${failed[*]}"
   exit 1

@@ -21,7 +21,8 @@
 # must then run on a host: scripts/cluster/cluster.sh exec goep-h1 srun ... (the hosts reach the
 # controller; the machine itself has no address on their network). In this mode the config is
 # in GOEP_SLURM_STATE_DIR/etc (never /etc/slurm) and the state directory defaults to
-# /var/tmp/goep-slurm-net (the hosts have their own /tmp).
+# /var/tmp/NAME-slurm-net for the hosts' cluster NAME (GOEP_CLUSTER_NAME, default goep; the
+# hosts have their own /tmp).
 #
 # Environment (the defaults suit a throw-away test machine or container):
 #   GOEP_SLURM_NODES=2             N when start is given no argument
@@ -55,7 +56,7 @@ done
 set -- "${args[@]+"${args[@]}"}"
 [[ "$NET" =~ ^[01]$ ]] || { echo "cluster.sh: GOEP_SLURM_NET=$NET: want 0 or 1" >&2; exit 2; }
 if [ "$NET" = 1 ]; then
-  STATE=${GOEP_SLURM_STATE_DIR:-/var/tmp/goep-slurm-net}
+  STATE=${GOEP_SLURM_STATE_DIR:-/var/tmp/${GOEP_CLUSTER_NAME:-goep}-slurm-net}
   CONF_DIR=${GOEP_SLURM_CONF_DIR:-$STATE/etc}
 else
   STATE=${GOEP_SLURM_STATE_DIR:-/tmp/goep-slurm}
