@@ -32,6 +32,8 @@ type engine struct {
 	names      opNames
 	notes      *notes // the reasons of refused calls
 	ksEnd      Event  // orders a refused call's transfers after the kernels queued before it
+	met        meter
+	late       []int // a probe's late peers (meter.go)
 
 	allocs []gpu.DevicePtr
 	hosts  []HostBuffer
@@ -67,6 +69,7 @@ func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (Device, Comm, error))
 		return nil, err
 	}
 	e.place = ep.Placement{Node: topo.Node, Nodes: topo.Nodes, NodeOf: topo.NodeOf}
+	e.met, e.late = newMeter(topo.NodeOf, topo.Node), make([]int, 0, e.size)
 	if err := topo.Free(); err != nil {
 		return nil, err
 	}
@@ -302,6 +305,7 @@ func (e *engine) sendRecv(op string, s Stream, sends, recvs []gpu.Transfer) erro
 	if err != nil {
 		return fmt.Errorf("epgpu: %s: %w", op, err)
 	}
+	e.met.sent(sends)
 	return nil
 }
 
@@ -316,10 +320,12 @@ type headers struct {
 
 // wait waits for ev under the watchdog. A stalled peer becomes a
 // *ep.TimeoutError naming it where h can tell (-1 otherwise); an
-// asynchronous failure of the transport an error of op.
+// asynchronous failure of the transport an error of op. The time waited
+// is charged to the peers h finds late (meter.go).
 func (e *engine) wait(op, what string, ev Event, h headers) error {
 	e.wd.arm()
 	defer e.wd.disarm()
+	p := probe{h: h, start: time.Now(), late: e.late[:0]}
 	for spin := 0; ; spin++ {
 		done, err := ev.Done()
 		if err != nil {
@@ -334,11 +340,13 @@ func (e *engine) wait(op, what string, ev Event, h headers) error {
 			if err := e.comm.AsyncError(); err != nil {
 				return e.failure(op, what, err, h)
 			}
+			e.charge(&p)
 			return nil
 		}
 		if f := e.wd.err(); f != nil {
 			return e.failure(op, what, f, h)
 		}
+		e.step(&p)
 		pause(spin)
 	}
 }

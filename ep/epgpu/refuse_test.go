@@ -15,12 +15,12 @@ import (
 	"github.com/goep/goep/internal/mpitesting"
 )
 
-// refusalRig is a group on the emulated device with every rank's tokens,
+// rig is a group on the emulated device with every rank's tokens,
 // for the refusal checks: T = 2 + r mod 3 tokens on rank r (so that two
 // ranks send each other different numbers of rows), of Hidden H, token t
 // going to experts (r+t) mod E and (r+t+R) mod E with weights 1/2 and
 // 1/4, its row all r*10+t+1, so that a round's results are exact.
-type refusalRig struct {
+type rig struct {
 	g       *ep.Group[float32]
 	mode    ep.Mode
 	R, me   int
@@ -35,11 +35,11 @@ const refusalTimeout = time.Minute
 // tokensOf is the number of tokens rank r dispatches.
 func tokensOf(r int) int { return 2 + r%3 }
 
-func newRefusalRig(t *testing.T, mode ep.Mode) *refusalRig {
+func newRig(t *testing.T, mode ep.Mode) *rig {
 	t.Helper()
 	w := mpitesting.World
 	R, me := w.Size(), w.Rank()
-	rg := &refusalRig{mode: mode, R: R, me: me, T: tokensOf(me), H: 4}
+	rg := &rig{mode: mode, R: R, me: me, T: tokensOf(me), H: 4}
 	E := 2 * R
 	cfg := ep.Config{Mode: mode, NumExperts: E, MaxTokensPerRank: 8, Hidden: rg.H, TopK: 2, Timeout: refusalTimeout,
 		Backend: epgpu.NewEmulated(epgpu.EmulatorOptions{Jitter: 20 * time.Microsecond})}
@@ -62,7 +62,7 @@ func newRefusalRig(t *testing.T, mode ep.Mode) *refusalRig {
 }
 
 // alloc is a device tensor holding host, freed when the test ends.
-func (rg *refusalRig) alloc(t *testing.T, host []float32) ep.Tensor[float32] {
+func (rg *rig) alloc(t *testing.T, host []float32) ep.Tensor[float32] {
 	t.Helper()
 	x, err := ep.Alloc[float32](rg.g.Memory(), len(host))
 	require.NoError(t, err)
@@ -73,7 +73,7 @@ func (rg *refusalRig) alloc(t *testing.T, host []float32) ep.Tensor[float32] {
 
 // want is what a round with identity experts gives token tk: LL, the
 // weighted sum 3/4 of its row; HT, its row once per rank it went to.
-func (rg *refusalRig) want(tk int) float32 {
+func (rg *rig) want(tk int) float32 {
 	row := float32(rg.me*10 + tk + 1)
 	if rg.mode == ep.LowLatency {
 		return 0.75 * row
@@ -86,7 +86,7 @@ func (rg *refusalRig) want(tk int) float32 {
 }
 
 // checkCombined checks out after a combine of identity experts.
-func (rg *refusalRig) checkCombined(t *testing.T, what string) {
+func (rg *rig) checkCombined(t *testing.T, what string) {
 	t.Helper()
 	got := make([]float32, rg.T*rg.H)
 	require.NoError(t, ep.Download(got, rg.out))
@@ -101,7 +101,7 @@ func (rg *refusalRig) checkCombined(t *testing.T, what string) {
 }
 
 // round is a normal dispatch and combine, checked.
-func (rg *refusalRig) round(t *testing.T, what string) {
+func (rg *rig) round(t *testing.T, what string) {
 	t.Helper()
 	h, err := rg.g.Dispatch(rg.x, rg.topk, rg.weights)
 	require.NoError(t, err, what)
@@ -111,7 +111,7 @@ func (rg *refusalRig) round(t *testing.T, what string) {
 
 // combined is the handle of a round, for a cached dispatch. (Combined
 // first: in HT, a refused dispatch overwrites the receive buffer.)
-func (rg *refusalRig) combined(t *testing.T) ep.Handle[float32] {
+func (rg *rig) combined(t *testing.T) ep.Handle[float32] {
 	t.Helper()
 	h, err := rg.g.Dispatch(rg.x, rg.topk, rg.weights)
 	require.NoError(t, err)
@@ -123,7 +123,7 @@ func (rg *refusalRig) combined(t *testing.T) ep.Handle[float32] {
 // checkRefused checks a call's error on this rank: a refusing rank gets its
 // own reason, every other rank a *RefusedError naming the lowest refusing
 // rank and its reason; all of them promptly, as bad input.
-func (rg *refusalRig) checkRefused(t *testing.T, name string, err error, elapsed time.Duration, refusers map[int]string) {
+func (rg *rig) checkRefused(t *testing.T, name string, err error, elapsed time.Duration, refusers map[int]string) {
 	t.Helper()
 	if !assert.Error(t, err, name) {
 		return
@@ -161,14 +161,14 @@ func TestRefusalsOnTheDevice(t *testing.T) {
 		name     string
 		modes    []ep.Mode
 		refusers map[int]string
-		call     func(t *testing.T, rg *refusalRig) error
+		call     func(t *testing.T, rg *rig) error
 	}
 	both := []ep.Mode{ep.LowLatency, ep.HighThroughput}
 	twoRefusers := map[int]string{origin: fmt.Sprintf("len(out) = %d,", tokensOf(origin)*4+1)}
 	twoRefusers[0] = "nil handle" // with one rank, rank 0 passes no handle
 	cases := []refusalCase{
 		{"cached dispatch, the handle known", both, map[int]string{origin: "len(weights) = 1"},
-			func(t *testing.T, rg *refusalRig) error {
+			func(t *testing.T, rg *rig) error {
 				h := rg.combined(t)
 				weights := rg.weights
 				if me == origin {
@@ -178,7 +178,7 @@ func TestRefusalsOnTheDevice(t *testing.T) {
 				return err
 			}},
 		{"cached dispatch, the handle unknown", both, map[int]string{origin: "nil handle"},
-			func(t *testing.T, rg *refusalRig) error {
+			func(t *testing.T, rg *rig) error {
 				prev := rg.combined(t)
 				if me == origin {
 					prev = ep.Handle[float32]{}
@@ -187,7 +187,7 @@ func TestRefusalsOnTheDevice(t *testing.T) {
 				return err
 			}},
 		{"combine refused by two ranks, one without its handle", both, twoRefusers,
-			func(t *testing.T, rg *refusalRig) error {
+			func(t *testing.T, rg *rig) error {
 				h, err := rg.g.Dispatch(rg.x, rg.topk, rg.weights)
 				require.NoError(t, err)
 				hh, out := h, rg.out
@@ -205,7 +205,7 @@ func TestRefusalsOnTheDevice(t *testing.T) {
 				return err
 			}},
 		{"LL dispatch refused, found in its Wait after a later combine", []ep.Mode{ep.LowLatency}, map[int]string{origin: "is out of range"},
-			func(t *testing.T, rg *refusalRig) error {
+			func(t *testing.T, rg *rig) error {
 				first, err := rg.g.DispatchSend(rg.x, rg.topk, rg.weights)
 				require.NoError(t, err)
 				topk := rg.topk
@@ -229,7 +229,7 @@ func TestRefusalsOnTheDevice(t *testing.T) {
 	for _, mode := range both {
 		t.Run(mode.String(), func(t *testing.T) {
 			defer mpitesting.Agree(t, w)
-			rg := newRefusalRig(t, mode)
+			rg := newRig(t, mode)
 			for _, c := range cases {
 				if !slices.Contains(c.modes, mode) {
 					continue
