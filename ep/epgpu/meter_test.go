@@ -18,14 +18,16 @@ import (
 // in LL, exactly the fixed-capacity blocks and headers sent to the ranks
 // of other nodes (zero on one node), and in HT at least the rows sent
 // there.
-func TestStatsOnTheDevice(t *testing.T) {
+func TestStatsEmulated(t *testing.T) { testStats(t, jittery) }
+
+func testStats(t *testing.T, b ep.Backend) {
 	w := mpitesting.World
 	R, me := w.Size(), w.Rank()
 	const rounds, late = 3, 150 * time.Millisecond
 	for _, mode := range []ep.Mode{ep.LowLatency, ep.HighThroughput} {
 		t.Run(mode.String(), func(t *testing.T) {
 			defer mpitesting.Agree(t, w)
-			rg := newRig(t, mode)
+			rg := newRig(t, b, mode)
 			g := rg.g
 			g.ResetStats()
 			for i := 0; i < rounds; i++ {

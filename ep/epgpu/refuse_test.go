@@ -35,14 +35,14 @@ const refusalTimeout = time.Minute
 // tokensOf is the number of tokens rank r dispatches.
 func tokensOf(r int) int { return 2 + r%3 }
 
-func newRig(t *testing.T, mode ep.Mode) *rig {
+func newRig(t *testing.T, b ep.Backend, mode ep.Mode) *rig {
 	t.Helper()
 	w := mpitesting.World
 	R, me := w.Size(), w.Rank()
 	rg := &rig{mode: mode, R: R, me: me, T: tokensOf(me), H: 4}
 	E := 2 * R
 	cfg := ep.Config{Mode: mode, NumExperts: E, MaxTokensPerRank: 8, Hidden: rg.H, TopK: 2, Timeout: refusalTimeout,
-		Backend: epgpu.NewEmulated(epgpu.EmulatorOptions{Jitter: 20 * time.Microsecond})}
+		Backend: b}
 	g, err := ep.NewGroup[float32](w, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, g.Close()) })
@@ -147,13 +147,19 @@ func (rg *rig) checkRefused(t *testing.T, name string, err error, elapsed time.D
 	}
 }
 
+// jittery is the emulated device with every stream operation delayed by up
+// to 20 us, so that work ordered by neither its stream nor an event races.
+var jittery = epgpu.NewEmulated(epgpu.EmulatorOptions{Jitter: 20 * time.Microsecond})
+
 // The refusals the conformance suite does not make, on the device's
 // protocol: cached dispatches refused with and without the handle (in HT,
 // a rank without its handle sizes its part from the peers' headers),
 // several ranks refusing one call (the others name the lowest), a
 // refusal found in a Wait after later calls, and refusals in a row (each
 // names its own rank and reason). After each, a normal round is exact.
-func TestRefusalsOnTheDevice(t *testing.T) {
+func TestRefusalsEmulated(t *testing.T) { testRefusals(t, jittery) }
+
+func testRefusals(t *testing.T, b ep.Backend) {
 	w := mpitesting.World
 	R, me := w.Size(), w.Rank()
 	origin := R - 1
@@ -229,7 +235,7 @@ func TestRefusalsOnTheDevice(t *testing.T) {
 	for _, mode := range both {
 		t.Run(mode.String(), func(t *testing.T) {
 			defer mpitesting.Agree(t, w)
-			rg := newRig(t, mode)
+			rg := newRig(t, b, mode)
 			for _, c := range cases {
 				if !slices.Contains(c.modes, mode) {
 					continue
