@@ -78,10 +78,13 @@ func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (Device, Comm, error))
 	}
 	e.mem = memoryOf(e.dev)
 	e.wd = newWatchdog(e.comm, spec.Timeout)
-	if e.notes, err = newNotes(comm, spec.Timeout); err == nil {
-		err = e.setUp()
-	}
+	err = e.setUp()
 	if err = mpi.AgreeOnError(comm, err); err != nil {
+		return e, err
+	}
+	// After the agreement: a rank whose device failed to open is in
+	// the Group's agreement, not in this Split.
+	if e.notes, err = newNotes(comm, spec.Timeout); err != nil {
 		return e, err
 	}
 	return e, e.connect()
