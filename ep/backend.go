@@ -80,7 +80,14 @@ type Refusal struct {
 	Op     uint64   // the call's sequence number
 	Set    int      // its buffer set, where this rank knows it (a combine of a bad handle does not)
 	Kind   CallKind // a dispatch (fresh or cached) or a combine
-	Reason string   // this rank's error text
+	Cached bool     // the dispatch is a DispatchCached (its peers skip the count exchange)
+	// Dispatch is, where this rank could resolve the call's handle, the
+	// dispatch whose routing the call uses: a combine's, or the one a
+	// cached dispatch reuses (its State included); nil for a fresh
+	// dispatch or a handle this rank could not resolve. Valid during
+	// Refuse only.
+	Dispatch *Dispatch
+	Reason   string // this rank's error text
 }
 
 // CallKind is a dispatch or a combine.

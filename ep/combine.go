@@ -55,11 +55,11 @@ func (g *Group[E]) CombineSend(h Handle[E], y, out Tensor[E], opts *CombineOptio
 		where, err = g.checkCombine(op, s, y, out, o)
 	}
 	if err != nil {
-		set := -1
+		r := Refusal{Kind: CallCombine, Set: -1}
 		if s != nil {
-			set = s.d.Set
+			r.Set, r.Dispatch = s.d.Set, &s.d
 		}
-		return CombineRequest[E]{}, g.refuse(CallCombine, set, err)
+		return CombineRequest[E]{}, g.refuse(r, err)
 	}
 	weights := o.WeightsOverride
 	if g.spec.Mode == LowLatency && weights == nil {

@@ -39,7 +39,7 @@ func (g *Group[E]) DispatchSend(x Tensor[E], topk []int32, weights []float32) (D
 		s, err = g.newState(op)
 	}
 	if err != nil {
-		return DispatchRequest[E]{}, g.refuse(CallDispatch, 0, err)
+		return DispatchRequest[E]{}, g.refuse(Refusal{Kind: CallDispatch}, err)
 	}
 	s.rt, g.scratchRT = g.scratchRT, s.rt // the checked routing becomes the record's, without a copy
 	s.topk = append(s.topk[:0], topk...)
@@ -80,7 +80,11 @@ func (g *Group[E]) DispatchCachedSend(prev Handle[E], x Tensor[E], weights []flo
 		s, err = g.newState(op)
 	}
 	if err != nil {
-		return DispatchRequest[E]{}, g.refuse(CallDispatch, 0, err)
+		r := Refusal{Kind: CallDispatch, Cached: true}
+		if p != nil {
+			r.Dispatch = &p.d
+		}
+		return DispatchRequest[E]{}, g.refuse(r, err)
 	}
 	if s == p { // the ring came round to prev itself: its routing is already there
 		s.weights = append(s.weights[:0], weights...)

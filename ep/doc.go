@@ -46,8 +46,9 @@
 // nodes the CPU backend sends a token once per destination node, to the rank
 // with the same local rank there, which forwards it inside its node. Combine
 // sums the per-rank partial outputs (the expert side applies the weights)
-// back on the token's rank. The rows stay valid until the next dispatch; a
-// dispatch or combine must be waited before the next dispatch.
+// back on the token's rank. The rows stay valid until the next dispatch (a
+// refused one too: the GPU engine takes part in its transfers); a dispatch
+// or combine must be waited before the next dispatch.
 //
 // # Handles
 //

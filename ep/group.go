@@ -336,18 +336,26 @@ func (g *Group[E]) engineError(err error) error {
 // refuse makes a collective call this rank refused (err) fail on every
 // rank at once: the call is numbered as on the others (and in LL takes its
 // buffer set's turn), and an engine that is a Refuser tells the other
-// ranks, which get a *RefusedError naming this rank and err. set is the
-// call's buffer set, or -1 when this rank cannot know it.
-func (g *Group[E]) refuse(kind CallKind, set int, err error) error {
+// ranks, which get a *RefusedError naming this rank and err. r says what
+// the call was (Kind, Cached, and where this rank knows them its Set, -1
+// otherwise, and its handle's Dispatch); refuse numbers it.
+func (g *Group[E]) refuse(r Refusal, err error) error {
 	g.op++
-	if kind == CallDispatch {
+	if r.Kind == CallDispatch {
 		if g.spec.Mode == LowLatency {
-			set = int(g.dispatches % 2)
+			r.Set = int(g.dispatches % 2)
+		} else {
+			// An engine that takes part in the refused call's transfers
+			// may receive into the one receive buffer, as the other
+			// ranks' same call does: the rows an earlier handle's Recv
+			// views are no longer there.
+			g.htLast = g.op
 		}
 		g.dispatches++
 	}
-	if r, ok := g.eng.(Refuser); ok {
-		if rerr := r.Refuse(&Refusal{Op: g.op, Set: set, Kind: kind, Reason: err.Error()}); rerr != nil {
+	if rf, ok := g.eng.(Refuser); ok {
+		r.Op, r.Reason = g.op, err.Error()
+		if rerr := rf.Refuse(&r); rerr != nil {
 			return errors.Join(err, g.engineError(rerr))
 		}
 	}

@@ -9,8 +9,10 @@ import (
 // created or since ResetStats: the row payload it moved to and from each
 // peer (dispatched rows and their combined outputs: the same bytes for
 // every backend), and, where the engine measures them (ep.Meter: the CPU
-// engine does), how long it waited for each peer and the bytes it put
-// across nodes. Keeping them costs a few counters per call.
+// engine and the GPU engine of package epgpu do, the latter charging only
+// waits long enough to read which peers were late), how long it waited for
+// each peer and the bytes it put across nodes. Keeping them costs a few
+// counters per call.
 type Stats struct {
 	Dispatches, Combines int
 	SentBytes            []int64         // per peer: rows this rank sent it, in bytes

@@ -25,5 +25,12 @@ func init() {
 // GPU machine by scripts/gpu/run-on-device.sh. Without a device, the CUDA
 // driver, NVRTC or NCCL it fails, never skips.
 func TestConformanceCUDA(t *testing.T) {
-	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: epgpu.CUDA, Reference: ep.CPU})
+	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: epgpu.CUDA, Reference: ep.CPU, Refusals: true})
 }
+
+// The refusal and statistics checks of the emulated device, on NCCL: a
+// rank without its handle takes part in an HT call in two groups, which
+// NCCL matches transfer by transfer in order.
+func TestRefusalsCUDA(t *testing.T) { testRefusals(t, epgpu.CUDA) }
+
+func TestStatsCUDA(t *testing.T) { testStats(t, epgpu.CUDA) }

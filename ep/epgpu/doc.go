@@ -59,6 +59,14 @@
 // own and returns an *ep.TimeoutError naming the first peer whose header
 // did not arrive. The group is then unusable, as with every backend.
 //
+// A call that one rank's checks refuse fails at once on every rank: the
+// refusing rank takes part in the call's transfers with headers that say
+// so, and sends its reason by MPI to the ranks that read them, which
+// return an *ep.RefusedError naming it; the group stays usable (ep.Refuser).
+// Group.Stats gets the bytes sent across nodes and, for waits long enough
+// to read the peers' headers while they last, the time waited for the
+// peers that arrived last (ep.Meter). docs/gpu.md has the details.
+//
 // Tensors passed to a group are in its Memory: device memory, allocated,
 // filled and read with ep.Alloc, ep.Upload and ep.Download, which wait for
 // the work the group has queued. A tensor given to DispatchSend or

@@ -30,6 +30,10 @@ type engine struct {
 	diagHost   HostBuffer // [size] header words
 	mode       mode
 	names      opNames
+	notes      *notes // the reasons of refused calls
+	ksEnd      Event  // orders a refused call's transfers after the kernels queued before it
+	met        meter
+	late       []int // a probe's late peers (meter.go)
 
 	allocs []gpu.DevicePtr
 	hosts  []HostBuffer
@@ -43,6 +47,10 @@ type mode interface {
 	wait(d *ep.Dispatch) error
 	combineSend(c *ep.Combine) error
 	combineWait(c *ep.Combine) error
+	// refuse takes part in the transfers of a call this rank refused,
+	// its headers saying so, and waits for them; it returns the other
+	// ranks that refused the call too (ascending).
+	refuse(r *ep.Refusal) ([]int, error)
 }
 
 type opNames struct{ dispatch, combine, open string }
@@ -61,6 +69,7 @@ func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (Device, Comm, error))
 		return nil, err
 	}
 	e.place = ep.Placement{Node: topo.Node, Nodes: topo.Nodes, NodeOf: topo.NodeOf}
+	e.met, e.late = newMeter(topo.NodeOf, topo.Node), make([]int, 0, e.size)
 	if err := topo.Free(); err != nil {
 		return nil, err
 	}
@@ -71,6 +80,11 @@ func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (Device, Comm, error))
 	e.wd = newWatchdog(e.comm, spec.Timeout)
 	err = e.setUp()
 	if err = mpi.AgreeOnError(comm, err); err != nil {
+		return e, err
+	}
+	// After the agreement: a rank whose device failed to open is in
+	// the Group's agreement, not in this Split.
+	if e.notes, err = newNotes(comm, spec.Timeout); err != nil {
 		return e, err
 	}
 	return e, e.connect()
@@ -88,6 +102,9 @@ func (e *engine) setUp() error {
 		}
 	}
 	if e.diagHost, err = e.host(8 * e.size); err != nil {
+		return err
+	}
+	if e.ksEnd, err = e.event(); err != nil {
 		return err
 	}
 	if e.spec.Mode == ep.LowLatency {
@@ -166,6 +183,47 @@ func (e *engine) DispatchWait(d *ep.Dispatch) error { return e.mode.wait(d) }
 func (e *engine) CombineSend(c *ep.Combine) error   { return e.mode.combineSend(c) }
 func (e *engine) CombineWait(c *ep.Combine) error   { return e.mode.combineWait(c) }
 
+// Refuse takes part in a call this rank refused: it sends its reason to
+// every other rank, takes part in the call's transfers with headers that
+// say the call is refused (so that every other rank's same call ends with
+// an *ep.RefusedError), waits for them, and receives the reasons of the
+// other ranks that refused the call too. See docs/gpu.md.
+func (e *engine) Refuse(r *ep.Refusal) error {
+	op := e.names.dispatch
+	if r.Kind == ep.CallCombine {
+		op = e.names.combine
+	}
+	if err := e.notes.send(r.Reason); err != nil {
+		return fmt.Errorf("epgpu: %s: sending the reason of a refusal: %w", op, err)
+	}
+	others, err := e.mode.refuse(r)
+	if err != nil {
+		return err
+	}
+	if len(others) > 0 {
+		_, err = e.notes.recv(op, others)
+	}
+	return err
+}
+
+// refusedBy ends a call that the ranks in refusers (ascending, at least
+// one) refused: it receives their reasons and names the first.
+func (e *engine) refusedBy(op string, refusers []int) error {
+	reasons, err := e.notes.recv(op, refusers)
+	if err != nil {
+		return err
+	}
+	return &ep.RefusedError{Op: op, Rank: refusers[0], Reason: reasons[0]}
+}
+
+// afterKernels makes the transfers queued next wait for the work queued on
+// the kernel stream so far: a refused call's transfers reuse buffers that
+// earlier calls' kernels may still read.
+func (e *engine) afterKernels(q *queue) {
+	q.do(e.ks.Record(e.ksEnd))
+	q.do(e.cs.WaitEvent(e.ksEnd))
+}
+
 // drainLimit bounds the wait for the streams at Close: they end by
 // themselves, the communicator aborted if a peer stalled.
 const drainLimit = time.Minute
@@ -205,6 +263,10 @@ func (e *engine) Close() error {
 	if e.comm != nil {
 		errs = append(errs, e.comm.Close())
 		e.comm = nil
+	}
+	if e.notes != nil {
+		errs = append(errs, e.notes.close())
+		e.notes = nil
 	}
 	return errors.Join(errs...)
 }
@@ -246,6 +308,7 @@ func (e *engine) sendRecv(op string, s Stream, sends, recvs []gpu.Transfer) erro
 	if err != nil {
 		return fmt.Errorf("epgpu: %s: %w", op, err)
 	}
+	e.met.sent(sends)
 	return nil
 }
 
@@ -260,10 +323,12 @@ type headers struct {
 
 // wait waits for ev under the watchdog. A stalled peer becomes a
 // *ep.TimeoutError naming it where h can tell (-1 otherwise); an
-// asynchronous failure of the transport an error of op.
+// asynchronous failure of the transport an error of op. The time waited
+// is charged to the peers h finds late (meter.go).
 func (e *engine) wait(op, what string, ev Event, h headers) error {
 	e.wd.arm()
 	defer e.wd.disarm()
+	p := probe{h: h, start: time.Now(), late: e.late[:0]}
 	for spin := 0; ; spin++ {
 		done, err := ev.Done()
 		if err != nil {
@@ -278,11 +343,13 @@ func (e *engine) wait(op, what string, ev Event, h headers) error {
 			if err := e.comm.AsyncError(); err != nil {
 				return e.failure(op, what, err, h)
 			}
+			e.charge(&p)
 			return nil
 		}
 		if f := e.wd.err(); f != nil {
 			return e.failure(op, what, f, h)
 		}
+		e.step(&p)
 		pause(spin)
 	}
 }

@@ -1,6 +1,7 @@
 package epgpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 
@@ -48,6 +49,12 @@ type llMode struct {
 	R, L, E, M, K, H, rb, cap, words, span int
 	set                                    [2]llSet
 	spos                                   []int32 // [E]: where each expert's rows start in its owner's block
+	// A refused call's headers: refMeta is a dispatch's metadata block
+	// (zero counts), refHdr a combine's header; hRef holds the header
+	// going out, then the [R][2] header words that came in.
+	refMeta, refHdr gpu.DevicePtr
+	hRef            HostBuffer
+	refDone         Event
 }
 
 // llSet is one buffer set.
@@ -109,6 +116,11 @@ func newLL(e *engine) (*llMode, error) {
 		st.hStatus, st.hComb, st.hHdr = a.host(8+4*R*L), a.host(combBytes), a.host(8*R)
 		st.packed, st.arrived, st.dispatched = a.event(), a.event(), a.event()
 		st.gathered, st.returned, st.combined = a.event(), a.event(), a.event()
+	}
+	m.refMeta, m.refHdr = a.dev(4*m.words), a.dev(8)
+	m.hRef, m.refDone = a.host(8+8*R), a.event()
+	if a.err == nil {
+		a.err = e.dev.MemsetD8(m.refMeta, 0, 4*m.words)
 	}
 	return m, a.err
 }
@@ -181,14 +193,7 @@ func (m *llMode) send(d *ep.Dispatch) error {
 	if qu.err != nil {
 		return fmt.Errorf("epgpu: %s: %w", op, qu.err)
 	}
-	var sends, recvs []gpu.Transfer
-	for p := 0; p < m.R; p++ {
-		rows, words := gpu.DevicePtr(p*m.cap*m.rb), gpu.DevicePtr(4*p*m.words)
-		sends = append(sends, gpu.Transfer{Peer: p, Ptr: s.sendRows + rows, Bytes: m.cap * m.rb},
-			gpu.Transfer{Peer: p, Ptr: s.sendMeta + words, Bytes: 4 * m.words})
-		recvs = append(recvs, gpu.Transfer{Peer: p, Ptr: s.stageRows + rows, Bytes: m.cap * m.rb},
-			gpu.Transfer{Peer: p, Ptr: s.stageMeta + words, Bytes: 4 * m.words})
-	}
+	sends, recvs := m.dispatchTransfers(s, s.sendMeta, 4*m.words)
 	if err := e.sendRecv(op, e.cs, sends, recvs); err != nil {
 		return err
 	}
@@ -210,6 +215,20 @@ func (m *llMode) send(d *ep.Dispatch) error {
 	return nil
 }
 
+// dispatchTransfers lists a dispatch's group on set s: to every rank its
+// block of rows and a metadata block (at meta + p*stride), from every rank
+// the same into staging.
+func (m *llMode) dispatchTransfers(s *llSet, meta gpu.DevicePtr, stride int) (sends, recvs []gpu.Transfer) {
+	for p := 0; p < m.R; p++ {
+		rows, words := gpu.DevicePtr(p*m.cap*m.rb), gpu.DevicePtr(4*p*m.words)
+		sends = append(sends, gpu.Transfer{Peer: p, Ptr: s.sendRows + rows, Bytes: m.cap * m.rb},
+			gpu.Transfer{Peer: p, Ptr: meta + gpu.DevicePtr(p*stride), Bytes: 4 * m.words})
+		recvs = append(recvs, gpu.Transfer{Peer: p, Ptr: s.stageRows + rows, Bytes: m.cap * m.rb},
+			gpu.Transfer{Peer: p, Ptr: s.stageMeta + words, Bytes: 4 * m.words})
+	}
+	return sends, recvs
+}
+
 func (m *llMode) wait(d *ep.Dispatch) error {
 	e := m.e
 	op, s, q := e.names.dispatch, &m.set[d.Set], uint32(d.Op)
@@ -217,7 +236,7 @@ func (m *llMode) wait(d *ep.Dispatch) error {
 		return err
 	}
 	if bad := u64s(s.hStatus, 0, 1)[0]; bad != math.MaxUint64 {
-		return fmt.Errorf("epgpu: %s: the block from rank %d is not of this call, or its counts do not fit", op, bad)
+		return m.badBlock(op, s, q, bad)
 	}
 	st := m.state(d)
 	counts := i32s(s.hStatus, 8, m.R*m.L)
@@ -273,7 +292,7 @@ func (m *llMode) combineSend(c *ep.Combine) error {
 	values := !c.RowValues.IsZero()
 	hdr[0], hdr[1] = int32(q), 0
 	if values {
-		hdr[1] = 1
+		hdr[1] = flagValues
 	}
 
 	var qu queue
@@ -291,16 +310,7 @@ func (m *llMode) combineSend(c *ep.Combine) error {
 	if qu.err != nil {
 		return fmt.Errorf("epgpu: %s: %w", op, qu.err)
 	}
-	var sends, recvs []gpu.Transfer
-	for p := 0; p < m.R; p++ {
-		rows, vals := gpu.DevicePtr(p*m.cap*m.rb), gpu.DevicePtr(4*p*m.cap)
-		sends = append(sends, gpu.Transfer{Peer: p, Ptr: s.cstage + rows, Bytes: m.cap * m.rb},
-			gpu.Transfer{Peer: p, Ptr: s.cvals + vals, Bytes: 4 * m.cap},
-			gpu.Transfer{Peer: p, Ptr: s.comb + gpu.DevicePtr(hdrOff), Bytes: 8})
-		recvs = append(recvs, gpu.Transfer{Peer: p, Ptr: s.cback + rows, Bytes: m.cap * m.rb},
-			gpu.Transfer{Peer: p, Ptr: s.cbackVals + vals, Bytes: 4 * m.cap},
-			gpu.Transfer{Peer: p, Ptr: s.cbackHdr + gpu.DevicePtr(8*p), Bytes: 8})
-	}
+	sends, recvs := m.combineTransfers(s, s.comb+gpu.DevicePtr(hdrOff))
 	if err := e.sendRecv(op, e.cs, sends, recvs); err != nil {
 		return err
 	}
@@ -323,6 +333,21 @@ func (m *llMode) combineSend(c *ep.Combine) error {
 	return nil
 }
 
+// combineTransfers lists a combine's group on set s: to every rank its
+// rows, values and the header at hdr, from every rank the same.
+func (m *llMode) combineTransfers(s *llSet, hdr gpu.DevicePtr) (sends, recvs []gpu.Transfer) {
+	for p := 0; p < m.R; p++ {
+		rows, vals := gpu.DevicePtr(p*m.cap*m.rb), gpu.DevicePtr(4*p*m.cap)
+		sends = append(sends, gpu.Transfer{Peer: p, Ptr: s.cstage + rows, Bytes: m.cap * m.rb},
+			gpu.Transfer{Peer: p, Ptr: s.cvals + vals, Bytes: 4 * m.cap},
+			gpu.Transfer{Peer: p, Ptr: hdr, Bytes: 8})
+		recvs = append(recvs, gpu.Transfer{Peer: p, Ptr: s.cback + rows, Bytes: m.cap * m.rb},
+			gpu.Transfer{Peer: p, Ptr: s.cbackVals + vals, Bytes: 4 * m.cap},
+			gpu.Transfer{Peer: p, Ptr: s.cbackHdr + gpu.DevicePtr(8*p), Bytes: 8})
+	}
+	return sends, recvs
+}
+
 func (m *llMode) combineWait(c *ep.Combine) error {
 	e := m.e
 	d := c.Dispatch
@@ -331,14 +356,16 @@ func (m *llMode) combineWait(c *ep.Combine) error {
 		return err
 	}
 	hdr := i32s(s.hHdr, 0, 2*m.R)
-	for p := 0; p < m.R; p++ {
-		if uint32(hdr[2*p]) != q {
-			return fmt.Errorf("epgpu: %s: the outputs from rank %d are not of this call", op, p)
-		}
+	refusers, err := m.refusers(op, ep.CallCombine, q, hdr)
+	if err != nil {
+		return err
+	}
+	if len(refusers) > 0 {
+		return e.refusedBy(op, refusers)
 	}
 	if !c.SlotValues.IsZero() {
 		for p := 0; p < m.R; p++ {
-			if hdr[2*p+1] == 0 && owns(d.Route.PerExpert[p*m.L:(p+1)*m.L]) {
+			if hdr[2*p+1]&flagValues == 0 && owns(d.Route.PerExpert[p*m.L:(p+1)*m.L]) {
 				return ep.InputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", p)
 			}
 		}
@@ -354,4 +381,109 @@ func owns(counts []int32) bool {
 		}
 	}
 	return false
+}
+
+// badBlock is the error of a dispatch whose placement found rank bad's
+// block not of this call (or its counts out of bounds): a refusal when the
+// blocks' headers say so (LLPlace placed nothing of a refusing block: its
+// counts are zero and its word 0 is not the call's), else a failure.
+func (m *llMode) badBlock(op string, s *llSet, q uint32, bad uint64) error {
+	e := m.e
+	words := make([]int32, 2*m.R)
+	b := make([]byte, 8)
+	for p := 0; p < m.R; p++ {
+		// The blocks arrived before the event the wait saw.
+		if err := e.dev.MemcpyDtoH(b, s.stageMeta+gpu.DevicePtr(4*p*m.words)); err != nil {
+			return fmt.Errorf("epgpu: %s: reading the blocks' headers: %w", op, err)
+		}
+		words[2*p], words[2*p+1] = int32(binary.LittleEndian.Uint32(b)), int32(binary.LittleEndian.Uint32(b[4:]))
+	}
+	refusers, err := m.refusers(op, ep.CallDispatch, q, words)
+	if err != nil {
+		return err
+	}
+	if len(refusers) == 0 {
+		return fmt.Errorf("epgpu: %s: the block from rank %d is not of this call, or its counts do not fit", op, bad)
+	}
+	return e.refusedBy(op, refusers)
+}
+
+// refusers reads the header words of call q from every rank ([R][2]: a
+// dispatch's metadata words 0 and 1, a combine's header) and returns the
+// ranks other than this one whose header refuses the call. A dispatch's
+// refusing block has ^q in word 0 (so that LLPlace places none of it) and
+// flagRefused in word 1; a combine's has q and flagRefused. A header of
+// another call is a failure.
+func (m *llMode) refusers(op string, kind ep.CallKind, q uint32, words []int32) ([]int, error) {
+	var out []int
+	for p := 0; p < m.R; p++ {
+		if p == m.e.rank {
+			continue
+		}
+		w0, flags := uint32(words[2*p]), words[2*p+1]
+		want := q
+		if flags&flagRefused != 0 && kind == ep.CallDispatch {
+			want = ^q
+		}
+		if w0 != want {
+			what := "block"
+			if kind == ep.CallCombine {
+				what = "outputs"
+			}
+			return nil, fmt.Errorf("epgpu: %s: the %s from rank %d are not of this call", op, what, p)
+		}
+		if flags&flagRefused != 0 {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// refuse takes part in a refused call's group on its buffer set (set 0 for
+// a combine whose handle this rank could not resolve): every transfer has
+// its size, so nothing but the headers need be known; the rows sent are
+// whatever the buffers hold, and the rows received land where no later
+// call reads them (staging; the combine's return buffers), after the
+// kernels queued before.
+func (m *llMode) refuse(r *ep.Refusal) ([]int, error) {
+	e := m.e
+	q := uint32(r.Op)
+	s := &m.set[max(r.Set, 0)]
+	out := i32s(m.hRef, 0, 2)
+	var qu queue
+	e.afterKernels(&qu)
+	var op string
+	var sends, recvs []gpu.Transfer
+	var h headers
+	if r.Kind == ep.CallDispatch {
+		op = e.names.dispatch
+		out[0], out[1] = int32(^q), flagRefused
+		qu.do(e.cs.MemcpyHtoDAsync(m.refMeta, m.hRef, 0, 8))
+		sends, recvs = m.dispatchTransfers(s, m.refMeta, 0)
+		h = headers{at: s.stageMeta, stride: 4 * m.words}
+	} else {
+		op = e.names.combine
+		out[0], out[1] = int32(q), flagRefused
+		qu.do(e.cs.MemcpyHtoDAsync(m.refHdr, m.hRef, 0, 8))
+		sends, recvs = m.combineTransfers(s, m.refHdr)
+		h = headers{at: s.cbackHdr, stride: 8}
+	}
+	if qu.err != nil {
+		return nil, fmt.Errorf("epgpu: %s: %w", op, qu.err)
+	}
+	if err := e.sendRecv(op, e.cs, sends, recvs); err != nil {
+		return nil, err
+	}
+	for p := 0; p < m.R; p++ {
+		qu.do(e.cs.MemcpyDtoHAsync(m.hRef, 8+8*p, h.at+gpu.DevicePtr(p*h.stride), 8))
+	}
+	qu.do(e.cs.Record(m.refDone))
+	if qu.err != nil {
+		return nil, fmt.Errorf("epgpu: %s: %w", op, qu.err)
+	}
+	h.peers, h.op = e.others(), q
+	if err := e.wait(op, "the other ranks' part in a call this rank refused", m.refDone, h); err != nil {
+		return nil, err
+	}
+	return m.refusers(op, r.Kind, q, i32s(m.hRef, 8, 2*m.R))
 }

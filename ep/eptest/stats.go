@@ -2,6 +2,7 @@ package eptest
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -73,8 +74,16 @@ func (s Suite) testStats(t *testing.T) {
 					assert.Equal(t, sentAB, recvBA, "rank %d sent rank %d what it received", a, b)
 				}
 			}
-			if st.Wait != nil {
+			if st.Wait != nil { // the engine is an ep.Meter
 				assert.Len(t, st.Wait, R)
+				for p, w := range st.Wait {
+					assert.GreaterOrEqual(t, w, time.Duration(0), "time waited for rank %d", p)
+				}
+				if g.Nodes() == 1 {
+					assert.Zero(t, st.NetworkBytes, "bytes across nodes on one node")
+				} else {
+					assert.Positive(t, st.NetworkBytes, "bytes across nodes, on %d nodes", g.Nodes())
+				}
 			}
 			g.ResetStats()
 			st = g.Stats()
