@@ -99,6 +99,24 @@ type Meter interface {
 	Meter() (waits []time.Duration, network int64)
 }
 
+// A MaskingBackend is a Backend whose engines are Maskers: NewGroup refuses
+// Config.MaskStalledRanks with any other.
+type MaskingBackend interface {
+	MasksStalledRanks() bool
+}
+
+// A Masker is an Engine that can mask stalled ranks
+// (Config.MaskStalledRanks).
+type Masker interface {
+	// Masked is, per rank, whether this rank has masked it.
+	Masked() []bool
+	// SetMask makes masked the mask of every rank that takes part (the
+	// ranks it does not mask, which all call SetMask with the same mask),
+	// and agrees with them on the calls' numbering: each passes the number
+	// of calls and dispatches it made, and gets the largest of each.
+	SetMask(masked []bool, calls, dispatches uint64) (uint64, uint64, error)
+}
+
 // Placement places a group's ranks on nodes.
 type Placement struct {
 	Node   int   // this rank's node
@@ -157,6 +175,11 @@ type Received struct {
 	SourceCounts []int
 	// NumRecv is the number of valid rows.
 	NumRecv int
+	// Dropped lists the (token, slot) pairs of this rank's dispatch (as
+	// t*TopK+k) whose expert was on a masked rank: they were not sent, or
+	// their output did not come back, and contribute nothing to the combine
+	// (MaskStalledRanks). The engine may add to it during the combine.
+	Dropped []int32
 }
 
 // Combine is one combine call as an engine sees it; like Dispatch, the

@@ -56,6 +56,15 @@ type Config struct {
 	MaxRecvTokensPerRank int
 	// Timeout bounds every wait for a peer; 0 means DefaultTimeout.
 	Timeout time.Duration
+	// MaskStalledRanks (LowLatency only: inference) masks a rank that does
+	// not arrive within Timeout instead of failing: the call finishes
+	// without it, tokens routed to its experts contribute nothing (each
+	// handle's Dropped lists them), and later calls skip it at no cost. The
+	// masked rank gets ErrMasked when it comes back; SetMask, called by it
+	// and the others, lets it rejoin. As NCCL EP's enable_mask. Such a group
+	// always takes LL's slot protocol (it needs no count round that a
+	// stalled rank could leave half done).
+	MaskStalledRanks bool
 	// Backend moves the rows; nil means CPU, the shared-memory and
 	// one-sided MPI engine of this package.
 	Backend Backend
@@ -81,6 +90,8 @@ func (c Config) validate(size int) error {
 		return bad("MaxRecvTokensPerRank = %d is negative", c.MaxRecvTokensPerRank)
 	case c.Timeout < 0:
 		return bad("Timeout = %v is negative", c.Timeout)
+	case c.MaskStalledRanks && c.Mode != LowLatency:
+		return bad("MaskStalledRanks is for LowLatency (inference) groups, not %v", c.Mode)
 	case int64(c.MaxTokensPerRank)*int64(size) > 1<<31-1:
 		return bad("MaxTokensPerRank*ranks = %d*%d overflows the 32-bit row indices", c.MaxTokensPerRank, size)
 	}
@@ -106,8 +117,15 @@ func (c Config) maxRecv(ranks int) int {
 // fingerprint encodes everything that must agree across ranks.
 func (c Config) fingerprint(elem DType) []int64 {
 	return []int64{int64(c.Mode), int64(c.NumExperts), int64(c.MaxTokensPerRank), int64(c.Hidden),
-		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem)}
+		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem), boolInt(c.MaskStalledRanks)}
 }
 
 var fingerprintFields = []string{"Mode", "NumExperts", "MaxTokensPerRank", "Hidden", "TopK",
-	"MaxRecvTokensPerRank", "Timeout", "element type"}
+	"MaxRecvTokensPerRank", "Timeout", "element type", "MaskStalledRanks"}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -22,6 +23,9 @@ type cpuBackend struct{}
 func (cpuBackend) Name() string { return "cpu" }
 
 func (cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) { return openEngine(comm, spec) }
+
+// MasksStalledRanks says that the CPU engine can mask stalled ranks.
+func (cpuBackend) MasksStalledRanks() bool { return true }
 
 // engine is the CPU engine: the transport between the ranks, and the mode
 // that decides what goes where.
@@ -98,6 +102,8 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 	}
 	tr.nodeRanks = t.RanksOnNode(e.node)
 	tr.waits = make([]time.Duration, R)
+	tr.masked, tr.maskStalled = make([]bool, R), spec.MaskStalledRanks
+	tr.setMasked(tr.me, false) // the lists of ranks that take part: all
 	if len(tr.nodeRanks) <= onlineCPUs() {
 		tr.spin = spinWhenAlone
 	}
@@ -213,10 +219,10 @@ func (e *engine) outcome(q uint64, op string, err error) error {
 // call's own flags are never touched.
 func (e *engine) endRefused(op string, q uint64, origin int) error {
 	t := &e.t
-	if err := t.raise(t.others, flagAborted, 0, t.me, q, refusedBy(origin)); err != nil {
+	if err := t.raise(t.liveOthers, flagAborted, 0, t.me, q, refusedBy(origin)); err != nil {
 		return err
 	}
-	return t.wait(op, "the end of a refused call", flagAborted, 0, t.all, nil, q, false)
+	return t.wait(op, "the end of a refused call", flagAborted, 0, t.live, nil, q, false)
 }
 
 // Close frees the windows and the node communicator. It is collective.
@@ -247,3 +253,59 @@ func hostTensor[T Scalar](e *engine, off, n int) Tensor[T] {
 
 // hostBytes is x's bytes as a slice (x is in host memory: the Group checked).
 func hostBytes(x Tensor[byte]) []byte { return x.Host() }
+
+// Masked is, per rank, whether this rank has masked it.
+func (e *engine) Masked() []bool { return e.t.masked }
+
+// SetMask makes masked the mask of the ranks that take part and meets them:
+// each puts its numbers of calls and dispatches into its note, raises its
+// mask flag for the new epoch at the others and waits for theirs; then all
+// take the largest numbers. No combine is outstanding after it, so no
+// buffer waits for readers.
+func (e *engine) SetMask(masked []bool, calls, dispatches uint64) (uint64, uint64, error) {
+	t := &e.t
+	for r, m := range masked {
+		t.setMasked(r, m)
+	}
+	t.epoch++
+	rec := make([]byte, noteLen)
+	binary.LittleEndian.PutUint64(rec, calls)
+	binary.LittleEndian.PutUint64(rec[8:], dispatches)
+	if err := t.writeNoteBytes(rec); err != nil {
+		return 0, 0, err
+	}
+	if err := t.raise(t.liveOthers, flagMask, 0, t.me, t.epoch, 0); err != nil {
+		return 0, 0, err
+	}
+	stalled := t.maskStalled
+	t.maskStalled = false // a rank missing here is an error, not a rank to mask
+	err := t.wait("SetMask", "its SetMask", flagMask, 0, t.live, nil, t.epoch, false)
+	t.maskStalled = stalled
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, r := range t.liveOthers {
+		rec := t.noteBytes(r)
+		calls = max(calls, binary.LittleEndian.Uint64(rec))
+		dispatches = max(dispatches, binary.LittleEndian.Uint64(rec[8:]))
+	}
+	e.last = [2]uint64{}
+	return calls, dispatches, nil
+}
+
+// checkMasked, at the start of a call of a group that masks stalled ranks,
+// refuses to write anything if another rank has masked this one (a rank
+// that masks another says so in its inbox): a rank that stalled must not
+// write into buffers the others have moved on with.
+func (e *engine) checkMasked(op string) error {
+	t := &e.t
+	if !t.maskStalled {
+		return nil
+	}
+	for _, r := range t.liveOthers {
+		if v := loadFlag(t.inboxOf(r, t.in.flagOff(flagYouAreMasked, 0, r))); v>>32 == t.epoch+1 && v&1 != 0 {
+			return fmt.Errorf("ep: %s: rank %d masked this rank: %w", op, r, ErrMasked)
+		}
+	}
+	return nil
+}

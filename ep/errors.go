@@ -12,6 +12,12 @@ var ErrClosed = errors.New("ep: group is closed")
 // ErrTimeout is matched (errors.Is) by every *TimeoutError.
 var ErrTimeout = errors.New("ep: timeout")
 
+// ErrMasked is returned, in a group that masks stalled ranks
+// (Config.MaskStalledRanks), to a rank that the others masked: it did not
+// arrive within their timeout and they went on without it. It rejoins with
+// SetMask, called with them.
+var ErrMasked = errors.New("ep: this rank was masked by the others (it did not arrive within their timeout): call SetMask with them to rejoin")
+
 // ErrBadInput is matched (errors.Is) by every *InputError.
 var ErrBadInput = errors.New("ep: bad input")
 

@@ -40,37 +40,57 @@ func refusedBy(r int) uint32 { return refusedBit | uint32(r)&0xffffff }
 // clockAfter is how many sweeps a wait makes before it reads the clock.
 const clockAfter = 64
 
+// waited is the outcome of waitAll.
+type waited struct {
+	missing int           // the first flag short of the target at the timeout, or -1
+	refused int           // the rank that refused the call (an abort word said so), or -1
+	ahead   int           // the first flag already past the target's call (checkAhead), or -1
+	late    int           // the flag waited for last
+	time    time.Duration // how long the wait took, when it read the clock (0: it ended at once)
+}
+
 // waitAll waits until every flag holds at least target, for at most
-// timeout, and returns the index of the first flag still short of it, or
-// -1. aborts (nil: none) holds, for each flag, the abort word of the rank
-// that raises it: when a flag is late and its rank's abort word says the
-// target's call was refused, waitAll returns at once with the rank that
-// refused it (refused; else -1). It spins for spin first (a peer with a core of its own answers within
-// microseconds, and giving up the core would cost more), then yields the
-// core between sweeps (a machine may run more ranks than cores), and after
-// 5 ms sleeps 50 us between sweeps.
+// timeout. aborts (nil: none) holds, for each flag, the abort word of the
+// rank that raises it: when a flag is late and its rank's abort word says
+// the target's call was refused, waitAll returns at once with the rank that
+// refused it. With checkAhead, a flag that arrived holding a later call than
+// the target's ends the wait too (the others went on without this rank: it
+// was masked). It spins for spin first (a peer with a core of its own
+// answers within microseconds, and giving up the core would cost more), then
+// yields the core between sweeps (a machine may run more ranks than cores),
+// and after 5 ms sleeps 50 us between sweeps.
 //
-// A wait that read the clock also says how long it waited (waited) and for
-// which flag last (late): the statistics of a rank's waits on its peers. A
-// wait that ended before reading the clock waited nothing worth counting.
-func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration) (missing, refused, late int, waited time.Duration) {
+// A wait that read the clock also says how long it waited and for which flag
+// last: the statistics of a rank's waits on its peers. A wait that ended
+// before reading the clock waited nothing worth counting.
+func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration, checkAhead bool) waited {
+	w := waited{missing: -1, refused: -1, ahead: -1}
 	first := 0 // flags before it have arrived
 	var start time.Time
 	spinning := spin > 0
 	for sweep := 0; ; sweep++ {
-		for first < len(flags) && atomic.LoadUint64((*uint64)(flags[first])) >= target {
+		for first < len(flags) {
+			v := atomic.LoadUint64((*uint64)(flags[first]))
+			if v < target {
+				break
+			}
+			if checkAhead && v>>32 > target>>32 {
+				w.ahead = first
+				return w
+			}
 			first++
 		}
 		if first == len(flags) {
 			if !start.IsZero() {
-				waited = time.Since(start)
+				w.time = time.Since(start)
 			}
-			return -1, -1, late, waited
+			return w
 		}
-		late = first
+		w.late = first
 		if aborts != nil {
 			if a := atomic.LoadUint64((*uint64)(aborts[first])); a>>32 == target>>32 && a&refusedBit != 0 {
-				return -1, int(a & 0xffffff), late, 0
+				w.refused = int(a & 0xffffff)
+				return w
 			}
 		}
 		// When spinning, the clock is read only once the flags are late: most
@@ -83,12 +103,13 @@ func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration) (m
 			start = time.Now()
 		}
 		if sweep&63 == 0 {
-			waited = time.Since(start)
-			if waited > timeout {
-				return first, -1, late, waited
+			w.time = time.Since(start)
+			if w.time > timeout {
+				w.missing = first
+				return w
 			}
-			spinning = waited < spin
-			if waited > 5*time.Millisecond {
+			spinning = w.time < spin
+			if w.time > 5*time.Millisecond {
 				time.Sleep(50 * time.Microsecond)
 				continue
 			}

@@ -45,6 +45,7 @@ type Group[E Element] struct {
 	names      opNames
 	broken     error
 	closed     bool
+	maskedOut  error // ErrMasked: the others went on without this rank; SetMask lets it rejoin
 }
 
 // handleState is one dispatch and its combine: what a Handle points to.
@@ -107,6 +108,11 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	}
 	spec := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(),
 		Name: fmt.Sprintf("ep.Group[%s]", elem)}
+	if cfg.MaskStalledRanks {
+		if err := checkMasker(cfg); err != nil {
+			return nil, err
+		}
+	}
 	eng, err := cfg.backend().Open(c, spec)
 	if err = mpi.AgreeOnError(c, err); err != nil {
 		if eng != nil {
@@ -151,6 +157,15 @@ func hostNames(c *mpi.Comm) ([]string, error) {
 		out[r] = strings.TrimRight(string(all[r*hostNameLen:(r+1)*hostNameLen]), "\x00")
 	}
 	return out, nil
+}
+
+// checkMasker refuses MaskStalledRanks for a backend that cannot.
+func checkMasker(cfg Config) error {
+	b := cfg.backend()
+	if mb, ok := b.(MaskingBackend); ok && mb.MasksStalledRanks() {
+		return nil
+	}
+	return fmt.Errorf("ep: NewGroup: the %s backend cannot mask stalled ranks (MaskStalledRanks)", b.Name())
 }
 
 // backendNameLen bounds a backend's name in the config check.
@@ -260,6 +275,9 @@ func (g *Group[E]) usable(op string) error {
 	if g.broken != nil {
 		return fmt.Errorf("ep: %s: the group is unusable after an earlier failure: %w", op, g.broken)
 	}
+	if g.maskedOut != nil {
+		return fmt.Errorf("ep: %s: %w", op, ErrMasked)
+	}
 	return nil
 }
 
@@ -268,6 +286,10 @@ func (g *Group[E]) usable(op string) error {
 // may be half-written and no later call can trust them.
 func (g *Group[E]) engineError(err error) error {
 	if err == nil || errors.Is(err, ErrBadInput) {
+		return err
+	}
+	if errors.Is(err, ErrMasked) { // not broken: SetMask lets this rank rejoin
+		g.maskedOut = err
 		return err
 	}
 	g.nameHost(err)

@@ -2,6 +2,7 @@ package ep
 
 import (
 	"math"
+	"slices"
 	"unsafe"
 )
 
@@ -77,6 +78,7 @@ type llState struct {
 	expert   []int   // [L]: rows received per local expert
 	source   []int   // [R][L]: rows received per source and local expert
 	complete bool    // off holds every rank's row (set at wait)
+	dropped  []int32 // pairs (t*K+k) whose owner was masked
 }
 
 func newLL(e *engine, seg, win *areas) *llMode {
@@ -86,7 +88,7 @@ func newLL(e *engine, seg, win *areas) *llMode {
 		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank}
 	rows := m.L * m.span
 	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
-	m.slots = m.cap*m.rowBytes <= slotProtocolMax
+	m.slots = m.cap*m.rowBytes <= slotProtocolMax || s.MaskStalledRanks
 	for b := 0; b < 2; b++ {
 		m.packed[b] = seg.take(4 * R * m.L)
 		m.cpacked[b] = win.take(4 * R * m.L)
@@ -135,9 +137,13 @@ func (m *llMode) send(d *Dispatch) error {
 	op := e.names.dispatch
 	b, q, me, rt := d.Set, d.Op, t.me, d.Route
 	st := m.state(d)
+	if err := e.checkMasked(op); err != nil {
+		return err
+	}
 	if err := t.awaitReaders(op, b, e.last[b]); err != nil {
 		return err
 	}
+	st.dropped = st.dropped[:0]
 	if m.slots { // counts ride on the data flag; rows go to this rank's slots
 		if err := t.putCounts(b, rt.PerExpert); err != nil {
 			return err
@@ -210,6 +216,10 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 			if x < 0 {
 				continue
 			}
+			if t.masked[x/L] { // its owner is masked: the pair is dropped
+				st.dropped = append(st.dropped, int32(tk*K+k))
+				continue
+			}
 			i := int(st.pos[x] + rt.PairOrd[tk*K+k])
 			toks[i] = int32(tk)
 			toks[n+i] = int32(math.Float32bits(d.Weights[tk*K+k]))
@@ -223,7 +233,7 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	}
 	for x := 0; x < m.E; x++ {
 		c := int(st.cnt[me*m.E+x])
-		if c == 0 {
+		if c == 0 || t.masked[x/L] {
 			continue
 		}
 		row := x%L*m.span + int(st.off[me*m.E+x])
@@ -234,7 +244,7 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	return t.raise(t.all, flagData, b, me, d.Op, 0)
+	return t.raise(t.live, flagData, b, me, d.Op, 0)
 }
 
 func (m *llMode) wait(d *Dispatch) error {
@@ -243,11 +253,14 @@ func (m *llMode) wait(d *Dispatch) error {
 	b, q, me := d.Set, d.Op, t.me
 	st := d.State.(*llState)
 	if m.slots {
-		if err := t.await(op, "its rows", flagData, b, t.all, nil, q); err != nil {
+		if err := t.await(op, "its rows", flagData, b, t.live, nil, q); err != nil {
 			return err
 		}
 		for s := 0; s < m.R; s++ {
-			if s != me {
+			switch {
+			case t.masked[s]: // a masked rank sent nothing
+				clear(st.cnt[s*m.E : (s+1)*m.E])
+			case s != me:
 				copy(st.cnt[s*m.E:(s+1)*m.E], t.counts(b, s))
 			}
 		}
@@ -259,7 +272,7 @@ func (m *llMode) wait(d *Dispatch) error {
 			}
 			m.packOffsets(st)
 		}
-		if err := t.await(op, "its rows", flagData, b, t.all, nil, q); err != nil {
+		if err := t.await(op, "its rows", flagData, b, t.live, nil, q); err != nil {
 			return err
 		}
 	}
@@ -272,6 +285,7 @@ func (m *llMode) wait(d *Dispatch) error {
 		Tokens:       hostTensor[int32](e, m.tok[b], rows),
 		ExpertCounts: st.expert,
 		SourceCounts: st.source,
+		Dropped:      st.dropped,
 	}
 	for _, c := range st.expert {
 		d.Recv.NumRecv += c
@@ -336,6 +350,9 @@ func (m *llMode) combineSend(c *Combine) error {
 	d := c.Dispatch
 	b, me := d.Set, t.me
 	st := d.State.(*llState)
+	if err := e.checkMasked(e.names.combine); err != nil {
+		return err
+	}
 	if err := t.awaitReaders(e.names.combine, b, e.last[b]); err != nil {
 		return err
 	}
@@ -357,6 +374,9 @@ func (m *llMode) combineSend(c *Combine) error {
 	// Expose each token rank's rows, in its own pair order (and, with slots,
 	// where they were packed).
 	for s := 0; s < m.R; s++ {
+		if t.masked[s] {
+			continue
+		}
 		if m.slots {
 			t.expose(s, m.packed[b]+4*s*m.L, m.cpacked[b]+4*me*m.L, 4*m.L)
 		}
@@ -376,7 +396,7 @@ func (m *llMode) combineSend(c *Combine) error {
 	if err := t.flush(t.segBytes); err != nil {
 		return err
 	}
-	return t.raise(t.all, flagReady, b, me, c.Op, uint32(ysrc))
+	return t.raise(t.live, flagReady, b, me, c.Op, uint32(ysrc))
 }
 
 func (m *llMode) combineWait(c *Combine) error {
@@ -385,13 +405,16 @@ func (m *llMode) combineWait(c *Combine) error {
 	d := c.Dispatch
 	b, me, rt, K, L := d.Set, t.me, d.Route, m.K, m.L
 	st := d.State.(*llState)
-	if err := t.await(op, "its expert outputs", flagReady, b, t.all, nil, c.Op); err != nil {
+	if err := t.await(op, "its expert outputs", flagReady, b, t.live, nil, c.Op); err != nil {
 		return err
 	}
 	withValues := !c.SlotValues.IsZero()
 	missing := -1
 	m.where = growTo(m.where, m.R)
 	for r := range m.where {
+		if t.masked[r] {
+			continue
+		}
 		m.where[r] = t.flagPayload(flagReady, b, r, r)
 		if m.slots { // where this rank's rows ended up in r's blocks: r packed them
 			packed := unsafe.Slice((*int32)(t.exposed(r, m.packed[b]+4*me*L, m.cpacked[b]+4*r*L)), L)
@@ -411,6 +434,12 @@ func (m *llMode) combineWait(c *Combine) error {
 				continue
 			}
 			owner, ord := x/L, rt.PairOrd[tk*K+k]
+			if t.masked[owner] { // its outputs never came: the pair contributes nothing
+				if !slices.Contains(st.dropped, int32(tk*K+k)) {
+					st.dropped = append(st.dropped, int32(tk*K+k))
+				}
+				continue
+			}
 			where := m.where[owner]
 			area := m.comb[b]
 			if where&ySrcComb == 0 {
@@ -434,6 +463,7 @@ func (m *llMode) combineWait(c *Combine) error {
 	if withValues && missing < 0 {
 		gatherValues(c.SlotValues.Host(), &m.vp)
 	}
+	d.Recv.Dropped = st.dropped
 	if err := t.releaseReaders(b, c.Op); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package ep
 
 import (
 	"bytes"
+	"fmt"
 	"strconv"
 	"time"
 	"unsafe"
@@ -38,13 +39,15 @@ const flagSlot = 64
 type flagKind int
 
 const (
-	flagCounts  flagKind = iota // the source's count vector can be read
-	flagData                    // the source's rows are in place (or staged)
-	flagReady                   // the source's expert outputs can be read; value q<<3 | where they are
-	flagDone                    // the source finished reading this rank's buffers in place
-	flagStaged                  // HT: the source's tokens are staged here, at its rail peer
-	flagSums                    // HT: the source (a rail peer) put its node's sums here
-	flagAborted                 // the source ended a refused call (payload: the rank that refused it)
+	flagCounts       flagKind = iota // the source's count vector can be read
+	flagData                         // the source's rows are in place (or staged)
+	flagReady                        // the source's expert outputs can be read (payload: where they are)
+	flagDone                         // the source finished reading this rank's buffers in place
+	flagStaged                       // HT: the source's tokens are staged here, at its rail peer
+	flagSums                         // HT: the source (a rail peer) put its node's sums here
+	flagAborted                      // the source's abort word: call q was refused (payload: by which rank); set 0 only
+	flagMask                         // the source reached SetMask number q; set 0 only
+	flagYouAreMasked                 // the source masked this rank during mask epoch q-1 (payload 1); set 0 only
 	numFlagKinds
 )
 
@@ -83,12 +86,17 @@ type transport struct {
 	remote    []int  // the ranks of other nodes
 	others    []int  // every rank but this one
 	all       []int  // every rank
-	seg       []ptr  // per rank on this node: its segment
-	segBytes  []byte // this rank's segment
-	win       *mpi.Window
-	winBase   ptr // this rank's staging window; nil on one node
-	in        inbox
-	timeout   time.Duration
+	// The ranks that take part: all but the masked ones (maskStalled).
+	maskStalled                            bool
+	masked                                 []bool
+	epoch                                  uint64 // mask epoch: SetMasks so far
+	live, liveOthers, liveNode, liveRemote []int
+	seg                                    []ptr  // per rank on this node: its segment
+	segBytes                               []byte // this rank's segment
+	win                                    *mpi.Window
+	winBase                                ptr // this rank's staging window; nil on one node
+	in                                     inbox
+	timeout                                time.Duration
 
 	// spin is how long a wait spins before it gives up the core: a few
 	// microseconds when every rank of the node has a core of its own,
@@ -167,62 +175,96 @@ func (t *transport) await(op, what string, k flagKind, set int, from, via []int,
 
 // wait is await; with watchAborts false it does not look at abort words
 // (the rendezvous that ends a refused call waits for those themselves).
+//
+// With masking on (maskStalled), a rank whose flag does not come within the
+// timeout is masked instead (setMasked): the wait goes on without it, and so
+// do later calls; and a flag already past call q means that the others went
+// on without this rank: the wait returns ErrMasked.
 func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, q uint64, watchAborts bool) error {
 	target := flagWord(q, 0)
-	flags, aborts, peers := t.flags[:0], t.aborts[:0], t.peers[:0]
-	for i, s := range from {
-		if s == t.me && via == nil {
+	for {
+		flags, aborts, peers := t.flags[:0], t.aborts[:0], t.peers[:0]
+		for i, s := range from {
+			v := s
+			if via != nil {
+				v = via[i]
+			}
+			if v == t.me && via == nil || t.masked[v] {
+				continue
+			}
+			flags = append(flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
+			aborts = append(aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
+			peers = append(peers, v)
+		}
+		t.flags, t.aborts, t.peers = flags, aborts, peers
+		if len(flags) == 0 {
+			return nil
+		}
+		if !watchAborts {
+			aborts = nil
+		}
+		w := t.poll(flags, aborts, peers, target)
+		switch {
+		case w.refused >= 0:
+			return &refusal{origin: w.refused}
+		case w.ahead >= 0:
+			return fmt.Errorf("ep: %s: rank %d is already past this call (waiting for %s): %w", op, peers[w.ahead], what, ErrMasked)
+		case w.missing >= 0 && t.maskStalled:
+			p := peers[w.missing]
+			t.setMasked(p, true)
+			// Tell it, for when it comes back: it must not write any more.
+			if err := t.raise([]int{p}, flagYouAreMasked, 0, t.me, t.epoch+1, 1); err != nil {
+				return err
+			}
 			continue
+		case w.missing >= 0:
+			return &TimeoutError{Op: op, Peer: peers[w.missing], What: what, After: t.timeout}
 		}
-		v := s
-		if via != nil {
-			v = via[i]
-		}
-		flags = append(flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
-		aborts = append(aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
-		peers = append(peers, v)
-	}
-	t.flags, t.aborts, t.peers = flags, aborts, peers
-	if len(flags) == 0 {
 		return nil
 	}
-	if !watchAborts {
-		aborts = nil
-	}
+}
+
+// poll is waitAll with the group's timeout, charging the time waited to
+// the rank waited for last. Across nodes it polls in slices and lets MPI
+// make progress between them.
+func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited {
 	if t.win == nil {
-		i, refused, late, waited := waitAll(flags, aborts, target, t.timeout, t.spin)
-		if waited > 0 {
-			t.waits[peers[late]] += waited
-		}
-		return t.waitResult(op, what, peers, i, refused)
+		w := waitAll(flags, aborts, target, t.timeout, t.spin, t.maskStalled)
+		t.waits[peers[w.late]] += w.time
+		return w
 	}
-	// Across nodes, poll in slices and let MPI make progress between them:
-	// a one-sided put may need the target to take part in MPI (as UCX over
-	// TCP does), which a rank spinning on its own memory never would.
 	deadline := time.Now().Add(t.timeout)
 	for {
 		if err := t.win.Sync(); err != nil {
-			return err
+			return waited{missing: 0, refused: -1, ahead: -1}
 		}
-		i, refused, late, waited := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice))
-		if waited > 0 {
-			t.waits[peers[late]] += waited
-		}
-		if i < 0 || time.Now().After(deadline) {
-			return t.waitResult(op, what, peers, i, refused)
+		w := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice), t.maskStalled)
+		t.waits[peers[w.late]] += w.time
+		if w.missing < 0 || time.Now().After(deadline) {
+			return w
 		}
 	}
 }
 
-// waitResult turns waitAll's outcome into await's error.
-func (t *transport) waitResult(op, what string, peers []int, missing, refused int) error {
-	switch {
-	case refused >= 0:
-		return &refusal{origin: refused}
-	case missing >= 0:
-		return &TimeoutError{Op: op, Peer: peers[missing], What: what, After: t.timeout}
+// setMasked masks rank r (or unmasks it) and recomputes the lists of the
+// ranks that take part.
+func (t *transport) setMasked(r int, masked bool) {
+	t.masked[r] = masked
+	t.live, t.liveOthers, t.liveNode, t.liveRemote = t.live[:0], t.liveOthers[:0], t.liveNode[:0], t.liveRemote[:0]
+	for _, p := range t.all {
+		if t.masked[p] {
+			continue
+		}
+		t.live = append(t.live, p)
+		if p != t.me {
+			t.liveOthers = append(t.liveOthers, p)
+		}
+		if t.local[p] {
+			t.liveNode = append(t.liveNode, p)
+		} else {
+			t.liveRemote = append(t.liveRemote, p)
+		}
 	}
-	return nil
 }
 
 // refusal is what await returns when the call it waits in was refused by
@@ -245,12 +287,17 @@ func (t *transport) flagPayload(k flagKind, set, of, via int) uint32 {
 // node's ranks, put into the other nodes' inboxes. It precedes the refused
 // flags, which make it visible.
 func (t *transport) writeNote(reason string) error {
-	off := t.in.noteOff(t.me)
 	note := make([]byte, noteLen) // a refused call is no hot path
 	copy(note[:noteLen-1], reason)
+	return t.writeNoteBytes(note)
+}
+
+// writeNoteBytes makes note (noteLen bytes) this rank's note.
+func (t *transport) writeNoteBytes(note []byte) error {
+	off := t.in.noteOff(t.me)
 	copy(unsafe.Slice((*byte)(t.lsa(t.me, off)), noteLen), note)
 	var blocks []mpi.Block
-	for _, d := range t.remote {
+	for _, d := range t.liveRemote {
 		blocks = append(blocks, mpi.Block{Len: noteLen, Target: d, DstOffset: off})
 	}
 	if len(blocks) == 0 {
@@ -261,16 +308,21 @@ func (t *transport) writeNote(reason string) error {
 
 // note is rank origin's refusal note.
 func (t *transport) note(origin int) string {
+	b := t.noteBytes(origin)
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
+// noteBytes is rank origin's note, in place.
+func (t *transport) noteBytes(origin int) []byte {
 	off := t.in.noteOff(origin)
 	p := t.staged(off)
 	if t.local[origin] {
 		p = t.lsa(origin, off)
 	}
-	b := unsafe.Slice((*byte)(p), noteLen)
-	if i := bytes.IndexByte(b, 0); i >= 0 {
-		b = b[:i]
-	}
-	return string(b)
+	return unsafe.Slice((*byte)(p), noteLen)
 }
 
 // shareCounts makes vec this rank's count vector of set b and raises
@@ -280,7 +332,7 @@ func (t *transport) shareCounts(b int, q uint64, vec []int32) error {
 	if err := t.putCounts(b, vec); err != nil {
 		return err
 	}
-	return t.raise(t.others, flagCounts, b, t.me, q, 0)
+	return t.raise(t.liveOthers, flagCounts, b, t.me, q, 0)
 }
 
 // putCounts is shareCounts without the flag, for a protocol whose counts
@@ -289,7 +341,7 @@ func (t *transport) putCounts(b int, vec []int32) error {
 	off := t.in.countsOff(b, t.me)
 	copy(unsafe.Slice((*int32)(t.lsa(t.me, off)), len(vec)), vec)
 	blocks := t.countB[:0]
-	for _, d := range t.remote {
+	for _, d := range t.liveRemote {
 		blocks = append(blocks, mpi.Block{Len: 4 * len(vec), Target: d, DstOffset: off})
 	}
 	t.countB = blocks
@@ -394,11 +446,11 @@ func (t *transport) awaitReaders(op string, b int, last uint64) error {
 	if last == 0 {
 		return nil
 	}
-	return t.await(op, "the end of its combine", flagDone, b, t.nodeRanks, nil, last)
+	return t.await(op, "the end of its combine", flagDone, b, t.liveNode, nil, last)
 }
 
 // releaseReaders tells the ranks whose buffers of set b this rank read in
 // place (its node peers) that combine q is over.
 func (t *transport) releaseReaders(b int, q uint64) error {
-	return t.raise(t.nodeRanks, flagDone, b, t.me, q, 0)
+	return t.raise(t.liveNode, flagDone, b, t.me, q, 0)
 }

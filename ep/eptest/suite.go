@@ -35,6 +35,9 @@ type Suite struct {
 	// same call on every rank at once (the backend's engines are
 	// ep.Refusers).
 	Refusals bool
+	// Masking asks for the check of MaskStalledRanks with a rank stopped by
+	// SIGSTOP (the backend is an ep.MaskingBackend).
+	Masking bool
 }
 
 // testTimeout is the groups' timeout in the checks: long enough for a
@@ -66,6 +69,9 @@ func Run(t *testing.T, s Suite) {
 		t.Run("SteadyStateAllocatesNothing", func(t *testing.T) { s.testZeroAllocs(t) })
 	}
 	t.Run("StalledRankTimesOut", func(t *testing.T) { s.testStalledRank(t) })
+	if s.Masking {
+		t.Run("MaskStalledRank", func(t *testing.T) { s.testMaskStalledRank(t) })
+	}
 }
 
 // agree fails t on every rank if it failed on any, so that ranks stay in
