@@ -24,8 +24,11 @@ func (cpuBackend) Name() string { return "cpu" }
 
 func (cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) { return openEngine(comm, spec) }
 
-// MasksStalledRanks says that the CPU engine can mask stalled ranks.
-func (cpuBackend) MasksStalledRanks() bool { return true }
+// Supports says that the CPU engine masks stalled ranks and dispatches in
+// FP8.
+func (cpuBackend) Supports(f Feature) bool {
+	return f == FeatureMaskStalledRanks || f == FeatureFP8Wire
+}
 
 // engine is the CPU engine: the transport between the ranks, and the mode
 // that decides what goes where.
