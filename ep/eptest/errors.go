@@ -169,6 +169,7 @@ func (s Suite) testInvalidConfigs(t *testing.T) {
 		{"top-k above experts", func(c *ep.Config) { c.TopK = 2*R + 1 }, "TopK = " + itoa(2*R+1)},
 		{"zero hidden", func(c *ep.Config) { c.Hidden = 0 }, "Hidden = 0"},
 		{"zero tokens", func(c *ep.Config) { c.MaxTokensPerRank = 0 }, "MaxTokensPerRank = 0"},
+		{"unknown wire format", func(c *ep.Config) { c.Wire = 7 }, "Wire = WireFormat(7): choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0"},
 	}
 	if R > 1 { // with one rank every expert count divides
 		cases = append(cases, badConfig{"experts not a multiple of ranks", func(c *ep.Config) { c.NumExperts = 2*R + 1 },
