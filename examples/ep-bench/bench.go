@@ -98,7 +98,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	hidden := fs.String("hidden", "7168", "elements per token")
 	topk := fs.String("topk", "8", "experts per token")
 	experts := fs.String("experts", "64", "experts in all (a multiple of the ranks)")
-	dtypes := fs.String("dtype", "bf16", "bf16, f32, or a list")
+	dtypes := fs.String("dtype", "bf16", "bf16, f32, fp8 (bf16 tokens dispatched in FP8 e4m3 with per-128 scales, "+
+		"timed beside the same dispatch in bf16), or a list")
 	iters := fs.Int("iters", 30, "timed iterations")
 	warmup := fs.Int("warmup", 5, "untimed iterations first")
 	seed := fs.Uint64("seed", 1, "seed of the routing and the data")
@@ -129,8 +130,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 		o.modes = append(o.modes, mode)
 	}
 	for _, d := range strings.Split(*dtypes, ",") {
-		if d = strings.TrimSpace(d); d != "bf16" && d != "f32" {
-			return nil, fmt.Errorf("-dtype: %q is not bf16 or f32", d)
+		if d = strings.TrimSpace(d); d != "bf16" && d != "f32" && d != "fp8" {
+			return nil, fmt.Errorf("-dtype: %q is not bf16, f32 or fp8", d)
 		}
 		o.dtypes = append(o.dtypes, d)
 	}
@@ -201,7 +202,15 @@ func measure(world *mpi.Comm, c config, o *options) (*Result, error) {
 	if c.dtype == "f32" {
 		return measureTyped[float32](world, c, o)
 	}
-	return measureTyped[ep.BF16](world, c, o)
+	return measureTyped[ep.BF16](world, c, o) // bf16, and fp8: bf16 tokens, FP8 on the wire
+}
+
+// wire is the wire format of a configuration's dispatch.
+func (c config) wire() ep.WireFormat {
+	if c.dtype == "fp8" {
+		return ep.WireFP8
+	}
+	return ep.WireNative
 }
 
 // routing draws each token's top-k experts uniformly (distinct) and its
@@ -239,6 +248,9 @@ type bench[E ep.Element] struct {
 	c        config
 	o        *options
 	g, base  *ep.Group[E]
+	native   *ep.Group[E] // -dtype fp8: the same dispatch in bf16, timed in the same rounds
+	nout     ep.Tensor[E] // its result
+	nbytes   float64      // the bytes of its rows
 	x, out   ep.Tensor[E] // in g's memory
 	bx, bout ep.Tensor[E] // in base's (host) memory
 	topk     []int32
@@ -256,6 +268,12 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	}()
 	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
 		TopK: c.topk, Timeout: o.timeout}
+	if c.wire().FP8() {
+		if b.native, err = ep.NewGroup[E](world, cfg); err != nil {
+			return nil, err
+		}
+		cfg.Wire = c.wire()
+	}
 	if b.g, err = ep.NewGroup[E](world, cfg); err != nil {
 		return nil, err
 	}
@@ -274,6 +292,11 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	if b.x, b.out, err = tensors(b.g, host); err != nil {
 		return nil, err
 	}
+	if b.native != nil {
+		if b.nout, err = ep.Alloc[E](b.g.Memory(), len(host)); err != nil {
+			return nil, err
+		}
+	}
 	if b.base != nil {
 		b.bx, b.bout = ep.Host(host), ep.Host(make([]E, len(host)))
 	}
@@ -290,6 +313,10 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 		pairs += n
 	}
 	b.bytes = float64(pairs * c.hidden * ep.DTypeOf[E]().Size())
+	if c.wire().FP8() { // codes and scales
+		b.nbytes = b.bytes
+		b.bytes = float64(pairs * (c.hidden + 4*ep.ScaleGroups(c.hidden)))
+	}
 	b.src, b.dst = make([]byte, int(b.bytes)), make([]byte, int(b.bytes))
 	for i := range b.src {
 		b.src[i] = byte(i)
@@ -310,11 +337,14 @@ func tensors[E ep.Element](g *ep.Group[E], host []E) (x, out ep.Tensor[E], err e
 }
 
 func (b *bench[E]) close() {
-	for _, t := range []ep.Tensor[E]{b.x, b.out} {
+	for _, t := range []ep.Tensor[E]{b.x, b.out, b.nout} {
 		_ = ep.Free(t)
 	}
 	if b.base != nil {
 		_ = b.base.Close()
+	}
+	if b.native != nil {
+		_ = b.native.Close()
 	}
 	if b.g != nil {
 		_ = b.g.Close()
@@ -322,7 +352,10 @@ func (b *bench[E]) close() {
 }
 
 // samples are each timed round's figures, in microseconds.
-type samples struct{ dispatch, combine, baseDispatch, baseCombine, memcpy []float64 }
+type samples struct {
+	dispatch, combine, baseDispatch, baseCombine, memcpy []float64
+	nativeDispatch, nativeCombine                        []float64 // -dtype fp8: the same in bf16
+}
 
 // rounds runs the warm-up and timed rounds: ep, the baseline and memcpy in
 // turn, so that all three see the same machine; the first round also checks
@@ -334,7 +367,12 @@ func (b *bench[E]) rounds() (*samples, error) {
 		if err != nil {
 			return nil, err
 		}
-		var d2, c2 time.Duration
+		var d2, c2, d3, c3 time.Duration
+		if b.native != nil {
+			if d3, c3, err = round(b.world, b.native, b.x, b.nout, b.topk, b.weights); err != nil {
+				return nil, err
+			}
+		}
 		if b.base != nil {
 			if d2, c2, err = round(b.world, b.base, b.bx, b.bout, b.topk, b.weights); err != nil {
 				return nil, err
@@ -355,6 +393,7 @@ func (b *bench[E]) rounds() (*samples, error) {
 			s.dispatch, s.combine = append(s.dispatch, us(d)), append(s.combine, us(cmb))
 			s.baseDispatch, s.baseCombine = append(s.baseDispatch, us(d2)), append(s.baseCombine, us(c2))
 			s.memcpy = append(s.memcpy, us(m))
+			s.nativeDispatch, s.nativeCombine = append(s.nativeDispatch, us(d3)), append(s.nativeCombine, us(c3))
 		}
 	}
 	return &s, nil
@@ -362,12 +401,44 @@ func (b *bench[E]) rounds() (*samples, error) {
 
 // round times a dispatch and then a combine with identity experts, in
 // place, each started right after a barrier so that no rank's lateness is
-// counted.
+// counted. In FP8 the identity experts dequantize the valid rows into the
+// combine buffer, untimed.
 func round[E ep.Element](world *mpi.Comm, g *ep.Group[E], x, out ep.Tensor[E], topk []int32, weights []float32) (time.Duration, time.Duration, error) {
 	var h ep.Handle[E]
+	if !g.Config().Wire.FP8() {
+		return timeRound(world,
+			func() (err error) { h, err = g.Dispatch(x, topk, weights); return err }, nil,
+			func() error { return g.Combine(h, h.Recv(), out, nil) })
+	}
 	return timeRound(world,
 		func() (err error) { h, err = g.Dispatch(x, topk, weights); return err },
-		func() error { return g.Combine(h, h.Recv(), out, nil) })
+		func() error { return dequantizeValid(g, h) },
+		func() error { return g.Combine(h, h.CombineBuffer(), out, nil) })
+}
+
+// dequantizeValid writes the valid received rows of an FP8 dispatch,
+// dequantized, into its combine buffer (host memory).
+func dequantizeValid[E ep.Element](g *ep.Group[E], h ep.Handle[E]) error {
+	H := g.Config().Hidden
+	G := ep.ScaleGroups(H)
+	codes, scales, y := h.RecvFP8().Host(), h.RecvScales().Host(), h.CombineBuffer().Host()
+	if codes == nil || y == nil {
+		return errors.New("ep-bench: -dtype fp8 needs a backend on host memory")
+	}
+	blocks := [][2]int{{0, h.NumRecv()}} // HT: the first NumRecv rows
+	if g.Config().Mode == ep.LowLatency { // LL: the first count rows of each expert's block
+		span := g.Size() * g.Config().MaxTokensPerRank
+		blocks = blocks[:0]
+		for l, n := range h.ExpertCounts() {
+			blocks = append(blocks, [2]int{l * span, l*span + n})
+		}
+	}
+	for _, bl := range blocks {
+		if err := ep.Dequantize(y[bl[0]*H:bl[1]*H], codes[bl[0]*H:bl[1]*H], scales[bl[0]*G:bl[1]*G], H); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // validate compares ep's last result with the baseline's: bit for bit on
@@ -392,7 +463,8 @@ func (b *bench[E]) validate() error {
 // bandwidths the mean over ranks of bytes over time.
 func (b *bench[E]) summarize(s *samples) (*Result, error) {
 	R := b.world.Size()
-	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes}
+	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes,
+		median(s.nativeDispatch), median(s.nativeCombine), b.nbytes}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
@@ -404,24 +476,33 @@ func (b *bench[E]) summarize(s *samples) (*Result, error) {
 		}
 		return v
 	}
-	bw := func(i int) float64 { // mean over ranks of bytes/us -> GB/s
+	bwOf := func(i, bytes int) float64 { // mean over ranks of bytes/us -> GB/s
 		var sum float64
 		for r := 0; r < R; r++ {
 			if t := all[r*len(mine)+i]; t > 0 {
-				sum += all[r*len(mine)+5] / t / 1e3
+				sum += all[r*len(mine)+bytes] / t / 1e3
 			}
 		}
 		return sum / float64(R)
 	}
+	bw := func(i int) float64 { return bwOf(i, 5) }
+	combineBytes := 5 // the rows a combine moves: in fp8, the bf16 rows
+	if b.native != nil {
+		combineBytes = 8
+	}
 	c := b.c
 	res := &Result{Mode: c.mode.String(), Ranks: R, Nodes: b.g.Nodes(), Tokens: c.tokens, Hidden: c.hidden, TopK: c.topk,
 		Experts: c.experts, DType: c.dtype, Iters: b.o.iters, BytesPerRank: mean(col(5)),
-		DispatchUS: slices.Max(col(0)), CombineUS: slices.Max(col(1)), DispatchGBps: bw(0), CombineGBps: bw(1),
+		DispatchUS: slices.Max(col(0)), CombineUS: slices.Max(col(1)), DispatchGBps: bw(0), CombineGBps: bwOf(1, combineBytes),
 		MemcpyGBps: bw(4), BufferBytesPerRank: b.g.BufferBytes()}
 	if b.base != nil {
 		res.AlltoallvDispatchUS, res.AlltoallvCombineUS = slices.Max(col(2)), slices.Max(col(3))
-		res.AlltoallvDispatchGBps, res.AlltoallvCombineGBps = bw(2), bw(3)
+		res.AlltoallvDispatchGBps, res.AlltoallvCombineGBps = bw(2), bwOf(3, combineBytes)
 		res.Speedup = (res.AlltoallvDispatchUS + res.AlltoallvCombineUS) / (res.DispatchUS + res.CombineUS)
+	}
+	if b.native != nil {
+		res.BF16DispatchUS, res.BF16CombineUS, res.BF16BytesPerRank = slices.Max(col(6)), slices.Max(col(7)), mean(col(8))
+		res.FP8DispatchSpeedup = res.BF16DispatchUS / res.DispatchUS
 	}
 	if res.MemcpyGBps > 0 {
 		res.DispatchOfMemcpy, res.CombineOfMemcpy = res.DispatchGBps/res.MemcpyGBps, res.CombineGBps/res.MemcpyGBps
@@ -430,8 +511,9 @@ func (b *bench[E]) summarize(s *samples) (*Result, error) {
 }
 
 // timeRound times a dispatch and then a combine, each started right after a
-// barrier so that no rank's lateness is counted.
-func timeRound(world *mpi.Comm, dispatch, combine func() error) (time.Duration, time.Duration, error) {
+// barrier so that no rank's lateness is counted; experts (nil: none) runs
+// untimed between them.
+func timeRound(world *mpi.Comm, dispatch, experts, combine func() error) (time.Duration, time.Duration, error) {
 	if err := world.Barrier(); err != nil {
 		return 0, 0, err
 	}
@@ -440,6 +522,11 @@ func timeRound(world *mpi.Comm, dispatch, combine func() error) (time.Duration, 
 		return 0, 0, err
 	}
 	d := time.Since(t0)
+	if experts != nil {
+		if err := experts(); err != nil {
+			return 0, 0, err
+		}
+	}
 	if err := world.Barrier(); err != nil {
 		return 0, 0, err
 	}
@@ -459,6 +546,12 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "alltoallv by hand", r.AlltoallvDispatchUS, r.AlltoallvDispatchGBps,
 			r.AlltoallvCombineUS, r.AlltoallvCombineGBps, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
 		fmt.Fprintf(w, "  speedup over alltoallv: %.2fx\n", r.Speedup)
+	}
+	if r.BF16DispatchUS > 0 {
+		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep, bf16 on the wire", r.BF16DispatchUS,
+			r.BF16BytesPerRank/r.BF16DispatchUS/1e3, r.BF16CombineUS, r.BF16BytesPerRank/r.BF16CombineUS/1e3, r.BF16DispatchUS+r.BF16CombineUS)
+		fmt.Fprintf(w, "  fp8 dispatch: %.2f MB/rank per call (bf16: %.2f MB, %.2fx the bytes), %.2fx the speed of bf16\n",
+			r.BytesPerRank/1e6, r.BF16BytesPerRank/1e6, r.BytesPerRank/r.BF16BytesPerRank, r.FP8DispatchSpeedup)
 	}
 	fmt.Fprintf(w, "  memcpy of the same bytes: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n\n",
 		r.MemcpyGBps, 100*r.DispatchOfMemcpy, 100*r.CombineOfMemcpy)
