@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/goep/goep/mpi"
@@ -31,6 +32,16 @@ type Spec struct {
 	// Received.Scales).
 	WireRowBytes int
 	Name         string // the group's name in messages, e.g. "ep.Group[bfloat16]"
+}
+
+// newSpec is the Spec of a validated cfg with rows of elem.
+func newSpec(cfg Config, elem DType) Spec {
+	s := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(), WireRowBytes: cfg.Hidden * elem.Size(),
+		Name: fmt.Sprintf("ep.Group[%s]", elem)}
+	if cfg.Wire.FP8() {
+		s.WireRowBytes = cfg.Hidden
+	}
+	return s
 }
 
 // LocalExperts is the number of experts each rank owns.

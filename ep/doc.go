@@ -98,4 +98,12 @@
 // rank that stops taking part makes the others return a *TimeoutError after
 // Config.Timeout, naming it where the backend can; the group is then
 // unusable. Errors of a call name it ("ll dispatch", "ht combine").
+//
+// A rank that skips NewGroup or Close (returns early, or calls them on a
+// different communicator) makes the others return, after Config.Timeout,
+// a *TimeoutError naming it, never a hang:
+// both begin with mpi.Comm.Arrive, point-to-point messages to rank 0 with
+// tag 32011 on the communicator, before any collective. A Close that
+// names a missing rank leaves this rank's buffers allocated, since freeing
+// them needs every rank. No barrier is needed around either call.
 package ep

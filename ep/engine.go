@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/goep/goep/internal/sysmem"
 	"github.com/goep/goep/mpi"
 )
 
@@ -22,7 +23,13 @@ type cpuBackend struct{}
 
 func (cpuBackend) Name() string { return "cpu" }
 
-func (cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) { return openEngine(comm, spec) }
+func (cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
+	e, err := openEngine(comm, spec)
+	if err != nil {
+		return nil, err // not a nil *engine in a non-nil Engine
+	}
+	return e, nil
+}
 
 // Supports says that the CPU engine masks stalled ranks and dispatches in
 // FP8.
@@ -123,6 +130,17 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 		e.mode = newHT(e, &seg, &win)
 	}
 	e.segSize = seg.n
+	if t.Nodes > 1 {
+		e.winSize = win.n
+	}
+	// Refuse what the node cannot give before allocating anything (the
+	// kernel would kill a rank half way, or MPI fail with MPI_ERR_INTERN),
+	// on every rank: a node that fits must not go on into the allocations.
+	f := Footprint{SharedPerRank: e.segSize, WindowPerRank: e.winSize, RanksPerNode: len(tr.nodeRanks)}
+	f.PerNode = f.RanksPerNode * (f.SharedPerRank + f.WindowPerRank)
+	if err := mpi.AgreeOnError(comm, checkFits(spec, f, sysmem.Read(), R, t.Nodes, max(t.HostSize, f.RanksPerNode))); err != nil {
+		return nil, err
+	}
 	if e.shm, err = t.NodeComm.AllocateShared(e.segSize); err != nil {
 		return nil, fmt.Errorf("allocating %d bytes of shared buffers: %w", e.segSize, err)
 	}
@@ -136,7 +154,6 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 	}
 	tr.segBytes = e.shm.Local()
 	if t.Nodes > 1 {
-		e.winSize = win.n
 		if tr.win, err = comm.AllocateWindow(e.winSize); err != nil {
 			return nil, fmt.Errorf("allocating %d bytes of staging window for %d nodes: %w "+
 				"(the inter-node path needs a one-sided MPI component that works across hosts with MPI_THREAD_MULTIPLE: "+

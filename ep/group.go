@@ -84,6 +84,11 @@ func NewGroup[E Element](comm *mpi.Comm, cfg Config) (*Group[E], error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	// Every rank must call NewGroup: one that does not is named here,
+	// before the collective Split that could only hang or time out blind.
+	if err := arrive(comm, "NewGroup", cfg.Timeout); err != nil {
+		return nil, err
+	}
 	c, err := comm.Split(0, comm.Rank(), "ep")
 	if err != nil {
 		return nil, fmt.Errorf("ep: NewGroup: %w", err)
@@ -99,6 +104,21 @@ func NewGroup[E Element](comm *mpi.Comm, cfg Config) (*Group[E], error) {
 	return g, nil
 }
 
+// arrive waits, within timeout, for every rank of c to call op: a rank that
+// does not is a *TimeoutError naming it. See mpi.Comm.Arrive.
+func arrive(c *mpi.Comm, op string, timeout time.Duration) error {
+	err := c.Arrive("ep."+op, timeout)
+	var missing *mpi.MissingError
+	if errors.As(err, &missing) {
+		return &TimeoutError{Op: op, Peer: missing.Rank, After: missing.After,
+			What: "every rank to call " + op + " (a rank that skips it leaves the others here)"}
+	}
+	if err != nil {
+		return fmt.Errorf("ep: %s: %w", op, err)
+	}
+	return nil
+}
+
 func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error) {
 	if err := agreeOnConfig(c, cfg, elem); err != nil {
 		return nil, err
@@ -106,11 +126,7 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	if err := cfg.validate(c.Size()); err != nil {
 		return nil, err
 	}
-	spec := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(), WireRowBytes: cfg.Hidden * elem.Size(),
-		Name: fmt.Sprintf("ep.Group[%s]", elem)}
-	if cfg.Wire.FP8() {
-		spec.WireRowBytes = cfg.Hidden
-	}
+	spec := newSpec(cfg, elem)
 	ferr := checkFeatures(cfg)
 	if err := mpi.AgreeOnError(c, ferr); err != nil {
 		var agreed *mpi.AgreedError
@@ -122,7 +138,11 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		return nil, ferr
 	}
 	eng, err := cfg.backend().Open(c, spec)
-	if err = mpi.AgreeOnError(c, err); err != nil {
+	var agreed *mpi.AgreedError
+	if !errors.As(err, &agreed) { // an engine that agreed already failed on every rank alike
+		err = mpi.AgreeOnError(c, err)
+	}
+	if err != nil {
 		if eng != nil {
 			err = errors.Join(err, eng.Close())
 		}
@@ -256,10 +276,20 @@ func (g *Group[E]) String() string {
 	return fmt.Sprintf("%s{%v, %s backend, rank %d of %d, %v}", g.spec.Name, g.spec.Mode, g.Backend(), g.rank, g.size, g.sh)
 }
 
-// Close releases the group's buffers and communicator. It is collective.
+// Close releases the group's buffers and communicator. It is collective:
+// when a rank has not called it within Config.Timeout, Close frees nothing
+// and returns a *TimeoutError naming that rank; Close may then be called
+// again, unless the rank named is 0 (see mpi.Comm.Arrive).
 func (g *Group[E]) Close() error {
 	if g == nil || g.closed {
 		return nil
+	}
+	// Freeing windows and the communicator is collective: a rank that
+	// does not call Close is named here, and this rank then leaves them
+	// allocated rather than hang in the free, and may call Close again.
+	if err := arrive(g.comm, "Close", g.spec.Timeout); err != nil {
+		g.nameHost(err)
+		return err
 	}
 	g.closed = true
 	return errors.Join(g.eng.Close(), g.comm.Free())

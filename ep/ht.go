@@ -89,12 +89,21 @@ type fwdPlan struct {
 }
 
 func newHT(e *engine, seg, win *areas) *htMode {
-	s := e.spec
-	R := e.t.size
-	m := &htMode{e: e, R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, nodes: e.nodes, myNode: e.node, maxRecv: s.maxRecv(R), fp8: s.Wire.FP8(),
-		wireBytes: s.WireRowBytes}
-	slots := m.placeRails()
+	m := htDims(e.spec, e.t.size, e.nodes)
+	m.e, m.myNode = e, e.node
+	m.takeAreas(m.placeRails(), seg, win)
+	m.lists = make([][]int32, m.R)
+	return m
+}
+
+// htDims is an htMode of R ranks on nodes nodes with its sizes only.
+func htDims(s Spec, R, nodes int) *htMode {
+	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
+		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R), fp8: s.Wire.FP8(), wireBytes: s.WireRowBytes}
+}
+
+// takeAreas places HT's areas, with slots staging slots (placeRails).
+func (m *htMode) takeAreas(slots int, seg, win *areas) {
 	n, K, M := m.maxRecv, m.K, m.M
 	if m.fp8 {
 		m.sclBytes = 4 * ScaleGroups(m.H)
@@ -117,8 +126,6 @@ func newHT(e *engine, seg, win *areas) *htMode {
 	m.sw = win.take(4 * slots * M * K)
 	m.sums = win.take(m.nodes * M * m.rowBytes)
 	m.svals = win.take(4 * m.nodes * M * K)
-	m.lists = make([][]int32, R)
-	return m
 }
 
 // placeRails pairs the ranks across nodes. A rank with local rank i sends

@@ -101,9 +101,15 @@ type llState struct {
 }
 
 func newLL(e *engine, seg, win *areas) *llMode {
-	s := e.spec
-	R := e.t.size
-	m := &llMode{e: e, R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
+	m := layoutLL(e.spec, e.t.size, e.nodes, seg, win)
+	m.e = e
+	return m
+}
+
+// layoutLL places LL's areas for a group of R ranks on nodes nodes: what
+// newLL does but for the engine, which BufferPlan needs too.
+func layoutLL(s Spec, R, nodes int, seg, win *areas) *llMode {
+	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
 		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, fp8: s.Wire.FP8(), wireBytes: s.WireRowBytes}
 	if m.fp8 {
 		m.sclBytes = 4 * ScaleGroups(m.H)
@@ -111,7 +117,7 @@ func newLL(e *engine, seg, win *areas) *llMode {
 	rows := m.L * m.span
 	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
 	m.slots = m.cap*(m.wireBytes+m.sclBytes) <= slotProtocolMax || s.MaskStalledRanks
-	if m.fp8 && e.nodes > 1 {
+	if m.fp8 && nodes > 1 {
 		m.outbox = seg.take(m.M * m.K * m.wireBytes)
 		m.outboxScl = seg.take(m.M * m.K * m.sclBytes)
 	}

@@ -2,6 +2,7 @@
 
 #include "shim_mpi.h"
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -96,6 +97,76 @@ int goep_allreduce(const void *send, void *recv, int n, int dtype, int op, MPI_C
   MPI_Request r;
   int rc = MPI_Iallreduce(send, recv, n, dtype_of(dtype), op_of(op), comm, &r);
   return rc != MPI_SUCCESS ? rc : goep_wait(&r, timeout_ns);
+}
+
+// goep_arrive: every rank tells rank 0 that it arrived, and rank 0, once
+// every rank has or timeout_ns (0: no limit) is past, tells every rank that
+// arrived the first rank that did not (*missing; -1: none). A rank whose
+// answer does not come in twice the time returns GOEP_ERR_TIMEOUT with
+// *missing = 0, its token left pending at rank 0. Point-to-point messages with tag, so that the rank that did
+// not arrive can be named, which a collective cannot do.
+int goep_arrive(MPI_Comm comm, int tag, int64_t timeout_ns, int *missing) {
+  int rank, size, rc = MPI_SUCCESS;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  *missing = -1;
+  if (size == 1) return MPI_SUCCESS;
+  if (rank != 0) {
+    static const char token = 1; // outlives the send, which may be left pending
+    int32_t answer = -1;
+    MPI_Request send, recv;
+    if ((rc = MPI_Isend(&token, 1, MPI_BYTE, 0, tag, comm, &send)) != MPI_SUCCESS) return rc;
+    if ((rc = MPI_Irecv(&answer, 1, MPI_INT32_T, 0, tag, comm, &recv)) != MPI_SUCCESS) return rc;
+    rc = goep_wait(&recv, timeout_ns > 0 ? 2 * timeout_ns : 0);
+    if (rc == GOEP_ERR_TIMEOUT) {
+      MPI_Cancel(&recv);
+      MPI_Wait(&recv, MPI_STATUS_IGNORE); // a cancelled receive completes at once
+      MPI_Request_free(&send);
+      *missing = 0;
+      return rc;
+    }
+    MPI_Wait(&send, MPI_STATUS_IGNORE);
+    *missing = answer;
+    return rc;
+  }
+  MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)size);
+  char *tokens = malloc((size_t)size);
+  for (int r = 1; r < size; r++) MPI_Irecv(&tokens[r], 1, MPI_BYTE, r, tag, comm, &reqs[r]);
+  int64_t start = now_ns();
+  int left = size - 1;
+  char *done = calloc((size_t)size, 1);
+  for (unsigned long i = 0; left > 0; i++) {
+    for (int r = 1; r < size; r++) {
+      int flag = 0;
+      if (!done[r] && MPI_Test(&reqs[r], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
+        done[r] = 1;
+        left--;
+      }
+    }
+    if (left == 0) break;
+    if (timeout_ns > 0 && now_ns() - start > timeout_ns) break;
+    if ((i & 63) == 0) {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    } else {
+      sched_yield();
+    }
+  }
+  int32_t first = -1;
+  for (int r = 1; r < size; r++) {
+    if (!done[r]) {
+      if (first < 0) first = r;
+      MPI_Cancel(&reqs[r]);
+      MPI_Wait(&reqs[r], MPI_STATUS_IGNORE);
+    }
+  }
+  for (int r = 1; r < size && rc == MPI_SUCCESS; r++)
+    if (done[r]) rc = MPI_Send(&first, 1, MPI_INT32_T, r, tag, comm);
+  free(reqs);
+  free(tokens);
+  free(done);
+  *missing = first;
+  return rc;
 }
 
 int goep_error_string(int code, char *buf, int cap) {

@@ -25,6 +25,7 @@ int goep_alltoallv(const void *send, const int *scounts, const int *sdispls,
                    void *recv, const int *rcounts, const int *rdispls, MPI_Comm comm, int64_t timeout_ns);
 int goep_allreduce(const void *send, void *recv, int n, int dtype, int op, MPI_Comm comm, int64_t timeout_ns);
 int goep_error_string(int code, char *buf, int cap);
+int goep_arrive(MPI_Comm comm, int tag, int64_t timeout_ns, int *missing);
 
 // One-sided helpers on a window in a lock_all epoch.
 //

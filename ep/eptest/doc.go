@@ -24,7 +24,14 @@
 //     round afterwards is right), bad configs, use after Close;
 //   - a stalled rank: the others time out within the group's timeout,
 //     naming it where the backend can;
-//   - steady-state calls allocate nothing (Suite.ZeroAllocs).
+//   - steady-state calls allocate nothing (Suite.ZeroAllocs);
+//   - a group's lifecycle with no barrier from the user: a call right after
+//     NewGroup, two groups with interleaved calls, create-run-Close 50
+//     times, a group on a sub-communicator beside one on the world, ranks
+//     reaching Close at different times;
+//   - one rank's refused input failing every rank's same call at once
+//     (Suite.Refusals); per-peer statistics; a stalled rank masked and back
+//     (Suite.Masking).
 //
 // A backend's own test runs it under mpirun (internal/mpitest) at several
 // rank counts and on simulated nodes:

@@ -50,6 +50,7 @@ var modes = []ep.Mode{ep.LowLatency, ep.HighThroughput}
 func Run(t *testing.T, s Suite) {
 	require.NotNil(t, s.Comm, "Suite.Comm")
 	require.NotNil(t, s.Backend, "Suite.Backend")
+	t.Run("Lifecycle", func(t *testing.T) { s.testLifecycle(t) })
 	t.Run("DispatchCombine", func(t *testing.T) { s.testDispatchCombine(t) })
 	t.Run("ScaledExperts", func(t *testing.T) { s.testScaledExperts(t) })
 	t.Run("ConsecutiveCallsBothBuffers", func(t *testing.T) { s.testConsecutiveCalls(t) })

@@ -27,6 +27,7 @@ type options struct {
 	seed                            uint64
 	jsonOut, validate, skipBaseline bool
 	latency                         bool
+	planRanks, planNodes            int
 	timeout                         time.Duration
 }
 
@@ -49,6 +50,9 @@ func run(stdout, stderr io.Writer, args []string) int {
 		}
 		fmt.Fprintln(stderr, "ep-bench:", err)
 		return 2
+	}
+	if opt.planRanks > 0 {
+		return plan(stdout, stderr, opt)
 	}
 	world, err := mpi.Init()
 	if err != nil {
@@ -107,6 +111,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	validate := fs.Bool("validate", true, "check ep's results against the alltoallv path once per configuration")
 	skip := fs.Bool("no-baseline", false, "do not run the alltoallv baseline")
 	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
+	planRanks := fs.Int("plan", 0, "print, for this many ranks (no MPI, nothing allocated), each configuration's buffers (ep.BufferPlan) and exit")
+	planNodes := fs.Int("plan-nodes", 1, "the nodes -plan spreads the ranks over")
 	latency := fs.Bool("latency", false, "LL latency sweep: tokens 1, 2, 4, ... 128 per rank (-tokens sets the sweep's largest), "+
 		"with the flag round trip between two ranks of a node measured beside it")
 	fs.Usage = func() {
@@ -120,7 +126,7 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
-		skipBaseline: *skip, timeout: *timeout, latency: *latency}
+		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes}
 	var err error
 	for _, m := range strings.Split(*modes, ",") {
 		mode, err := ep.ParseMode(strings.TrimSpace(m))
@@ -540,6 +546,7 @@ func timeRound(world *mpi.Comm, dispatch, experts, combine func() error) (time.D
 func printTable(w io.Writer, r *Result, baseline bool) {
 	fmt.Fprintf(w, "ep-bench %s %s: %d ranks on %d node(s), %d tokens/rank, hidden %d, top-%d, %d experts; %.1f MB/rank per call; median of %d, slowest rank\n",
 		r.Mode, r.DType, r.Ranks, r.Nodes, r.Tokens, r.Hidden, r.TopK, r.Experts, r.BytesPerRank/1e6, r.Iters)
+	fmt.Fprintf(w, "  buffers: %.1f MB per rank\n", float64(r.BufferBytesPerRank)/1e6)
 	fmt.Fprintf(w, "  %-22s %12s %10s %12s %10s %12s\n", "", "dispatch us", "GB/s", "combine us", "GB/s", "total us")
 	fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep (goep)", r.DispatchUS, r.DispatchGBps, r.CombineUS, r.CombineGBps, r.DispatchUS+r.CombineUS)
 	if baseline {
@@ -570,6 +577,26 @@ func printLatency(w io.Writer, results []*Result, floor float64) {
 		fmt.Fprintf(w, "  %8d %8d %12.2f %11.2f %10.2f %10.2f %14.2f\n", r.Tokens, r.Hidden, r.DispatchUS, r.CombineUS,
 			r.DispatchUS+r.CombineUS, ratio, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
 	}
+}
+
+// plan prints each configuration's buffers for -plan ranks on -plan-nodes
+// nodes, as the CPU backend will hold them: a size hint for a job not yet
+// launched (NewGroup refuses what a node cannot give, before allocating).
+func plan(stdout, stderr io.Writer, o *options) int {
+	for _, c := range o.configs() {
+		cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden, TopK: c.topk}
+		elem := ep.BFloat16
+		if c.dtype == "f32" {
+			elem = ep.Float32
+		}
+		f, err := ep.BufferPlan(cfg, elem, o.planRanks, o.planNodes)
+		if err != nil {
+			fmt.Fprintf(stderr, "ep-bench: -plan: %v: %v\n", c, err)
+			return 2
+		}
+		fmt.Fprintf(stdout, "%v: %d ranks on %d nodes: %v\n", c, o.planRanks, o.planNodes, f)
+	}
+	return 0
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
