@@ -431,7 +431,7 @@ func dequantizeValid[E ep.Element](g *ep.Group[E], h ep.Handle[E]) error {
 	if codes == nil || y == nil {
 		return errors.New("ep-bench: -dtype fp8 needs a backend on host memory")
 	}
-	blocks := [][2]int{{0, h.NumRecv()}} // HT: the first NumRecv rows
+	blocks := [][2]int{{0, h.NumRecv()}}  // HT: the first NumRecv rows
 	if g.Config().Mode == ep.LowLatency { // LL: the first count rows of each expert's block
 		span := g.Size() * g.Config().MaxTokensPerRank
 		blocks = blocks[:0]
