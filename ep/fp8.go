@@ -165,7 +165,7 @@ func Quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w Wire
 	}
 	C.ep_quant_rows((*C.uintptr_t)(unsafe.Pointer(&dst[0])), (*C.uintptr_t)(unsafe.Pointer(&dsc[0])),
 		(*C.char)(unsafe.Pointer(&src[0])), (*C.int64_t)(unsafe.Pointer(&off[0])), C.int64_t(rows),
-		C.int64_t(hidden), C.int(DTypeOf[E]()), w.scaleMode())
+		C.int64_t(hidden), C.int(DTypeOf[E]()), w.scaleMode(), quantImpl)
 	return nil
 }
 

@@ -99,18 +99,43 @@ func fromF32[E ep.Element](f float32) E {
 	return any(ep.BF16From(f)).(E)
 }
 
+// bothCasts runs test with the fastest cast this CPU has and with the
+// portable one: each must agree with the reference.
+func bothCasts(t *testing.T, test func(t *testing.T)) {
+	t.Run("fastest", test)
+	t.Run("portable", func(t *testing.T) {
+		defer ep.UsePortableCast()()
+		test(t)
+	})
+}
+
 // The dispatch kernel's cast, value by value: every bfloat16 value (NaN,
 // infinities, subnormals and ties included) in groups whose scale is 1
-// (each group holds 448), bit for bit against the reference.
-func TestQuantizeEveryBF16Value(t *testing.T) {
-	var x []float32
+// (each group holds 448), bit for bit against the reference. The finite
+// values come first, in groups of their own: a group with a NaN or an
+// infinity may take another path.
+func TestQuantizeEveryBF16Value(t *testing.T) { bothCasts(t, testQuantizeEveryBF16Value) }
+
+func testQuantizeEveryBF16Value(t *testing.T) {
+	var x, special []float32
 	for _, f := range allBF16() {
+		if a := math.Abs(float64(f)); math.IsNaN(a) || math.IsInf(a, 0) {
+			special = append(special, f)
+		} else if a <= 448 {
+			if len(x)%ep.ScaleGroup == 0 {
+				x = append(x, 448)
+			}
+			x = append(x, f)
+		}
+	}
+	for len(x)%ep.ScaleGroup != 0 {
+		x = append(x, 0)
+	}
+	for _, f := range special {
 		if len(x)%ep.ScaleGroup == 0 {
 			x = append(x, 448)
 		}
-		if a := math.Abs(float64(f)); a <= 448 || math.IsNaN(a) || math.IsInf(a, 0) {
-			x = append(x, f)
-		}
+		x = append(x, f)
 	}
 	for len(x)%ep.ScaleGroup != 0 {
 		x = append(x, 0)
@@ -136,14 +161,60 @@ func TestQuantizeEveryBF16Value(t *testing.T) {
 	}
 }
 
+// The cast of float32 inputs, value by value, in groups of scale 1: the
+// float32 values around every e4m3 value and midpoint (ties, and the values
+// that must not tie), and a sparse sweep of all float32 patterns up to 448.
+func TestQuantizeFloat32Sweep(t *testing.T) { bothCasts(t, testQuantizeFloat32Sweep) }
+
+func testQuantizeFloat32Sweep(t *testing.T) {
+	var vals []float32
+	for q := 0; q < 0x7e; q++ {
+		a, b := fp8ref.Decode(uint8(q)), fp8ref.Decode(uint8(q+1))
+		for _, p := range []float32{float32(a), float32((a + b) / 2)} {
+			up, down := p, p
+			for i := 0; i < 8; i++ {
+				vals = append(vals, up, -up, down, -down)
+				up, down = math.Nextafter32(up, 1000), math.Nextafter32(down, 0)
+			}
+		}
+	}
+	for u := uint64(0); u < 1<<32; u += 4099 {
+		if f := math.Float32frombits(uint32(u)); math.Abs(float64(f)) <= 448 {
+			vals = append(vals, f)
+		}
+	}
+	var x []float32
+	for _, f := range vals {
+		if len(x)%ep.ScaleGroup == 0 {
+			x = append(x, 448)
+		}
+		x = append(x, f)
+	}
+	for len(x)%ep.ScaleGroup != 0 {
+		x = append(x, 0)
+	}
+	for _, w := range []ep.WireFormat{ep.WireFP8, ep.WireFP8UE8M0} {
+		q, s := quantize[float32](t, x, ep.ScaleGroup, w)
+		for g, sc := range s {
+			require.Equal(t, float32(1), sc, "%v: scale of group %d", w, g)
+		}
+		for i, v := range x {
+			if want := fp8ref.Round(float64(v)); uint8(q[i]) != want {
+				t.Fatalf("%v: %g (%#08x) became %#x, want %#x", w, v, math.Float32bits(v), uint8(q[i]), want)
+			}
+		}
+	}
+}
+
 // randomRow draws values over many magnitudes, with zeros, subnormals,
-// NaN and infinities mixed in when special is set.
+// and, when special is set, NaN and infinities in one group of four.
 func randomRow(rng *rand.Rand, n int, special bool) []float32 {
 	x := make([]float32, n)
-	group := 0
+	group, withSpecial := 0, false
 	for i := range x {
 		if i%ep.ScaleGroup == 0 {
 			group = rng.IntN(6) // each group its own character
+			withSpecial = special && rng.IntN(4) == 0
 		}
 		mag := math.Ldexp(rng.Float64(), rng.IntN(40)-20)
 		switch group {
@@ -158,7 +229,7 @@ func randomRow(rng *rand.Rand, n int, special bool) []float32 {
 		if rng.IntN(2) == 0 {
 			v = -v
 		}
-		if special && rng.IntN(50) == 0 {
+		if withSpecial && rng.IntN(20) == 0 {
 			v = []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), -float32(math.NaN())}[rng.IntN(4)]
 		}
 		x[i] = v
@@ -170,7 +241,9 @@ func randomRow(rng *rand.Rand, n int, special bool) []float32 {
 // mixed; NaN and infinities here and there), hidden sizes with a partial
 // last group, both scale kinds, float32 and bfloat16 inputs: codes and
 // scales bit for bit against the reference.
-func TestQuantizeRowsMatchReference(t *testing.T) {
+func TestQuantizeRowsMatchReference(t *testing.T) { bothCasts(t, testQuantizeRowsMatchReference) }
+
+func testQuantizeRowsMatchReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 1))
 	for _, hidden := range []int{1, 100, 128, 130, 384, 1000, 7168} {
 		for _, w := range []ep.WireFormat{ep.WireFP8, ep.WireFP8UE8M0} {
@@ -219,7 +292,9 @@ func halfULP(v float64) float64 {
 // round trip is within half an e4m3 step of the scaled value times the
 // scale, plus the float32 rounding of the scaling (and, for bfloat16 out,
 // half a bfloat16 step).
-func TestDequantizeRoundTrip(t *testing.T) {
+func TestDequantizeRoundTrip(t *testing.T) { bothCasts(t, testDequantizeRoundTrip) }
+
+func testDequantizeRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(14, 1))
 	for _, hidden := range []int{130, 7168} {
 		for _, w := range []ep.WireFormat{ep.WireFP8, ep.WireFP8UE8M0} {
@@ -252,7 +327,9 @@ func TestDequantizeRoundTrip(t *testing.T) {
 }
 
 // What the documentation promises for the special cases.
-func TestQuantizeDefinedCases(t *testing.T) {
+func TestQuantizeDefinedCases(t *testing.T) { bothCasts(t, testQuantizeDefinedCases) }
+
+func testQuantizeDefinedCases(t *testing.T) {
 	nan, inf := float32(math.NaN()), float32(math.Inf(1))
 	row := func(vals ...float32) []float32 {
 		x := make([]float32, ep.ScaleGroup)

@@ -49,7 +49,7 @@ static inline uint8_t ep_e4m3_bits(uint32_t v, uint32_t x) {
 
 // quant.c
 void ep_quant_rows(const uintptr_t *dst, const uintptr_t *dst_scales, const char *src, const int64_t *src_off,
-                   int64_t n, int64_t hidden, int dtype, int scale_mode);
+                   int64_t n, int64_t hidden, int dtype, int scale_mode, int impl);
 void ep_dequant_rows(void *out, int out_dtype, const uint8_t *q, const float *scales, int64_t rows, int64_t hidden);
 
 // layout.c

@@ -17,8 +17,12 @@ func quantRows(dst, scales *addrTable, origin []byte, srcOff []int64, hidden int
 		return
 	}
 	C.ep_quant_rows(dst.c(), scales.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff),
-		C.int64_t(n), C.int64_t(hidden), C.int(elem), w.scaleMode())
+		C.int64_t(n), C.int64_t(hidden), C.int(elem), w.scaleMode(), quantImpl)
 }
+
+// quantImpl picks the cast: 0 the fastest this CPU has, 1 the portable one
+// (which the tests also run: both must agree with the reference).
+var quantImpl C.int
 
 // castQueue collects the rows a dispatch casts to FP8 on their way, for one
 // kernel call: each row's destination (a node peer's receive buffer, or this
