@@ -2,6 +2,7 @@
 # Both install missing system packages first (scripts/install-deps.sh).
 
 GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.6.1
 NP      ?= 4
 MPIRUN  ?= mpirun
 # More ranks than cores, and root (containers, CI), are normal here.
@@ -58,6 +59,10 @@ lint: deps
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags mpi ./...
+	@# staticcheck once per build configuration, merged, so that code used in one only is not "unused"
+	@mkdir -p bin/lint && for tags in none mpi gpu mpi,gpu,ci; do \
+	  $(GO) run $(STATICCHECK) -f binary -tags $$tags ./... > bin/lint/$$tags.bin || exit 1; done
+	$(GO) run $(STATICCHECK) -merge bin/lint/*.bin
 
 test-unit: deps deps-nvrtc
 	$(GO) test -count=1 ./...

@@ -73,14 +73,13 @@ type llMode struct {
 	// rank to this one, [R][L] (staging).
 	packed, cpacked [2]int
 
-	meta   []byte    // packed token and weight words of this rank's pairs, by expert
-	spos   []int32   // [E]: stagedPos of this rank's pairs
-	srcOff []int64   // per pair posted: its row in x
-	start  []int32   // reduce: per token, its first source
-	src    addrTable // reduce: source rows
-	wts    []float32 // reduce: their weights
-	vp     addrTable // slot values: source of each (token, slot)
-	where  []uint32  // combine: where each rank's outputs are
+	meta  []byte    // packed token and weight words of this rank's pairs, by expert
+	spos  []int32   // [E]: stagedPos of this rank's pairs
+	start []int32   // reduce: per token, its first source
+	src   addrTable // reduce: source rows
+	wts   []float32 // reduce: their weights
+	vp    addrTable // slot values: source of each (token, slot)
+	where []uint32  // combine: where each rank's outputs are
 }
 
 // slotProtocolMax is the largest message (the most bytes one rank sends:

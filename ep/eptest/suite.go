@@ -136,8 +136,8 @@ func host[T ep.Scalar](t *testing.T, x ep.Tensor[T]) []T {
 func rowsEqual[E ep.Element](t *testing.T, what string, got, want []E) bool {
 	t.Helper()
 	for c := range want {
-		if toF32(got[c]) != toF32(want[c]) {
-			t.Errorf("%s: element %d = %v, want %v", what, c, toF32(got[c]), toF32(want[c]))
+		if ep.Float32Of(got[c]) != ep.Float32Of(want[c]) {
+			t.Errorf("%s: element %d = %v, want %v", what, c, ep.Float32Of(got[c]), ep.Float32Of(want[c]))
 			return false
 		}
 	}

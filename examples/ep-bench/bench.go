@@ -293,7 +293,7 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	rng := rand.New(rand.NewPCG(o.seed+1, uint64(world.Rank())))
 	host := make([]E, c.tokens*c.hidden)
 	for i := range host {
-		host[i] = fromF32[E](rng.Float32()*2 - 1)
+		host[i] = ep.ElementOf[E](rng.Float32()*2 - 1)
 	}
 	if b.x, b.out, err = tensors(b.g, host); err != nil {
 		return nil, err
@@ -457,7 +457,7 @@ func (b *bench[E]) validate() error {
 	}
 	want := b.bout.Host()
 	for i := range want {
-		x, y := float64(toF32(got[i])), float64(toF32(want[i]))
+		x, y := float64(ep.Float32Of(got[i])), float64(ep.Float32Of(want[i]))
 		if b.g.Nodes() == 1 && got[i] != want[i] || math.Abs(x-y) > 1e-2*(1+math.Abs(y)) {
 			return fmt.Errorf("validation: ep's combine differs from the alltoallv path at element %d: %v, want %v", i, x, y)
 		}
@@ -621,17 +621,3 @@ func mean(v []float64) float64 {
 	return s / float64(len(v))
 }
 
-func fromF32[E ep.Element](f float32) E {
-	var z E
-	if _, ok := any(z).(float32); ok {
-		return any(f).(E)
-	}
-	return any(ep.BF16From(f)).(E)
-}
-
-func toF32[E ep.Element](v E) float32 {
-	if f, ok := any(v).(float32); ok {
-		return f
-	}
-	return any(v).(ep.BF16).Float32()
-}
