@@ -83,20 +83,12 @@ func quantize[E ep.Element](t *testing.T, x []float32, hidden int, w ep.WireForm
 	t.Helper()
 	src := make([]E, len(x))
 	for i, v := range x {
-		src[i] = fromF32[E](v)
+		src[i] = ep.ElementOf[E](v)
 	}
 	q := make([]ep.E4M3, len(x))
 	s := make([]float32, len(x)/hidden*ep.ScaleGroups(hidden))
 	require.NoError(t, ep.Quantize(q, s, src, hidden, w))
 	return q, s
-}
-
-func fromF32[E ep.Element](f float32) E {
-	var z E
-	if _, ok := any(z).(float32); ok {
-		return any(f).(E)
-	}
-	return any(ep.BF16From(f)).(E)
 }
 
 // bothCasts runs test with the fastest cast this CPU has and with the

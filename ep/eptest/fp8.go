@@ -47,7 +47,7 @@ func payloadFP8[E ep.Element](r, T, H int) []E {
 						v = -amax
 					}
 				}
-				x[t*H+g*ep.ScaleGroup+c] = fromF32[E](float32(v))
+				x[t*H+g*ep.ScaleGroup+c] = ep.ElementOf[E](float32(v))
 			}
 		}
 	}
@@ -65,7 +65,7 @@ type fp8Row struct {
 func quantizeRef[E ep.Element](x []E, pow2 bool) fp8Row {
 	f := make([]float32, len(x))
 	for i, v := range x {
-		f[i] = toF32(v)
+		f[i] = ep.Float32Of(v)
 	}
 	var r fp8Row
 	r.codes, r.scales = fp8ref.Quantize(f, ep.ScaleGroup, pow2)
@@ -119,7 +119,7 @@ func checkFP8[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.WireFormat
 		if refs[f][src] == nil {
 			x := payloadFP8[E](src, ins[src].T, H)
 			for i := range x {
-				x[i] = fromF32[E](f * toF32(x[i]))
+				x[i] = ep.ElementOf[E](f * ep.Float32Of(x[i]))
 			}
 			refs[f][src] = make([]fp8Row, ins[src].T)
 			for tk := range refs[f][src] {
@@ -143,15 +143,15 @@ func checkFP8[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.WireFormat
 	// keep theirs), and exactly twice the combine.
 	x2h := make([]E, len(xh))
 	for i := range xh {
-		x2h[i] = fromF32[E](2 * toF32(xh[i]))
+		x2h[i] = ep.ElementOf[E](2 * ep.Float32Of(xh[i]))
 	}
 	h2, err := g.DispatchCached(h, upload(t, g, x2h), nil)
 	require.NoError(t, err)
 	checkFP8Recv(t, s, h2, sc, ins, func(src, tok int) fp8Row { return ref(2, src, tok) })
 	out2 := combineDequantized(t, s, g, h2, sc, in)
 	for i := range out1 {
-		if toF32(out2[i]) != 2*toF32(out1[i]) {
-			t.Fatalf("cached FP8 dispatch of 2x: out[%d] = %v, want 2 * %v", i, toF32(out2[i]), toF32(out1[i]))
+		if ep.Float32Of(out2[i]) != 2*ep.Float32Of(out1[i]) {
+			t.Fatalf("cached FP8 dispatch of 2x: out[%d] = %v, want 2 * %v", i, ep.Float32Of(out2[i]), ep.Float32Of(out1[i]))
 		}
 	}
 
@@ -216,8 +216,8 @@ func checkFP8Recv[E ep.Element](t *testing.T, s Suite, h ep.Handle[E], sc scenar
 			if uint8(codes[r*H+c]) != ref.codes[c] {
 				t.Fatalf("row %d (rank %d token %d): element %d: code %#x, want %#x", r, src, tok, c, uint8(codes[r*H+c]), ref.codes[c])
 			}
-			if want := fromF32[E](float32(ref.values[c])); deq[r*H+c] != want {
-				t.Fatalf("row %d element %d dequantized to %v, want %v", r, c, toF32(deq[r*H+c]), toF32(want))
+			if want := ep.ElementOf[E](float32(ref.values[c])); deq[r*H+c] != want {
+				t.Fatalf("row %d element %d dequantized to %v, want %v", r, c, ep.Float32Of(deq[r*H+c]), ep.Float32Of(want))
 			}
 		}
 	}
@@ -249,9 +249,9 @@ func checkFP8Combine[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc scena
 		}
 		r := ref(tok)
 		for c := 0; c < H; c++ {
-			if want := fromF32[E](float32(r.values[c] * f)); out[tok*H+c] != want {
-				t.Fatalf("combined token %d element %d = %v, want %v (dequantized %v times %v)", tok, c, toF32(out[tok*H+c]),
-					toF32(want), r.values[c], f)
+			if want := ep.ElementOf[E](float32(r.values[c] * f)); out[tok*H+c] != want {
+				t.Fatalf("combined token %d element %d = %v, want %v (dequantized %v times %v)", tok, c, ep.Float32Of(out[tok*H+c]),
+					ep.Float32Of(want), r.values[c], f)
 			}
 		}
 	}
