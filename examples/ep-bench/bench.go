@@ -620,4 +620,3 @@ func mean(v []float64) float64 {
 	}
 	return s / float64(len(v))
 }
-
