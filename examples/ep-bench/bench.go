@@ -584,7 +584,8 @@ func printLatency(w io.Writer, results []*Result, floor float64) {
 // launched (NewGroup refuses what a node cannot give, before allocating).
 func plan(stdout, stderr io.Writer, o *options) int {
 	for _, c := range o.configs() {
-		cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden, TopK: c.topk}
+		cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden, TopK: c.topk,
+			Wire: c.wire()}
 		elem := ep.BFloat16
 		if c.dtype == "f32" {
 			elem = ep.Float32
