@@ -70,7 +70,8 @@
 // into CombineBuffer (an FP8 group's Recv is empty). The cast is fused into
 // the copy kernel that places each row, once per token; rows for another
 // node are cast into an outbox and put as codes and scales. The bytes on
-// the wire are Hidden + 4*ScaleGroups(Hidden) per row instead of 2*Hidden.
+// the wire are Hidden + 4*ScaleGroups(Hidden) per row instead of Hidden
+// elements (2*Hidden bytes in bfloat16).
 //
 //	cfg.Wire = ep.WireFP8
 //	g, _ := ep.NewGroup[ep.BF16](world, cfg)
@@ -83,8 +84,9 @@
 // round to the nearest e4m3, ties to even, into e4m3's subnormals too; the
 // group's largest magnitude maps to 448 and nothing saturates beyond it; an
 // all-zero group has scale 2^-126 (the smallest normal float32) and
-// dequantizes to exact zeros, as does a group whose amax/448 is below
-// 2^-126 (its scale is 2^-126); NaN and ±Inf (which e4m3 cannot hold)
+// dequantizes to exact zeros; a group whose amax/448 is below 2^-126 has
+// that scale too (its values land in e4m3's subnormals or round to zero,
+// with no division by zero or infinity); NaN and ±Inf (which e4m3 cannot hold)
 // become NaN of their sign and take no part in their group's scale, so the
 // group's other values survive. Any Hidden works: when it is not a multiple
 // of 128, the last group of a row is shorter and has its own scale. A
