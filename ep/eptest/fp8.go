@@ -76,10 +76,9 @@ func quantizeRef[E ep.Element](x []E, pow2 bool) fp8Row {
 	return r
 }
 
-// testFP8 checks FP8 dispatch (Config.Wire) where the backend supports it,
-// and its refusal where it does not.
+// testFP8 checks FP8 dispatch (Config.Wire) where the backend supports it
+// (testFeatureRefusals checks its refusal where it does not).
 func (s Suite) testFP8(t *testing.T) {
-	t.Run("RefusedWhereUnsupported", func(t *testing.T) { s.testFP8Refused(t) })
 	if !ep.Supports(s.Backend, ep.FeatureFP8Wire) {
 		return
 	}
@@ -314,24 +313,32 @@ func (i incapable) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 	return i.b.Open(comm, spec)
 }
 
-// A backend that does not support FP8 dispatch is refused it on every
-// rank, before it opens anything, with an error naming it and the feature;
-// a supporting one gets a group.
-func (s Suite) testFP8Refused(t *testing.T) {
+// A backend that does not support an optional feature (FP8 dispatch,
+// masking stalled ranks) is refused it on every rank, before it opens
+// anything, with an error naming it and the feature; a supporting one gets
+// a group.
+func (s Suite) testFeatureRefusals(t *testing.T) {
 	defer s.agree(t)
-	cfg := scenarios(s.Comm.Size())[1].config(ep.LowLatency)
-	cfg.Wire = ep.WireFP8
-	cfg.Timeout = testTimeout
-	for _, b := range []ep.Backend{incapable{s.Backend}, s.Backend} {
-		cfg.Backend = b
-		g, err := ep.NewGroup[ep.BF16](s.Comm, cfg)
-		if !ep.Supports(b, ep.FeatureFP8Wire) {
-			require.Error(t, err, "FP8 on a backend that does not support it")
-			assert.True(t, errors.Is(err, ep.ErrUnsupported), "errors.Is(%v, ErrUnsupported)", err)
-			assert.ErrorContains(t, err, "the "+b.Name()+" backend does not implement FP8 dispatch (Config.Wire)")
-			continue
+	for _, f := range []ep.Feature{ep.FeatureFP8Wire, ep.FeatureMaskStalledRanks} {
+		cfg := scenarios(s.Comm.Size())[1].config(ep.LowLatency)
+		cfg.Timeout = testTimeout
+		switch f {
+		case ep.FeatureFP8Wire:
+			cfg.Wire = ep.WireFP8
+		case ep.FeatureMaskStalledRanks:
+			cfg.MaskStalledRanks = true
 		}
-		require.NoError(t, err)
-		require.NoError(t, g.Close())
+		for _, b := range []ep.Backend{incapable{s.Backend}, s.Backend} {
+			cfg.Backend = b
+			g, err := ep.NewGroup[ep.BF16](s.Comm, cfg)
+			if !ep.Supports(b, f) {
+				require.Error(t, err, "%v on a backend that does not support it", f)
+				assert.True(t, errors.Is(err, ep.ErrUnsupported), "errors.Is(%v, ErrUnsupported)", err)
+				assert.ErrorContains(t, err, "the "+b.Name()+" backend does not implement "+f.String())
+				continue
+			}
+			require.NoError(t, err)
+			require.NoError(t, g.Close())
+		}
 	}
 }
