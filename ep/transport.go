@@ -2,6 +2,7 @@ package ep
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -235,7 +236,10 @@ func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited
 	}
 	deadline := time.Now().Add(t.timeout)
 	for {
-		if err := t.win.Sync(); err != nil {
+		// Sync makes the peers' puts visible to the loads below; Progress
+		// lets them complete: over a network (osc/ucx over TCP) a put, and
+		// its origin's flush, completes only while the target calls MPI.
+		if err := errors.Join(t.win.Progress(), t.win.Sync()); err != nil {
 			return waited{missing: 0, refused: -1, ahead: -1}
 		}
 		w := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice), t.maskStalled)

@@ -68,11 +68,15 @@ func Init() (*Comm, error) {
 		return nil, checkLaunch(launch, 1, true)
 	}
 	if !empi.IsOn() {
+		chooseOneSided() // before MPI_Init, which reads the choice
 		if err := empi.InitThreadSafe(); err != nil {
 			// Less than MPI_THREAD_MULTIPLE: calls must stay on this thread.
 			runtime.LockOSThread()
 		}
+	} else {
+		oneSided = OneSidedChoice{Reason: "MPI was initialised before mpi.Init: its choice"}
 	}
+	readOneSided()
 	var provided C.int
 	C.MPI_Query_thread(&provided)
 	threadLevel = int(provided)

@@ -48,6 +48,7 @@ func Init() (*Comm, error) {
 		return nil, err
 	}
 	empi.Init() // empi's single-rank dummy
+	oneSided = OneSidedChoice{Reason: "built without the mpi build tag: no MPI, no one-sided components"}
 	world = &Comm{name: "world", rank: empi.WorldRank(), size: empi.WorldSize(), timeout: timeout}
 	return world, nil
 }

@@ -1,6 +1,8 @@
 //go:build mpi
 
+#define _GNU_SOURCE
 #include "shim_mpi.h"
+#include <dlfcn.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,4 +198,96 @@ int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *block
   // Complete every put before returning: the origin may be Go memory, which C
   // must not keep past this call.
   return MPI_Win_flush_all(win);
+}
+
+int goep_is_open_mpi(void) {
+#ifdef OPEN_MPI
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+int goep_libmpi_path(char *buf, int cap) {
+  Dl_info info;
+  if (dladdr((void *)MPI_Init, &info) == 0 || info.dli_fname == NULL) return -1;
+  size_t n = strlen(info.dli_fname);
+  if ((int)n >= cap) return -1;
+  memcpy(buf, info.dli_fname, n + 1);
+  return 0;
+}
+
+int goep_static_component(const char *sym) { return dlsym(RTLD_DEFAULT, sym) != NULL; }
+
+int goep_can_load(const char *path) { return dlopen(path, RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE) != NULL; }
+
+int goep_mca_string(const char *name, char *buf, int cap) {
+  int level, provided, idx, count, rc;
+  MPI_T_cvar_handle h;
+  // Ask MPI_T for the thread level MPI_Init gave: Open MPI 4.1 sets the MPI library's own level
+  // to the one MPI_T_init_thread asks for (MPI_THREAD_SINGLE would turn its locks off).
+  rc = MPI_Query_thread(&level);
+  if (rc != MPI_SUCCESS) return rc;
+  rc = MPI_T_init_thread(level, &provided);
+  if (rc != MPI_SUCCESS) return rc;
+  rc = MPI_T_cvar_get_index(name, &idx);
+  if (rc == MPI_SUCCESS) rc = MPI_T_cvar_handle_alloc(idx, NULL, &h, &count);
+  if (rc == MPI_SUCCESS) {
+    if (count < cap) {
+      memset(buf, 0, cap);
+      rc = MPI_T_cvar_read(h, buf);
+    } else {
+      rc = MPI_ERR_TRUNCATE;
+    }
+    MPI_T_cvar_handle_free(&h);
+  }
+  MPI_T_finalize();
+  buf[cap - 1] = 0;
+  return rc;
+}
+
+int64_t goep_p2p_start(MPI_Comm comm, int n, const int *recv, const int *peer, const uint64_t *addr, const int *bytes,
+                       int tag, MPI_Request *reqs) {
+  for (int i = 0; i < n; i++) reqs[i] = MPI_REQUEST_NULL;
+  for (int i = 0; i < n; i++) {
+    void *p = (void *)(uintptr_t)addr[i];
+    int rc = recv[i] ? MPI_Irecv(p, bytes[i], MPI_BYTE, peer[i], tag, comm, &reqs[i])
+                     : MPI_Isend(p, bytes[i], MPI_BYTE, peer[i], tag, comm, &reqs[i]);
+    if (rc != MPI_SUCCESS) return (int64_t)rc | ((int64_t)(i + 1) << 32);
+  }
+  return 0;
+}
+
+int goep_p2p_test(int n, MPI_Request *reqs, const int *recv, int *done, int64_t *got) {
+  for (int i = 0; i < n; i++) {
+    if (done[i]) continue;
+    MPI_Status st;
+    int flag = 0;
+    int rc = MPI_Test(&reqs[i], &flag, &st);
+    if (rc != MPI_SUCCESS) return rc;
+    if (!flag) continue;
+    done[i] = 1;
+    if (recv[i]) {
+      MPI_Count c = 0;
+      rc = MPI_Get_elements_x(&st, MPI_BYTE, &c);
+      if (rc != MPI_SUCCESS) return rc;
+      got[i] = (int64_t)c;
+    }
+  }
+  return MPI_SUCCESS;
+}
+
+int goep_p2p_cancel(int n, MPI_Request *reqs, const int *recv, const int *done) {
+  int left = 0;
+  for (int i = 0; i < n; i++) {
+    if (done[i] || reqs[i] == MPI_REQUEST_NULL) continue;
+    if (recv[i]) {
+      MPI_Cancel(&reqs[i]);
+      MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&reqs[i]);
+      left++;
+    }
+  }
+  return left;
 }

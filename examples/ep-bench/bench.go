@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/epgpu"
 	"github.com/goep/goep/internal/benchfmt"
 	"github.com/goep/goep/mpi"
 )
@@ -29,7 +30,12 @@ type options struct {
 	latency                         bool
 	planRanks, planNodes            int
 	timeout                         time.Duration
+	device                          string // cpu, emulate or cuda
 }
+
+// devices are the -device values: the backend each measures (nil: ep's
+// default, the CPU engine).
+var devices = map[string]ep.Backend{"cpu": nil, "emulate": epgpu.Emulated, "cuda": epgpu.CUDA}
 
 // config is one measured combination.
 type config struct {
@@ -111,6 +117,7 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	validate := fs.Bool("validate", true, "check ep's results against the alltoallv path once per configuration")
 	skip := fs.Bool("no-baseline", false, "do not run the alltoallv baseline")
 	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
+	device := fs.String("device", "cpu", "cpu (ep's CPU engine), emulate (the GPU backend on an emulated device) or cuda (the GPU backend on each rank's GPU); with a device, the CPU engine runs beside it, checks its results and is timed too")
 	planRanks := fs.Int("plan", 0, "print, for this many ranks (no MPI, nothing allocated), each configuration's buffers (ep.BufferPlan) and exit")
 	planNodes := fs.Int("plan-nodes", 1, "the nodes -plan spreads the ranks over")
 	latency := fs.Bool("latency", false, "LL latency sweep: tokens 1, 2, 4, ... 128 per rank (-tokens sets the sweep's largest), "+
@@ -126,7 +133,11 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
-		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes}
+		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes,
+		device: *device}
+	if _, ok := devices[o.device]; !ok {
+		return nil, fmt.Errorf("-device: %q is not cpu, emulate or cuda", o.device)
+	}
 	var err error
 	for _, m := range strings.Split(*modes, ",") {
 		mode, err := ep.ParseMode(strings.TrimSpace(m))
@@ -247,33 +258,37 @@ func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result,
 	return b.summarize(s)
 }
 
-// bench is one configuration set up: ep's group, the hand-written baseline
-// (nil with -no-baseline), the tokens and their routing.
+// bench is one configuration set up: ep's group on the device measured,
+// the hand-written baseline (nil with -no-baseline), the CPU engine beside
+// a device (nil with -device cpu), the tokens and their routing.
 type bench[E ep.Element] struct {
-	world    *mpi.Comm
-	c        config
-	o        *options
-	g, base  *ep.Group[E]
-	native   *ep.Group[E] // -dtype fp8: the same dispatch in bf16, timed in the same rounds
-	nout     ep.Tensor[E] // its result
-	nbytes   float64      // the bytes of its rows
-	x, out   ep.Tensor[E] // in g's memory
-	bx, bout ep.Tensor[E] // in base's (host) memory
-	topk     []int32
-	weights  []float32
-	bytes    float64 // bytes of the rows this rank sends
-	src, dst []byte  // memcpy of the same bytes
+	world        *mpi.Comm
+	c            config
+	o            *options
+	g, base, cpu *ep.Group[E]
+	x, out       ep.Tensor[E] // in g's memory
+	bx, bout     ep.Tensor[E] // in base's (host) memory
+	cx, cout     ep.Tensor[E] // in cpu's (host) memory
+	topk         []int32
+	weights      []float32
+	bytes        float64         // bytes of the rows this rank sends
+	src, dst     []byte          // memcpy of the same bytes
+	dsrc, ddst   ep.Tensor[byte] // device copy of the same bytes (with a device)
+	native       *ep.Group[E]    // -dtype fp8: the same dispatch in bf16, timed in the same rounds
+	nout         ep.Tensor[E]    // its result
+	nbytes       float64         // the bytes of its rows
 }
 
 func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E], err error) {
 	b = &bench[E]{world: world, c: c, o: o}
+	made := b // "return nil, err" clears b before the deferred call
 	defer func() {
 		if err != nil {
-			b.close()
+			made.close()
 		}
 	}()
 	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
-		TopK: c.topk, Timeout: o.timeout}
+		TopK: c.topk, Timeout: o.timeout, Backend: devices[o.device]}
 	if c.wire().FP8() {
 		if b.native, err = ep.NewGroup[E](world, cfg); err != nil {
 			return nil, err
@@ -282,6 +297,12 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	}
 	if b.g, err = ep.NewGroup[E](world, cfg); err != nil {
 		return nil, err
+	}
+	if cfg.Backend != nil {
+		cfg.Backend = ep.CPU
+		if b.cpu, err = ep.NewGroup[E](world, cfg); err != nil {
+			return nil, err
+		}
 	}
 	if !o.skipBaseline {
 		cfg.Backend = ep.AlltoallvBlocking
@@ -298,13 +319,11 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	if b.x, b.out, err = tensors(b.g, host); err != nil {
 		return nil, err
 	}
-	if b.native != nil {
-		if b.nout, err = ep.Alloc[E](b.g.Memory(), len(host)); err != nil {
-			return nil, err
-		}
-	}
 	if b.base != nil {
 		b.bx, b.bout = ep.Host(host), ep.Host(make([]E, len(host)))
+	}
+	if b.cpu != nil {
+		b.cx, b.cout = ep.Host(host), ep.Host(make([]E, len(host)))
 	}
 	layout, err := b.g.Layout(b.topk)
 	if err != nil {
@@ -322,10 +341,24 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	if c.wire().FP8() { // codes and scales
 		b.nbytes = b.bytes
 		b.bytes = float64(pairs * (c.hidden + 4*ep.ScaleGroups(c.hidden)))
+		if b.nout, err = ep.Alloc[E](b.g.Memory(), c.tokens*c.hidden); err != nil {
+			return nil, err
+		}
 	}
 	b.src, b.dst = make([]byte, int(b.bytes)), make([]byte, int(b.bytes))
 	for i := range b.src {
 		b.src[i] = byte(i)
+	}
+	if b.cpu != nil {
+		if b.dsrc, err = ep.Alloc[byte](b.g.Memory(), int(b.bytes)); err != nil {
+			return nil, err
+		}
+		if err = ep.Upload(b.dsrc, b.src); err != nil {
+			return nil, err
+		}
+		if b.ddst, err = ep.Alloc[byte](b.g.Memory(), int(b.bytes)); err != nil {
+			return nil, err
+		}
 	}
 	return b, nil
 }
@@ -346,8 +379,14 @@ func (b *bench[E]) close() {
 	for _, t := range []ep.Tensor[E]{b.x, b.out, b.nout} {
 		_ = ep.Free(t)
 	}
+	for _, t := range []ep.Tensor[byte]{b.dsrc, b.ddst} {
+		_ = ep.Free(t)
+	}
 	if b.base != nil {
 		_ = b.base.Close()
+	}
+	if b.cpu != nil {
+		_ = b.cpu.Close()
 	}
 	if b.native != nil {
 		_ = b.native.Close()
@@ -359,13 +398,14 @@ func (b *bench[E]) close() {
 
 // samples are each timed round's figures, in microseconds.
 type samples struct {
-	dispatch, combine, baseDispatch, baseCombine, memcpy []float64
-	nativeDispatch, nativeCombine                        []float64 // -dtype fp8: the same in bf16
+	dispatch, combine, baseDispatch, baseCombine, cpuDispatch, cpuCombine, memcpy, deviceCopy []float64
+	nativeDispatch, nativeCombine                                                             []float64 // -dtype fp8: the same in bf16
 }
 
-// rounds runs the warm-up and timed rounds: ep, the baseline and memcpy in
-// turn, so that all three see the same machine; the first round also checks
-// ep's result against the baseline's.
+// rounds runs the warm-up and timed rounds: ep, the baseline, the CPU engine
+// beside a device, memcpy and the device copy in turn, so that all see the
+// same machine; the first round also checks ep's result against the CPU
+// engine's (with a device) or the baseline's.
 func (b *bench[E]) rounds() (*samples, error) {
 	var s samples
 	for i := 0; i < b.o.warmup+b.o.iters; i++ {
@@ -373,9 +413,9 @@ func (b *bench[E]) rounds() (*samples, error) {
 		if err != nil {
 			return nil, err
 		}
-		var d2, c2, d3, c3 time.Duration
+		var d2, c2, d3, c3, dc, d4, c4 time.Duration
 		if b.native != nil {
-			if d3, c3, err = round(b.world, b.native, b.x, b.nout, b.topk, b.weights); err != nil {
+			if d4, c4, err = round(b.world, b.native, b.x, b.nout, b.topk, b.weights); err != nil {
 				return nil, err
 			}
 		}
@@ -383,10 +423,15 @@ func (b *bench[E]) rounds() (*samples, error) {
 			if d2, c2, err = round(b.world, b.base, b.bx, b.bout, b.topk, b.weights); err != nil {
 				return nil, err
 			}
-			if i == 0 && b.o.validate {
-				if err := b.validate(); err != nil {
-					return nil, err
-				}
+		}
+		if b.cpu != nil {
+			if d3, c3, err = round(b.world, b.cpu, b.cx, b.cout, b.topk, b.weights); err != nil {
+				return nil, err
+			}
+		}
+		if i == 0 && b.o.validate {
+			if err := b.validate(); err != nil {
+				return nil, err
 			}
 		}
 		if err := b.world.Barrier(); err != nil {
@@ -395,11 +440,22 @@ func (b *bench[E]) rounds() (*samples, error) {
 		t0 := time.Now()
 		memcpyBytes(b.dst, b.src)
 		m := time.Since(t0)
+		if b.cpu != nil {
+			if err := b.world.Barrier(); err != nil {
+				return nil, err
+			}
+			t0 = time.Now()
+			if err := epgpu.CopyOnDevice(b.ddst, b.dsrc); err != nil {
+				return nil, err
+			}
+			dc = time.Since(t0)
+		}
 		if i >= b.o.warmup {
 			s.dispatch, s.combine = append(s.dispatch, us(d)), append(s.combine, us(cmb))
 			s.baseDispatch, s.baseCombine = append(s.baseDispatch, us(d2)), append(s.baseCombine, us(c2))
-			s.memcpy = append(s.memcpy, us(m))
-			s.nativeDispatch, s.nativeCombine = append(s.nativeDispatch, us(d3)), append(s.nativeCombine, us(c3))
+			s.cpuDispatch, s.cpuCombine = append(s.cpuDispatch, us(d3)), append(s.cpuCombine, us(c3))
+			s.memcpy, s.deviceCopy = append(s.memcpy, us(m)), append(s.deviceCopy, us(dc))
+			s.nativeDispatch, s.nativeCombine = append(s.nativeDispatch, us(d4)), append(s.nativeCombine, us(c4))
 		}
 	}
 	return &s, nil
@@ -447,19 +503,27 @@ func dequantizeValid[E ep.Element](g *ep.Group[E], h ep.Handle[E]) error {
 	return nil
 }
 
-// validate compares ep's last result with the baseline's: bit for bit on
-// one node (both sum in the same order), within bfloat16 rounding across
-// nodes (ep sums per node first).
+// validate compares ep's last result with the CPU engine's (with a device)
+// or the baseline's: bit for bit in LL mode and on one node (they sum in
+// the same order), within bfloat16 rounding in HT mode across nodes (the
+// CPU engine sums per node first).
 func (b *bench[E]) validate() error {
+	want, ref := b.bout.Host(), "the alltoallv path"
+	if b.cpu != nil {
+		want, ref = b.cout.Host(), "the CPU engine"
+	}
+	if want == nil {
+		return nil // -no-baseline on the CPU: nothing to compare with
+	}
 	got, err := ep.ToHost(b.out)
 	if err != nil {
 		return err
 	}
-	want := b.bout.Host()
+	exact := b.c.mode == ep.LowLatency || b.g.Nodes() == 1
 	for i := range want {
 		x, y := float64(ep.Float32Of(got[i])), float64(ep.Float32Of(want[i]))
-		if b.g.Nodes() == 1 && got[i] != want[i] || math.Abs(x-y) > 1e-2*(1+math.Abs(y)) {
-			return fmt.Errorf("validation: ep's combine differs from the alltoallv path at element %d: %v, want %v", i, x, y)
+		if exact && got[i] != want[i] || math.Abs(x-y) > 1e-2*(1+math.Abs(y)) {
+			return fmt.Errorf("validation: ep's combine (%s) differs from %s at element %d: %v, want %v", b.o.device, ref, i, x, y)
 		}
 	}
 	return nil
@@ -470,7 +534,7 @@ func (b *bench[E]) validate() error {
 func (b *bench[E]) summarize(s *samples) (*Result, error) {
 	R := b.world.Size()
 	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes,
-		median(s.nativeDispatch), median(s.nativeCombine), b.nbytes}
+		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy), median(s.nativeDispatch), median(s.nativeCombine), b.nbytes}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
@@ -494,7 +558,7 @@ func (b *bench[E]) summarize(s *samples) (*Result, error) {
 	bw := func(i int) float64 { return bwOf(i, 5) }
 	combineBytes := 5 // the rows a combine moves: in fp8, the bf16 rows
 	if b.native != nil {
-		combineBytes = 8
+		combineBytes = 11
 	}
 	c := b.c
 	res := &Result{Mode: c.mode.String(), Ranks: R, Nodes: b.g.Nodes(), Tokens: c.tokens, Hidden: c.hidden, TopK: c.topk,
@@ -507,11 +571,18 @@ func (b *bench[E]) summarize(s *samples) (*Result, error) {
 		res.Speedup = (res.AlltoallvDispatchUS + res.AlltoallvCombineUS) / (res.DispatchUS + res.CombineUS)
 	}
 	if b.native != nil {
-		res.BF16DispatchUS, res.BF16CombineUS, res.BF16BytesPerRank = slices.Max(col(6)), slices.Max(col(7)), mean(col(8))
+		res.BF16DispatchUS, res.BF16CombineUS, res.BF16BytesPerRank = slices.Max(col(9)), slices.Max(col(10)), mean(col(11))
 		res.FP8DispatchSpeedup = res.BF16DispatchUS / res.DispatchUS
 	}
 	if res.MemcpyGBps > 0 {
 		res.DispatchOfMemcpy, res.CombineOfMemcpy = res.DispatchGBps/res.MemcpyGBps, res.CombineGBps/res.MemcpyGBps
+	}
+	if b.cpu != nil {
+		res.Device = b.o.device
+		res.CPUDispatchUS, res.CPUCombineUS = slices.Max(col(6)), slices.Max(col(7))
+		if res.DeviceCopyGBps = bw(8); res.DeviceCopyGBps > 0 {
+			res.DispatchOfDeviceCopy, res.CombineOfDeviceCopy = res.DispatchGBps/res.DeviceCopyGBps, res.CombineGBps/res.DeviceCopyGBps
+		}
 	}
 	return res, nil
 }
@@ -548,7 +619,23 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 		r.Mode, r.DType, r.Ranks, r.Nodes, r.Tokens, r.Hidden, r.TopK, r.Experts, r.BytesPerRank/1e6, r.Iters)
 	fmt.Fprintf(w, "  buffers: %.1f MB per rank\n", float64(r.BufferBytesPerRank)/1e6)
 	fmt.Fprintf(w, "  %-22s %12s %10s %12s %10s %12s\n", "", "dispatch us", "GB/s", "combine us", "GB/s", "total us")
-	fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep (goep)", r.DispatchUS, r.DispatchGBps, r.CombineUS, r.CombineGBps, r.DispatchUS+r.CombineUS)
+	name := "ep (goep)"
+	if r.Device != "" {
+		name = "ep (goep) on " + r.Device
+	}
+	fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", name, r.DispatchUS, r.DispatchGBps, r.CombineUS, r.CombineGBps, r.DispatchUS+r.CombineUS)
+	if r.Device != "" {
+		bw := func(us float64) float64 { // the CPU engine's, from the same bytes
+			if us <= 0 {
+				return 0
+			}
+			return r.BytesPerRank / us / 1e3
+		}
+		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep CPU engine", r.CPUDispatchUS, bw(r.CPUDispatchUS),
+			r.CPUCombineUS, bw(r.CPUCombineUS), r.CPUDispatchUS+r.CPUCombineUS)
+		fmt.Fprintf(w, "  %s takes %.2fx the CPU engine's time (dispatch+combine), results checked against it\n", r.Device,
+			(r.DispatchUS+r.CombineUS)/(r.CPUDispatchUS+r.CPUCombineUS))
+	}
 	if baseline {
 		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "alltoallv by hand", r.AlltoallvDispatchUS, r.AlltoallvDispatchGBps,
 			r.AlltoallvCombineUS, r.AlltoallvCombineGBps, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
@@ -560,8 +647,13 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 		fmt.Fprintf(w, "  fp8 dispatch: %.2f MB/rank per call (bf16: %.2f MB, %.2fx the bytes), %.2fx the speed of bf16\n",
 			r.BytesPerRank/1e6, r.BF16BytesPerRank/1e6, r.BytesPerRank/r.BF16BytesPerRank, r.FP8DispatchSpeedup)
 	}
-	fmt.Fprintf(w, "  memcpy of the same bytes: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n\n",
+	fmt.Fprintf(w, "  memcpy of the same bytes: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n",
 		r.MemcpyGBps, 100*r.DispatchOfMemcpy, 100*r.CombineOfMemcpy)
+	if r.Device != "" {
+		fmt.Fprintf(w, "  %s copy of the same bytes in device memory: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n",
+			r.Device, r.DeviceCopyGBps, 100*r.DispatchOfDeviceCopy, 100*r.CombineOfDeviceCopy)
+	}
+	fmt.Fprintln(w)
 }
 
 // printLatency is the -latency sweep as one table: ep's LL dispatch and

@@ -25,6 +25,7 @@ func TestFlagErrorsNameTheValue(t *testing.T) {
 		{[]string{"-tokens", "12,abc"}, `-tokens: "abc"`},
 		{[]string{"-iters", "0"}, "-iters 0"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"-device", "gpu"}, `-device: "gpu" is not cpu, emulate or cuda`},
 	} {
 		var out, errb bytes.Buffer
 		code := run(&out, &errb, tc.args)
@@ -102,6 +103,53 @@ func TestTableOutput(t *testing.T) {
 		"-hidden", "32", "-topk", "2", "-experts", "4", "-iters", "2")...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	for _, want := range []string{"ep-bench ht bf16: 2 ranks on 1 node(s)", "ep (goep)", "alltoallv by hand", "speedup over alltoallv", "memcpy of the same bytes"} {
+		assert.Contains(t, string(out), want)
+	}
+}
+
+// -device emulate: the GPU backend on the emulated device, checked against
+// the CPU engine in the same run (a difference fails the run), with the CPU
+// engine's times and the device copy beside its own.
+func TestBenchEmulatedDevice(t *testing.T) {
+	mpitesting.RequireTool(t, "mpirun")
+	bin := filepath.Join(t.TempDir(), "ep-bench")
+	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, tc := range []struct {
+		np      int
+		perNode string
+		nodes   int
+	}{{2, "", 1}, {4, "2", 2}} {
+		args := append(mpitesting.MPIRunArgs(tc.np), "-x", "GOEP_RANKS_PER_NODE="+tc.perNode, bin, "-device", "emulate",
+			"-json", "-mode", "ll,ht", "-dtype", "bf16,f32", "-tokens", "0,24", "-hidden", "64", "-topk", "3",
+			"-experts", "8", "-iters", "2", "-warmup", "1")
+		out, err := exec.Command("mpirun", args...).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		var n int
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		for sc.Scan() {
+			line := strings.TrimSpace(sc.Text())
+			if !strings.HasPrefix(line, "{") {
+				continue
+			}
+			n++
+			var r map[string]any
+			require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+			assert.Equal(t, "emulate", r["device"])
+			assert.Equal(t, float64(tc.nodes), r["nodes"])
+			assert.Greater(t, r["cpu_dispatch_us"].(float64), 0.0)
+			assert.Greater(t, r["cpu_combine_us"].(float64), 0.0)
+			if r["tokens"].(float64) > 0 {
+				assert.Greater(t, r["device_copy_gbps"].(float64), 0.0)
+				assert.Greater(t, r["dispatch_device_copy_frac"].(float64), 0.0)
+			}
+		}
+		assert.Equal(t, 2*2*2, n, "one line per mode x dtype x tokens in:\n%s", out)
+	}
+	out, err = exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-device", "emulate", "-mode", "ll", "-tokens", "16",
+		"-hidden", "32", "-topk", "2", "-experts", "4", "-iters", "2")...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, want := range []string{"ep (goep) on emulate", "ep CPU engine", "the CPU engine's time", "emulate copy of the same bytes"} {
 		assert.Contains(t, string(out), want)
 	}
 }

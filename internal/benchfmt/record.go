@@ -8,7 +8,8 @@ import "fmt"
 
 // Record is one measured configuration.
 type Record struct {
-	Mode    string `json:"mode"` // "ll" or "ht"
+	Mode    string `json:"mode"`             // "ll" or "ht"
+	Device  string `json:"device,omitempty"` // the ep backend's device: "cpu" (absent: cpu), "emulate" or "cuda"
 	Ranks   int    `json:"ranks"`
 	Nodes   int    `json:"nodes"`
 	Tokens  int    `json:"tokens"` // per rank
@@ -50,6 +51,15 @@ type Record struct {
 	DispatchOfMemcpy   float64 `json:"dispatch_memcpy_frac"` // DispatchGBps / MemcpyGBps
 	CombineOfMemcpy    float64 `json:"combine_memcpy_frac"`
 	BufferBytesPerRank int     `json:"buffer_bytes_per_rank"`
+
+	// With a device other than cpu: the CPU engine on the same work in the
+	// same run (whose results ep's were checked against), and a copy of the
+	// same bytes inside the device's memory (cuMemcpyDtoD on a GPU).
+	CPUDispatchUS        float64 `json:"cpu_dispatch_us,omitempty"`
+	CPUCombineUS         float64 `json:"cpu_combine_us,omitempty"`
+	DeviceCopyGBps       float64 `json:"device_copy_gbps,omitempty"`
+	DispatchOfDeviceCopy float64 `json:"dispatch_device_copy_frac,omitempty"`
+	CombineOfDeviceCopy  float64 `json:"combine_device_copy_frac,omitempty"`
 
 	// Step is the index of the study's job step that produced the record
 	// (its position in the study's steps attribute); set by the collector,

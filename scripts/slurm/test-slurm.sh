@@ -35,7 +35,13 @@
 #   no-daemons      after stop, no slurmctld, slurmd, slurmstepd (or munged it started) is left
 # The cluster is always stopped (trap EXIT). Each check prints PASS or FAIL with its time; a
 # failure prints the check's output and the daemons' log tails. Exit status 1 if any failed.
-# Multi-node one-sided MPI needs OMPI_MCA_osc=sm,ucx (lib.sh sets it; see there why).
+# Nothing sets Open MPI's one-sided components: goep chooses them itself (srun-pmix checks it).
+#
+# --net (or GOEP_SLURM_NET=1; make test-slurm passes it): the 2 nodes are emulated hosts with a
+# network of their own (cluster.sh start --net: scripts/cluster's network namespaces, one slurmd
+# in each, slurmctld on goep-h1), so every multi-node step crosses TCP between hosts that share
+# no memory; Slurm's clients (srun, sbatch) run on goep-h1, and no-daemons also checks that the
+# hosts are gone. Without it the nodes n1, n2 are simulated on this machine, as before.
 #
 # Env: GO (the go command), GOEP_SLURM_TEST_LOGS (default out/test-slurm: one log per check,
 # and the jobs' outputs in train/ and study*/), GOEP_SLURM_TEST_TIMEOUT (seconds per check,
@@ -43,17 +49,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
+NET=${GOEP_SLURM_NET:-0}
+for a in "$@"; do
+  case "$a" in
+    --net) NET=1 ;;
+    --local) NET=0 ;;
+    *) echo "test-slurm.sh: unknown argument $a (want --net or --local)" >&2; exit 2 ;;
+  esac
+done
 GO=${GO:-$(command -v go 2>/dev/null || echo /usr/local/go/bin/go)}
 LOGS=${GOEP_SLURM_TEST_LOGS:-$ROOT/out/test-slurm}
 TMO=${GOEP_SLURM_TEST_TIMEOUT:-120}
 CLUSTER=$ROOT/scripts/slurm/cluster.sh
+# MODE: cluster.sh's mode flag; IN: how clients reach the controller; N1, N2: the node names.
+MODE=() IN=() N1=n1 N2=n2
 STATE=${GOEP_SLURM_STATE_DIR:-/tmp/goep-slurm}
+if [ "$NET" = 1 ]; then
+  MODE=(--net) IN=("$ROOT/scripts/cluster/cluster.sh" exec goep-h1) N1=goep-h1 N2=goep-h2
+  STATE=${GOEP_SLURM_STATE_DIR:-/var/tmp/goep-slurm-net}
+fi
 T0=$SECONDS
 failed=()
 
 [ "$(id -u)" = 0 ] || { echo "test-slurm.sh: run as root (it starts Slurm and munge daemons)" >&2; exit 1; }
 rm -rf "$LOGS" && mkdir -p "$LOGS"
-eval "$("$CLUSTER" env)"   # SLURM_CONF for srun, sbatch
+eval "$("$CLUSTER" env "${MODE[@]}")"   # SLURM_CONF for srun, sbatch
 
 # daemons: pids of the Slurm and munge daemons running now. A zombie (exited, its parent not yet
 # told) is not running: init reaps the stopped daemons' zombies a moment later.
@@ -67,10 +87,10 @@ echo "test-slurm: building bin/mpi-hello bin/moe-train bin/ep-bench bin/ep-plot"
 for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
 "$GO" build -o bin/ep-plot ./examples/ep-plot
 
-trap '"$CLUSTER" stop' EXIT
+trap '"$CLUSTER" stop "${MODE[@]}"' EXIT
 t=$SECONDS
-"$CLUSTER" start 2
-echo "test-slurm: cluster up in $((SECONDS - t)) s"
+"$CLUSTER" start 2 "${MODE[@]}"
+echo "test-slurm: cluster up in $((SECONDS - t)) s ($([ "$NET" = 1 ] && echo "2 hosts with their own network" || echo "2 nodes simulated on this machine"))"
 
 # result NAME T0 ERRORS: print PASS (no ERRORS) or FAIL with the check's log and daemon logs.
 result() {
@@ -107,20 +127,26 @@ hello_errors() {
 
 # a. srun with PMIx across 2 Slurm nodes.
 t=$SECONDS; rc=0
-timeout "$TMO" srun -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix bin/mpi-hello >"$LOGS/srun-pmix.log" 2>&1 || rc=$?
-errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"; hello_errors "$LOGS/srun-pmix.log" 4 2 "0 0 1 1" srun)
+timeout "$TMO" "${IN[@]}" srun -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix bin/mpi-hello >"$LOGS/srun-pmix.log" 2>&1 || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"; hello_errors "$LOGS/srun-pmix.log" 4 2 "0 0 1 1" srun
+  grep -q '^one-sided components: osc="sm,ucx" chosen-by=goep' "$LOGS/srun-pmix.log" ||
+    echo "goep did not choose Open MPI's one-sided components (osc=sm,ucx) by itself;"
+  if [ "$NET" = 1 ]; then
+    got=$(awk '$1 ~ /^[0-9]+$/ && NF == 7 { print $6 }' "$LOGS/srun-pmix.log" | sort | uniq -c | awk '{print $1 "x" $2}' | xargs)
+    [ "$got" = "2xgoep-h1 2xgoep-h2" ] || echo "host names \"$got\", want 2 ranks on each of goep-h1, goep-h2;"
+  fi)
 result srun-pmix "$t" "$errs"
 
 # a2. SLURMD_NODENAME alone tells nodes apart within one shared-memory node.
 t=$SECONDS; rc=0
-timeout "$TMO" srun -N 1 -n 4 --mpi=pmix bash -c 'SLURMD_NODENAME=fake$((SLURM_PROCID / 2)) exec bin/mpi-hello' \
+timeout "$TMO" "${IN[@]}" srun -N 1 -n 4 --mpi=pmix bash -c 'SLURMD_NODENAME=fake$((SLURM_PROCID / 2)) exec bin/mpi-hello' \
   >"$LOGS/slurmd-nodename.log" 2>&1 || rc=$?
 errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"; hello_errors "$LOGS/slurmd-nodename.log" 4 2 "0 0 1 1" srun)
 result slurmd-nodename "$t" "$errs"
 
 # b. sbatch --wait: mpirun inside a 2-node allocation.
 t=$SECONDS; rc=0
-timeout "$TMO" sbatch --wait --output="$LOGS/sbatch-mpirun.log" scripts/slurm/hello.sbatch \
+timeout "$TMO" "${IN[@]}" sbatch --wait --output="$LOGS/sbatch-mpirun.log" scripts/slurm/hello.sbatch \
   >"$LOGS/sbatch-mpirun.submit" 2>&1 || rc=$?
 cat "$LOGS/sbatch-mpirun.submit" "$LOGS/sbatch-mpirun.log" >"$LOGS/sbatch-mpirun.both" 2>/dev/null || true
 mv "$LOGS/sbatch-mpirun.both" "$LOGS/sbatch-mpirun.log" && rm -f "$LOGS/sbatch-mpirun.submit"
@@ -129,7 +155,7 @@ result sbatch-mpirun "$t" "$errs"
 
 # c. srun --mpi=none: no PMI for Open MPI, which aborts inside MPI_Init with its own message.
 t=$SECONDS; rc=0
-timeout "$TMO" srun -n 2 --mpi=none bin/mpi-hello >"$LOGS/srun-mpi-none.log" 2>&1 || rc=$?
+timeout "$TMO" "${IN[@]}" srun -n 2 --mpi=none bin/mpi-hello >"$LOGS/srun-mpi-none.log" 2>&1 || rc=$?
 errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "exit status $rc, want a failure (not 0, not a time-out);"
   grep -q 'use srun --mpi=pmix\|direct launched using "srun"' "$LOGS/srun-mpi-none.log" ||
     echo "neither the package's \"use srun --mpi=pmix\" nor Open MPI's \"direct launched using srun\" message;")
@@ -144,7 +170,7 @@ result srun-mpi-none "$t" "$errs"
 
 # c2. srun --mpi=none, tasks started as singleton MPI jobs: the package's launch check refuses.
 t=$SECONDS; rc=0
-timeout "$TMO" srun -n 2 --mpi=none env -u SLURM_NODELIST bin/mpi-hello >"$LOGS/srun-singletons.log" 2>&1 || rc=$?
+timeout "$TMO" "${IN[@]}" srun -n 2 --mpi=none env -u SLURM_NODELIST bin/mpi-hello >"$LOGS/srun-singletons.log" 2>&1 || rc=$?
 want='srun started 2 processes but MPI_COMM_WORLD has 1 rank(s): .*use srun --mpi=pmix'
 errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "exit status $rc, want a failure (not 0, not a time-out);"
   n=$(grep -c "$want" "$LOGS/srun-singletons.log" || true)
@@ -158,7 +184,7 @@ sbatch_wait() {
   local name=$1
   shift
   rc=0
-  timeout "${JOB_TMO:-$TMO}" sbatch --wait --output="$LOGS/$name.job" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+  timeout "${JOB_TMO:-$TMO}" "${IN[@]}" sbatch --wait --output="$LOGS/$name.job" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
   cat "$LOGS/$name.job" >>"$LOGS/$name.log" 2>/dev/null || true
   rm -f "$LOGS/$name.job"
 }
@@ -201,7 +227,7 @@ errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   [ "$(h5attr "$TRAIN/trace.h5" start_step)" = 200 ] || echo "trace.h5: start_step is not 200;"
   [ "$(h5attr "$TRAIN/trace.h5" segment_count)" = 2 ] || echo "trace.h5: not 2 segments;"
   [ -s "$TRAIN/ckpt-000300.h5" ] || echo "no checkpoint ckpt-000300.h5;"
-  grep -q "mpirun -np 4 --host n1:2,n2:2" "$LOGS/train-mpirun.log" || echo "no mpirun -np 4 --host n1:2,n2:2 step;")
+  grep -q "mpirun -np 4 --host $N1:2,$N2:2" "$LOGS/train-mpirun.log" || echo "no mpirun -np 4 --host $N1:2,$N2:2 step;")
 result train-mpirun "$t" "$errs"
 
 # f2. the same output directory resubmitted on fewer nodes continues the same run; a new run there
@@ -281,7 +307,7 @@ t=$SECONDS; rc=0
   sbatch_wait study-mpirun --ntasks-per-node=4 scripts/slurm/study.sbatch; exit "$rc") || rc=$?
 errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   study_errors "$LOGS/study-mpirun" "$LOGS/study-mpirun.log" 4 1,2
-  grep -q "mpirun -np 4 --host n1:2,n2:2" "$LOGS/study-mpirun.log" || echo "no mpirun -np 4 --host n1:2,n2:2 step;")
+  grep -q "mpirun -np 4 --host $N1:2,$N2:2" "$LOGS/study-mpirun.log" || echo "no mpirun -np 4 --host $N1:2,$N2:2 step;")
 result study-mpirun "$t" "$errs"
 
 # i. a step that fails prints every rank's log, and the job fails.
@@ -302,14 +328,16 @@ errs=$( [ "$rc" = 0 ] || echo "go test exit status $rc;"
   grep -q -- "--- PASS: TestSlurmOutputs" "$LOGS/go-readers.log" || echo "TestSlurmOutputs did not pass (skipped?);")
 result go-readers "$t" "$errs"
 
-# d. stop, and nothing of ours is left running.
+# d. stop, and nothing of ours is left running (nor, in the network mode, any host).
 t=$SECONDS
-"$CLUSTER" stop
+"$CLUSTER" stop "${MODE[@]}"
 trap - EXIT
 left=$(comm -13 <(echo "$before") <(daemons) | xargs)
 [ -z "$left" ] || ps -o pid,args -p "${left// /,}" >"$LOGS/no-daemons.log" 2>&1 || true
 : >>"$LOGS/no-daemons.log"
-result no-daemons "$t" "${left:+still running after stop: pids $left}"
+hosts_left=""
+if [ "$NET" = 1 ]; then hosts_left=$("$ROOT/scripts/cluster/cluster.sh" check || true); fi
+result no-daemons "$t" "${left:+still running after stop: pids $left;}${hosts_left:+ hosts left: $hosts_left}"
 
 echo "test-slurm: $((SECONDS - T0)) s in all; logs in $LOGS"
 if [ ${#failed[@]} -gt 0 ]; then
