@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/goep/goep/mpi"
@@ -22,10 +23,25 @@ type Backend interface {
 
 // Spec is what an engine is opened for.
 type Spec struct {
-	Config          // validated; Timeout is never 0
-	Elem     DType  // the element type of the rows
-	RowBytes int    // bytes of one row: Hidden elements of Elem
-	Name     string // the group's name in messages, e.g. "ep.Group[bfloat16]"
+	Config         // validated; Timeout is never 0
+	Elem     DType // the element type of the rows
+	RowBytes int   // bytes of one row: Hidden elements of Elem
+	// WireRowBytes is the bytes of one dispatched row as it arrives in
+	// Received.Rows: RowBytes, or, with an FP8 Wire, Hidden e4m3 codes
+	// (the row's ScaleGroups(Hidden) float32 scales arrive apart, in
+	// Received.Scales).
+	WireRowBytes int
+	Name         string // the group's name in messages, e.g. "ep.Group[bfloat16]"
+}
+
+// newSpec is the Spec of a validated cfg with rows of elem.
+func newSpec(cfg Config, elem DType) Spec {
+	s := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(), WireRowBytes: cfg.Hidden * elem.Size(),
+		Name: fmt.Sprintf("ep.Group[%s]", elem)}
+	if cfg.Wire.FP8() {
+		s.WireRowBytes = cfg.Hidden
+	}
+	return s
 }
 
 // LocalExperts is the number of experts each rank owns.
@@ -106,12 +122,6 @@ type Meter interface {
 	Meter() (waits []time.Duration, network int64)
 }
 
-// A MaskingBackend is a Backend whose engines are Maskers: NewGroup refuses
-// Config.MaskStalledRanks with any other.
-type MaskingBackend interface {
-	MasksStalledRanks() bool
-}
-
 // A Masker is an Engine that can mask stalled ranks
 // (Config.MaskStalledRanks).
 type Masker interface {
@@ -160,10 +170,15 @@ func (d *Dispatch) T() int { return d.Route.T }
 type Received struct {
 	// Rows is Recv: LowLatency [L][Size*MaxTokensPerRank] rows (the first
 	// ExpertCounts[l] of block l valid, by source rank then token);
-	// HighThroughput [NumRecv] rows (by source rank then token).
+	// HighThroughput [NumRecv] rows (by source rank then token). Each row
+	// is Spec.WireRowBytes: with an FP8 Wire, e4m3 codes (RecvFP8).
 	Rows Tensor[byte]
-	// Outputs is CombineBuffer: laid out like Rows, where expert outputs
-	// can be written for Combine to read without a copy.
+	// Scales: with an FP8 Wire, the float32 scales of Rows, laid out like
+	// them, ScaleGroups(Hidden) per row (RecvScales); zero otherwise.
+	Scales Tensor[float32]
+	// Outputs is CombineBuffer: laid out like Rows but in rows of
+	// RowBytes (the element type, also with an FP8 Wire), where expert
+	// outputs can be written for Combine to read without a copy.
 	Outputs Tensor[byte]
 	// Weights: LowLatency one per row of Rows; HighThroughput [NumRecv]
 	// [TopK], 0 where the expert is elsewhere.

@@ -108,7 +108,7 @@ func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], 
 	H, K := g.spec.Hidden, g.spec.TopK
 	T := s.rt.T
 	recv := s.d.Recv
-	rows := recv.Rows.Len() / g.spec.RowBytes
+	rows := recv.Rows.Len() / g.spec.WireRowBytes
 	rowValues := recv.Weights.Len()
 	if s.inComb {
 		return 0, inputErrorf(op, "a combine of this handle is in flight (call its Wait)")
@@ -124,7 +124,11 @@ func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], 
 		return 0, inputErrorf(op, "WeightsOverride is for LL mode: an HT combine is an unweighted sum (the expert side applies the weights)")
 	}
 	if y.Len() != rows*H {
-		return 0, inputErrorf(op, "len(y) = %d, want %d rows of %d = %d (laid out like Recv())", y.Len(), rows, H, rows*H)
+		hint := ""
+		if g.spec.Wire.FP8() && y.IsZero() {
+			hint = ": an FP8 group's Recv() is empty (it receives RecvFP8); write the outputs into CombineBuffer()"
+		}
+		return 0, inputErrorf(op, "len(y) = %d, want %d rows of %d = %d (laid out like Recv())%s", y.Len(), rows, H, rows*H, hint)
 	}
 	if out.Len() != T*H {
 		return 0, inputErrorf(op, "len(out) = %d, want tokens*Hidden = %d*%d = %d", out.Len(), T, H, T*H)

@@ -31,8 +31,11 @@ func (cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	return e, nil
 }
 
-// MasksStalledRanks says that the CPU engine can mask stalled ranks.
-func (cpuBackend) MasksStalledRanks() bool { return true }
+// Supports says that the CPU engine masks stalled ranks and dispatches in
+// FP8.
+func (cpuBackend) Supports(f Feature) bool {
+	return f == FeatureMaskStalledRanks || f == FeatureFP8Wire
+}
 
 // engine is the CPU engine: the transport between the ranks, and the mode
 // that decides what goes where.

@@ -8,3 +8,12 @@ func SetSlotProtocolMax(n int) (restore func()) {
 	slotProtocolMax = n
 	return func() { slotProtocolMax = old }
 }
+
+// UsePortableCast makes the FP8 cast the portable one instead of the
+// fastest this CPU has, and returns a function that restores it: the tests
+// check both against the reference.
+func UsePortableCast() (restore func()) {
+	old := quantImpl
+	quantImpl = 1
+	return func() { quantImpl = old }
+}

@@ -126,12 +126,16 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	if err := cfg.validate(c.Size()); err != nil {
 		return nil, err
 	}
-	spec := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(),
-		Name: fmt.Sprintf("ep.Group[%s]", elem)}
-	if cfg.MaskStalledRanks {
-		if err := checkMasker(cfg); err != nil {
-			return nil, err
+	spec := newSpec(cfg, elem)
+	ferr := checkFeatures(cfg)
+	if err := mpi.AgreeOnError(c, ferr); err != nil {
+		var agreed *mpi.AgreedError
+		if ferr == nil && errors.As(err, &agreed) { // a backend may answer per rank: another rank's said no
+			ferr = fmt.Errorf("ep: NewGroup: %w on rank %d: %s", ErrUnsupported, agreed.Rank, agreed.Msg)
+		} else if ferr == nil {
+			ferr = fmt.Errorf("ep: NewGroup: %w", err)
 		}
+		return nil, ferr
 	}
 	eng, err := cfg.backend().Open(c, spec)
 	var agreed *mpi.AgreedError
@@ -183,15 +187,6 @@ func hostNames(c *mpi.Comm) ([]string, error) {
 	return out, nil
 }
 
-// checkMasker refuses MaskStalledRanks for a backend that cannot.
-func checkMasker(cfg Config) error {
-	b := cfg.backend()
-	if mb, ok := b.(MaskingBackend); ok && mb.MasksStalledRanks() {
-		return nil
-	}
-	return fmt.Errorf("ep: NewGroup: the %s backend cannot mask stalled ranks (MaskStalledRanks)", b.Name())
-}
-
 // backendNameLen bounds a backend's name in the config check.
 const backendNameLen = 64
 
@@ -238,6 +233,8 @@ func fieldString(i int, v int64) string {
 		return time.Duration(v).String()
 	case "element type":
 		return DType(v).String()
+	case "Wire":
+		return WireFormat(v).String()
 	}
 	return fmt.Sprint(v)
 }

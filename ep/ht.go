@@ -51,6 +51,16 @@ type htMode struct {
 	src, vals2                     addrTable
 	area                           []int
 	counts                         []int32
+
+	// The wire (see llMode): FP8 rows are wireBytes of codes with sclBytes
+	// of scales apart, in the segment (scl) and the staging (sstage); rows
+	// for other nodes are cast into the outbox first, [M*(nodes-1)] rows.
+	fp8                 bool
+	wireBytes, sclBytes int
+	scl, sstage         int
+	outbox, outboxScl   int
+	nodeFirst           []int // per other node: its first row in the outbox
+	cq                  castQueue
 }
 
 // htState is what a dispatch keeps between its halves and for its combine.
@@ -89,19 +99,28 @@ func newHT(e *engine, seg, win *areas) *htMode {
 // htDims is an htMode of R ranks on nodes nodes with its sizes only.
 func htDims(s Spec, R, nodes int) *htMode {
 	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R)}
+		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R), fp8: s.Wire.FP8(), wireBytes: s.WireRowBytes}
 }
 
 // takeAreas places HT's areas, with slots staging slots (placeRails).
 func (m *htMode) takeAreas(slots int, seg, win *areas) {
 	n, K, M := m.maxRecv, m.K, m.M
-	m.recv = seg.take(n * m.rowBytes)
+	if m.fp8 {
+		m.sclBytes = 4 * ScaleGroups(m.H)
+		m.scl = seg.take(n * m.sclBytes)
+		m.sstage = win.take(slots * M * m.sclBytes)
+		if m.nodes > 1 {
+			m.outbox = seg.take(M * (m.nodes - 1) * m.wireBytes)
+			m.outboxScl = seg.take(M * (m.nodes - 1) * m.sclBytes)
+		}
+	}
+	m.recv = seg.take(n * m.wireBytes)
 	m.tok = seg.take(4 * n)
 	m.topk = seg.take(4 * n * K)
 	m.w = seg.take(4 * n * K)
 	m.comb = seg.take(n * m.rowBytes)
 	m.vals = seg.take(4 * n * K)
-	m.stage = win.take(slots * M * m.rowBytes)
+	m.stage = win.take(slots * M * m.wireBytes)
 	m.stok = win.take(4 * slots * M)
 	m.stopk = win.take(4 * slots * M * K)
 	m.sw = win.take(4 * slots * M * K)
@@ -197,12 +216,19 @@ func (m *htMode) send(d *Dispatch) error {
 	for tk := 0; tk < rt.T; tk++ {
 		for _, dst := range t.nodeRanks {
 			if o := rt.TokRankOrd[tk*m.R+dst]; o >= 0 {
-				t.post(dst, m.recv+(st.sendOff[dst]+int(o))*m.rowBytes, -1, int64(tk*m.rowBytes), m.rowBytes)
+				row := st.sendOff[dst] + int(o)
+				if m.fp8 { // cast straight into its row, once per token
+					m.cq.add(t.lsa(dst, m.recv+row*m.wireBytes), t.lsa(dst, m.scl+row*m.sclBytes), int64(tk*m.rowBytes))
+				} else {
+					t.post(dst, m.recv+row*m.rowBytes, -1, int64(tk*m.rowBytes), m.rowBytes)
+				}
 				rows[dst] = append(rows[dst], int32(tk))
 			}
 		}
 	}
-	if err := t.flush(hostBytes(d.X)); err != nil {
+	if m.fp8 {
+		m.cq.flush(hostBytes(d.X), m.H, m.e.spec.Elem, m.e.spec.Wire)
+	} else if err := t.flush(hostBytes(d.X)); err != nil {
 		return err
 	}
 	for _, dst := range t.nodeRanks {
@@ -288,7 +314,9 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 			if o < 0 {
 				continue
 			}
-			t.post(r, -1, m.stage+(slot*M+o)*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			if !m.fp8 { // (FP8: castAcross)
+				t.post(r, -1, m.stage+(slot*M+o)*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			}
 			tok[first+o] = int32(tk)
 			copy(ids[(first+o)*K:], d.TopK[tk*K:(tk+1)*K])
 			copy(wts[(first+o)*K:], d.Weights[tk*K:(tk+1)*K])
@@ -297,6 +325,11 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 	}
 	if err := t.flush(hostBytes(d.X)); err != nil {
 		return err
+	}
+	if m.fp8 {
+		if err := m.castAcross(d); err != nil {
+			return err
+		}
 	}
 	first = 0
 	for n := 0; n < m.nodes; n++ {
@@ -313,6 +346,39 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 		return err
 	}
 	return t.raise(m.myRails, flagStaged, 0, t.me, d.Op, 0)
+}
+
+// castAcross casts this rank's tokens for other nodes into the outbox,
+// token by token (a token for several nodes is cast once), packed per node
+// in the staged order of its rail peer there, and puts each rail peer its
+// block of rows and of scales.
+func (m *htMode) castAcross(d *Dispatch) error {
+	t, rt, M := &m.e.t, d.Route, m.M
+	m.nodeFirst = growTo(m.nodeFirst, m.nodes)
+	first := 0
+	for n := 0; n < m.nodes; n++ {
+		if n != m.myNode {
+			m.nodeFirst[n] = first
+			first += int(rt.PerNode[n])
+		}
+	}
+	for tk := 0; tk < rt.T; tk++ {
+		for n := 0; n < m.nodes; n++ {
+			if o := int(rt.TokNodeOrd[tk*m.nodes+n]); o >= 0 && n != m.myNode {
+				row := m.nodeFirst[n] + o
+				m.cq.add(t.lsa(t.me, m.outbox+row*m.wireBytes), t.lsa(t.me, m.outboxScl+row*m.sclBytes), int64(tk*m.rowBytes))
+			}
+		}
+	}
+	m.cq.flush(hostBytes(d.X), m.H, m.e.spec.Elem, m.e.spec.Wire)
+	for n := 0; n < m.nodes; n++ {
+		if c := int(rt.PerNode[n]); n != m.myNode && c > 0 {
+			r, slot, row := m.rails[n], m.slots[n], m.nodeFirst[n]
+			t.expose(r, m.outbox+row*m.wireBytes, m.stage+slot*M*m.wireBytes, c*m.wireBytes)
+			t.expose(r, m.outboxScl+row*m.sclBytes, m.sstage+slot*M*m.sclBytes, c*m.sclBytes)
+		}
+	}
+	return t.flush(t.segBytes)
 }
 
 func (m *htMode) wait(d *Dispatch) error {
@@ -338,7 +404,7 @@ func (m *htMode) wait(d *Dispatch) error {
 		st.source[s] = st.recvOff[s+1] - st.recvOff[s]
 	}
 	d.Recv = Received{
-		Rows:         hostTensor[byte](e, m.recv, n*m.rowBytes),
+		Rows:         hostTensor[byte](e, m.recv, n*m.wireBytes),
 		Outputs:      hostTensor[byte](e, m.comb, n*m.rowBytes),
 		Weights:      hostTensor[float32](e, m.w, n*K),
 		TopK:         hostTensor[int32](e, m.topk, n*K),
@@ -346,6 +412,9 @@ func (m *htMode) wait(d *Dispatch) error {
 		ExpertCounts: st.expert,
 		SourceCounts: st.source,
 		NumRecv:      n,
+	}
+	if m.fp8 {
+		d.Recv.Scales = hostTensor[float32](e, m.scl, n*m.sclBytes/4)
 	}
 	return nil
 }
@@ -371,8 +440,11 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	perDst := m.listsFor()
 	for j := 0; j < n; j++ {
 		for x := p.start[j]; x < p.start[j+1]; x++ {
-			dst := int(p.dst[x])
-			t.post(dst, m.recv+int(p.row[x])*m.rowBytes, -1, int64(m.stage+(slot*M+j)*m.rowBytes), m.rowBytes)
+			dst, row := int(p.dst[x]), int(p.row[x])
+			t.post(dst, m.recv+row*m.wireBytes, -1, int64(m.stage+(slot*M+j)*m.wireBytes), m.wireBytes)
+			if m.fp8 {
+				t.post(dst, m.scl+row*m.sclBytes, -1, int64(m.sstage+(slot*M+j)*m.sclBytes), m.sclBytes)
+			}
 			perDst[dst] = append(perDst[dst], int32(j))
 		}
 	}

@@ -93,3 +93,71 @@ func BenchmarkKernelLayout(b *testing.B) {
 		}
 	}
 }
+
+// The LL decode dispatch's copy on one core: 128 tokens, top-8, hidden
+// 7168, each token to 8 rows; bfloat16 rows copied (the native wire), and
+// cast to FP8 with their scales (fused: once per token, then copied).
+func BenchmarkKernelDispatchCopy(b *testing.B) {
+	const tokens, k, hidden = 128, 8, 7168
+	x := make([]BF16, tokens*hidden)
+	for i := range x {
+		x[i] = BF16From(float32(i%977) - 488)
+	}
+	origin := unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 2*len(x))
+	wire := make([]byte, tokens*k*(2*hidden))
+	scales := make([]float32, tokens*k*ScaleGroups(hidden))
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	pin.Pin(&wire[0])
+	pin.Pin(&scales[0])
+	off := make([]int64, tokens*k)
+	for i := range off {
+		off[i] = int64(i / k * 2 * hidden)
+	}
+	b.Run("bf16", func(b *testing.B) {
+		var d addrTable
+		for i := 0; i < tokens*k; i++ {
+			d.add(unsafe.Pointer(&wire[i*2*hidden]))
+		}
+		b.SetBytes(tokens * k * 2 * hidden)
+		for i := 0; i < b.N; i++ {
+			scatterBlocks(&d, origin, off, lensOf(tokens*k, 2*hidden))
+		}
+	})
+	for _, w := range []WireFormat{WireFP8, WireFP8UE8M0} {
+		b.Run(w.String(), func(b *testing.B) {
+			var d, s addrTable
+			for i := 0; i < tokens*k; i++ {
+				d.add(unsafe.Pointer(&wire[i*hidden]))
+				s.add(unsafe.Pointer(&scales[i*ScaleGroups(hidden)]))
+			}
+			b.SetBytes(tokens * k * 2 * hidden) // the same tokens: bytes of the bf16 rows
+			for i := 0; i < b.N; i++ {
+				quantRows(&d, &s, origin, off, hidden, BFloat16, w)
+			}
+		})
+		b.Run(w.String()+"/no-repeat", func(b *testing.B) { // every row cast: the cost of the cast itself
+			var d, s addrTable
+			for i := 0; i < tokens; i++ {
+				d.add(unsafe.Pointer(&wire[i*hidden]))
+				s.add(unsafe.Pointer(&scales[i*ScaleGroups(hidden)]))
+			}
+			perToken := make([]int64, tokens)
+			for i := range perToken {
+				perToken[i] = int64(i * 2 * hidden)
+			}
+			b.SetBytes(tokens * 2 * hidden)
+			for i := 0; i < b.N; i++ {
+				quantRows(&d, &s, origin, perToken, hidden, BFloat16, w)
+			}
+		})
+	}
+}
+
+func lensOf(n, l int) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = int64(l)
+	}
+	return out
+}

@@ -37,10 +37,29 @@ import (
 // [s][cap], d's experts in order, each expert's pairs in token order; the
 // outputs exposed back to a token's rank sit in its combine staging in its
 // own pair order (experts in order, pairs in token order).
+//
+// With an FP8 Wire the rows are cast on their way, by the kernel that
+// would have copied them: a node peer's slot gets e4m3 codes and scales
+// straight from this rank's tokens (each token cast once, then copied to
+// its other slots); rows for another node are cast into this rank's
+// outbox, in the receiver's staged order, and put as one block of rows and
+// one of scales per receiver. The scales settle and compact with the rows.
 type llMode struct {
 	e                                *engine
 	R, E, L, M, K, H, rowBytes, span int
 	slots                            bool // the slot protocol (no count round)
+
+	// The wire: a received row is wireBytes (rowBytes, or Hidden e4m3
+	// codes with an FP8 Wire, whose scales, sclBytes, sit apart).
+	fp8                 bool
+	wireBytes, sclBytes int
+	// FP8 per buffer set: the scales of the received rows (segment) and of
+	// the staged ones (staging); the outbox where rows for other nodes are
+	// cast before they are put, [M*K] rows and their scales (segment).
+	scl, sstage       [2]int
+	outbox, outboxScl int
+	obase, ocnt       []int // per rank of another node: its first row in the outbox, and its rows
+	cq                castQueue
 
 	// Segment areas per buffer set: received rows [L][span] with token and
 	// weight per row; the combine buffer laid out the same, with values.
@@ -81,28 +100,39 @@ type llState struct {
 }
 
 func newLL(e *engine, seg, win *areas) *llMode {
-	m := layoutLL(e.spec, e.t.size, seg, win)
+	m := layoutLL(e.spec, e.t.size, e.nodes, seg, win)
 	m.e = e
 	return m
 }
 
-// layoutLL places LL's areas for a group of R ranks: what newLL does but
-// for the engine, which BufferPlan needs too.
-func layoutLL(s Spec, R int, seg, win *areas) *llMode {
+// layoutLL places LL's areas for a group of R ranks on nodes nodes: what
+// newLL does but for the engine, which BufferPlan needs too.
+func layoutLL(s Spec, R, nodes int, seg, win *areas) *llMode {
 	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank}
+		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, fp8: s.Wire.FP8(), wireBytes: s.WireRowBytes}
+	if m.fp8 {
+		m.sclBytes = 4 * ScaleGroups(m.H)
+	}
 	rows := m.L * m.span
 	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
-	m.slots = m.cap*m.rowBytes <= slotProtocolMax || s.MaskStalledRanks
+	m.slots = m.cap*(m.wireBytes+m.sclBytes) <= slotProtocolMax || s.MaskStalledRanks
+	if m.fp8 && nodes > 1 {
+		m.outbox = seg.take(m.M * m.K * m.wireBytes)
+		m.outboxScl = seg.take(m.M * m.K * m.sclBytes)
+	}
 	for b := 0; b < 2; b++ {
 		m.packed[b] = seg.take(4 * R * m.L)
 		m.cpacked[b] = win.take(4 * R * m.L)
-		m.recv[b] = seg.take(rows * m.rowBytes)
+		m.recv[b] = seg.take(rows * m.wireBytes)
+		if m.fp8 {
+			m.scl[b] = seg.take(rows * m.sclBytes)
+			m.sstage[b] = win.take(R * m.cap * m.sclBytes)
+		}
 		m.tok[b] = seg.take(4 * rows)
 		m.w[b] = seg.take(4 * rows)
 		m.comb[b] = seg.take(rows * m.rowBytes)
 		m.vals[b] = seg.take(4 * rows)
-		m.stage[b] = win.take(R * m.cap * m.rowBytes)
+		m.stage[b] = win.take(R * m.cap * m.wireBytes)
 		m.stageTok[b] = win.take(4 * R * m.cap)
 		m.stageW[b] = win.take(4 * R * m.cap)
 		m.cstage[b] = win.take(m.M * m.K * m.rowBytes)
@@ -215,6 +245,9 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	m.spos = growTo(m.spos, m.E)
 	m.stagedPos(st, me, m.spos)
 	toks := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(m.meta))), 2*n)
+	if m.fp8 {
+		m.outboxBases(st)
+	}
 	for tk := 0; tk < rt.T; tk++ {
 		for k := 0; k < K; k++ {
 			x := int(d.TopK[tk*K+k])
@@ -230,11 +263,23 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 			toks[n+i] = int32(math.Float32bits(d.Weights[tk*K+k]))
 			row := x%L*m.span + int(st.off[me*m.E+x]+rt.PairOrd[tk*K+k])
 			staged := me*m.cap + int(m.spos[x]+rt.PairOrd[tk*K+k])
-			t.post(x/L, m.recv[b]+row*m.rowBytes, m.stage[b]+staged*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			if !m.fp8 {
+				t.post(x/L, m.recv[b]+row*m.rowBytes, m.stage[b]+staged*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			} else if owner := x / L; t.local[owner] { // cast straight into its slot
+				m.cq.add(t.lsa(owner, m.recv[b]+row*m.wireBytes), t.lsa(owner, m.scl[b]+row*m.sclBytes), int64(tk*m.rowBytes))
+			} else { // cast into the outbox, in the owner's staged order
+				o := m.obase[owner] + staged - me*m.cap
+				m.cq.add(t.lsa(me, m.outbox+o*m.wireBytes), t.lsa(me, m.outboxScl+o*m.sclBytes), int64(tk*m.rowBytes))
+			}
 		}
 	}
 	if err := t.flush(hostBytes(d.X)); err != nil {
 		return err
+	}
+	if m.fp8 {
+		if err := m.castRows(b, hostBytes(d.X)); err != nil {
+			return err
+		}
 	}
 	for x := 0; x < m.E; x++ {
 		c := int(st.cnt[me*m.E+x])
@@ -250,6 +295,37 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 		return err
 	}
 	return t.raise(t.live, flagData, b, me, d.Op, 0)
+}
+
+// outboxBases places, in the outbox, this rank's rows for each rank of
+// another node: one block per rank, in its staged order, so that each goes
+// in one put of rows and one of scales.
+func (m *llMode) outboxBases(st *llState) {
+	t, me := &m.e.t, m.e.t.me
+	m.obase, m.ocnt = growTo(m.obase, m.R), growTo(m.ocnt, m.R)
+	next := 0
+	for _, d := range t.remote {
+		m.obase[d], m.ocnt[d] = next, 0
+		for x := d * m.L; x < (d+1)*m.L; x++ {
+			m.ocnt[d] += int(st.cnt[me*m.E+x])
+		}
+		next += m.ocnt[d]
+	}
+}
+
+// castRows casts the queued rows of x, into node peers' slots and into the
+// outbox, and puts each rank of another node its block of the outbox, rows
+// and scales, into its staging.
+func (m *llMode) castRows(b int, x []byte) error {
+	t, me := &m.e.t, m.e.t.me
+	m.cq.flush(x, m.H, m.e.spec.Elem, m.e.spec.Wire)
+	for _, d := range t.remote {
+		if n := m.ocnt[d]; n > 0 && !t.masked[d] {
+			t.expose(d, m.outbox+m.obase[d]*m.wireBytes, m.stage[b]+me*m.cap*m.wireBytes, n*m.wireBytes)
+			t.expose(d, m.outboxScl+m.obase[d]*m.sclBytes, m.sstage[b]+me*m.cap*m.sclBytes, n*m.sclBytes)
+		}
+	}
+	return t.flush(t.segBytes)
 }
 
 func (m *llMode) wait(d *Dispatch) error {
@@ -284,13 +360,16 @@ func (m *llMode) wait(d *Dispatch) error {
 	m.settleRows(b, st)
 	rows := m.L * m.span
 	d.Recv = Received{
-		Rows:         hostTensor[byte](e, m.recv[b], rows*m.rowBytes),
+		Rows:         hostTensor[byte](e, m.recv[b], rows*m.wireBytes),
 		Outputs:      hostTensor[byte](e, m.comb[b], rows*m.rowBytes),
 		Weights:      hostTensor[float32](e, m.w[b], rows),
 		Tokens:       hostTensor[int32](e, m.tok[b], rows),
 		ExpertCounts: st.expert,
 		SourceCounts: st.source,
 		Dropped:      st.dropped,
+	}
+	if m.fp8 {
+		d.Recv.Scales = hostTensor[float32](e, m.scl[b], rows*m.sclBytes/4)
 	}
 	for _, c := range st.expert {
 		d.Recv.NumRecv += c
@@ -328,7 +407,10 @@ func (m *llMode) settleRows(b int, st *llState) {
 			if !m.slots {
 				slot = row
 			}
-			t.settle(s, m.stage[b]+staged*m.rowBytes, m.recv[b]+slot*m.rowBytes, m.recv[b]+row*m.rowBytes, c*m.rowBytes)
+			t.settle(s, m.stage[b]+staged*m.wireBytes, m.recv[b]+slot*m.wireBytes, m.recv[b]+row*m.wireBytes, c*m.wireBytes)
+			if m.fp8 {
+				t.settle(s, m.sstage[b]+staged*m.sclBytes, m.scl[b]+slot*m.sclBytes, m.scl[b]+row*m.sclBytes, c*m.sclBytes)
+			}
 			t.settle(s, m.stageTok[b]+4*staged, m.tok[b]+4*slot, m.tok[b]+4*row, 4*c)
 			t.settle(s, m.stageW[b]+4*staged, m.w[b]+4*slot, m.w[b]+4*row, 4*c)
 			staged += c

@@ -40,7 +40,7 @@ func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
 	if ranks%nodes != 0 {
 		maxSend = (perNode + ranks/nodes - 1) / (ranks / nodes)
 	}
-	return footprint(Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size()}, ranks, nodes, nodes*maxSend, perNode), nil
+	return footprint(newSpec(cfg, elem), ranks, nodes, nodes*maxSend, perNode), nil
 }
 
 // footprint lays the CPU engine's memories out as openEngine does.
@@ -52,7 +52,7 @@ func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 	in := newInbox(ranks, countLen)
 	seg, win := areas{n: in.size}, areas{n: in.size}
 	if s.Mode == LowLatency {
-		layoutLL(s, ranks, &seg, &win)
+		layoutLL(s, ranks, nodes, &seg, &win)
 	} else {
 		htDims(s, ranks, nodes).takeAreas(slots, &seg, &win)
 	}

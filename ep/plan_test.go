@@ -17,17 +17,19 @@ func TestBufferPlanIsWhatAGroupHolds(t *testing.T) {
 	w := mpitesting.World
 	R := w.Size()
 	for _, mode := range []ep.Mode{ep.LowLatency, ep.HighThroughput} {
-		cfg := ep.Config{Mode: mode, NumExperts: 4 * R, MaxTokensPerRank: 32, Hidden: 96, TopK: 3}
-		g, err := ep.NewGroup[ep.BF16](w, cfg)
-		require.NoError(t, err)
-		f, err := ep.BufferPlan(cfg, ep.BFloat16, R, g.Nodes())
-		require.NoError(t, err)
-		if R%g.Nodes() == 0 { // the plan assumes nodes as equal as can be
-			assert.Equal(t, g.BufferBytes(), f.SharedPerRank+f.WindowPerRank, "%v: %v", mode, f)
+		for _, wire := range []ep.WireFormat{ep.WireNative, ep.WireFP8} {
+			cfg := ep.Config{Mode: mode, NumExperts: 4 * R, MaxTokensPerRank: 32, Hidden: 200, TopK: 3, Wire: wire}
+			g, err := ep.NewGroup[ep.BF16](w, cfg)
+			require.NoError(t, err)
+			f, err := ep.BufferPlan(cfg, ep.BFloat16, R, g.Nodes())
+			require.NoError(t, err)
+			if R%g.Nodes() == 0 { // the plan assumes nodes as equal as can be
+				assert.Equal(t, g.BufferBytes(), f.SharedPerRank+f.WindowPerRank, "%v %v: %v", mode, wire, f)
+			}
+			assert.Equal(t, f.RanksPerNode*(f.SharedPerRank+f.WindowPerRank), f.PerNode)
+			assert.Equal(t, g.Nodes() > 1, f.WindowPerRank > 0)
+			require.NoError(t, g.Close())
 		}
-		assert.Equal(t, f.RanksPerNode*(f.SharedPerRank+f.WindowPerRank), f.PerNode)
-		assert.Equal(t, g.Nodes() > 1, f.WindowPerRank > 0)
-		require.NoError(t, g.Close())
 	}
 	_, err := ep.BufferPlan(ep.Config{Mode: ep.LowLatency, NumExperts: 8, MaxTokensPerRank: 1, Hidden: 1, TopK: 1}, ep.Float32, 4, 5)
 	assert.ErrorContains(t, err, "5 nodes for 4 ranks")

@@ -7,12 +7,12 @@ import (
 
 // Stats is what a group measured on this rank, per peer rank, since it was
 // created or since ResetStats: the row payload it moved to and from each
-// peer (dispatched rows and their combined outputs: the same bytes for
-// every backend), and, where the engine measures them (ep.Meter: the CPU
-// engine and the GPU engine of package epgpu do, the latter charging only
-// waits long enough to read which peers were late), how long it waited for
-// each peer and the bytes it put across nodes. Keeping them costs a few
-// counters per call.
+// peer (dispatched rows, with their scales in FP8, and their combined
+// outputs: the same bytes for every backend), and, where the engine
+// measures them (ep.Meter: the CPU engine and the GPU engine of package
+// epgpu do, the latter charging only waits long enough to read which peers
+// were late), how long it waited for each peer and the bytes it put across
+// nodes. Keeping them costs a few counters per call.
 type Stats struct {
 	Dispatches, Combines int
 	SentBytes            []int64         // per peer: rows this rank sent it, in bytes
@@ -82,12 +82,22 @@ func (g *Group[E]) traffic(s *handleState[E]) {
 	}
 }
 
+// dispatchRowBytes is the payload of one dispatched row: its elements, or
+// its e4m3 codes and float32 scales.
+func (s Spec) dispatchRowBytes() int {
+	if s.Wire.FP8() {
+		return s.Hidden + 4*ScaleGroups(s.Hidden)
+	}
+	return s.RowBytes
+}
+
 // count adds a completed dispatch (or, combine true, its combine) to the
 // statistics: a combine moves the dispatch's rows back.
 func (g *Group[E]) count(s *handleState[E], combine bool) {
-	rb := int64(g.spec.RowBytes)
+	rb := int64(g.spec.dispatchRowBytes())
 	sent, recv := s.rowsTo, s.rowsFrom
 	if combine {
+		rb = int64(g.spec.RowBytes)
 		sent, recv = recv, sent
 		g.stats.Combines++
 	} else {

@@ -19,6 +19,13 @@
 //   - backward: combine is the transpose of dispatch and cached dispatch of
 //     combine, <D x, y> = <x, C y> over all ranks, and RowValues reaching
 //     their slots;
+//   - FP8 dispatch (where the backend supports ep.FeatureFP8Wire): both
+//     modes and scale kinds, hidden sizes with partial groups, fresh,
+//     cached and repeated; the received e4m3 codes and scales bit for bit
+//     against the reference quantization (internal/fp8ref) of the row each
+//     came from, exact combines of the dequantized rows, the bytes counted;
+//   - the optional features a backend does not claim refused at NewGroup
+//     with ep.ErrUnsupported, naming the backend and the feature;
 //   - bit-identical agreement with a reference backend (Suite.Reference);
 //   - every bad input refused with its message, writing nothing (a normal
 //     round afterwards is right), bad configs, use after Close;

@@ -36,7 +36,7 @@ type Suite struct {
 	// ep.Refusers).
 	Refusals bool
 	// Masking asks for the check of MaskStalledRanks with a rank stopped by
-	// SIGSTOP (the backend is an ep.MaskingBackend).
+	// SIGSTOP (the backend supports ep.FeatureMaskStalledRanks).
 	Masking bool
 }
 
@@ -57,6 +57,8 @@ func Run(t *testing.T, s Suite) {
 	t.Run("BackwardIsTranspose", func(t *testing.T) { s.testBackwardIsTranspose(t) })
 	t.Run("RowValuesReturnToSlots", func(t *testing.T) { s.testRowValues(t) })
 	t.Run("StatsCountTraffic", func(t *testing.T) { s.testStats(t) })
+	t.Run("FP8Dispatch", func(t *testing.T) { s.testFP8(t) })
+	t.Run("UnsupportedFeaturesRefused", func(t *testing.T) { s.testFeatureRefusals(t) })
 	if s.Reference != nil {
 		t.Run("MatchesReference", func(t *testing.T) { s.testMatchesReference(t) })
 	}

@@ -108,7 +108,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	hidden := fs.String("hidden", "7168", "elements per token")
 	topk := fs.String("topk", "8", "experts per token")
 	experts := fs.String("experts", "64", "experts in all (a multiple of the ranks)")
-	dtypes := fs.String("dtype", "bf16", "bf16, f32, or a list")
+	dtypes := fs.String("dtype", "bf16", "bf16, f32, fp8 (bf16 tokens dispatched in FP8 e4m3 with per-128 scales, "+
+		"timed beside the same dispatch in bf16), or a list")
 	iters := fs.Int("iters", 30, "timed iterations")
 	warmup := fs.Int("warmup", 5, "untimed iterations first")
 	seed := fs.Uint64("seed", 1, "seed of the routing and the data")
@@ -146,8 +147,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 		o.modes = append(o.modes, mode)
 	}
 	for _, d := range strings.Split(*dtypes, ",") {
-		if d = strings.TrimSpace(d); d != "bf16" && d != "f32" {
-			return nil, fmt.Errorf("-dtype: %q is not bf16 or f32", d)
+		if d = strings.TrimSpace(d); d != "bf16" && d != "f32" && d != "fp8" {
+			return nil, fmt.Errorf("-dtype: %q is not bf16, f32 or fp8", d)
 		}
 		o.dtypes = append(o.dtypes, d)
 	}
@@ -218,7 +219,15 @@ func measure(world *mpi.Comm, c config, o *options) (*Result, error) {
 	if c.dtype == "f32" {
 		return measureTyped[float32](world, c, o)
 	}
-	return measureTyped[ep.BF16](world, c, o)
+	return measureTyped[ep.BF16](world, c, o) // bf16, and fp8: bf16 tokens, FP8 on the wire
+}
+
+// wire is the wire format of a configuration's dispatch.
+func (c config) wire() ep.WireFormat {
+	if c.dtype == "fp8" {
+		return ep.WireFP8
+	}
+	return ep.WireNative
 }
 
 // routing draws each token's top-k experts uniformly (distinct) and its
@@ -265,6 +274,9 @@ type bench[E ep.Element] struct {
 	bytes        float64         // bytes of the rows this rank sends
 	src, dst     []byte          // memcpy of the same bytes
 	dsrc, ddst   ep.Tensor[byte] // device copy of the same bytes (with a device)
+	native       *ep.Group[E]    // -dtype fp8: the same dispatch in bf16, timed in the same rounds
+	nout         ep.Tensor[E]    // its result
+	nbytes       float64         // the bytes of its rows
 }
 
 func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E], err error) {
@@ -277,6 +289,12 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	}()
 	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
 		TopK: c.topk, Timeout: o.timeout, Backend: devices[o.device]}
+	if c.wire().FP8() {
+		if b.native, err = ep.NewGroup[E](world, cfg); err != nil {
+			return nil, err
+		}
+		cfg.Wire = c.wire()
+	}
 	if b.g, err = ep.NewGroup[E](world, cfg); err != nil {
 		return nil, err
 	}
@@ -320,6 +338,13 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 		pairs += n
 	}
 	b.bytes = float64(pairs * c.hidden * ep.DTypeOf[E]().Size())
+	if c.wire().FP8() { // codes and scales
+		b.nbytes = b.bytes
+		b.bytes = float64(pairs * (c.hidden + 4*ep.ScaleGroups(c.hidden)))
+		if b.nout, err = ep.Alloc[E](b.g.Memory(), c.tokens*c.hidden); err != nil {
+			return nil, err
+		}
+	}
 	b.src, b.dst = make([]byte, int(b.bytes)), make([]byte, int(b.bytes))
 	for i := range b.src {
 		b.src[i] = byte(i)
@@ -351,7 +376,7 @@ func tensors[E ep.Element](g *ep.Group[E], host []E) (x, out ep.Tensor[E], err e
 }
 
 func (b *bench[E]) close() {
-	for _, t := range []ep.Tensor[E]{b.x, b.out} {
+	for _, t := range []ep.Tensor[E]{b.x, b.out, b.nout} {
 		_ = ep.Free(t)
 	}
 	for _, t := range []ep.Tensor[byte]{b.dsrc, b.ddst} {
@@ -363,6 +388,9 @@ func (b *bench[E]) close() {
 	if b.cpu != nil {
 		_ = b.cpu.Close()
 	}
+	if b.native != nil {
+		_ = b.native.Close()
+	}
 	if b.g != nil {
 		_ = b.g.Close()
 	}
@@ -371,6 +399,7 @@ func (b *bench[E]) close() {
 // samples are each timed round's figures, in microseconds.
 type samples struct {
 	dispatch, combine, baseDispatch, baseCombine, cpuDispatch, cpuCombine, memcpy, deviceCopy []float64
+	nativeDispatch, nativeCombine                                                             []float64 // -dtype fp8: the same in bf16
 }
 
 // rounds runs the warm-up and timed rounds: ep, the baseline, the CPU engine
@@ -384,7 +413,12 @@ func (b *bench[E]) rounds() (*samples, error) {
 		if err != nil {
 			return nil, err
 		}
-		var d2, c2, d3, c3, dc time.Duration
+		var d2, c2, d3, c3, dc, d4, c4 time.Duration
+		if b.native != nil {
+			if d4, c4, err = round(b.world, b.native, b.x, b.nout, b.topk, b.weights); err != nil {
+				return nil, err
+			}
+		}
 		if b.base != nil {
 			if d2, c2, err = round(b.world, b.base, b.bx, b.bout, b.topk, b.weights); err != nil {
 				return nil, err
@@ -421,6 +455,7 @@ func (b *bench[E]) rounds() (*samples, error) {
 			s.baseDispatch, s.baseCombine = append(s.baseDispatch, us(d2)), append(s.baseCombine, us(c2))
 			s.cpuDispatch, s.cpuCombine = append(s.cpuDispatch, us(d3)), append(s.cpuCombine, us(c3))
 			s.memcpy, s.deviceCopy = append(s.memcpy, us(m)), append(s.deviceCopy, us(dc))
+			s.nativeDispatch, s.nativeCombine = append(s.nativeDispatch, us(d4)), append(s.nativeCombine, us(c4))
 		}
 	}
 	return &s, nil
@@ -428,12 +463,44 @@ func (b *bench[E]) rounds() (*samples, error) {
 
 // round times a dispatch and then a combine with identity experts, in
 // place, each started right after a barrier so that no rank's lateness is
-// counted.
+// counted. In FP8 the identity experts dequantize the valid rows into the
+// combine buffer, untimed.
 func round[E ep.Element](world *mpi.Comm, g *ep.Group[E], x, out ep.Tensor[E], topk []int32, weights []float32) (time.Duration, time.Duration, error) {
 	var h ep.Handle[E]
+	if !g.Config().Wire.FP8() {
+		return timeRound(world,
+			func() (err error) { h, err = g.Dispatch(x, topk, weights); return err }, nil,
+			func() error { return g.Combine(h, h.Recv(), out, nil) })
+	}
 	return timeRound(world,
 		func() (err error) { h, err = g.Dispatch(x, topk, weights); return err },
-		func() error { return g.Combine(h, h.Recv(), out, nil) })
+		func() error { return dequantizeValid(g, h) },
+		func() error { return g.Combine(h, h.CombineBuffer(), out, nil) })
+}
+
+// dequantizeValid writes the valid received rows of an FP8 dispatch,
+// dequantized, into its combine buffer (host memory).
+func dequantizeValid[E ep.Element](g *ep.Group[E], h ep.Handle[E]) error {
+	H := g.Config().Hidden
+	G := ep.ScaleGroups(H)
+	codes, scales, y := h.RecvFP8().Host(), h.RecvScales().Host(), h.CombineBuffer().Host()
+	if codes == nil || y == nil {
+		return errors.New("ep-bench: -dtype fp8 needs a backend on host memory")
+	}
+	blocks := [][2]int{{0, h.NumRecv()}}  // HT: the first NumRecv rows
+	if g.Config().Mode == ep.LowLatency { // LL: the first count rows of each expert's block
+		span := g.Size() * g.Config().MaxTokensPerRank
+		blocks = blocks[:0]
+		for l, n := range h.ExpertCounts() {
+			blocks = append(blocks, [2]int{l * span, l*span + n})
+		}
+	}
+	for _, bl := range blocks {
+		if err := ep.Dequantize(y[bl[0]*H:bl[1]*H], codes[bl[0]*H:bl[1]*H], scales[bl[0]*G:bl[1]*G], H); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // validate compares ep's last result with the CPU engine's (with a device)
@@ -467,7 +534,7 @@ func (b *bench[E]) validate() error {
 func (b *bench[E]) summarize(s *samples) (*Result, error) {
 	R := b.world.Size()
 	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes,
-		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy)}
+		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy), median(s.nativeDispatch), median(s.nativeCombine), b.nbytes}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
@@ -479,24 +546,33 @@ func (b *bench[E]) summarize(s *samples) (*Result, error) {
 		}
 		return v
 	}
-	bw := func(i int) float64 { // mean over ranks of bytes/us -> GB/s
+	bwOf := func(i, bytes int) float64 { // mean over ranks of bytes/us -> GB/s
 		var sum float64
 		for r := 0; r < R; r++ {
 			if t := all[r*len(mine)+i]; t > 0 {
-				sum += all[r*len(mine)+5] / t / 1e3
+				sum += all[r*len(mine)+bytes] / t / 1e3
 			}
 		}
 		return sum / float64(R)
 	}
+	bw := func(i int) float64 { return bwOf(i, 5) }
+	combineBytes := 5 // the rows a combine moves: in fp8, the bf16 rows
+	if b.native != nil {
+		combineBytes = 11
+	}
 	c := b.c
 	res := &Result{Mode: c.mode.String(), Ranks: R, Nodes: b.g.Nodes(), Tokens: c.tokens, Hidden: c.hidden, TopK: c.topk,
 		Experts: c.experts, DType: c.dtype, Iters: b.o.iters, BytesPerRank: mean(col(5)),
-		DispatchUS: slices.Max(col(0)), CombineUS: slices.Max(col(1)), DispatchGBps: bw(0), CombineGBps: bw(1),
+		DispatchUS: slices.Max(col(0)), CombineUS: slices.Max(col(1)), DispatchGBps: bw(0), CombineGBps: bwOf(1, combineBytes),
 		MemcpyGBps: bw(4), BufferBytesPerRank: b.g.BufferBytes()}
 	if b.base != nil {
 		res.AlltoallvDispatchUS, res.AlltoallvCombineUS = slices.Max(col(2)), slices.Max(col(3))
-		res.AlltoallvDispatchGBps, res.AlltoallvCombineGBps = bw(2), bw(3)
+		res.AlltoallvDispatchGBps, res.AlltoallvCombineGBps = bw(2), bwOf(3, combineBytes)
 		res.Speedup = (res.AlltoallvDispatchUS + res.AlltoallvCombineUS) / (res.DispatchUS + res.CombineUS)
+	}
+	if b.native != nil {
+		res.BF16DispatchUS, res.BF16CombineUS, res.BF16BytesPerRank = slices.Max(col(9)), slices.Max(col(10)), mean(col(11))
+		res.FP8DispatchSpeedup = res.BF16DispatchUS / res.DispatchUS
 	}
 	if res.MemcpyGBps > 0 {
 		res.DispatchOfMemcpy, res.CombineOfMemcpy = res.DispatchGBps/res.MemcpyGBps, res.CombineGBps/res.MemcpyGBps
@@ -512,8 +588,9 @@ func (b *bench[E]) summarize(s *samples) (*Result, error) {
 }
 
 // timeRound times a dispatch and then a combine, each started right after a
-// barrier so that no rank's lateness is counted.
-func timeRound(world *mpi.Comm, dispatch, combine func() error) (time.Duration, time.Duration, error) {
+// barrier so that no rank's lateness is counted; experts (nil: none) runs
+// untimed between them.
+func timeRound(world *mpi.Comm, dispatch, experts, combine func() error) (time.Duration, time.Duration, error) {
 	if err := world.Barrier(); err != nil {
 		return 0, 0, err
 	}
@@ -522,6 +599,11 @@ func timeRound(world *mpi.Comm, dispatch, combine func() error) (time.Duration, 
 		return 0, 0, err
 	}
 	d := time.Since(t0)
+	if experts != nil {
+		if err := experts(); err != nil {
+			return 0, 0, err
+		}
+	}
 	if err := world.Barrier(); err != nil {
 		return 0, 0, err
 	}
@@ -559,6 +641,12 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 			r.AlltoallvCombineUS, r.AlltoallvCombineGBps, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
 		fmt.Fprintf(w, "  speedup over alltoallv: %.2fx\n", r.Speedup)
 	}
+	if r.BF16DispatchUS > 0 {
+		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep, bf16 on the wire", r.BF16DispatchUS,
+			r.BF16BytesPerRank/r.BF16DispatchUS/1e3, r.BF16CombineUS, r.BF16BytesPerRank/r.BF16CombineUS/1e3, r.BF16DispatchUS+r.BF16CombineUS)
+		fmt.Fprintf(w, "  fp8 dispatch: %.2f MB/rank per call (bf16: %.2f MB, %.2fx the bytes), %.2fx the speed of bf16\n",
+			r.BytesPerRank/1e6, r.BF16BytesPerRank/1e6, r.BytesPerRank/r.BF16BytesPerRank, r.FP8DispatchSpeedup)
+	}
 	fmt.Fprintf(w, "  memcpy of the same bytes: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n",
 		r.MemcpyGBps, 100*r.DispatchOfMemcpy, 100*r.CombineOfMemcpy)
 	if r.Device != "" {
@@ -588,7 +676,8 @@ func printLatency(w io.Writer, results []*Result, floor float64) {
 // launched (NewGroup refuses what a node cannot give, before allocating).
 func plan(stdout, stderr io.Writer, o *options) int {
 	for _, c := range o.configs() {
-		cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden, TopK: c.topk}
+		cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden, TopK: c.topk,
+			Wire: c.wire()}
 		elem := ep.BFloat16
 		if c.dtype == "f32" {
 			elem = ep.Float32

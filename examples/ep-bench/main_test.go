@@ -21,7 +21,7 @@ func TestFlagErrorsNameTheValue(t *testing.T) {
 		want string
 	}{
 		{[]string{"-mode", "xx"}, `unknown mode "xx"`},
-		{[]string{"-dtype", "f16"}, `"f16" is not bf16 or f32`},
+		{[]string{"-dtype", "f16"}, `"f16" is not bf16, f32 or fp8`},
 		{[]string{"-tokens", "12,abc"}, `-tokens: "abc"`},
 		{[]string{"-iters", "0"}, "-iters 0"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
@@ -48,7 +48,7 @@ func TestBenchUnderMpirun(t *testing.T) {
 		nodes   int
 	}{{2, "", 1}, {4, "2", 2}} {
 		args := append(mpitesting.MPIRunArgs(tc.np), "-x", "GOEP_RANKS_PER_NODE="+tc.perNode, bin,
-			"-json", "-mode", "ll,ht", "-dtype", "bf16,f32", "-tokens", "0,24", "-hidden", "64", "-topk", "3",
+			"-json", "-mode", "ll,ht", "-dtype", "bf16,f32,fp8", "-tokens", "0,24", "-hidden", "200", "-topk", "3",
 			"-experts", "8", "-iters", "3", "-warmup", "1")
 		cmd := exec.Command("mpirun", args...)
 		out, err := cmd.CombinedOutput()
@@ -62,7 +62,7 @@ func TestBenchUnderMpirun(t *testing.T) {
 				results = append(results, r)
 			}
 		}
-		require.Len(t, results, 2*2*2, "one line per mode x dtype x tokens in:\n%s", out)
+		require.Len(t, results, 2*3*2, "one line per mode x dtype x tokens in:\n%s", out)
 		for _, r := range results {
 			keys := []string{"mode", "ranks", "nodes", "tokens", "hidden", "topk", "experts", "dtype",
 				"dispatch_us", "combine_us", "alltoallv_dispatch_us", "alltoallv_combine_us", "speedup_vs_alltoallv"}
@@ -79,6 +79,15 @@ func TestBenchUnderMpirun(t *testing.T) {
 			if r["tokens"].(float64) > 0 {
 				assert.Greater(t, r["dispatch_gbps"].(float64), 0.0)
 				assert.Greater(t, r["memcpy_gbps"].(float64), 0.0)
+			}
+			if r["dtype"] == "fp8" { // timed beside bf16: codes and 2 scales of 4 bytes per 200-element row, against 400 bytes
+				assert.Greater(t, r["bf16_dispatch_us"].(float64), 0.0)
+				assert.Greater(t, r["fp8_dispatch_speedup"].(float64), 0.0)
+				if r["tokens"].(float64) > 0 {
+					assert.InDelta(t, 208.0/400, r["bytes_per_rank"].(float64)/r["bf16_bytes_per_rank"].(float64), 1e-9)
+				}
+			} else {
+				assert.NotContains(t, r, "bf16_dispatch_us")
 			}
 		}
 	}

@@ -30,7 +30,7 @@
 //	-tokens T         tokens per rank per step (64)
 //	-steps S          the step to end at, counting those before a resume (1000)
 //	-mode ll|ht       low-latency or high-throughput dispatch (ll)
-//	-dtype f32|bf16   element type on the wire (f32)
+//	-dtype f32|bf16|fp8  element type on the wire (f32); fp8: bf16 tokens dispatched as FP8 e4m3, combined in bf16
 //	-act silu|gelu    the experts' activation (silu)
 //	-seed N           the student's initial parameters and the data (1)
 //	-teacher-seed N   the teacher's parameters (2)
@@ -99,7 +99,7 @@ func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
 	tokens := fs.Int("tokens", 64, "tokens per rank per step")
 	steps := fs.Int64("steps", 1000, "the step to end at, counting the steps before a resume")
 	mode := fs.String("mode", "ll", "dispatch mode: ll (low-latency) or ht (high-throughput)")
-	dtype := fs.String("dtype", "f32", "element type on the wire: f32 or bf16")
+	dtype := fs.String("dtype", "f32", "element type on the wire: f32, bf16, or fp8 (bf16 tokens dispatched as FP8 e4m3 with per-128 scales)")
 	act := fs.String("act", "silu", "the experts' activation: silu or gelu")
 	seed := fs.Uint64("seed", 1, "seed of the student's initial parameters and of the data")
 	teacherSeed := fs.Uint64("teacher-seed", 2, "seed of the teacher's parameters")
@@ -169,7 +169,7 @@ func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
 	}
 	d, err := moe.ParseDType(*dtype)
 	if err != nil {
-		return bad("-dtype %q: want f32 or bf16", *dtype)
+		return bad("-dtype %q: want f32, bf16 or fp8", *dtype)
 	}
 	a, err := moe.ParseActivation(*act)
 	if err != nil {

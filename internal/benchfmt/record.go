@@ -16,7 +16,7 @@ type Record struct {
 	Hidden  int    `json:"hidden"`
 	TopK    int    `json:"topk"`
 	Experts int    `json:"experts"`
-	DType   string `json:"dtype"` // "f32" or "bf16"
+	DType   string `json:"dtype"` // "f32", "bf16", or "fp8" (bf16 tokens, FP8 e4m3 and per-128 scales on the wire)
 	Iters   int    `json:"iters"`
 
 	BytesPerRank float64 `json:"bytes_per_rank"` // bytes a rank's rows carry, mean over ranks
@@ -33,6 +33,14 @@ type Record struct {
 	AlltoallvDispatchGBps float64 `json:"alltoallv_dispatch_gbps,omitempty"`
 	AlltoallvCombineGBps  float64 `json:"alltoallv_combine_gbps,omitempty"`
 	Speedup               float64 `json:"speedup_vs_alltoallv,omitempty"` // alltoallv (dispatch+combine) / ep (dispatch+combine)
+
+	// With DType fp8: the same dispatch and combine in bf16 by the same
+	// backend, timed in the same rounds, its bytes, and bf16's dispatch
+	// time over fp8's; absent otherwise.
+	BF16DispatchUS     float64 `json:"bf16_dispatch_us,omitempty"`
+	BF16CombineUS      float64 `json:"bf16_combine_us,omitempty"`
+	BF16BytesPerRank   float64 `json:"bf16_bytes_per_rank,omitempty"`
+	FP8DispatchSpeedup float64 `json:"fp8_dispatch_speedup,omitempty"`
 
 	// FlagRoundTripUS is the floor of a flag exchange between ranks 0 and 1
 	// of a node, measured in the same run (ep-bench -latency); absent when
@@ -59,10 +67,14 @@ type Record struct {
 	Step int `json:"-"`
 }
 
-// ElemBytes is the size of one element on the wire: 4 for f32, 2 for bf16.
+// ElemBytes is the size of one element on the wire: 4 for f32, 2 for bf16,
+// 1 for fp8 (whose scales add 4 bytes per 128 elements).
 func (r *Record) ElemBytes() int {
-	if r.DType == "f32" {
+	switch r.DType {
+	case "f32":
 		return 4
+	case "fp8":
+		return 1
 	}
 	return 2
 }
@@ -81,8 +93,8 @@ func (r *Record) Validate() error {
 	switch {
 	case r.Mode != "ll" && r.Mode != "ht":
 		return fmt.Errorf("mode %q is not ll or ht", r.Mode)
-	case r.DType != "f32" && r.DType != "bf16":
-		return fmt.Errorf("dtype %q is not f32 or bf16", r.DType)
+	case r.DType != "f32" && r.DType != "bf16" && r.DType != "fp8":
+		return fmt.Errorf("dtype %q is not f32, bf16 or fp8", r.DType)
 	case r.Ranks < 1 || r.Nodes < 1 || r.Nodes > r.Ranks:
 		return fmt.Errorf("%d ranks on %d nodes: want ranks >= nodes >= 1", r.Ranks, r.Nodes)
 	case r.Tokens < 0 || r.Hidden < 1 || r.TopK < 1 || r.Experts < 1 || r.Iters < 1:
