@@ -28,7 +28,7 @@ func waitWord(t *testing.T, m *mpi.Mailbox, off int, want uint64) {
 func TestMailboxDataBeforeFlag(t *testing.T) {
 	w := mpitesting.World
 	n, me := w.Size(), w.Rank()
-	const block = 40 // not a multiple of 8: records are padded
+	const block = 40                                     // not a multiple of 8: records are padded
 	size := func(r int) int { return 8*n + block*n + r } // ranks pass different sizes
 	m, err := w.NewMailbox(size(me))
 	require.NoError(t, err)
