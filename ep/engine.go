@@ -352,6 +352,11 @@ func (e *engine) checkMasked(op string) error {
 	if !t.maskStalled {
 		return nil
 	}
+	if t.net != nil { // what the other nodes said while this rank was away lands now
+		if err := t.net.Drain(); err != nil {
+			return fmt.Errorf("ep: %s: %w", op, err)
+		}
+	}
 	for _, r := range t.liveOthers {
 		if v := loadFlag(t.inboxOf(r, t.in.flagOff(flagYouAreMasked, 0, r))); v>>32 == t.epoch+1 && v&1 != 0 {
 			return fmt.Errorf("ep: %s: rank %d masked this rank: %w", op, r, ErrMasked)

@@ -133,6 +133,9 @@ type network interface {
 	Local() []byte
 	PutBlocks(origin []byte, blocks []mpi.Block) error
 	Progress() error
+	// Drain is Progress until what was sent to this rank a while ago has
+	// landed.
+	Drain() error
 	Free() error
 }
 
@@ -143,6 +146,9 @@ type network interface {
 type oneSided struct{ *mpi.Window }
 
 func (o oneSided) Progress() error { return errors.Join(o.Window.Progress(), o.Window.Sync()) }
+
+// Drain is Progress: a put that completed at its origin is in place.
+func (o oneSided) Drain() error { return o.Progress() }
 
 // lsa is byte off of node peer r's segment.
 func (t *transport) lsa(r, off int) ptr { return unsafe.Add(t.seg[r], off) }

@@ -97,6 +97,37 @@ func (m *Mailbox) Progress() error {
 	return m.h.progress()
 }
 
+// Applied is how many messages Progress has applied to this rank's memory
+// so far (a single-rank build counts each block as one).
+func (m *Mailbox) Applied() int64 {
+	if m.freed {
+		return 0
+	}
+	return m.h.applied()
+}
+
+// Drain calls Progress until a few calls in a row apply nothing: what the
+// others sent a while ago has then landed, though MPI moves the bytes only
+// while this rank calls it.
+func (m *Mailbox) Drain() error {
+	for quiet := 0; quiet < drainQuiet; {
+		before := m.Applied()
+		if err := m.Progress(); err != nil {
+			return err
+		}
+		if m.Applied() == before {
+			quiet++
+		} else {
+			quiet = 0
+		}
+	}
+	return nil
+}
+
+// drainQuiet is how many calls in a row of Progress that apply nothing end
+// a Drain.
+const drainQuiet = 16
+
 // Free releases the mailbox. It waits up to the communicator's timeout (or
 // a minute) for its messages in flight, applying what arrives meanwhile,
 // and leaves what is still in flight to MPI. It is collective (it frees the

@@ -30,6 +30,7 @@ struct goep_mbox {
   void **sbuf;
   int rbusy, rsrc;  // a message matched and being received
   int bad;          // the source of the last message that wrote out of range
+  int64_t applied;  // messages applied so far
   MPI_Request rreq;
   int64_t rlen, rcap;
   char *rbuf;
@@ -72,6 +73,8 @@ char *goep_mbox_mem(goep_mbox *m) { return m->mem; }
 int goep_mbox_pending(goep_mbox *m) { return m->nsend + m->rbusy; }
 
 int goep_mbox_bad(goep_mbox *m) { return m->bad; }
+
+int64_t goep_mbox_applied(goep_mbox *m) { return m->applied; }
 
 // retire frees the buffers of the sends that completed.
 static int retire(goep_mbox *m) {
@@ -177,6 +180,7 @@ int goep_mbox_progress(goep_mbox *m) {
       m->rbusy = 0;
       rc = apply(m);
       if (rc != MPI_SUCCESS) return rc;
+      m->applied++;
     }
     int flag = 0, count = 0;
     MPI_Message msg;

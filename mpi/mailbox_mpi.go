@@ -62,3 +62,5 @@ func (h *mboxState) progress() error {
 func (h *mboxState) free(wait time.Duration) int {
 	return int(C.goep_mbox_free(h.m, C.int64_t(wait.Nanoseconds())))
 }
+
+func (h *mboxState) applied() int64 { return int64(C.goep_mbox_applied(h.m)) }

@@ -14,6 +14,7 @@ type mboxHandle = *mboxState
 type mboxState struct {
 	mem     []byte
 	pending []pendingWrite
+	count   int64
 }
 
 type pendingWrite struct {
@@ -40,9 +41,12 @@ func (h *mboxState) progress() error {
 	for _, w := range h.pending {
 		copy(h.mem[w.off:], w.data)
 	}
+	h.count += int64(len(h.pending))
 	h.pending = h.pending[:0]
 	return nil
 }
+
+func (h *mboxState) applied() int64 { return h.count }
 
 func (h *mboxState) free(time.Duration) int {
 	if len(h.mem) > 0 {

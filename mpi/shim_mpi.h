@@ -76,6 +76,7 @@ char *goep_mbox_mem(goep_mbox *m);
 int64_t goep_mbox_put(goep_mbox *m, const void *origin, const goep_block *blocks, int n);
 int goep_mbox_progress(goep_mbox *m);
 int goep_mbox_bad(goep_mbox *m);
+int64_t goep_mbox_applied(goep_mbox *m);  // messages applied so far
 int goep_mbox_pending(goep_mbox *m);
 int goep_mbox_free(goep_mbox *m, int64_t timeout_ns);
 
