@@ -206,7 +206,13 @@ up() {
   writeenv
   echo "$want" >"$DIR/settings"   # as asked for: what up compares with the next time
   echo "hosts=$n rate=$rate delay=$delay slots=$slots" >"$DIR/effective"
-  healthy "$n" || die "the hosts cannot reach each other (ping over $NET.0/24 failed)"
+  # A loaded machine may take a moment before the new links carry a first ping.
+  local try
+  for try in $(seq 10); do
+    healthy "$n" && break
+    [ "$try" = 10 ] && die "the hosts cannot reach each other (ping over $NET.0/24 failed 10 times, 1 s apart)"
+    sleep 1
+  done
   trap - EXIT
   local lat=""
   [ "$delay" = 0 ] || lat=" and $delay"
