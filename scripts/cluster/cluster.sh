@@ -196,6 +196,7 @@ up() {
     # namespace bound to a file, so that every process started in the host shares it).
     install -d -m 1777 "$DIR/h$i/tmp" "$DIR/h$i/shm"
     mkdir -p "$DIR/h$i/cgroup"   # where the machine's cgroups wait while /sys is remounted
+    mkdir -p "$DIR/h$i/cwd"      # where a working directory under /tmp waits while /tmp is bound
     # A boot id of its own: UCX takes the kernel's boot id for the machine's identity, and with
     # the same one on every host it moves "remote" one-sided data through shared memory and
     # cross-memory attach (the hosts share the PID namespace), never through the network.
@@ -278,7 +279,11 @@ inhost_argv() {
   shift
   ARGV=(nsenter --net="/run/netns/$(host_ns "$i")" --uts="$DIR/ns/h$i.uts"
     unshare --mount --propagation private /bin/sh -ec '
+      # A working directory under /tmp (a clone there) stays visible: every host sees the
+      # project, and only the rest of /tmp is its own.
+      case "$3" in /tmp/?*) mount --bind "$3" "$1/h$2/cwd" ;; esac
       mount --bind "$1/h$2/tmp" /tmp
+      case "$3" in /tmp/?*) mkdir -p "$3" && mount --bind "$1/h$2/cwd" "$3" ;; esac
       mount --bind "$1/h$2/shm" /dev/shm
       if mountpoint -q /sys/fs/cgroup; then mount --rbind /sys/fs/cgroup "$1/h$2/cgroup"; fi
       mount -t sysfs "goep-h$2-sys" /sys
