@@ -14,7 +14,7 @@ import (
 // experts, in place. Under mpirun every rank must run the same number of
 // iterations: use a count, e.g.
 //
-//	go run ./internal/mpitest -np 2 -sim "" -run '^$' -bench DispatchCombine -benchtime 20x ./ep
+//	go run ./internal/cmd/mpitest -np 2 -sim "" -run '^$' -bench DispatchCombine -benchtime 20x ./ep
 //
 // Bytes per op are this rank's rows: (token, expert) pairs (LL) or
 // (token, rank) pairs (HT) times the row size.

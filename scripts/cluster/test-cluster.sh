@@ -7,7 +7,7 @@
 #                and Open MPI's one-sided components chosen by goep (sm,ucx) with no setting
 #   tests-mpi    the mpi package's test binary (go test -c -tags mpi) under mpirun across
 #                2 hosts x 2 ranks, 4 hosts x 1 rank and 3 hosts of 2+2+1 ranks
-#                (internal/mpitest -hosts, which also checks every rank's topology against the
+#                (internal/cmd/mpitest -hosts, which also checks every rank's topology against the
 #                placement and that host names differ exactly between hosts)
 #   tests-ep     the ep test binary, the same way, at 2+2+1 (three nodes, one of a single rank,
 #                nodes of unequal size: the conformance suite of every backend, the lifecycle and
@@ -29,7 +29,7 @@
 #
 # Env: GO (the go command); GOEP_CLUSTER_TEST_LOGS (default out/test-cluster); GOEP_CLUSTER_RATE
 # (default 10gbit) for the link caps; GOEP_CLUSTER_NAME (default gc<pid>: a cluster of its own); GOEP_CLUSTER_MPI_HOSTS, GOEP_CLUSTER_EP_HOSTS,
-# GOEP_CLUSTER_MOE_HOSTS (layouts for internal/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
+# GOEP_CLUSTER_MOE_HOSTS (layouts for internal/cmd/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -99,12 +99,12 @@ errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"
 result hello "$t" "$errs"
 if [ -z "$errs" ]; then sed -n '/^goep mpi-hello/,$p' "$LOGS/hello.log" | sed 's/^/    /'; fi
 
-# b. the packages' tests under mpirun across hosts (internal/mpitest).
+# b. the packages' tests under mpirun across hosts (internal/cmd/mpitest).
 mpitest() { # NAME LAYOUTS PACKAGE...
   local name=$1 layouts=$2 rc=0
   shift 2
   t=$SECONDS
-  "$GO" run ./internal/mpitest -np "" -sim "" -hosts "$layouts" -hostfile "$CDIR/hostfile" \
+  "$GO" run ./internal/cmd/mpitest -np "" -sim "" -hosts "$layouts" -hostfile "$CDIR/hostfile" \
     -mpirun "$MPIRUN" -workdir "$LOGS/mpitest" -timeout 5m "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
   result "$name" "$t" "$( [ "$rc" = 0 ] || echo "mpitest exit status $rc;")"
   grep -E '^(ok|FAIL) ' "$LOGS/$name.log" | sed 's/^/    /' || true

@@ -87,7 +87,7 @@ daemons() {
 before=$(daemons)   # daemons of someone else's, running before this test: not ours to judge
 echo "test-slurm: building bin/mpi-hello bin/moe-train bin/ep-bench bin/ep-plot"
 for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
-"$GO" build -o bin/ep-plot ./examples/ep-plot
+"$GO" build -o bin/ep-plot ./cmd/ep-plot
 
 trap '"$CLUSTER" stop "${MODE[@]}"' EXIT
 t=$SECONDS
