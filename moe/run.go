@@ -3,6 +3,7 @@ package moe
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -64,9 +65,11 @@ type RunResult struct {
 	StepTime     time.Duration
 	MeanDispatch time.Duration // per step, mean over ranks and steps
 	MeanCombine  time.Duration
-	Files        []string // trace and checkpoints written
-	Notes        []string // what OnNote was told
-	DroppedRows  int64    // trace rows after the checkpoint's step that the resume dropped
+	MeanSync     time.Duration // per step, mean over ranks and steps: the data-parallel gradient sync
+	SyncBytes    int64         // per step, mean over ranks and steps: bytes the sync sent
+	Files        []string      // trace and checkpoints written
+	Notes        []string      // what OnNote was told
+	DroppedRows  int64         // trace rows after the checkpoint's step that the resume dropped
 }
 
 // TokensPerSecond is the training throughput: tokens over all ranks per
@@ -209,7 +212,7 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 		}()
 	}
 	flushEvery := max(o.FlushEvery, 1)
-	var dispatchUS, combineUS float64
+	var dispatchUS, combineUS, syncUS, syncBytes float64
 	for tr.StepsDone() < o.Steps {
 		st, err := tr.Step()
 		if err != nil {
@@ -223,8 +226,11 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 		res.Tokens += int64(st.Tokens)
 		res.StepTime += st.Elapsed
 		for r := range st.DispatchUS {
-			dispatchUS += st.DispatchUS[r] / float64(len(st.DispatchUS))
-			combineUS += st.CombineUS[r] / float64(len(st.CombineUS))
+			R := float64(len(st.DispatchUS))
+			dispatchUS += st.DispatchUS[r] / R
+			combineUS += st.CombineUS[r] / R
+			syncUS += st.SyncUS[r] / R
+			syncBytes += float64(st.SyncBytes[r]) / R
 		}
 		ckpt := o.CheckpointDir != "" && (st.Step == o.Steps || (o.CheckpointEvery > 0 && st.Step%o.CheckpointEvery == 0))
 		if trace != nil {
@@ -252,6 +258,8 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	}
 	res.MeanDispatch = time.Duration(dispatchUS / float64(res.Steps) * 1e3)
 	res.MeanCombine = time.Duration(combineUS / float64(res.Steps) * 1e3)
+	res.MeanSync = time.Duration(syncUS / float64(res.Steps) * 1e3)
+	res.SyncBytes = int64(math.Round(syncBytes / float64(res.Steps)))
 	return res, nil
 }
 

@@ -17,8 +17,10 @@ import (
 // TraceVersion is the value of a trace's "version" attribute: the version of
 // the schema in docs/trace-schema.md. Version 2 added the run id, the
 // segments and per-rank tables as wide as the largest world size of the
-// run; ReadTrace reads version 1 files too.
-const TraceVersion = 2
+// run; version 3 the data-parallel gradient sync (the tables sync_us,
+// sync_bytes and step_us, the attributes shared_ffn and grad_sync).
+// ReadTrace reads versions 1 and 2 too.
+const TraceVersion = 3
 
 // TraceFormat is the value of a trace's "format" attribute.
 const TraceFormat = "goep-moe-trace"
@@ -76,21 +78,26 @@ type Trace struct {
 }
 
 // traceTables are the trace's tables: name, element type, row shape
-// ("experts", "ranks" or scalar) and meaning.
+// ("experts", "ranks" or scalar), meaning and the schema version that added
+// it.
 var traceTables = []struct {
 	name  string
 	dtype h5.DType
 	row   string
 	doc   string
+	since int
 }{
-	{"step", h5.Int64, "", "step number (1 = the first step of the run from scratch)"},
-	{"loss", h5.Float64, "", "task loss: mean squared error over all ranks' tokens, before the step's update"},
-	{"aux_loss", h5.Float64, "", "load-balancing loss E * sum_e f_e * P_e, before the update"},
-	{"tokens_per_expert", h5.Int64, "experts", "(token, slot) pairs routed to each expert, all ranks"},
-	{"dispatch_us", h5.Float64, "ranks", "microseconds each rank spent in the step's dispatches (forward Dispatch, backward DispatchCached); NaN past the step's world size"},
-	{"combine_us", h5.Float64, "ranks", "microseconds each rank spent in the step's combines (forward and backward); NaN past the step's world size"},
-	{"bytes_sent", h5.Int64, "ranks", "payload bytes each rank addressed to other ranks in the step's four ep calls; -1 past the step's world size"},
-	{"wall_time", h5.Float64, "", "seconds from the start of the step's segment to the end of the step (rank 0's clock)"},
+	{"step", h5.Int64, "", "step number (1 = the first step of the run from scratch)", 1},
+	{"loss", h5.Float64, "", "task loss: mean squared error over all ranks' tokens, before the step's update", 1},
+	{"aux_loss", h5.Float64, "", "load-balancing loss E * sum_e f_e * P_e, before the update", 1},
+	{"tokens_per_expert", h5.Int64, "experts", "(token, slot) pairs routed to each expert, all ranks", 1},
+	{"dispatch_us", h5.Float64, "ranks", "microseconds each rank spent in the step's dispatches (forward Dispatch, backward DispatchCached); NaN past the step's world size", 1},
+	{"combine_us", h5.Float64, "ranks", "microseconds each rank spent in the step's combines (forward and backward); NaN past the step's world size", 1},
+	{"bytes_sent", h5.Int64, "ranks", "payload bytes each rank addressed to other ranks in the step's four ep calls; -1 past the step's world size", 1},
+	{"wall_time", h5.Float64, "", "seconds from the start of the step's segment to the end of the step (rank 0's clock)", 1},
+	{"sync_us", h5.Float64, "ranks", "microseconds each rank spent in the data-parallel gradient sync of the gate and the shared expert (grad_sync), its computation included; NaN past the step's world size and in rows from schema version 2", 3},
+	{"sync_bytes", h5.Int64, "ranks", "bytes each rank sent in the data-parallel gradient sync: 2(R-1)/R of the allreduced payload (allreduce: 8 per parameter; a2sgd: 16), (R-1) times its own part of an allgather (topk:K: 12*K); -1 past the step's world size and in rows from schema version 2", 3},
+	{"step_us", h5.Float64, "", "microseconds rank 0 spent in the step: forward, backward, sync, update and statistics, not the trace or checkpoints; NaN in rows from schema version 2", 3},
 }
 
 // CreateTrace creates (or truncates) the trace file at path for a run whose
@@ -313,11 +320,16 @@ func (t *Trace) Append(s *StepStats, end time.Time) error {
 	if len(s.DispatchUS) != t.ranks || len(s.CombineUS) != t.ranks || len(s.BytesSent) != t.ranks {
 		return fmt.Errorf("moe: trace %s: step %d has statistics of %d ranks, this segment has %d", t.Path(), s.Step, len(s.DispatchUS), t.ranks)
 	}
+	if len(s.SyncUS) != t.ranks || len(s.SyncBytes) != t.ranks {
+		return fmt.Errorf("moe: trace %s: step %d has sync statistics of %d ranks, this segment has %d", t.Path(), s.Step, len(s.SyncUS), t.ranks)
+	}
 	rows := map[string]any{
 		"step": []int64{s.Step}, "loss": []float64{s.Loss}, "aux_loss": []float64{s.AuxLoss},
 		"tokens_per_expert": s.TokensPerExpert, "dispatch_us": padFloats(s.DispatchUS, t.width),
 		"combine_us": padFloats(s.CombineUS, t.width), "bytes_sent": padInts(s.BytesSent, t.width),
 		"wall_time": []float64{end.Sub(t.start).Seconds()},
+		"sync_us":   padFloats(s.SyncUS, t.width), "sync_bytes": padInts(s.SyncBytes, t.width),
+		"step_us": []float64{float64(s.Elapsed.Nanoseconds()) / 1e3},
 	}
 	for _, tt := range traceTables {
 		if err := t.tables[tt.name].Append(rows[tt.name]); err != nil {
@@ -338,13 +350,17 @@ func (t *Trace) appendRows(d *TraceData, n int) error {
 		}
 		return out
 	}
-	bytes := make([]int64, 0, n*t.width)
-	for i := 0; i < n; i++ {
-		bytes = append(bytes, padInts(d.BytesSent[i*W:(i+1)*W], t.width)...)
+	widenInts := func(v []int64) []int64 {
+		out := make([]int64, 0, n*t.width)
+		for i := 0; i < n; i++ {
+			out = append(out, padInts(v[i*W:(i+1)*W], t.width)...)
+		}
+		return out
 	}
 	rows := map[string]any{
 		"step": d.Step[:n], "loss": d.Loss[:n], "aux_loss": d.AuxLoss[:n], "tokens_per_expert": d.TokensPerExpert[:n*E],
-		"dispatch_us": widen(d.DispatchUS), "combine_us": widen(d.CombineUS), "bytes_sent": bytes, "wall_time": d.WallTime[:n],
+		"dispatch_us": widen(d.DispatchUS), "combine_us": widen(d.CombineUS), "bytes_sent": widenInts(d.BytesSent), "wall_time": d.WallTime[:n],
+		"sync_us": widen(d.SyncUS), "sync_bytes": widenInts(d.SyncBytes), "step_us": d.StepUS[:n],
 	}
 	for _, tt := range traceTables {
 		if err := t.tables[tt.name].Append(rows[tt.name]); err != nil {
@@ -412,6 +428,11 @@ type TraceData struct {
 	CombineUS       []float64 // [steps][RankColumns]
 	BytesSent       []int64   // [steps][RankColumns]
 	WallTime        []float64
+	// The data-parallel gradient sync (schema version 3; NaN, and -1 in
+	// SyncBytes, in rows read from older files).
+	SyncUS    []float64 // [steps][RankColumns]
+	SyncBytes []int64   // [steps][RankColumns]
+	StepUS    []float64 // [steps]: rank 0's time in the step
 }
 
 // RowsUpTo is the number of leading rows of steps up to step.
@@ -485,10 +506,14 @@ func ReadTrace(path string) (*TraceData, error) {
 		d.Segments = []Segment{s}
 	}
 	f64 := map[string]*[]float64{"loss": &d.Loss, "aux_loss": &d.AuxLoss, "dispatch_us": &d.DispatchUS,
-		"combine_us": &d.CombineUS, "wall_time": &d.WallTime}
-	i64 := map[string]*[]int64{"step": &d.Step, "tokens_per_expert": &d.TokensPerExpert, "bytes_sent": &d.BytesSent}
+		"combine_us": &d.CombineUS, "wall_time": &d.WallTime, "sync_us": &d.SyncUS, "step_us": &d.StepUS}
+	i64 := map[string]*[]int64{"step": &d.Step, "tokens_per_expert": &d.TokensPerExpert, "bytes_sent": &d.BytesSent,
+		"sync_bytes": &d.SyncBytes}
 	rows := -1
 	for _, tt := range traceTables {
+		if tt.since > d.Version {
+			continue // filled in below
+		}
 		var shape []int
 		if dst, ok := f64[tt.name]; ok {
 			*dst, shape, err = f.ReadFloat64("trace/" + tt.name)
@@ -507,9 +532,19 @@ func ReadTrace(path string) (*TraceData, error) {
 		}
 	}
 	E, W := d.Config.Experts, d.RankColumns
+	if d.Version < 3 { // no sync statistics: unknown
+		d.SyncUS, d.SyncBytes, d.StepUS = make([]float64, rows*W), make([]int64, rows*W), make([]float64, rows)
+		for i := range d.SyncUS {
+			d.SyncUS[i], d.SyncBytes[i] = math.NaN(), -1
+		}
+		for i := range d.StepUS {
+			d.StepUS[i] = math.NaN()
+		}
+	}
 	d.Step, d.Loss, d.AuxLoss, d.WallTime = d.Step[:rows], d.Loss[:rows], d.AuxLoss[:rows], d.WallTime[:rows]
 	d.TokensPerExpert = d.TokensPerExpert[:rows*E]
 	d.DispatchUS, d.CombineUS, d.BytesSent = d.DispatchUS[:rows*W], d.CombineUS[:rows*W], d.BytesSent[:rows*W]
+	d.SyncUS, d.SyncBytes, d.StepUS = d.SyncUS[:rows*W], d.SyncBytes[:rows*W], d.StepUS[:rows]
 	return d, nil
 }
 

@@ -38,6 +38,8 @@ type StepStats struct {
 	DispatchUS      []float64 // [ranks]: microseconds in the step's dispatches
 	CombineUS       []float64 // [ranks]: microseconds in the step's combines
 	BytesSent       []int64   // [ranks]: payload bytes sent to other ranks (see CommStats)
+	SyncUS          []float64 // [ranks]: microseconds in the data-parallel gradient sync
+	SyncBytes       []int64   // [ranks]: bytes the data-parallel gradient sync sent (see SyncStats)
 	Tokens          int       // tokens over all ranks
 	Elapsed         time.Duration
 }
@@ -130,19 +132,22 @@ func (tr *Trainer) Step() (*StepStats, error) {
 	tr.step = s
 
 	cs := l.TakeCommStats()
-	mine := []float64{sse, float64(cs.Dispatch.Nanoseconds()) / 1e3, float64(cs.Combine.Nanoseconds()) / 1e3, float64(cs.BytesSent)}
+	mine := []float64{sse, float64(cs.Dispatch.Nanoseconds()) / 1e3, float64(cs.Combine.Nanoseconds()) / 1e3, float64(cs.BytesSent),
+		float64(cs.Sync.Nanoseconds()) / 1e3, float64(cs.SyncBytes)}
 	R := tr.comm.Size()
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(tr.comm, mine, all); err != nil {
 		return nil, fmt.Errorf("moe: step %d: gathering statistics: %w", s, err)
 	}
 	st := &StepStats{Step: s, AuxLoss: aux, TokensPerExpert: l.TokensPerExpert(), Tokens: N,
-		DispatchUS: make([]float64, R), CombineUS: make([]float64, R), BytesSent: make([]int64, R)}
+		DispatchUS: make([]float64, R), CombineUS: make([]float64, R), BytesSent: make([]int64, R),
+		SyncUS: make([]float64, R), SyncBytes: make([]int64, R)}
 	total := 0.0
 	for r := 0; r < R; r++ { // in rank order: the same sum on every rank
 		v := all[r*len(mine) : (r+1)*len(mine)]
 		total += v[0]
 		st.DispatchUS[r], st.CombineUS[r], st.BytesSent[r] = v[1], v[2], int64(v[3])
+		st.SyncUS[r], st.SyncBytes[r] = v[4], int64(v[5])
 	}
 	st.Loss = total * scale
 	st.Elapsed = time.Since(start)
