@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -304,6 +305,11 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"-fresh", "-resume", "auto"}, `-fresh starts a new run and -resume "auto" continues one`},
 		{[]string{"-resume", "auto", "-ckpt-dir", ""}, `-resume auto looks for checkpoints in -ckpt-dir`},
+		{[]string{"-shared-ffn", "-4"}, `-shared-ffn -4: want 0 (no shared expert) or a positive integer`},
+		{[]string{"-grad-sync", "qsgd"}, `-grad-sync "qsgd": want allreduce, a2sgd or topk:K`},
+		{[]string{"-grad-sync", "topk:0"}, `-grad-sync "topk:0": want allreduce, a2sgd or topk:K (K a positive integer)`},
+		{[]string{"-grad-sync", "topk:300", "-hidden", "4", "-experts", "8", "-shared-ffn", "4"},
+			`-grad-sync topk:300: K = 300 is more than the 72 data-parallel parameters (gate 4x8, shared expert of -shared-ffn 4)`},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(&stdout, &stderr, tc.args)
@@ -314,6 +320,46 @@ func TestBadFlags(t *testing.T) {
 	assert.Equal(t, 0, run(&stdout, &stderr, []string{"-h"}))
 	assert.Contains(t, stderr.String(), "usage: mpirun -np N moe-train")
 	assert.Contains(t, stderr.String(), "-ckpt-every")
+	assert.Contains(t, stderr.String(), "-grad-sync")
+}
+
+// Each grad sync trains a model with a shared expert under mpirun at 2 and
+// 4 ranks: the loss falls, the summary and the trace give the sync's bytes
+// per rank per step, as SyncStats counts them.
+func TestGradSyncTrains(t *testing.T) {
+	buildMPI(t)
+	// 16x8 gate + a shared expert 16 -> 24 -> 16: 128 + 2*16*24 + 24 + 16 = 936 parameters
+	const n = 936
+	for _, np := range []int{2, 4} {
+		for _, gs := range []string{"allreduce", "a2sgd", "topk:40"} {
+			t.Run(fmt.Sprintf("%d-ranks-%s", np, gs), func(t *testing.T) {
+				dir := t.TempDir()
+				trace := filepath.Join(dir, "trace.h5")
+				out, err := mpirun(t, np, 2*time.Minute, append(slices.Clone(small), "-shared-ffn", "24", "-grad-sync", gs,
+					"-steps", "80", "-ckpt-every", "0", "-ckpt-dir", dir, "-trace", trace, "-progress-every", "40")...)
+				require.NoError(t, err, "%s", out)
+				assert.Contains(t, out, fmt.Sprintf("shared ffn 24, grad sync %s (%d data-parallel parameters)", gs, n))
+				want := map[string]int64{"allreduce": 2 * int64(np-1) * 8 * n / int64(np), "a2sgd": 2 * int64(np-1) * 16 / int64(np),
+					"topk:40": int64(np-1) * 12 * 40}[gs]
+				assert.Contains(t, out, "sync      "+gs+": ")
+				assert.Contains(t, out, " and "+bytesText(want)+" sent per rank per step")
+				tr, err := moe.ReadTrace(trace)
+				require.NoError(t, err)
+				require.Len(t, tr.Loss, 80)
+				assert.Equal(t, gs, tr.Config.GradSync.String())
+				assert.Equal(t, 24, tr.Config.SharedFFN)
+				for i, b := range tr.SyncBytes {
+					require.Equal(t, want, b, "sync_bytes[%d][%d]", i/np, i%np)
+				}
+				first, last := tr.Loss[0], 0.0
+				for _, l := range tr.Loss[70:] {
+					last += l / 10
+				}
+				t.Logf("loss %.3f -> %.3f over the last 10 steps", first, last)
+				assert.Less(t, 2*last, first, "the loss halves within 80 steps")
+			})
+		}
+	}
 }
 
 // The summary's numbers are parsed back: the loss fell.
