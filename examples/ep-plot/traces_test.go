@@ -1,0 +1,90 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goep/goep/ep"
+	"github.com/goep/goep/moe"
+)
+
+// writeTrace writes a trace of steps steps on 2 ranks whose loss halves
+// every 10 steps, each step taking stepMS, the sync syncMS and syncBytes.
+func writeTrace(t *testing.T, path string, gs moe.GradSync, steps int, stepMS, syncMS float64, syncBytes int64) {
+	t.Helper()
+	cfg := moe.TrainConfig{Config: moe.Config{Mode: ep.LowLatency, DType: moe.Float32, Experts: 4, TopK: 1, Hidden: 8, FFN: 8,
+		Tokens: 4, Act: moe.SiLU, Seed: 1, SharedFFN: 16, GradSync: gs}, TeacherSeed: 2, LR: 0.01}
+	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	tr, err := moe.CreateTrace(path, moe.TraceInfo{RunID: "r-" + gs.String(), Config: cfg,
+		Segment: moe.Segment{WorldSize: 2, Nodes: 1, Steps: int64(steps), Start: start}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := 1; s <= steps; s++ {
+		st := &moe.StepStats{Step: int64(s), Loss: 4 / float64(int(1)<<(s/10)), TokensPerExpert: []int64{2, 2, 2, 2},
+			DispatchUS: []float64{10, 10}, CombineUS: []float64{10, 10}, BytesSent: []int64{100, 300},
+			SyncUS: []float64{syncMS * 1e3, syncMS * 1e3}, SyncBytes: []int64{syncBytes, syncBytes},
+			Elapsed: time.Duration(stepMS * float64(time.Millisecond))}
+		if err := tr.Append(st, start.Add(time.Duration(float64(s)*stepMS*float64(time.Millisecond)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTraces(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.h5"), filepath.Join(dir, "b.h5")
+	writeTrace(t, a, moe.GradSync{}, 40, 200, 100, 1<<20)
+	writeTrace(t, b, moe.GradSync{Method: moe.SyncA2SGD}, 40, 100, 10, 16)
+	md := filepath.Join(dir, "table.md")
+	code, out, errs := runCmd(t, "traces", "-o", dir, "-md", md, "-skip", "0", "-title", "one machine", a, b)
+	if code != 0 {
+		t.Fatalf("traces: %d %q %q", code, out, errs)
+	}
+	for _, want := range []string{
+		"| run | ranks | steps | loss: first | last 10% | at 4 s |",
+		// The loss is 4, 2, 1, 0.5 for ten steps each (the first nine: 4), then
+		// 0.25: the last tenth (steps 37-40) has a mean of 0.4375. a2sgd's 40
+		// steps of 100 ms end at 4 s, when allreduce (200 ms per step) has
+		// done 20: the steps of the last tenth of those seconds are 19 and
+		// 20, losses 2 and 1.
+		"| allreduce | 2 | 40 | 4 | 0.4375 | 1.5 | 200.0 ms | 1x | 100.0 ms | 1x | 1.0 MiB | 1x | 200 B | 8 s |",
+		"| a2sgd | 2 | 40 | 4 | 0.4375 | 0.4375 | 100.0 ms | 2x | 10.0 ms | 10x | 16 B | 6.55e+04x | 200 B | 4 s |",
+		"ep-plot traces: " + filepath.Join(dir, "loss.png"), "cost.png",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("traces output lacks %q:\n%s", want, out)
+		}
+	}
+	if b, err := os.ReadFile(md); err != nil || !strings.HasPrefix(out, string(b)) {
+		t.Errorf("the Markdown file is not the table printed: %v", err)
+	}
+	for _, f := range []string{"loss.png", "cost.png"} {
+		checkPNG(t, filepath.Join(dir, f))
+	}
+	code, out, errs = runCmd(t, "traces", "-o", dir, "-labels", "exact,two-level", a, b)
+	if code != 0 || !strings.Contains(out, "| exact | 2 |") || !strings.Contains(out, "| two-level | 2 |") {
+		t.Errorf("traces -labels: %d %q %q", code, out, errs)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"traces"}, 2, "want at least one trace file"},
+		{[]string{"traces", "-labels", "x", a, b}, 2, "-labels has 1 names for 2 traces"},
+		{[]string{"traces", "-smooth", "-1", a}, 2, "-smooth -1"},
+		{[]string{"traces", filepath.Join(dir, "missing.h5")}, 1, "missing.h5"},
+	} {
+		code, _, errs := runCmd(t, tc.args...)
+		if code != tc.code || !strings.Contains(errs, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
+		}
+	}
+}
