@@ -183,20 +183,23 @@ func tracesTable(w io.Writer, runs []*trainRun, skip int) {
 	ref := runs[0]
 	refStep := median(ref.d.StepUS, skip)
 	refSync := median(ref.syncUS, skip)
-	fmt.Fprintf(w, "| run | ranks | steps | loss: first | last 10%% | at %.0f s | step time (median) | vs %s | sync time (median) | vs %s | sync bytes per rank per step | vs %s | ep bytes per rank per step | wall time |\n",
-		minWall, ref.label, ref.label, ref.label)
+	fmt.Fprintf(w, "| run | ranks | steps | loss: first | last 10%% | at %s | step time (median) | vs %s | sync time (median) | vs %s | sync bytes per rank per step | vs %s | ep bytes per rank per step | wall time |\n",
+		seconds(minWall), ref.label, ref.label, ref.label)
 	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, r := range runs {
 		d := r.d
 		st, sy := median(d.StepUS, skip), median(r.syncUS, skip)
 		sb := median(r.syncBytes, 0)
-		fmt.Fprintf(w, "| %s | %d | %d | %.4g | %.4g | %.4g | %.1f ms | %s | %.1f ms | %s | %s | %s | %s | %.0f s |\n",
+		fmt.Fprintf(w, "| %s | %d | %d | %.4g | %.4g | %.4g | %.1f ms | %s | %.1f ms | %s | %s | %s | %s | %s |\n",
 			r.label, d.WorldSize, len(d.Step), d.Loss[0], tailLoss(d.Loss), lossAt(r, minWall),
 			st/1e3, ratio(refStep, st), sy/1e3, ratio(refSync, sy), bytesText(sb), ratio(median(ref.syncBytes, 0), sb),
-			bytesText(median(r.epBytes, 0)), r.wall[len(r.wall)-1])
+			bytesText(median(r.epBytes, 0)), seconds(r.wall[len(r.wall)-1]))
 	}
 	fmt.Fprintf(w, "\nTimes are medians over steps %d.. of the mean over ranks (sync) or rank 0's (step); a sync's time includes its wait for the slowest rank. \"vs\" is %s's figure divided by the run's: above 1, the run is faster (or sends less).\n", skip+1, ref.label)
 }
+
+// seconds formats a wall time to three significant digits.
+func seconds(s float64) string { return fmt.Sprintf("%.3g s", s) }
 
 func ratio(ref, v float64) string {
 	if v <= 0 || math.IsNaN(v) || math.IsNaN(ref) {
