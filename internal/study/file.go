@@ -217,7 +217,8 @@ func create(path string) (*h5.File, error) {
 			return nil, err
 		}
 		name := "results/" + c.name
-		if err := f.SetAttr(name, "units", c.units); err == nil {
+		err := f.SetAttr(name, "units", c.units)
+		if err == nil {
 			err = f.SetAttr(name, "description", c.desc)
 		}
 		if err == nil && c.labels != nil {
