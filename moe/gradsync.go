@@ -173,24 +173,29 @@ type a2sgdSync struct {
 
 func (s *a2sgdSync) Residual() []float64 { return s.e }
 
-// twoLevelMeans returns the means of the positive and of the negative entries
-// of v (0 where there are none; NaN for both if an entry is not finite).
-func twoLevelMeans(v []float64) (pos, neg float64) {
+// addAndMeans adds g into e (e becomes v = g + e) and returns the means of
+// the positive and of the negative entries of v (0 where there are none;
+// NaN for both if an entry is not finite). One pass, without branches on
+// the signs, which are random: mispredicted branches cost more than the
+// arithmetic here.
+func addAndMeans(e, g []float64) (pos, neg float64) {
 	var sp, sn float64
-	var np, nn int
-	for _, x := range v {
-		switch {
-		case x > 0:
-			sp += x
-			np++
-		case x < 0:
-			sn += x
-			nn++
-		case x != 0: // NaN
-			return math.NaN(), math.NaN()
+	var np, nn uint64
+	e = e[:len(g)]
+	for i, x := range g {
+		v := e[i] + x
+		e[i] = v
+		s := math.Float64bits(v) >> 63 // 1: negative
+		nz := uint64(1)
+		if v == 0 { // rare, and predicted: counts in neither mean
+			nz = 0
 		}
+		np += (1 - s) & nz
+		nn += s & nz
+		sp += v * float64(1-s) // NaN or an infinity makes both sums NaN
+		sn += v * float64(s)
 	}
-	if math.IsInf(sp, 0) || math.IsInf(sn, 0) {
+	if math.IsNaN(sp) || math.IsNaN(sn) || math.IsInf(sp, 0) || math.IsInf(sn, 0) {
 		return math.NaN(), math.NaN()
 	}
 	if np > 0 {
@@ -207,24 +212,18 @@ func (s *a2sgdSync) Sync(g []float64) (SyncStats, error) {
 	if len(g) != len(s.e) {
 		return SyncStats{}, fmt.Errorf("moe: a2sgd sync: %d gradient entries, want %d", len(g), len(s.e))
 	}
-	e := s.e
-	for i, x := range g {
-		e[i] += x // e holds v = g + e until the reconstruction below
-	}
-	pos, neg := twoLevelMeans(e)
+	pos, neg := addAndMeans(s.e, g) // s.e holds v = g + e until the reconstruction below
 	var sums [2]float64
 	if err := mpi.Allreduce(s.comm, mpi.OpSum, []float64{pos, neg}, sums[:]); err != nil {
 		return SyncStats{}, fmt.Errorf("moe: a2sgd sync: %w", err)
 	}
 	R := float64(s.comm.Size())
-	up, un := sums[0]/R, sums[1]/R
+	levels := [2]float64{sums[0] / R, sums[1] / R} // by sign bit: positive, negative
+	e := s.e[:len(g)]
 	for i, v := range e {
-		var u float64
-		switch {
-		case v > 0:
-			u = up
-		case v < 0:
-			u = un
+		u := levels[math.Float64bits(v)>>63]
+		if v == 0 {
+			u = 0
 		}
 		e[i] = v - u
 		g[i] = R * u
@@ -247,6 +246,7 @@ type topKSync struct {
 	k      int
 	e      []float64
 	keys   []float64 // scratch: magnitudes
+	cand   []int     // scratch: candidate indexes
 	picked []int     // scratch: the chosen indexes, ascending
 	send   []byte
 	recv   []byte
@@ -267,28 +267,55 @@ func magnitude(x float64) float64 {
 }
 
 // topKIndexes returns, in ascending order, the indexes of the k entries of v
-// of largest magnitude (see magnitude), ties going to the lower index. keys
-// and out are scratch space, grown as needed and returned for reuse.
-func topKIndexes(v []float64, k int, keys []float64, out []int) ([]float64, []int) {
-	if cap(keys) < len(v) {
-		keys = make([]float64, len(v))
+// of largest magnitude (see magnitude), ties going to the lower index. keys,
+// cand and out are scratch space, grown as needed and returned for reuse.
+//
+// A full selection over v costs several passes of unpredictable branches.
+// Instead a threshold is first estimated from a strided sample of v, low
+// enough that about twice k entries reach it; one pass gathers those
+// candidates (the branch is predictable: few pass) and an exact selection
+// runs on them alone. Whenever fewer than k entries reach the estimate, the
+// selection runs on all of v: the result is exact either way.
+func topKIndexes(v []float64, k int, keys []float64, cand, out []int) ([]float64, []int, []int) {
+	n := len(v)
+	est := math.Inf(-1) // every entry is a candidate
+	if m := 64 * (n / k); k < n && m < n/2 {
+		// Every (n/m)-th entry; in it, the 2*64th largest magnitude: expected
+		// to be reached by about 2k entries of v.
+		stride := n / m
+		keys = keys[:0]
+		for i := 0; i < n; i += stride {
+			keys = append(keys, magnitude(v[i]))
+		}
+		est = kthLargest(keys, min(128, len(keys)))
 	}
-	keys = keys[:len(v)]
+	cand = cand[:0]
 	for i, x := range v {
-		keys[i] = magnitude(x)
+		if magnitude(x) >= est {
+			cand = append(cand, i)
+		}
 	}
-	t := kthLargest(keys, k) // reorders keys
-	// Every entry above the threshold, then the first entries equal to it.
+	if len(cand) < k { // the estimate was too high: all of v
+		cand = cand[:0]
+		for i := range v {
+			cand = append(cand, i)
+		}
+	}
+	keys = keys[:0]
+	for _, i := range cand {
+		keys = append(keys, magnitude(v[i]))
+	}
+	t := kthLargest(keys, k) // the k-th largest magnitude of v
 	above := 0
-	for _, x := range v {
-		if magnitude(x) > t {
+	for _, i := range cand {
+		if magnitude(v[i]) > t {
 			above++
 		}
 	}
-	ties := k - above
+	ties := k - above // entries equal to t to take, the first ones
 	out = out[:0]
-	for i, x := range v {
-		m := magnitude(x)
+	for _, i := range cand { // ascending
+		m := magnitude(v[i])
 		if m > t || (m == t && ties > 0) {
 			if m == t {
 				ties--
@@ -296,7 +323,7 @@ func topKIndexes(v []float64, k int, keys []float64, out []int) ([]float64, []in
 			out = append(out, i)
 		}
 	}
-	return keys, out
+	return keys, cand, out
 }
 
 // kthLargest returns the k-th largest (1-based) of a, which it reorders:
@@ -353,7 +380,7 @@ func (s *topKSync) Sync(g []float64) (SyncStats, error) {
 	for i, x := range g {
 		e[i] += x // v = g + e
 	}
-	s.keys, s.picked = topKIndexes(e, s.k, s.keys, s.picked)
+	s.keys, s.cand, s.picked = topKIndexes(e, s.k, s.keys, s.cand, s.picked)
 	n := s.k * topKEntryBytes
 	if cap(s.send) < n {
 		s.send = make([]byte, n)
