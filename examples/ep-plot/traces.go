@@ -276,8 +276,10 @@ func describe(runs []*trainRun) string {
 		strings.Join(rs, "/"), c.Hidden, c.SharedFFN, c.Experts, c.FFN, c.Tokens)
 }
 
+// titled is a chart's title: what it shows, then the runs' configuration
+// and extra on a second line.
 func titled(base string, runs []*trainRun, extra string) string {
-	t := base + ": " + describe(runs)
+	t := base + "\n" + describe(runs)
 	if extra != "" {
 		t += "; " + extra
 	}
@@ -311,6 +313,7 @@ func costFigure(runs []*trainRun, smooth int, extra string) (*figure, error) {
 	win := window(runs, smooth)
 	fig := newFigure(titled("Cost per step", runs, extra))
 	bytesP := newPlot("bytes sent per rank per step", "step", "bytes", false, true)
+	bytesP.Y.Tick.Marker = byteTicks{}
 	timeP := newPlot(fmt.Sprintf("time per step (mean over %d steps)", win), "step", "milliseconds", false, true)
 	timeP.Y.Tick.Marker = logTicks125{}
 	ms := func(us []float64) []float64 {
@@ -393,6 +396,26 @@ func (logTicks125) Ticks(lo, hi float64) []plot.Tick {
 				t = append(t, plot.Tick{Value: v, Label: fmt.Sprintf("%g", v)})
 			}
 		}
+	}
+	return t
+}
+
+// byteTicks labels a log axis of bytes at the powers of ten, in SI units.
+type byteTicks struct{}
+
+func (byteTicks) Ticks(lo, hi float64) []plot.Tick {
+	var t []plot.Tick
+	if !(lo > 0) || !(hi > lo) {
+		return t
+	}
+	units := []string{"B", "kB", "MB", "GB", "TB"}
+	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+		v := math.Pow(10, e)
+		if v < lo*0.999 || v > hi*1.001 || e < 0 {
+			continue
+		}
+		u := min(int(e)/3, len(units)-1)
+		t = append(t, plot.Tick{Value: v, Label: fmt.Sprintf("%g %s", v/math.Pow(10, float64(3*u)), units[u])})
 	}
 	return t
 }
