@@ -2,6 +2,7 @@
 # Both install missing system packages first (scripts/install-deps.sh).
 
 GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.6.1
 NP      ?= 4
 MPIRUN  ?= mpirun
 # More ranks than cores, and root (containers, CI), are normal here.
@@ -10,10 +11,15 @@ MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-
 MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./gpu
 MPI_TEST_NP   ?= 1,2,4,8
 MPI_TEST_SIM  ?= 4/2,8/4,8/2
+# The GPU backend on the emulated device (the ep conformance suite) and the emulator, at 1, 2 and 4
+# ranks and 2 simulated nodes: each run of the suite on the emulator costs 7 to 15 s here.
+MPI_TEST_EMU_PKGS ?= ./ep/epgpu ./gpu/emulator
+MPI_TEST_EMU_NP   ?= 1,2,4
+MPI_TEST_EMU_SIM  ?= 4/2
 
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps deps-nvrtc build run hello test test-unit test-mpi test-gpu test-slurm lint clean
+.PHONY: all deps deps-nvrtc build run hello test test-unit test-mpi test-gpu test-slurm test-cluster lint clean
 
 all: build
 
@@ -58,26 +64,50 @@ lint: deps
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags mpi ./...
+	@# staticcheck once per build configuration, merged, so that code used in one only is not "unused"
+	@mkdir -p bin/lint && for tags in none mpi gpu,ci mpi,gpu; do \
+	  $(GO) run $(STATICCHECK) -f binary -tags $$tags ./... > bin/lint/$$tags.bin || exit 1; done
+	$(GO) run $(STATICCHECK) -merge bin/lint/*.bin
 
 test-unit: deps deps-nvrtc
 	$(GO) test -count=1 ./...
 
 test-mpi: deps
 	$(GO) run ./internal/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
+	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes
+	$(GO) run ./internal/mpitest -np "" -sim 5/2,5/3 ./ep
+	$(GO) run ./internal/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
 
-## test-gpu: build package gpu's GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the
-## script that runs them: carry bin/gpu/ to a GPU machine (no Go needed there), run bin/gpu/run-on-device.sh.
+## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that
+## runs them: package gpu's (device, kernels, NCCL), the ep conformance suite on the CUDA backend (epgpu),
+## and ep-bench for -device cuda. Carry bin/gpu/ to a GPU machine (no Go needed there) and run
+## bin/gpu/run-on-device.sh; it fails, never skips, where there is no GPU.
 test-gpu: deps
-	$(GO) vet -tags gpu ./gpu
-	$(GO) vet -tags 'gpu mpi' ./gpu
+	$(GO) vet -tags gpu ./gpu ./ep/epgpu
+	$(GO) vet -tags 'gpu mpi' ./gpu ./ep/epgpu
 	$(GO) test -c -tags gpu -o bin/gpu/gpu.test ./gpu
 	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/gpu-mpi.test ./gpu
+	$(GO) test -c -tags gpu -o bin/gpu/epgpu.test ./ep/epgpu
+	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/epgpu-mpi.test ./ep/epgpu
+	$(GO) build -tags mpi -o bin/gpu/ep-bench ./examples/ep-bench
+	$(GO) build -o bin/gpu/ep-bench-1rank ./examples/ep-bench
 	cp scripts/gpu/run-on-device.sh bin/gpu/
 
-## test-slurm: a real 2-node Slurm cluster on this machine (root): mpi-hello by srun and sbatch+mpirun,
-## the training (train.sbatch) and a small scaling study (study.sbatch) by srun and mpirun; 1.5-2 min.
+## test-slurm: a real 2-node Slurm cluster (root): mpi-hello by srun and sbatch+mpirun, the training
+## (train.sbatch) and a small scaling study (study.sbatch) by srun and mpirun; 1.5-2 min. The nodes
+## are emulated hosts with their own network (scripts/cluster, one slurmd each); SLURM_TEST_FLAGS=--local
+## simulates both nodes on this machine instead (where network namespaces are not available).
+SLURM_TEST_FLAGS ?= --net
 test-slurm:
-	GO=$(GO) scripts/slurm/test-slurm.sh
+	GO=$(GO) scripts/slurm/test-slurm.sh $(SLURM_TEST_FLAGS)
+
+## test-cluster: goep across emulated hosts with their own network (root): scripts/cluster/cluster.sh brings
+## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); mpi-hello and the mpi test
+## binary run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host; then it comes down and nothing may
+## be left (under a minute). GOEP_CLUSTER_EP=1 adds the ep and moe tests, a short training and ep-bench
+## LL and HT against alltoallv, which hang across hosts until ep's waits let MPI progress (issue 17).
+test-cluster: deps
+	GO=$(GO) scripts/cluster/test-cluster.sh
 
 clean:
 	rm -rf bin out

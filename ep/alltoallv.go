@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"runtime"
@@ -28,6 +29,10 @@ var AlltoallvBlocking Backend = alltoallvBackend{blocking: true}
 
 type alltoallvBackend struct{ blocking bool }
 
+// Supports says that the baseline dispatches in FP8 (it casts while it
+// packs, and the scales travel with the metadata).
+func (alltoallvBackend) Supports(f Feature) bool { return f == FeatureFP8Wire }
+
 func (b alltoallvBackend) Name() string {
 	if b.blocking {
 		return "alltoallv-blocking"
@@ -45,13 +50,18 @@ func (b alltoallvBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	}
 	R := c.Size()
 	a := &alltoallvEngine{spec: spec, comm: c, R: R, me: c.Rank(), L: spec.NumExperts / R, K: spec.TopK,
-		H: spec.Hidden, M: spec.MaxTokensPerRank, rowBytes: spec.RowBytes, nodeOf: make([]int, R)}
+		H: spec.Hidden, M: spec.MaxTokensPerRank, rowBytes: spec.RowBytes, wireBytes: spec.WireRowBytes,
+		nodeOf: make([]int, R)}
+	if spec.Wire.FP8() {
+		a.G = ScaleGroups(spec.Hidden)
+	}
 	a.span = R * a.M
 	if spec.Mode == LowLatency {
 		for b := range a.sets {
 			s := &a.sets[b]
 			rows := a.L * a.span
-			s.rows = make([]byte, rows*a.rowBytes)
+			s.rows = make([]byte, rows*a.wireBytes)
+			s.scales = make([]float32, rows*a.G)
 			s.outputs = make([]byte, rows*a.rowBytes)
 			s.weights = make([]float32, rows)
 			s.tokens = make([]int32, rows)
@@ -66,6 +76,8 @@ type alltoallvEngine struct {
 	comm                      *mpi.Comm
 	R, me, L, K, H, M, span   int
 	rowBytes                  int
+	wireBytes, G              int // a dispatched row's bytes, and its FP8 scales (0: native)
+	cast                      castQueue
 	nodeOf                    []int
 	sets                      [2]a2aSet
 	sendRows, recvRows, packd []byte
@@ -74,7 +86,7 @@ type alltoallvEngine struct {
 	pin                       runtime.Pinner
 	sc, sd, rc, rd            []int // alltoallv counts and displacements, in elements
 	counts, got               []int32
-	src                       []ptr
+	src                       addrTable
 	w                         []float32
 	start                     []int32
 }
@@ -82,6 +94,7 @@ type alltoallvEngine struct {
 // a2aSet is one buffer set: what a dispatch fills and its combine reads.
 type a2aSet struct {
 	rows, outputs []byte
+	scales        []float32 // FP8: laid out like rows
 	weights       []float32
 	topk          []int32
 	tokens        []int32
@@ -107,7 +120,7 @@ func (a *alltoallvEngine) Memory() Memory { return HostMemory }
 func (a *alltoallvEngine) BufferBytes() int {
 	n := 0
 	for _, s := range a.sets {
-		n += len(s.rows) + len(s.outputs) + len(s.back) + 4*(len(s.weights)+len(s.topk)+len(s.tokens)+len(s.backVals))
+		n += len(s.rows) + len(s.outputs) + len(s.back) + 4*(len(s.weights)+len(s.topk)+len(s.tokens)+len(s.backVals)+len(s.scales))
 	}
 	return n
 }
@@ -125,6 +138,72 @@ func (a *alltoallvEngine) timeout(op, what string, err error) error {
 		return &TimeoutError{Op: op, Peer: -1, What: what, After: a.spec.Timeout}
 	}
 	return err
+}
+
+// refusedCount is what a rank that refused a call sends in the call's first
+// MPI_Alltoall instead of its counts.
+const refusedCount = -1
+
+// status is the first collective of every call: an MPI_Alltoall of send
+// (counts, or whether values were passed) into a.got. When a rank sent
+// refusedCount, every rank learns the lowest such rank's reason (an
+// MPI_Bcast) and the call ends with a *RefusedError.
+func (a *alltoallvEngine) status(op, what string, send []int32) error {
+	a.got = growTo(a.got, a.R)
+	if err := mpi.AlltoallSlice(a.comm, send, a.got); err != nil {
+		return a.timeout(op, what, err)
+	}
+	for r, v := range a.got {
+		if v == refusedCount {
+			reason, err := a.noteOf(r, "")
+			if err != nil {
+				return a.timeout(op, "a refusal's reason in an MPI_Bcast", err)
+			}
+			return &RefusedError{Op: op, Rank: r, Reason: reason}
+		}
+	}
+	return nil
+}
+
+// noteOf broadcasts rank origin's reason (mine, on origin).
+func (a *alltoallvEngine) noteOf(origin int, mine string) (string, error) {
+	note := make([]byte, noteLen) // a refused call is no hot path
+	copy(note[:noteLen-1], mine)
+	if err := a.comm.Bcast(note, origin); err != nil {
+		return "", err
+	}
+	if i := bytes.IndexByte(note, 0); i >= 0 {
+		note = note[:i]
+	}
+	return string(note), nil
+}
+
+// Refuse takes part in the first collective of a call this rank refused,
+// saying so, then in the broadcast of the lowest refusing rank's reason.
+func (a *alltoallvEngine) Refuse(r *Refusal) error {
+	op := "alltoallv " + a.spec.Mode.String() + " dispatch"
+	if r.Kind == CallCombine {
+		op = "alltoallv " + a.spec.Mode.String() + " combine"
+	}
+	refusal := make([]int32, a.R)
+	for i := range refusal {
+		refusal[i] = refusedCount
+	}
+	a.got = growTo(a.got, a.R)
+	if err := mpi.AlltoallSlice(a.comm, refusal, a.got); err != nil {
+		return a.timeout(op, "an MPI_Alltoall", err)
+	}
+	origin := a.me
+	for s, v := range a.got {
+		if v == refusedCount {
+			origin = s
+			break
+		}
+	}
+	if _, err := a.noteOf(origin, r.Reason); err != nil {
+		return a.timeout(op, "a refusal's reason in an MPI_Bcast", err)
+	}
+	return nil
 }
 
 func (a *alltoallvEngine) state(d *Dispatch) *a2aState {
@@ -152,55 +231,86 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 	if a.spec.Mode == HighThroughput {
 		meta = 1 + 2*K // token, top-k ids, weight bits
 	}
+	meta += a.G // FP8: then the row's scales
 	rows, words := a.sendRows[:0], a.sendMeta[:0]
 	clear(st.sendCounts)
+	n := 0 // rows packed
+	pack := func(t int) {
+		if a.G == 0 {
+			rows = append(rows, x[t*a.rowBytes:(t+1)*a.rowBytes]...)
+		} else { // cast below, once the buffers have their size
+			a.cast.srcOff = append(a.cast.srcOff, int64(t*a.rowBytes))
+		}
+		n++
+	}
 	for dst := 0; dst < a.R; dst++ {
 		for t := 0; t < rt.T; t++ {
-			row := x[t*a.rowBytes : (t+1)*a.rowBytes]
 			if a.spec.Mode == LowLatency {
 				for k := 0; k < K; k++ {
 					if e := d.TopK[t*K+k]; e >= 0 && int(e)/L == dst {
-						rows = append(rows, row...)
+						pack(t)
 						words = append(words, e, int32(t), int32(math.Float32bits(d.Weights[t*K+k])))
+						words = appendZeros(words, a.G)
 						st.sendCounts[dst]++
 					}
 				}
 			} else if rt.TokRankOrd[t*a.R+dst] >= 0 {
-				rows = append(rows, row...)
+				pack(t)
 				words = append(words, int32(t))
 				words = append(words, d.TopK[t*K:(t+1)*K]...)
 				for k := 0; k < K; k++ {
 					words = append(words, int32(math.Float32bits(d.Weights[t*K+k])))
 				}
+				words = appendZeros(words, a.G)
 				st.sendCounts[dst]++
 			}
 		}
 	}
-	a.sendRows, a.sendMeta = rows, words
-	if d.From != nil {
-		copy(st.recvCounts, d.From.State.(*a2aState).recvCounts)
-		st.cached = true
-	} else {
-		a.counts, a.got = growTo(a.counts, a.R), growTo(a.got, a.R)
-		for i, n := range st.sendCounts {
-			a.counts[i] = int32(n)
-		}
-		if err := mpi.AlltoallSlice(a.comm, a.counts, a.got); err != nil {
-			return a.timeout(op, "the counts of an MPI_Alltoall", err)
-		}
-		for i, n := range a.got {
-			st.recvCounts[i] = int(n)
-		}
-		st.cached = false
+	if a.G > 0 {
+		rows = a.castRows(rows, words, x, n, meta)
 	}
+	a.sendRows, a.sendMeta = rows, words
+	// The counts go first, also in a cached dispatch: the exchange is how a
+	// rank that refused the call says so (status).
+	a.counts = growTo(a.counts, a.R)
+	for i, n := range st.sendCounts {
+		a.counts[i] = int32(n)
+	}
+	if err := a.status(op, "the counts of an MPI_Alltoall", a.counts); err != nil {
+		return err
+	}
+	for i, n := range a.got {
+		st.recvCounts[i] = int(n)
+	}
+	st.cached = d.From != nil
 	var err error
-	if a.recvRows, err = moveV(a, a.sendRows, st.sendCounts, st.recvCounts, a.rowBytes, a.recvRows); err != nil {
+	if a.recvRows, err = moveV(a, a.sendRows, st.sendCounts, st.recvCounts, a.wireBytes, a.recvRows); err != nil {
 		return a.timeout(op, "the rows of an MPI_Alltoallv", err)
 	}
 	if a.recvMeta, err = moveV(a, a.sendMeta, st.sendCounts, st.recvCounts, meta, a.recvMeta); err != nil {
 		return a.timeout(op, "the metadata of an MPI_Alltoallv", err)
 	}
 	return nil
+}
+
+// castRows casts the n packed rows (their sources queued in a.cast.srcOff)
+// into rows, as e4m3 codes, and their scales into the last a.G words of
+// each row's meta words: the pack of an FP8 dispatch, one kernel call.
+func (a *alltoallvEngine) castRows(rows []byte, words []int32, x []byte, n, meta int) []byte {
+	rows = growTo(rows, n*a.wireBytes)
+	if n == 0 {
+		return rows
+	}
+	a.pin.Pin(unsafe.SliceData(rows)) // the kernel's tables point into them
+	a.pin.Pin(unsafe.SliceData(words))
+	defer a.pin.Unpin()
+	q := &a.cast
+	for i := 0; i < n; i++ {
+		q.dst.add(unsafe.Pointer(&rows[i*a.wireBytes]))
+		q.scales.add(unsafe.Pointer(&words[(i+1)*meta-a.G]))
+	}
+	q.flush(x, a.H, a.spec.Elem, a.spec.Wire)
+	return rows
 }
 
 // moveV is one MPI_Alltoallv of per-rank counts of rows of width elements,
@@ -226,7 +336,7 @@ func moveV[T dtype.Number](a *alltoallvEngine, send []T, sendRows, recvRows []in
 func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 	st := d.State.(*a2aState)
 	set := &a.sets[d.Set]
-	K, L, H := a.K, a.L, a.rowBytes
+	K, L, H, G := a.K, a.L, a.wireBytes, a.G
 	n := 0
 	for _, c := range st.recvCounts {
 		n += c
@@ -235,7 +345,8 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 	clear(st.source)
 	if a.spec.Mode == HighThroughput {
 		set.rows = growTo(set.rows, n*H)
-		set.outputs = growTo(set.outputs, n*H)
+		set.outputs = growTo(set.outputs, n*a.rowBytes)
+		set.scales = growTo(set.scales, n*G)
 		set.tokens, set.topk, set.weights = growTo(set.tokens, n), growTo(set.topk, n*K), growTo(set.weights, n*K)
 		copy(set.rows, a.recvRows)
 		s, left := 0, 0
@@ -245,8 +356,9 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 			}
 			left--
 			st.source[s-1]++
-			w := a.recvMeta[r*(1+2*K):]
+			w := a.recvMeta[r*(1+2*K+G):]
 			set.tokens[r] = w[0]
+			wordsToFloats(set.scales[r*G:(r+1)*G], w[1+2*K:1+2*K+G])
 			for k := 0; k < K; k++ {
 				if e := int(w[1+k]); e >= 0 && e/L == a.me {
 					set.topk[r*K+k] = int32(e - a.me*L)
@@ -257,9 +369,12 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 				}
 			}
 		}
-		d.Recv = Received{Rows: Host(set.rows[:n*H]), Outputs: Host(set.outputs[:n*H]), Weights: Host(set.weights[:n*K]),
+		d.Recv = Received{Rows: Host(set.rows[:n*H]), Outputs: Host(set.outputs[:n*a.rowBytes]), Weights: Host(set.weights[:n*K]),
 			TopK: Host(set.topk[:n*K]), Tokens: Host(set.tokens[:n]), ExpertCounts: st.expert, SourceCounts: st.source[:a.R],
 			NumRecv: n}
+		if G > 0 {
+			d.Recv.Scales = Host(set.scales[:n*G])
+		}
 		return nil
 	}
 	st.slot = growTo(st.slot, n)
@@ -269,18 +384,37 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 			left, s = st.recvCounts[s], s+1
 		}
 		left--
-		w := a.recvMeta[3*r:]
+		w := a.recvMeta[(3+G)*r:]
 		l := int(w[0]) - a.me*L
 		j := l*a.span + st.expert[l]
 		st.expert[l]++
 		st.source[(s-1)*L+l]++
 		copy(set.rows[j*H:(j+1)*H], a.recvRows[r*H:(r+1)*H])
 		set.tokens[j], set.weights[j] = w[1], math.Float32frombits(uint32(w[2]))
+		wordsToFloats(set.scales[j*G:(j+1)*G], w[3:3+G])
 		st.slot[r] = int32(j)
 	}
 	d.Recv = Received{Rows: Host(set.rows), Outputs: Host(set.outputs), Weights: Host(set.weights),
 		Tokens: Host(set.tokens), ExpertCounts: st.expert, SourceCounts: st.source, NumRecv: n}
+	if G > 0 {
+		d.Recv.Scales = Host(set.scales)
+	}
 	return nil
+}
+
+// appendZeros appends n zero words (room for a row's scales).
+func appendZeros(words []int32, n int) []int32 {
+	for range n {
+		words = append(words, 0)
+	}
+	return words
+}
+
+// wordsToFloats reads float32 bits from metadata words.
+func wordsToFloats(dst []float32, words []int32) {
+	for i, w := range words {
+		dst[i] = math.Float32frombits(uint32(w))
+	}
 }
 
 // CombineSend moves the expert outputs (and row values) back the way the
@@ -306,27 +440,28 @@ func (a *alltoallvEngine) CombineSend(c *Combine) error {
 		vals = append(vals, c.RowValues.Host()...)
 	}
 	a.sendVals = vals
-	var err error
-	if set.back, err = moveV(a, send, st.recvCounts, st.sendCounts, H, set.back); err != nil {
-		return a.timeout(op, "the outputs of an MPI_Alltoallv", err)
-	}
-	// Every rank says whether it passed values (the others need to know),
-	// then the values travel if all did.
-	width := 1
-	if a.spec.Mode == HighThroughput {
-		width = a.K
-	}
-	a.counts, a.got = growTo(a.counts, a.R), growTo(a.got, a.R)
+	// Every rank says first whether it passed values (the others need to
+	// know, and it is how a rank that refused the call says so), then the
+	// outputs go back, then the values if every rank passed them.
+	a.counts = growTo(a.counts, a.R)
 	for i := range a.counts {
 		a.counts[i] = 0
 		if withValues {
 			a.counts[i] = 1
 		}
 	}
-	if err := mpi.AlltoallSlice(a.comm, a.counts, a.got); err != nil {
-		return a.timeout(op, "an MPI_Alltoall", err)
+	if err := a.status(op, "an MPI_Alltoall", a.counts); err != nil {
+		return err
 	}
 	set.passed = append(set.passed[:0], a.got...)
+	var err error
+	if set.back, err = moveV(a, send, st.recvCounts, st.sendCounts, H, set.back); err != nil {
+		return a.timeout(op, "the outputs of an MPI_Alltoallv", err)
+	}
+	width := 1
+	if a.spec.Mode == HighThroughput {
+		width = a.K
+	}
 	missing := false
 	for _, v := range a.got {
 		missing = missing || v == 0
@@ -354,7 +489,8 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 	base := unsafe.Pointer(unsafe.SliceData(set.back))
 	rowAt := func(i int) ptr { return unsafe.Add(base, i*H) }
 	a.start = growTo(a.start, rt.T+1)
-	src, w := a.src[:0], a.w[:0]
+	src, w := &a.src, a.w[:0]
+	src.reset()
 	first := make([]int, a.R+1) // where each rank's rows start among those back
 	for r := 0; r < a.R; r++ {
 		first[r+1] = first[r] + st.sendCounts[r]
@@ -386,10 +522,10 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 			}
 		}
 		for t := 0; t < rt.T; t++ {
-			a.start[t] = int32(len(src))
+			a.start[t] = int32(src.len())
 			for k := 0; k < K; k++ {
 				if d.TopK[t*K+k] >= 0 {
-					src = append(src, rowAt(int(idx[t*K+k])))
+					src.add(rowAt(int(idx[t*K+k])))
 					w = append(w, c.Weights[t*K+k])
 					if withValues {
 						slots[t*K+k] = set.backVals[idx[t*K+k]]
@@ -399,11 +535,11 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		}
 	} else {
 		for t := 0; t < rt.T; t++ {
-			a.start[t] = int32(len(src))
+			a.start[t] = int32(src.len())
 			for r := 0; r < a.R; r++ {
 				if o := rt.TokRankOrd[t*a.R+r]; o >= 0 {
 					i := first[r] + int(o)
-					src = append(src, rowAt(i))
+					src.add(rowAt(i))
 					if withValues {
 						for k := 0; k < K; k++ {
 							slots[t*K+k] += set.backVals[i*K+k]
@@ -414,10 +550,9 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		}
 		w = nil
 	}
-	a.start[rt.T] = int32(len(src))
-	a.src, a.w = src, w
+	a.start[rt.T] = int32(src.len())
+	a.w = w
 	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), a.spec.Elem, src, w, a.start, rt.T, a.H, a.spec.Elem)
-	clear(a.src) // it pointed into set.back, Go memory pinned for the call only
 	if !c.SlotValues.IsZero() && missing >= 0 {
 		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
 	}

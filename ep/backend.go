@@ -1,6 +1,11 @@
 package ep
 
-import "github.com/goep/goep/mpi"
+import (
+	"fmt"
+	"time"
+
+	"github.com/goep/goep/mpi"
+)
 
 // A Backend makes the engines that move a Group's rows: CPU (the default:
 // MPI shared memory inside a node, one-sided MPI across nodes), Alltoallv
@@ -18,10 +23,25 @@ type Backend interface {
 
 // Spec is what an engine is opened for.
 type Spec struct {
-	Config          // validated; Timeout is never 0
-	Elem     DType  // the element type of the rows
-	RowBytes int    // bytes of one row: Hidden elements of Elem
-	Name     string // the group's name in messages, e.g. "ep.Group[bfloat16]"
+	Config         // validated; Timeout is never 0
+	Elem     DType // the element type of the rows
+	RowBytes int   // bytes of one row: Hidden elements of Elem
+	// WireRowBytes is the bytes of one dispatched row as it arrives in
+	// Received.Rows: RowBytes, or, with an FP8 Wire, Hidden e4m3 codes
+	// (the row's ScaleGroups(Hidden) float32 scales arrive apart, in
+	// Received.Scales).
+	WireRowBytes int
+	Name         string // the group's name in messages, e.g. "ep.Group[bfloat16]"
+}
+
+// newSpec is the Spec of a validated cfg with rows of elem.
+func newSpec(cfg Config, elem DType) Spec {
+	s := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(), WireRowBytes: cfg.Hidden * elem.Size(),
+		Name: fmt.Sprintf("ep.Group[%s]", elem)}
+	if cfg.Wire.FP8() {
+		s.WireRowBytes = cfg.Hidden
+	}
+	return s
 }
 
 // LocalExperts is the number of experts each rank owns.
@@ -61,6 +81,59 @@ type Engine interface {
 	Close() error
 }
 
+// A Refuser is an Engine that takes part in a call this rank refused, so
+// that every rank's same call fails at once, naming this rank and its
+// reason (a *RefusedError on the others), and the group stays usable. The
+// Group calls Refuse instead of DispatchSend or CombineSend when its checks
+// refuse a collective call's input on this rank. With an engine that is not
+// a Refuser, the other ranks wait for this rank until their timeout.
+type Refuser interface {
+	Refuse(r *Refusal) error
+}
+
+// Refusal is a call this rank refused, numbered as it would have been.
+type Refusal struct {
+	Op     uint64   // the call's sequence number
+	Set    int      // its buffer set, where this rank knows it (a combine of a bad handle does not)
+	Kind   CallKind // a dispatch (fresh or cached) or a combine
+	Cached bool     // the dispatch is a DispatchCached (its peers skip the count exchange)
+	// Dispatch is, where this rank could resolve the call's handle, the
+	// dispatch whose routing the call uses: a combine's, or the one a
+	// cached dispatch reuses (its State included); nil for a fresh
+	// dispatch or a handle this rank could not resolve. Valid during
+	// Refuse only.
+	Dispatch *Dispatch
+	Reason   string // this rank's error text
+}
+
+// CallKind is a dispatch or a combine.
+type CallKind int
+
+// Kinds of collective call.
+const (
+	CallDispatch CallKind = iota + 1 // Dispatch, DispatchCached and their halves
+	CallCombine                      // Combine and its halves
+)
+
+// A Meter is an Engine that measures, since it was opened, how long this
+// rank waited for each peer (waits, indexed by rank) and how many bytes it
+// sent across nodes (network). Group.Stats reports them.
+type Meter interface {
+	Meter() (waits []time.Duration, network int64)
+}
+
+// A Masker is an Engine that can mask stalled ranks
+// (Config.MaskStalledRanks).
+type Masker interface {
+	// Masked is, per rank, whether this rank has masked it.
+	Masked() []bool
+	// SetMask makes masked the mask of every rank that takes part (the
+	// ranks it does not mask, which all call SetMask with the same mask),
+	// and agrees with them on the calls' numbering: each passes the number
+	// of calls and dispatches it made, and gets the largest of each.
+	SetMask(masked []bool, calls, dispatches uint64) (uint64, uint64, error)
+}
+
 // Placement places a group's ranks on nodes.
 type Placement struct {
 	Node   int   // this rank's node
@@ -97,10 +170,15 @@ func (d *Dispatch) T() int { return d.Route.T }
 type Received struct {
 	// Rows is Recv: LowLatency [L][Size*MaxTokensPerRank] rows (the first
 	// ExpertCounts[l] of block l valid, by source rank then token);
-	// HighThroughput [NumRecv] rows (by source rank then token).
+	// HighThroughput [NumRecv] rows (by source rank then token). Each row
+	// is Spec.WireRowBytes: with an FP8 Wire, e4m3 codes (RecvFP8).
 	Rows Tensor[byte]
-	// Outputs is CombineBuffer: laid out like Rows, where expert outputs
-	// can be written for Combine to read without a copy.
+	// Scales: with an FP8 Wire, the float32 scales of Rows, laid out like
+	// them, ScaleGroups(Hidden) per row (RecvScales); zero otherwise.
+	Scales Tensor[float32]
+	// Outputs is CombineBuffer: laid out like Rows but in rows of
+	// RowBytes (the element type, also with an FP8 Wire), where expert
+	// outputs can be written for Combine to read without a copy.
 	Outputs Tensor[byte]
 	// Weights: LowLatency one per row of Rows; HighThroughput [NumRecv]
 	// [TopK], 0 where the expert is elsewhere.
@@ -119,6 +197,11 @@ type Received struct {
 	SourceCounts []int
 	// NumRecv is the number of valid rows.
 	NumRecv int
+	// Dropped lists the (token, slot) pairs of this rank's dispatch (as
+	// t*TopK+k) whose expert was on a masked rank: they were not sent, or
+	// their output did not come back, and contribute nothing to the combine
+	// (MaskStalledRanks). The engine may add to it during the combine.
+	Dropped []int32
 }
 
 // Combine is one combine call as an engine sees it; like Dispatch, the

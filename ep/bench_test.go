@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/internal/mpitesting"
@@ -82,4 +83,52 @@ func benchRouting(rank, T, K, E int) ([]int32, []float32) {
 		}
 	}
 	return topk, w
+}
+
+// BenchmarkLLLatency is one decode step at the smallest size: 1 token,
+// hidden 128, top-2, 8 experts on every rank, dispatch then combine with
+// identity experts, reported per phase (the send and wait halves) as well.
+// Under mpirun every rank must run the same count (-benchtime Nx).
+func BenchmarkLLLatency(b *testing.B) {
+	w := mpitesting.World
+	R := w.Size()
+	cfg := ep.Config{Mode: ep.LowLatency, NumExperts: 4 * R, MaxTokensPerRank: 1, Hidden: 128, TopK: 2}
+	g, err := ep.NewGroup[ep.BF16](w, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Close()
+	topk, weights := benchRouting(w.Rank(), 1, 2, 4*R)
+	x, out := ep.Host(make([]ep.BF16, 128)), ep.Host(make([]ep.BF16, 128))
+	var phase [4]time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		req, err := g.DispatchSend(x, topk, weights)
+		t1 := time.Now()
+		if err != nil {
+			b.Fatal(err)
+		}
+		h, err := req.Wait()
+		t2 := time.Now()
+		if err != nil {
+			b.Fatal(err)
+		}
+		creq, err := g.CombineSend(h, h.Recv(), out, nil)
+		t3 := time.Now()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := creq.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		t4 := time.Now()
+		phase[0] += t1.Sub(t0)
+		phase[1] += t2.Sub(t1)
+		phase[2] += t3.Sub(t2)
+		phase[3] += t4.Sub(t3)
+	}
+	for i, name := range []string{"dispatch-send", "dispatch-wait", "combine-send", "combine-wait"} {
+		b.ReportMetric(float64(phase[i].Nanoseconds())/float64(b.N), name+"-ns/op")
+	}
 }

@@ -45,17 +45,21 @@ func (g *Group[E]) CombineSend(h Handle[E], y, out Tensor[E], opts *CombineOptio
 	if err := g.usable(op); err != nil {
 		return CombineRequest[E]{}, err
 	}
-	s, err := g.checkHandle(op, h)
-	if err != nil {
-		return CombineRequest[E]{}, err
-	}
 	var o CombineOptions
 	if opts != nil {
 		o = *opts
 	}
-	where, err := g.checkCombine(op, s, y, out, o)
+	s, err := g.checkHandle(op, h)
+	var where YPlace
+	if err == nil {
+		where, err = g.checkCombine(op, s, y, out, o)
+	}
 	if err != nil {
-		return CombineRequest[E]{}, err
+		r := Refusal{Kind: CallCombine, Set: -1}
+		if s != nil {
+			r.Set, r.Dispatch = s.d.Set, &s.d
+		}
+		return CombineRequest[E]{}, g.refuse(r, err)
 	}
 	weights := o.WeightsOverride
 	if g.spec.Mode == LowLatency && weights == nil {
@@ -87,7 +91,10 @@ func (r CombineRequest[E]) Wait() error {
 	}
 	s.inComb = false
 	err := g.engineError(g.eng.CombineWait(&s.c))
-	if g.spec.Mode == LowLatency { // the buffer set is free again, even when the combine refused an option
+	if err == nil {
+		g.count(s, true)
+	}
+	if g.spec.Mode == LowLatency && !isRefused(err) { // the combine ran (it may have refused an option): the set is free
 		s.done = true
 		if g.pending[s.d.Set] == s {
 			g.pending[s.d.Set] = nil
@@ -101,7 +108,7 @@ func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], 
 	H, K := g.spec.Hidden, g.spec.TopK
 	T := s.rt.T
 	recv := s.d.Recv
-	rows := recv.Rows.Len() / g.spec.RowBytes
+	rows := recv.Rows.Len() / g.spec.WireRowBytes
 	rowValues := recv.Weights.Len()
 	if s.inComb {
 		return 0, inputErrorf(op, "a combine of this handle is in flight (call its Wait)")
@@ -117,7 +124,11 @@ func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], 
 		return 0, inputErrorf(op, "WeightsOverride is for LL mode: an HT combine is an unweighted sum (the expert side applies the weights)")
 	}
 	if y.Len() != rows*H {
-		return 0, inputErrorf(op, "len(y) = %d, want %d rows of %d = %d (laid out like Recv())", y.Len(), rows, H, rows*H)
+		hint := ""
+		if g.spec.Wire.FP8() && y.IsZero() {
+			hint = ": an FP8 group's Recv() is empty (it receives RecvFP8); write the outputs into CombineBuffer()"
+		}
+		return 0, inputErrorf(op, "len(y) = %d, want %d rows of %d = %d (laid out like Recv())%s", y.Len(), rows, H, rows*H, hint)
 	}
 	if out.Len() != T*H {
 		return 0, inputErrorf(op, "len(out) = %d, want tokens*Hidden = %d*%d = %d", out.Len(), T, H, T*H)

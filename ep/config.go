@@ -56,6 +56,22 @@ type Config struct {
 	MaxRecvTokensPerRank int
 	// Timeout bounds every wait for a peer; 0 means DefaultTimeout.
 	Timeout time.Duration
+	// MaskStalledRanks (LowLatency only: inference) masks a rank that does
+	// not arrive within Timeout instead of failing: the call finishes
+	// without it, tokens routed to its experts contribute nothing (each
+	// handle's Dropped lists them), and later calls skip it at no cost. The
+	// masked rank gets ErrMasked when it comes back; SetMask, called by it
+	// and the others, lets it rejoin. As NCCL EP's enable_mask. Such a group
+	// always takes LL's slot protocol (it needs no count round that a
+	// stalled rank could leave half done).
+	MaskStalledRanks bool
+	// Wire is how dispatched rows travel: WireNative (the zero value: in
+	// the element type, Handle.Recv), or FP8 e4m3 with per-128-element
+	// scales, WireFP8 or WireFP8UE8M0 (Handle.RecvFP8 and RecvScales; the
+	// rows are given and combined in the element type as always). Any
+	// Hidden: a last partial group of Hidden mod 128 elements has its own
+	// scale.
+	Wire WireFormat
 	// Backend moves the rows; nil means CPU, the shared-memory and
 	// one-sided MPI engine of this package.
 	Backend Backend
@@ -81,6 +97,10 @@ func (c Config) validate(size int) error {
 		return bad("MaxRecvTokensPerRank = %d is negative", c.MaxRecvTokensPerRank)
 	case c.Timeout < 0:
 		return bad("Timeout = %v is negative", c.Timeout)
+	case c.Wire != WireNative && !c.Wire.FP8():
+		return bad("Wire = %v: choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0", c.Wire)
+	case c.MaskStalledRanks && c.Mode != LowLatency:
+		return bad("MaskStalledRanks is for LowLatency (inference) groups, not %v", c.Mode)
 	case int64(c.MaxTokensPerRank)*int64(size) > 1<<31-1:
 		return bad("MaxTokensPerRank*ranks = %d*%d overflows the 32-bit row indices", c.MaxTokensPerRank, size)
 	}
@@ -106,8 +126,15 @@ func (c Config) maxRecv(ranks int) int {
 // fingerprint encodes everything that must agree across ranks.
 func (c Config) fingerprint(elem DType) []int64 {
 	return []int64{int64(c.Mode), int64(c.NumExperts), int64(c.MaxTokensPerRank), int64(c.Hidden),
-		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem)}
+		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem), boolInt(c.MaskStalledRanks), int64(c.Wire)}
 }
 
 var fingerprintFields = []string{"Mode", "NumExperts", "MaxTokensPerRank", "Hidden", "TopK",
-	"MaxRecvTokensPerRank", "Timeout", "element type"}
+	"MaxRecvTokensPerRank", "Timeout", "element type", "MaskStalledRanks", "Wire"}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -28,18 +28,18 @@ func (g *Group[E]) DispatchSend(x Tensor[E], topk []int32, weights []float32) (D
 		return DispatchRequest[E]{}, err
 	}
 	T, err := g.checkTokens(op, x, topk, weights)
+	if err == nil {
+		err = g.checkSetFree(op)
+	}
+	if err == nil {
+		err = g.scratchRT.compute(op, g.sh, topk, T)
+	}
+	var s *handleState[E]
+	if err == nil {
+		s, err = g.newState(op)
+	}
 	if err != nil {
-		return DispatchRequest[E]{}, err
-	}
-	if err := g.checkSetFree(op); err != nil {
-		return DispatchRequest[E]{}, err
-	}
-	if err := g.scratchRT.compute(op, g.sh, topk, T); err != nil {
-		return DispatchRequest[E]{}, err
-	}
-	s, err := g.newState(op)
-	if err != nil {
-		return DispatchRequest[E]{}, err
+		return DispatchRequest[E]{}, g.refuse(Refusal{Kind: CallDispatch}, err)
 	}
 	s.rt, g.scratchRT = g.scratchRT, s.rt // the checked routing becomes the record's, without a copy
 	s.topk = append(s.topk[:0], topk...)
@@ -66,21 +66,25 @@ func (g *Group[E]) DispatchCachedSend(prev Handle[E], x Tensor[E], weights []flo
 		return DispatchRequest[E]{}, err
 	}
 	p, err := g.checkHandle(op, prev)
+	if err == nil {
+		if weights == nil {
+			weights = p.weights
+		}
+		_, err = g.checkTokens(op, x, p.topk, weights)
+	}
+	if err == nil {
+		err = g.checkSetFree(op)
+	}
+	var s *handleState[E]
+	if err == nil {
+		s, err = g.newState(op)
+	}
 	if err != nil {
-		return DispatchRequest[E]{}, err
-	}
-	if weights == nil {
-		weights = p.weights
-	}
-	if _, err := g.checkTokens(op, x, p.topk, weights); err != nil {
-		return DispatchRequest[E]{}, err
-	}
-	if err := g.checkSetFree(op); err != nil {
-		return DispatchRequest[E]{}, err
-	}
-	s, err := g.newState(op)
-	if err != nil {
-		return DispatchRequest[E]{}, err
+		r := Refusal{Kind: CallDispatch, Cached: true}
+		if p != nil {
+			r.Dispatch = &p.d
+		}
+		return DispatchRequest[E]{}, g.refuse(r, err)
 	}
 	if s == p { // the ring came round to prev itself: its routing is already there
 		s.weights = append(s.weights[:0], weights...)
@@ -138,6 +142,8 @@ func (r DispatchRequest[E]) Wait() (Handle[E], error) {
 		return Handle[E]{}, err
 	}
 	s.ready = true
+	g.traffic(s)
+	g.count(s, false)
 	return Handle[E]{s: s, gen: s.gen}, nil
 }
 

@@ -46,8 +46,9 @@
 // nodes the CPU backend sends a token once per destination node, to the rank
 // with the same local rank there, which forwards it inside its node. Combine
 // sums the per-rank partial outputs (the expert side applies the weights)
-// back on the token's rank. The rows stay valid until the next dispatch; a
-// dispatch or combine must be waited before the next dispatch.
+// back on the token's rank. The rows stay valid until the next dispatch (a
+// refused one too: the GPU engine takes part in its transfers); a dispatch
+// or combine must be waited before the next dispatch.
 //
 // # Handles
 //
@@ -57,6 +58,42 @@
 // that steady-state calls allocate nothing; an older handle is stale: its
 // views are empty and calls refuse it.
 //
+// # FP8 dispatch
+//
+// A Config with Wire: WireFP8 dispatches in FP8, as DeepEP's and NCCL EP's
+// low-latency kernels do: tokens are given in the element type (bfloat16 or
+// float32), cast to e4m3 (E4M3) with one float32 scale per ScaleGroup (128)
+// consecutive elements of a row, scale = amax/448, and received as
+// RecvFP8 (the codes, laid out as Recv would be) and RecvScales
+// ([rows][ScaleGroups(Hidden)]); Dequantize turns them back into numbers.
+// WireFP8UE8M0 rounds each scale up to a power of two (an 8-bit exponent).
+// Combine still moves the element type: the experts write their outputs
+// into CombineBuffer (an FP8 group's Recv is empty). The cast is fused into
+// the copy kernel that places each row, once per token; rows for another
+// node are cast into an outbox and put as codes and scales. The bytes on
+// the wire are Hidden + 4*ScaleGroups(Hidden) per row instead of Hidden
+// elements (2*Hidden bytes in bfloat16).
+//
+//	cfg.Wire = ep.WireFP8
+//	g, _ := ep.NewGroup[ep.BF16](world, cfg)
+//	h, _ := g.Dispatch(ep.Host(x), topk, weights)
+//	y := h.CombineBuffer().Host()
+//	_ = ep.Dequantize(y, h.RecvFP8().Host(), h.RecvScales().Host(), cfg.Hidden) // or an FP8 GEMM on them
+//	_ = g.Combine(h, h.CombineBuffer(), ep.Host(out), nil)
+//
+// The cast is defined for every input (Quantize says it exactly): values
+// round to the nearest e4m3, ties to even, into e4m3's subnormals too; the
+// group's largest magnitude maps to 448 and nothing saturates beyond it; an
+// all-zero group has scale 2^-126 (the smallest normal float32) and
+// dequantizes to exact zeros; a group whose amax/448 is below 2^-126 has
+// that scale too (its values land in e4m3's subnormals or round to zero,
+// with no division by zero or infinity); NaN and ±Inf (which e4m3 cannot hold)
+// become NaN of their sign and take no part in their group's scale, so the
+// group's other values survive. Any Hidden works: when it is not a multiple
+// of 128, the last group of a row is shorter and has its own scale. A
+// backend that does not implement FP8 (it is not Capable of FeatureFP8Wire)
+// is refused at NewGroup with ErrUnsupported.
+//
 // # Backends
 //
 // A Backend (Config.Backend) opens an Engine per group. The Group does what
@@ -65,7 +102,9 @@
 // result), numbers the calls, enforces the buffer rules above and turns
 // engine failures into a broken group; the Engine moves the rows. A new
 // backend implements Engine and proves itself with the conformance suite of
-// package ep/eptest. The CPU backend's zero-copy views are host tensors over
+// package ep/eptest; it declares the optional Features it implements (FP8
+// dispatch, masking stalled ranks) by being Capable, and NewGroup refuses
+// the others by name. The CPU backend's zero-copy views are host tensors over
 // its MPI windows: passing Recv() or CombineBuffer() itself as Combine's
 // expert output avoids a copy.
 //
@@ -98,4 +137,12 @@
 // rank that stops taking part makes the others return a *TimeoutError after
 // Config.Timeout, naming it where the backend can; the group is then
 // unusable. Errors of a call name it ("ll dispatch", "ht combine").
+//
+// A rank that skips NewGroup or Close (returns early, or calls them on a
+// different communicator) makes the others return, after Config.Timeout,
+// a *TimeoutError naming it, never a hang:
+// both begin with mpi.Comm.Arrive, point-to-point messages to rank 0 with
+// tag 32011 on the communicator, before any collective. A Close that
+// names a missing rank leaves this rank's buffers allocated, since freeing
+// them needs every rank. No barrier is needed around either call.
 package ep

@@ -72,3 +72,20 @@ func DTypeOf[E Element]() DType {
 	}
 	return BFloat16
 }
+
+// ElementOf rounds f to E (exact for float32, nearest-even for BF16).
+func ElementOf[E Element](f float32) E {
+	var z E
+	if _, ok := any(z).(float32); ok {
+		return any(f).(E)
+	}
+	return any(BF16From(f)).(E)
+}
+
+// Float32Of widens v to float32, exactly.
+func Float32Of[E Element](v E) float32 {
+	if f, ok := any(v).(float32); ok {
+		return f
+	}
+	return any(v).(BF16).Float32()
+}

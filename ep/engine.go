@@ -1,10 +1,13 @@
 package ep
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 
+	"github.com/goep/goep/internal/sysmem"
 	"github.com/goep/goep/mpi"
 )
 
@@ -20,7 +23,19 @@ type cpuBackend struct{}
 
 func (cpuBackend) Name() string { return "cpu" }
 
-func (cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) { return openEngine(comm, spec) }
+func (cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
+	e, err := openEngine(comm, spec)
+	if err != nil {
+		return nil, err // not a nil *engine in a non-nil Engine
+	}
+	return e, nil
+}
+
+// Supports says that the CPU engine masks stalled ranks and dispatches in
+// FP8.
+func (cpuBackend) Supports(f Feature) bool {
+	return f == FeatureMaskStalledRanks || f == FeatureFP8Wire
+}
 
 // engine is the CPU engine: the transport between the ranks, and the mode
 // that decides what goes where.
@@ -36,10 +51,14 @@ type engine struct {
 	localRank int
 	nodes     int
 	nodeOf    []int
-	rail      []int     // per node: the rank there that this rank sends across to (HT)
 	last      [2]uint64 // op of the last combine per buffer set
 	names     opNames
 }
+
+// spinWhenAlone is how long a wait spins before giving up the core when
+// every rank of the node can have a core of its own: longer than a flag's
+// round trip, short against the cost of being descheduled.
+const spinWhenAlone = 20 * time.Microsecond
 
 // mode is LowLatency or HighThroughput: the protocol of each half call, on
 // the transport. Each mode owns its areas of the two memories and its
@@ -76,15 +95,8 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 		return nil, err
 	}
 	t := e.topo
-	if t.Nodes > 1 && !t.Uniform() {
-		return nil, fmt.Errorf("%d nodes hold different numbers of ranks: inter-node paths pair each rank with the same local rank on every node, so every node needs the same count", t.Nodes)
-	}
 	R := comm.Size()
 	e.node, e.localRank, e.nodes, e.nodeOf = t.Node, t.LocalRank, t.Nodes, t.NodeOf
-	e.rail = make([]int, t.Nodes)
-	for n := range e.rail {
-		e.rail[n] = t.RanksOnNode(n)[e.localRank]
-	}
 	tr := &e.t
 	tr.me, tr.size, tr.timeout = comm.Rank(), R, spec.Timeout
 	tr.local = make([]bool, R)
@@ -99,6 +111,12 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 		}
 	}
 	tr.nodeRanks = t.RanksOnNode(e.node)
+	tr.waits = make([]time.Duration, R)
+	tr.masked, tr.maskStalled = make([]bool, R), spec.MaskStalledRanks
+	tr.setMasked(tr.me, false) // the lists of ranks that take part: all
+	if len(tr.nodeRanks) <= onlineCPUs() {
+		tr.spin = spinWhenAlone
+	}
 
 	countLen := spec.NumExperts // LL: pairs per expert
 	if spec.Mode == HighThroughput {
@@ -112,6 +130,17 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 		e.mode = newHT(e, &seg, &win)
 	}
 	e.segSize = seg.n
+	if t.Nodes > 1 {
+		e.winSize = win.n
+	}
+	// Refuse what the node cannot give before allocating anything (the
+	// kernel would kill a rank half way, or MPI fail with MPI_ERR_INTERN),
+	// on every rank: a node that fits must not go on into the allocations.
+	f := Footprint{SharedPerRank: e.segSize, WindowPerRank: e.winSize, RanksPerNode: len(tr.nodeRanks)}
+	f.PerNode = f.RanksPerNode * (f.SharedPerRank + f.WindowPerRank)
+	if err := mpi.AgreeOnError(comm, checkFits(spec, f, sysmem.Read(), R, t.Nodes, max(t.HostSize, f.RanksPerNode))); err != nil {
+		return nil, err
+	}
 	if e.shm, err = t.NodeComm.AllocateShared(e.segSize); err != nil {
 		return nil, fmt.Errorf("allocating %d bytes of shared buffers: %w", e.segSize, err)
 	}
@@ -125,7 +154,6 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 	}
 	tr.segBytes = e.shm.Local()
 	if t.Nodes > 1 {
-		e.winSize = win.n
 		if tr.win, err = comm.AllocateWindow(e.winSize); err != nil {
 			return nil, fmt.Errorf("allocating %d bytes of staging window for %d nodes: %w "+
 				"(the inter-node path needs a one-sided MPI component that works across hosts with MPI_THREAD_MULTIPLE: "+
@@ -147,18 +175,74 @@ func (e *engine) Memory() Memory { return HostMemory }
 
 func (e *engine) BufferBytes() int { return e.segSize + e.winSize }
 
-func (e *engine) DispatchSend(d *Dispatch) error { return e.mode.send(d) }
+// Meter reports what the engine measured since it was opened.
+func (e *engine) Meter() ([]time.Duration, int64) { return e.t.waits, e.t.netBytes }
 
-func (e *engine) DispatchWait(d *Dispatch) error { return e.mode.wait(d) }
+func (e *engine) DispatchSend(d *Dispatch) error {
+	return e.outcome(d.Op, e.names.dispatch, e.mode.send(d))
+}
 
-func (e *engine) CombineSend(c *Combine) error { return e.mode.combineSend(c) }
+func (e *engine) DispatchWait(d *Dispatch) error {
+	return e.outcome(d.Op, e.names.dispatch, e.mode.wait(d))
+}
+
+func (e *engine) CombineSend(c *Combine) error {
+	return e.outcome(c.Op, e.names.combine, e.mode.combineSend(c))
+}
 
 func (e *engine) CombineWait(c *Combine) error {
-	err := e.mode.combineWait(c)
-	if err == nil || errors.Is(err, ErrBadInput) { // the combine ran: its readers will release the buffers
-		e.last[c.Dispatch.Set] = c.Op
+	err := e.outcome(c.Op, e.names.combine, e.mode.combineWait(c))
+	if err == nil || errors.Is(err, ErrBadInput) && !isRefused(err) {
+		e.last[c.Dispatch.Set] = c.Op // the combine ran: its readers will release the buffers
 	}
 	return err
+}
+
+// Refuse takes part in a call this rank refused: its note, then every flag
+// of the call marked refused, so that the other ranks' same call fails at
+// once with this rank's reason.
+func (e *engine) Refuse(r *Refusal) error {
+	if err := e.t.writeNote(r.Reason); err != nil {
+		return err
+	}
+	op := e.names.dispatch
+	if r.Kind == CallCombine {
+		op = e.names.combine
+	}
+	return e.endRefused(op, r.Op, e.t.me)
+}
+
+// outcome passes a half call's error on; when the call was refused by a
+// rank, it reads that rank's reason, ends the call here too, and reports
+// the refusal.
+func (e *engine) outcome(q uint64, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var r *refusal
+	if !errors.As(err, &r) {
+		return err
+	}
+	reason := e.t.note(r.origin) // before the rendezvous: the origin may write another note after it
+	if err := e.endRefused(op, q, r.origin); err != nil {
+		return err
+	}
+	return &RefusedError{Op: op, Rank: r.origin, Reason: reason}
+}
+
+// endRefused ends refused call q on this rank: it raises its abort word
+// for q at every rank (a rank waiting for any of this rank's flags of the
+// call sees it and ends the call too), then meets every rank: flags hold
+// only their latest value, so no rank may start another call (and
+// overwrite a flag of this one that a slower rank still reads) before every
+// rank has ended this one. Only a refused call pays for the rendezvous; the
+// call's own flags are never touched.
+func (e *engine) endRefused(op string, q uint64, origin int) error {
+	t := &e.t
+	if err := t.raise(t.liveOthers, flagAborted, 0, t.me, q, refusedBy(origin)); err != nil {
+		return err
+	}
+	return t.wait(op, "the end of a refused call", flagAborted, 0, t.live, nil, q, false)
 }
 
 // Close frees the windows and the node communicator. It is collective.
@@ -189,3 +273,59 @@ func hostTensor[T Scalar](e *engine, off, n int) Tensor[T] {
 
 // hostBytes is x's bytes as a slice (x is in host memory: the Group checked).
 func hostBytes(x Tensor[byte]) []byte { return x.Host() }
+
+// Masked is, per rank, whether this rank has masked it.
+func (e *engine) Masked() []bool { return e.t.masked }
+
+// SetMask makes masked the mask of the ranks that take part and meets them:
+// each puts its numbers of calls and dispatches into its note, raises its
+// mask flag for the new epoch at the others and waits for theirs; then all
+// take the largest numbers. No combine is outstanding after it, so no
+// buffer waits for readers.
+func (e *engine) SetMask(masked []bool, calls, dispatches uint64) (uint64, uint64, error) {
+	t := &e.t
+	for r, m := range masked {
+		t.setMasked(r, m)
+	}
+	t.epoch++
+	rec := make([]byte, noteLen)
+	binary.LittleEndian.PutUint64(rec, calls)
+	binary.LittleEndian.PutUint64(rec[8:], dispatches)
+	if err := t.writeNoteBytes(rec); err != nil {
+		return 0, 0, err
+	}
+	if err := t.raise(t.liveOthers, flagMask, 0, t.me, t.epoch, 0); err != nil {
+		return 0, 0, err
+	}
+	stalled := t.maskStalled
+	t.maskStalled = false // a rank missing here is an error, not a rank to mask
+	err := t.wait("SetMask", "its SetMask", flagMask, 0, t.live, nil, t.epoch, false)
+	t.maskStalled = stalled
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, r := range t.liveOthers {
+		rec := t.noteBytes(r)
+		calls = max(calls, binary.LittleEndian.Uint64(rec))
+		dispatches = max(dispatches, binary.LittleEndian.Uint64(rec[8:]))
+	}
+	e.last = [2]uint64{}
+	return calls, dispatches, nil
+}
+
+// checkMasked, at the start of a call of a group that masks stalled ranks,
+// refuses to write anything if another rank has masked this one (a rank
+// that masks another says so in its inbox): a rank that stalled must not
+// write into buffers the others have moved on with.
+func (e *engine) checkMasked(op string) error {
+	t := &e.t
+	if !t.maskStalled {
+		return nil
+	}
+	for _, r := range t.liveOthers {
+		if v := loadFlag(t.inboxOf(r, t.in.flagOff(flagYouAreMasked, 0, r))); v>>32 == t.epoch+1 && v&1 != 0 {
+			return fmt.Errorf("ep: %s: rank %d masked this rank: %w", op, r, ErrMasked)
+		}
+	}
+	return nil
+}

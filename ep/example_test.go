@@ -35,3 +35,53 @@ func ExampleGroup_Dispatch() {
 	fmt.Println(out[0], out[4])
 	// Output: 1 1
 }
+
+// Rows cast to FP8 e4m3 with a scale per 128 elements, exactly as an FP8
+// dispatch casts them, and back: the group's largest value maps to 448,
+// the others round to nearest even.
+func ExampleQuantize() {
+	x := []float32{7, -3.5, 1, 0.3}
+	q := make([]ep.E4M3, len(x))
+	scales := make([]float32, ep.ScaleGroups(len(x)))
+	if err := ep.Quantize(q, scales, x, len(x), ep.WireFP8); err != nil {
+		log.Fatal(err)
+	}
+	back := make([]float32, len(x))
+	if err := ep.Dequantize(back, q, scales, len(x)); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(scales[0], q[0].Float32(), back)
+	// Output: 0.015625 448 [7 -3.5 1 0.3125]
+}
+
+// An FP8 dispatch: the experts receive e4m3 codes and scales, and write
+// their outputs (here the dequantized rows themselves) into the combine
+// buffer in the element type.
+func ExampleConfig_fp8() {
+	world, err := mpi.Init()
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := ep.Config{Mode: ep.LowLatency, NumExperts: world.Size(), MaxTokensPerRank: 1, Hidden: 4, TopK: 1,
+		Wire: ep.WireFP8}
+	g, err := ep.NewGroup[ep.BF16](world, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Close()
+	x := []ep.BF16{ep.BF16From(7), ep.BF16From(1), ep.BF16From(0.3), 0}
+	h, err := g.Dispatch(ep.Host(x), []int32{int32(world.Rank())}, []float32{1}) // to this rank's own expert
+	if err != nil {
+		log.Fatal(err)
+	}
+	y := h.CombineBuffer().Host()[:cfg.Hidden] // the one valid row
+	if err := ep.Dequantize(y, h.RecvFP8().Host()[:cfg.Hidden], h.RecvScales().Host()[:1], cfg.Hidden); err != nil {
+		log.Fatal(err)
+	}
+	out := make([]ep.BF16, len(x))
+	if err := g.Combine(h, h.CombineBuffer(), ep.Host(out), nil); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(out[0].Float32(), out[1].Float32(), out[2].Float32(), out[3].Float32())
+	// Output: 7 1 0.3125 0
+}

@@ -41,9 +41,11 @@ type Group[E Element] struct {
 	pending    [2]*handleState[E] // LL: per buffer set, the handle whose combine has not run
 	htLast     uint64             // HT: op of the newest dispatch, whose rows the receive buffer holds
 	scratchRT  Routing            // routing of a dispatch being checked
+	stats      stats
 	names      opNames
 	broken     error
 	closed     bool
+	maskedOut  error // ErrMasked: the others went on without this rank; SetMask lets it rejoin
 }
 
 // handleState is one dispatch and its combine: what a Handle points to.
@@ -60,6 +62,8 @@ type handleState[E Element] struct {
 	done    bool // LL: combined
 	c       Combine
 	inComb  bool // a CombineSend whose Wait has not run
+	// rows to and from each rank in the dispatch (statistics)
+	rowsTo, rowsFrom []int32
 }
 
 // busy reports a record that a call still needs.
@@ -80,6 +84,11 @@ func NewGroup[E Element](comm *mpi.Comm, cfg Config) (*Group[E], error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	// Every rank must call NewGroup: one that does not is named here,
+	// before the collective Split that could only hang or time out blind.
+	if err := arrive(comm, "NewGroup", cfg.Timeout); err != nil {
+		return nil, err
+	}
 	c, err := comm.Split(0, comm.Rank(), "ep")
 	if err != nil {
 		return nil, fmt.Errorf("ep: NewGroup: %w", err)
@@ -95,6 +104,21 @@ func NewGroup[E Element](comm *mpi.Comm, cfg Config) (*Group[E], error) {
 	return g, nil
 }
 
+// arrive waits, within timeout, for every rank of c to call op: a rank that
+// does not is a *TimeoutError naming it. See mpi.Comm.Arrive.
+func arrive(c *mpi.Comm, op string, timeout time.Duration) error {
+	err := c.Arrive("ep."+op, timeout)
+	var missing *mpi.MissingError
+	if errors.As(err, &missing) {
+		return &TimeoutError{Op: op, Peer: missing.Rank, After: missing.After,
+			What: "every rank to call " + op + " (a rank that skips it leaves the others here)"}
+	}
+	if err != nil {
+		return fmt.Errorf("ep: %s: %w", op, err)
+	}
+	return nil
+}
+
 func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error) {
 	if err := agreeOnConfig(c, cfg, elem); err != nil {
 		return nil, err
@@ -102,10 +126,23 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	if err := cfg.validate(c.Size()); err != nil {
 		return nil, err
 	}
-	spec := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(),
-		Name: fmt.Sprintf("ep.Group[%s]", elem)}
+	spec := newSpec(cfg, elem)
+	ferr := checkFeatures(cfg)
+	if err := mpi.AgreeOnError(c, ferr); err != nil {
+		var agreed *mpi.AgreedError
+		if ferr == nil && errors.As(err, &agreed) { // a backend may answer per rank: another rank's said no
+			ferr = fmt.Errorf("ep: NewGroup: %w on rank %d: %s", ErrUnsupported, agreed.Rank, agreed.Msg)
+		} else if ferr == nil {
+			ferr = fmt.Errorf("ep: NewGroup: %w", err)
+		}
+		return nil, ferr
+	}
 	eng, err := cfg.backend().Open(c, spec)
-	if err = mpi.AgreeOnError(c, err); err != nil {
+	var agreed *mpi.AgreedError
+	if !errors.As(err, &agreed) { // an engine that agreed already failed on every rank alike
+		err = mpi.AgreeOnError(c, err)
+	}
+	if err != nil {
 		if eng != nil {
 			err = errors.Join(err, eng.Close())
 		}
@@ -116,10 +153,38 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		names: newOpNames(cfg.Mode)}
 	g.sh = shape{E: cfg.NumExperts, L: cfg.NumExperts / g.size, R: g.size, K: cfg.TopK, nodes: p.Nodes,
 		nodeOf: make([]int32, g.size)}
+	if g.stats.hosts, err = hostNames(c); err != nil {
+		return nil, errors.Join(err, eng.Close())
+	}
+	g.stats.SentBytes, g.stats.RecvBytes = make([]int64, g.size), make([]int64, g.size)
+	g.ResetStats()
 	for r, n := range p.NodeOf {
 		g.sh.nodeOf[r] = int32(n)
 	}
 	return g, nil
+}
+
+// hostNameLen bounds a host's name in hostNames.
+const hostNameLen = 64
+
+// hostNames gathers every rank's host, for Stats and timeout errors. It is
+// collective.
+func hostNames(c *mpi.Comm) ([]string, error) {
+	name, err := mpi.ProcessorName()
+	if err != nil {
+		return nil, err
+	}
+	mine := make([]byte, hostNameLen)
+	copy(mine, name)
+	all := make([]byte, hostNameLen*c.Size())
+	if err := c.Allgather(mine, all); err != nil {
+		return nil, fmt.Errorf("ep: NewGroup: gathering host names: %w", err)
+	}
+	out := make([]string, c.Size())
+	for r := range out {
+		out[r] = strings.TrimRight(string(all[r*hostNameLen:(r+1)*hostNameLen]), "\x00")
+	}
+	return out, nil
 }
 
 // backendNameLen bounds a backend's name in the config check.
@@ -168,6 +233,8 @@ func fieldString(i int, v int64) string {
 		return time.Duration(v).String()
 	case "element type":
 		return DType(v).String()
+	case "Wire":
+		return WireFormat(v).String()
 	}
 	return fmt.Sprint(v)
 }
@@ -209,10 +276,20 @@ func (g *Group[E]) String() string {
 	return fmt.Sprintf("%s{%v, %s backend, rank %d of %d, %v}", g.spec.Name, g.spec.Mode, g.Backend(), g.rank, g.size, g.sh)
 }
 
-// Close releases the group's buffers and communicator. It is collective.
+// Close releases the group's buffers and communicator. It is collective:
+// when a rank has not called it within Config.Timeout, Close frees nothing
+// and returns a *TimeoutError naming that rank; Close may then be called
+// again, unless the rank named is 0 (see mpi.Comm.Arrive).
 func (g *Group[E]) Close() error {
 	if g == nil || g.closed {
 		return nil
+	}
+	// Freeing windows and the communicator is collective: a rank that
+	// does not call Close is named here, and this rank then leaves them
+	// allocated rather than hang in the free, and may call Close again.
+	if err := arrive(g.comm, "Close", g.spec.Timeout); err != nil {
+		g.nameHost(err)
+		return err
 	}
 	g.closed = true
 	return errors.Join(g.eng.Close(), g.comm.Free())
@@ -229,6 +306,9 @@ func (g *Group[E]) usable(op string) error {
 	if g.broken != nil {
 		return fmt.Errorf("ep: %s: the group is unusable after an earlier failure: %w", op, g.broken)
 	}
+	if g.maskedOut != nil {
+		return fmt.Errorf("ep: %s: %w", op, ErrMasked)
+	}
 	return nil
 }
 
@@ -239,10 +319,52 @@ func (g *Group[E]) engineError(err error) error {
 	if err == nil || errors.Is(err, ErrBadInput) {
 		return err
 	}
+	if errors.Is(err, ErrMasked) { // not broken: SetMask lets this rank rejoin
+		g.maskedOut = err
+		return err
+	}
+	g.nameHost(err)
 	if g.broken == nil {
 		g.broken = err
 	}
 	return err
+}
+
+// refuse makes a collective call this rank refused (err) fail on every
+// rank at once: the call is numbered as on the others (and in LL takes its
+// buffer set's turn), and an engine that is a Refuser tells the other
+// ranks, which get a *RefusedError naming this rank and err. r says what
+// the call was (Kind, Cached, and where this rank knows them its Set, -1
+// otherwise, and its handle's Dispatch); refuse numbers it.
+func (g *Group[E]) refuse(r Refusal, err error) error {
+	g.op++
+	if r.Kind == CallDispatch {
+		if g.spec.Mode == LowLatency {
+			r.Set = int(g.dispatches % 2)
+		} else {
+			// An engine that takes part in the refused call's transfers
+			// may receive into the one receive buffer, as the other
+			// ranks' same call does: the rows an earlier handle's Recv
+			// views are no longer there.
+			g.htLast = g.op
+		}
+		g.dispatches++
+	}
+	if rf, ok := g.eng.(Refuser); ok {
+		r.Op, r.Reason = g.op, err.Error()
+		if rerr := rf.Refuse(&r); rerr != nil {
+			return errors.Join(err, g.engineError(rerr))
+		}
+	}
+	return err
+}
+
+// nameHost fills in the host of a timeout's peer.
+func (g *Group[E]) nameHost(err error) {
+	var te *TimeoutError
+	if errors.As(err, &te) && te.Peer >= 0 && te.Peer < len(g.stats.hosts) {
+		te.Host = g.stats.hosts[te.Peer]
+	}
 }
 
 // opNames name the calls in errors: "ll dispatch", "ht combine", ... made

@@ -42,17 +42,40 @@ func (h Handle[E]) NumTokens() int {
 // Recv is the rows this rank received. LL: [LocalExperts][Size*MaxTokens
 // PerRank][Hidden], the first ExpertCounts()[l] rows of expert l valid, by
 // source rank then token. HT: [NumRecv][Hidden], by source rank then token.
-// Not collective.
+// A group with an FP8 Wire receives RecvFP8 and RecvScales instead: its
+// Recv is the zero Tensor. Not collective.
 func (h Handle[E]) Recv() Tensor[E] {
-	if !h.valid() {
+	if !h.valid() || h.s.g.spec.Wire.FP8() {
 		return Tensor[E]{}
 	}
 	return mustFromBytes[E](h.s.d.Recv.Rows)
 }
 
-// CombineBuffer is memory of the group laid out like Recv where the expert
-// outputs can be written, so that Combine reads them without a copy. Not
+// RecvFP8 is, in a group with an FP8 Wire, the rows this rank received as
+// e4m3 codes, laid out as Recv would be ([rows][Hidden]); the zero Tensor
+// otherwise. Dequantize (with RecvScales) turns them into numbers. Not
 // collective.
+func (h Handle[E]) RecvFP8() Tensor[E4M3] {
+	if !h.valid() || !h.s.g.spec.Wire.FP8() {
+		return Tensor[E4M3]{}
+	}
+	return mustFromBytes[E4M3](h.s.d.Recv.Rows)
+}
+
+// RecvScales is, in a group with an FP8 Wire, the float32 scales of
+// RecvFP8's rows, ScaleGroups(Hidden) per row and laid out like them
+// ([rows][ScaleGroups(Hidden)]): element c of a row is its code times
+// scale c/ScaleGroup. The zero Tensor otherwise. Not collective.
+func (h Handle[E]) RecvScales() Tensor[float32] {
+	if !h.valid() || !h.s.g.spec.Wire.FP8() {
+		return Tensor[float32]{}
+	}
+	return h.s.d.Recv.Scales
+}
+
+// CombineBuffer is memory of the group laid out like Recv (in the element
+// type, also with an FP8 Wire) where the expert outputs can be written, so
+// that Combine reads them without a copy. Not collective.
 func (h Handle[E]) CombineBuffer() Tensor[E] {
 	if !h.valid() {
 		return Tensor[E]{}

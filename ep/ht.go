@@ -14,8 +14,9 @@ import (
 //	  this rank's buffers; post each token once into every rank of this node
 //	  that owns one of its experts, with its metadata, and raise their data
 //	  flags; post each token once per other node, with its global top-k ids
-//	  and weights, into the staging of the rank with this rank's local rank
-//	  there (its rail peer), and raise its staged flag.
+//	  and weights, into the staging of its rail peer there (the rank whose
+//	  local rank is this rank's modulo the node's size: the same local rank
+//	  when nodes are equal), and raise its staged flag.
 //	dispatch wait: as a rail peer, wait for each other node's staged tokens
 //	  and forward them into the ranks of this node that own their experts,
 //	  raising those ranks' data flags on behalf of the original sender; then
@@ -32,20 +33,34 @@ type htMode struct {
 	R, L, M, K, H, rowBytes, nodes int
 	myNode                         int
 	maxRecv                        int
-	forwarder                      []int // per rank: the rank of this node that forwards its tokens here
-	railPeers                      []int // per other node, the rail peer there; in node order
-	recv, tok, topk, w, comb, vals int   // segment areas, [maxRecv] rows
-	stage, stok, stopk, sw         int   // staging: tokens from each node's rail sender, [nodes][M]
-	sums, svals                    int   // staging: each node's sums of this rank's tokens, [nodes][M]
+	forwarder                      []int        // per rank: the rank of this node that forwards its tokens here
+	rails                          []int        // per node: this rank's rail peer there (itself on its own node)
+	slots                          []int        // per node: this rank's staging slot at its rail peer there
+	myRails                        []int        // the rail peers on other nodes, in node order
+	senders                        []railSender // the ranks of other nodes whose rail peer on this node is this rank
+	senderRanks                    []int        // their ranks
+	recv, tok, topk, w, comb, vals int          // segment areas, [maxRecv] rows
+	stage, stok, stopk, sw         int          // staging: tokens from each rail sender, [slots][M]
+	sums, svals                    int          // staging: each node's sums of this rank's tokens, [nodes][M]
 	mine                           []int32
 	lists                          [][]int32 // per rank of this node: the tokens (or staged rows) it gets
 	meta                           []byte
 	partials                       []byte
 	vsum                           []float32
 	start                          []int32
-	src, vals2                     []ptr
+	src, vals2                     addrTable
 	area                           []int
 	counts                         []int32
+
+	// The wire (see llMode): FP8 rows are wireBytes of codes with sclBytes
+	// of scales apart, in the segment (scl) and the staging (sstage); rows
+	// for other nodes are cast into the outbox first, [M*(nodes-1)] rows.
+	fp8                 bool
+	wireBytes, sclBytes int
+	scl, sstage         int
+	outbox, outboxScl   int
+	nodeFirst           []int // per other node: its first row in the outbox
+	cq                  castQueue
 }
 
 // htState is what a dispatch keeps between its halves and for its combine.
@@ -59,9 +74,12 @@ type htState struct {
 	source  []int // [R]
 }
 
-// fwdPlan is what a rail peer forwards inside its node for the sender of
-// one other node: for each staged row j, the ranks and rows it goes to,
-// CSR-style.
+// railSender is a rank of another node whose rail peer on this node is this
+// rank: it stages its tokens for this node here, at slot.
+type railSender struct{ rank, node, slot int }
+
+// fwdPlan is what a rail peer forwards inside its node for one of its
+// senders: for each staged row j, the ranks and rows it goes to, CSR-style.
 type fwdPlan struct {
 	src   int     // the sender
 	rows  int     // rows staged
@@ -71,37 +89,84 @@ type fwdPlan struct {
 }
 
 func newHT(e *engine, seg, win *areas) *htMode {
-	s := e.spec
-	R := e.t.size
-	m := &htMode{e: e, R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, nodes: e.nodes, myNode: e.node, maxRecv: s.maxRecv(R)}
-	m.forwarder = make([]int, R)
-	for r := 0; r < R; r++ {
-		m.forwarder[r] = r
-		if !e.t.local[r] {
-			m.forwarder[r] = e.t.nodeRanks[e.topo.LocalRankOf[r]]
-		}
-	}
-	for n := 0; n < m.nodes; n++ {
-		if n != m.myNode {
-			m.railPeers = append(m.railPeers, e.rail[n])
-		}
-	}
+	m := htDims(e.spec, e.t.size, e.nodes)
+	m.e, m.myNode = e, e.node
+	m.takeAreas(m.placeRails(), seg, win)
+	m.lists = make([][]int32, m.R)
+	return m
+}
+
+// htDims is an htMode of R ranks on nodes nodes with its sizes only.
+func htDims(s Spec, R, nodes int) *htMode {
+	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
+		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R), fp8: s.Wire.FP8(), wireBytes: s.WireRowBytes}
+}
+
+// takeAreas places HT's areas, with slots staging slots (placeRails).
+func (m *htMode) takeAreas(slots int, seg, win *areas) {
 	n, K, M := m.maxRecv, m.K, m.M
-	m.recv = seg.take(n * m.rowBytes)
+	if m.fp8 {
+		m.sclBytes = 4 * ScaleGroups(m.H)
+		m.scl = seg.take(n * m.sclBytes)
+		m.sstage = win.take(slots * M * m.sclBytes)
+		if m.nodes > 1 {
+			m.outbox = seg.take(M * (m.nodes - 1) * m.wireBytes)
+			m.outboxScl = seg.take(M * (m.nodes - 1) * m.sclBytes)
+		}
+	}
+	m.recv = seg.take(n * m.wireBytes)
 	m.tok = seg.take(4 * n)
 	m.topk = seg.take(4 * n * K)
 	m.w = seg.take(4 * n * K)
 	m.comb = seg.take(n * m.rowBytes)
 	m.vals = seg.take(4 * n * K)
-	m.stage = win.take(m.nodes * M * m.rowBytes)
-	m.stok = win.take(4 * m.nodes * M)
-	m.stopk = win.take(4 * m.nodes * M * K)
-	m.sw = win.take(4 * m.nodes * M * K)
+	m.stage = win.take(slots * M * m.wireBytes)
+	m.stok = win.take(4 * slots * M)
+	m.stopk = win.take(4 * slots * M * K)
+	m.sw = win.take(4 * slots * M * K)
 	m.sums = win.take(m.nodes * M * m.rowBytes)
 	m.svals = win.take(4 * m.nodes * M * K)
-	m.lists = make([][]int32, R)
-	return m
+}
+
+// placeRails pairs the ranks across nodes. A rank with local rank i sends
+// its tokens for node b to b's rank with local rank i mod |b| (with equal
+// nodes: the same local rank); that rank forwards them inside b. A rail
+// peer may so serve several ranks of one node, which stage at distinct
+// slots: node a's sender with local rank i at slot a*maxSend + i/|b|. It
+// returns the number of slots.
+func (m *htMode) placeRails() int {
+	e, t := m.e, &m.e.t
+	size := func(n int) int { return len(e.topo.RanksOnNode(n)) }
+	maxSend := 1
+	for a := 0; a < m.nodes; a++ {
+		for b := 0; b < m.nodes; b++ {
+			maxSend = max(maxSend, (size(a)+size(b)-1)/size(b))
+		}
+	}
+	me, local := t.me, e.localRank
+	m.rails, m.slots = make([]int, m.nodes), make([]int, m.nodes)
+	for b := 0; b < m.nodes; b++ {
+		m.rails[b] = e.topo.RanksOnNode(b)[local%size(b)]
+		m.slots[b] = e.node*maxSend + local/size(b)
+		if b != m.myNode {
+			m.myRails = append(m.myRails, m.rails[b])
+		}
+	}
+	mine := size(m.myNode)
+	m.forwarder = make([]int, m.R)
+	for r := 0; r < m.R; r++ {
+		m.forwarder[r] = r
+		if !t.local[r] {
+			lr := e.topo.LocalRankOf[r]
+			m.forwarder[r] = t.nodeRanks[lr%mine]
+			if m.forwarder[r] == me {
+				a := e.nodeOf[r]
+				m.senders = append(m.senders, railSender{rank: r, node: a, slot: a*maxSend + lr/mine})
+				m.senderRanks = append(m.senderRanks, r)
+			}
+		}
+	}
+	return m.nodes * maxSend
 }
 
 func (m *htMode) stride() int { return m.R + m.nodes }
@@ -117,7 +182,7 @@ func (m *htMode) state(d *Dispatch) *htState {
 	st.sendOff = growTo(st.sendOff, m.R)
 	st.expert = growTo(st.expert, m.L)
 	st.source = growTo(st.source, m.R)
-	for len(st.fwd) < m.nodes {
+	for len(st.fwd) < len(m.senders) {
 		st.fwd = append(st.fwd, fwdPlan{})
 	}
 	return st
@@ -151,12 +216,19 @@ func (m *htMode) send(d *Dispatch) error {
 	for tk := 0; tk < rt.T; tk++ {
 		for _, dst := range t.nodeRanks {
 			if o := rt.TokRankOrd[tk*m.R+dst]; o >= 0 {
-				t.post(dst, m.recv+(st.sendOff[dst]+int(o))*m.rowBytes, -1, int64(tk*m.rowBytes), m.rowBytes)
+				row := st.sendOff[dst] + int(o)
+				if m.fp8 { // cast straight into its row, once per token
+					m.cq.add(t.lsa(dst, m.recv+row*m.wireBytes), t.lsa(dst, m.scl+row*m.sclBytes), int64(tk*m.rowBytes))
+				} else {
+					t.post(dst, m.recv+row*m.rowBytes, -1, int64(tk*m.rowBytes), m.rowBytes)
+				}
 				rows[dst] = append(rows[dst], int32(tk))
 			}
 		}
 	}
-	if err := t.flush(hostBytes(d.X)); err != nil {
+	if m.fp8 {
+		m.cq.flush(hostBytes(d.X), m.H, m.e.spec.Elem, m.e.spec.Wire)
+	} else if err := t.flush(hostBytes(d.X)); err != nil {
 		return err
 	}
 	for _, dst := range t.nodeRanks {
@@ -164,7 +236,7 @@ func (m *htMode) send(d *Dispatch) error {
 		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*m.K), t.lsa(dst, m.w+4*first*m.K),
 			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst)
 	}
-	if err := t.raise(t.nodeRanks, flagData, 0, me, q); err != nil {
+	if err := t.raise(t.nodeRanks, flagData, 0, me, q, 0); err != nil {
 		return err
 	}
 	return m.sendAcross(d)
@@ -236,13 +308,15 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 		if n == m.myNode || rt.PerNode[n] == 0 {
 			continue
 		}
-		r := m.e.rail[n]
+		r, slot := m.rails[n], m.slots[n]
 		for tk := 0; tk < rt.T; tk++ {
 			o := int(rt.TokNodeOrd[tk*m.nodes+n])
 			if o < 0 {
 				continue
 			}
-			t.post(r, -1, m.stage+(m.myNode*M+o)*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			if !m.fp8 { // (FP8: castAcross)
+				t.post(r, -1, m.stage+(slot*M+o)*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			}
 			tok[first+o] = int32(tk)
 			copy(ids[(first+o)*K:], d.TopK[tk*K:(tk+1)*K])
 			copy(wts[(first+o)*K:], d.Weights[tk*K:(tk+1)*K])
@@ -252,21 +326,59 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 	if err := t.flush(hostBytes(d.X)); err != nil {
 		return err
 	}
+	if m.fp8 {
+		if err := m.castAcross(d); err != nil {
+			return err
+		}
+	}
 	first = 0
 	for n := 0; n < m.nodes; n++ {
 		if n == m.myNode || rt.PerNode[n] == 0 {
 			continue
 		}
-		r, c := m.e.rail[n], int(rt.PerNode[n])
-		t.post(r, -1, m.stok+4*m.myNode*M, int64(4*first), 4*c)
-		t.post(r, -1, m.stopk+4*m.myNode*M*K, int64(4*(total+first*K)), 4*c*K)
-		t.post(r, -1, m.sw+4*m.myNode*M*K, int64(4*(total*(1+K)+first*K)), 4*c*K)
+		r, slot, c := m.rails[n], m.slots[n], int(rt.PerNode[n])
+		t.post(r, -1, m.stok+4*slot*M, int64(4*first), 4*c)
+		t.post(r, -1, m.stopk+4*slot*M*K, int64(4*(total+first*K)), 4*c*K)
+		t.post(r, -1, m.sw+4*slot*M*K, int64(4*(total*(1+K)+first*K)), 4*c*K)
 		first += c
 	}
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	return t.raise(m.railPeers, flagStaged, 0, t.me, d.Op)
+	return t.raise(m.myRails, flagStaged, 0, t.me, d.Op, 0)
+}
+
+// castAcross casts this rank's tokens for other nodes into the outbox,
+// token by token (a token for several nodes is cast once), packed per node
+// in the staged order of its rail peer there, and puts each rail peer its
+// block of rows and of scales.
+func (m *htMode) castAcross(d *Dispatch) error {
+	t, rt, M := &m.e.t, d.Route, m.M
+	m.nodeFirst = growTo(m.nodeFirst, m.nodes)
+	first := 0
+	for n := 0; n < m.nodes; n++ {
+		if n != m.myNode {
+			m.nodeFirst[n] = first
+			first += int(rt.PerNode[n])
+		}
+	}
+	for tk := 0; tk < rt.T; tk++ {
+		for n := 0; n < m.nodes; n++ {
+			if o := int(rt.TokNodeOrd[tk*m.nodes+n]); o >= 0 && n != m.myNode {
+				row := m.nodeFirst[n] + o
+				m.cq.add(t.lsa(t.me, m.outbox+row*m.wireBytes), t.lsa(t.me, m.outboxScl+row*m.sclBytes), int64(tk*m.rowBytes))
+			}
+		}
+	}
+	m.cq.flush(hostBytes(d.X), m.H, m.e.spec.Elem, m.e.spec.Wire)
+	for n := 0; n < m.nodes; n++ {
+		if c := int(rt.PerNode[n]); n != m.myNode && c > 0 {
+			r, slot, row := m.rails[n], m.slots[n], m.nodeFirst[n]
+			t.expose(r, m.outbox+row*m.wireBytes, m.stage+slot*M*m.wireBytes, c*m.wireBytes)
+			t.expose(r, m.outboxScl+row*m.sclBytes, m.sstage+slot*M*m.sclBytes, c*m.sclBytes)
+		}
+	}
+	return t.flush(t.segBytes)
 }
 
 func (m *htMode) wait(d *Dispatch) error {
@@ -274,11 +386,8 @@ func (m *htMode) wait(d *Dispatch) error {
 	op := e.names.dispatch
 	q, me, K := d.Op, t.me, m.K
 	st := d.State.(*htState)
-	for a := 0; a < m.nodes; a++ {
-		if a == m.myNode {
-			continue
-		}
-		if err := m.forward(op, d, st, a); err != nil {
+	for i := range m.senders {
+		if err := m.forward(op, d, st, i); err != nil {
 			return err
 		}
 	}
@@ -295,7 +404,7 @@ func (m *htMode) wait(d *Dispatch) error {
 		st.source[s] = st.recvOff[s+1] - st.recvOff[s]
 	}
 	d.Recv = Received{
-		Rows:         hostTensor[byte](e, m.recv, n*m.rowBytes),
+		Rows:         hostTensor[byte](e, m.recv, n*m.wireBytes),
 		Outputs:      hostTensor[byte](e, m.comb, n*m.rowBytes),
 		Weights:      hostTensor[float32](e, m.w, n*K),
 		TopK:         hostTensor[int32](e, m.topk, n*K),
@@ -304,32 +413,38 @@ func (m *htMode) wait(d *Dispatch) error {
 		SourceCounts: st.source,
 		NumRecv:      n,
 	}
+	if m.fp8 {
+		d.Recv.Scales = hostTensor[float32](e, m.scl, n*m.sclBytes/4)
+	}
 	return nil
 }
 
-// forward waits, as a rail peer, for the tokens the sender of node a staged
-// here and forwards them into the ranks of this node that own their
-// experts, raising their data flags on the sender's behalf.
-func (m *htMode) forward(op string, d *Dispatch, st *htState, a int) error {
+// forward waits, as a rail peer, for the tokens its i-th sender staged here
+// and forwards them into the ranks of this node that own their experts,
+// raising their data flags on the sender's behalf.
+func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	t := &m.e.t
 	K, M, stride := m.K, m.M, m.stride()
-	s := m.e.rail[a]
+	s, slot := m.senders[i].rank, m.senders[i].slot
 	if err := t.await(op, "its tokens for this node", flagStaged, 0, t.all[s:s+1], nil, d.Op); err != nil {
 		return err
 	}
 	n := int(st.n[s*stride+m.R+m.myNode])
-	tok := unsafe.Slice((*int32)(t.staged(m.stok+4*a*M)), n)
-	topk := unsafe.Slice((*int32)(t.staged(m.stopk+4*a*M*K)), n*K)
-	w := unsafe.Slice((*float32)(t.staged(m.sw+4*a*M*K)), n*K)
+	tok := unsafe.Slice((*int32)(t.staged(m.stok+4*slot*M)), n)
+	topk := unsafe.Slice((*int32)(t.staged(m.stopk+4*slot*M*K)), n*K)
+	w := unsafe.Slice((*float32)(t.staged(m.sw+4*slot*M*K)), n*K)
 	if !st.cached {
-		m.planForward(&st.fwd[a], st, s, topk, n)
+		m.planForward(&st.fwd[i], st, s, topk, n)
 	}
-	p := &st.fwd[a]
+	p := &st.fwd[i]
 	perDst := m.listsFor()
 	for j := 0; j < n; j++ {
-		for i := p.start[j]; i < p.start[j+1]; i++ {
-			dst := int(p.dst[i])
-			t.post(dst, m.recv+int(p.row[i])*m.rowBytes, -1, int64(m.stage+(a*M+j)*m.rowBytes), m.rowBytes)
+		for x := p.start[j]; x < p.start[j+1]; x++ {
+			dst, row := int(p.dst[x]), int(p.row[x])
+			t.post(dst, m.recv+row*m.wireBytes, -1, int64(m.stage+(slot*M+j)*m.wireBytes), m.wireBytes)
+			if m.fp8 {
+				t.post(dst, m.scl+row*m.sclBytes, -1, int64(m.sstage+(slot*M+j)*m.sclBytes), m.sclBytes)
+			}
 			perDst[dst] = append(perDst[dst], int32(j))
 		}
 	}
@@ -341,7 +456,7 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, a int) error {
 		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*K), t.lsa(dst, m.w+4*first*K),
 			perDst[dst], tok, topk, w, K, m.L, dst)
 	}
-	return t.raise(t.nodeRanks, flagData, 0, s, d.Op)
+	return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0)
 }
 
 // recvOffAt is where rows from source s start among rank dst's rows.
@@ -414,7 +529,7 @@ func (m *htMode) combineSend(c *Combine) error {
 		copy(hostTensor[float32](e, m.vals, c.RowValues.Len()).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
-	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op<<ySrcBits|uint64(ysrc))
+	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op, uint32(ysrc))
 }
 
 func (m *htMode) combineWait(c *Combine) error {
@@ -423,14 +538,14 @@ func (m *htMode) combineWait(c *Combine) error {
 	d := c.Dispatch
 	st := d.State.(*htState)
 	rt, R, K, M := d.Route, m.R, m.K, m.M
-	if err := t.await(op, "its partial outputs", flagReady, 0, t.nodeRanks, nil, c.Op<<ySrcBits); err != nil {
+	if err := t.await(op, "its partial outputs", flagReady, 0, t.nodeRanks, nil, c.Op); err != nil {
 		return err
 	}
 	area := growTo(m.area, R) // where each rank of this node keeps its partials
 	m.area = area
 	missing := -1
 	for _, r := range t.nodeRanks {
-		where := t.flagValue(flagReady, 0, r, r)
+		where := t.flagPayload(flagReady, 0, r, r)
 		area[r] = m.comb
 		if where&ySrcComb == 0 {
 			area[r] = m.recv
@@ -444,26 +559,28 @@ func (m *htMode) combineWait(c *Combine) error {
 		return err
 	}
 	// This rank's tokens: node by node, ranks in local order inside this node.
-	start, src, vals := growTo(m.start, rt.T+1), m.src[:0], m.vals2[:0]
+	start, src, vals := growTo(m.start, rt.T+1), &m.src, &m.vals2
+	src.reset()
+	vals.reset()
 	for tk := 0; tk < rt.T; tk++ {
-		start[tk] = int32(len(src))
+		start[tk] = int32(src.len())
 		for b := 0; b < m.nodes; b++ {
 			if b == m.myNode {
 				for _, r := range t.nodeRanks {
 					if o := rt.TokRankOrd[tk*R+r]; o >= 0 {
 						row := st.sendOff[r] + int(o)
-						src = append(src, t.lsa(r, area[r]+row*m.rowBytes))
-						vals = append(vals, t.lsa(r, m.vals+4*row*K))
+						src.add(t.lsa(r, area[r]+row*m.rowBytes))
+						vals.add(t.lsa(r, m.vals+4*row*K))
 					}
 				}
 			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 {
-				src = append(src, t.staged(m.sums+(b*M+int(o))*m.rowBytes))
-				vals = append(vals, t.staged(m.svals+4*(b*M+int(o))*K))
+				src.add(t.staged(m.sums + (b*M+int(o))*m.rowBytes))
+				vals.add(t.staged(m.svals + 4*(b*M+int(o))*K))
 			}
 		}
 	}
-	start[rt.T] = int32(len(src))
-	m.start, m.src, m.vals2 = start, src, vals
+	start[rt.T] = int32(src.len())
+	m.start = start
 	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
 	if withValues {
 		sumValues(c.SlotValues.Host(), vals, start, rt.T, K)
@@ -483,20 +600,18 @@ func (m *htMode) combineWait(c *Combine) error {
 func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, withValues bool) error {
 	t := &m.e.t
 	K, M := m.K, m.M
-	for a := 0; a < m.nodes; a++ {
-		if a == m.myNode {
-			continue
-		}
-		p := &st.fwd[a]
+	for i := range m.senders {
+		p := &st.fwd[i]
 		if p.rows == 0 {
 			continue
 		}
-		src, vals := growTo(m.src, len(p.dst)), growTo(m.vals2, len(p.dst))
-		m.src, m.vals2 = src, vals
+		src, vals := &m.src, &m.vals2
+		src.reset()
+		vals.reset()
 		for i := range p.dst {
 			r, row := int(p.dst[i]), int(p.row[i])
-			src[i] = t.lsa(r, area[r]+row*m.rowBytes)
-			vals[i] = t.lsa(r, m.vals+4*row*K)
+			src.add(t.lsa(r, area[r]+row*m.rowBytes))
+			vals.add(t.lsa(r, m.vals+4*row*K))
 		}
 		m.partials = growTo(m.partials, p.rows*m.rowBytes)
 		reduceRows(unsafe.Pointer(unsafe.SliceData(m.partials)), m.e.spec.Elem, src, nil, p.start, p.rows, m.H, m.e.spec.Elem)
@@ -513,8 +628,8 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 			}
 		}
 	}
-	if err := t.raise(m.railPeers, flagSums, 0, t.me, c.Op); err != nil {
+	if err := t.raise(m.senderRanks, flagSums, 0, t.me, c.Op, 0); err != nil {
 		return err
 	}
-	return t.await(op, "the sums of its node", flagSums, 0, m.railPeers, nil, c.Op)
+	return t.await(op, "the sums of its node", flagSums, 0, m.myRails, nil, c.Op)
 }

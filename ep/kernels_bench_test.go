@@ -25,11 +25,11 @@ func benchReduce[E Element](b *testing.B, tokens, k, hidden int, weighted bool) 
 		rows[i] = one
 	}
 	out := make([]E, tokens*hidden)
-	src := make([]unsafe.Pointer, tokens*k)
+	var src addrTable
 	start := make([]int32, tokens+1)
 	w := make([]float32, tokens*k)
-	for i := range src {
-		src[i] = unsafe.Pointer(&rows[i*hidden])
+	for i := 0; i < tokens*k; i++ {
+		src.add(unsafe.Pointer(&rows[i*hidden]))
 		w[i] = 0.5
 	}
 	for t := range start {
@@ -39,10 +39,10 @@ func benchReduce[E Element](b *testing.B, tokens, k, hidden int, weighted bool) 
 		w = nil
 	}
 	dtype := DTypeOf[E]()
-	b.SetBytes(int64(len(src) * rowBytes))
+	b.SetBytes(int64(src.len() * rowBytes))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		reduceRows(unsafe.Pointer(&out[0]), dtype, src, w, start, tokens, hidden, dtype)
+		reduceRows(unsafe.Pointer(&out[0]), dtype, &src, w, start, tokens, hidden, dtype)
 	}
 }
 
@@ -64,14 +64,15 @@ func BenchmarkKernelCopyRows(b *testing.B) {
 	defer pin.Unpin()
 	pin.Pin(&src[0])
 	pin.Pin(&dst[0])
-	s, d := make([]unsafe.Pointer, n), make([]unsafe.Pointer, n)
+	var s, d addrTable
 	for i := 0; i < n; i++ {
-		s[i], d[i] = unsafe.Pointer(&src[i*rowBytes]), unsafe.Pointer(&dst[(n-1-i)*rowBytes])
+		s.add(unsafe.Pointer(&src[i*rowBytes]))
+		d.add(unsafe.Pointer(&dst[(n-1-i)*rowBytes]))
 	}
 	b.SetBytes(n * rowBytes)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		copyRows(d, s, rowBytes)
+		copyRows(&d, &s, rowBytes)
 	}
 }
 
@@ -91,4 +92,72 @@ func BenchmarkKernelLayout(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// The LL decode dispatch's copy on one core: 128 tokens, top-8, hidden
+// 7168, each token to 8 rows; bfloat16 rows copied (the native wire), and
+// cast to FP8 with their scales (fused: once per token, then copied).
+func BenchmarkKernelDispatchCopy(b *testing.B) {
+	const tokens, k, hidden = 128, 8, 7168
+	x := make([]BF16, tokens*hidden)
+	for i := range x {
+		x[i] = BF16From(float32(i%977) - 488)
+	}
+	origin := unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 2*len(x))
+	wire := make([]byte, tokens*k*(2*hidden))
+	scales := make([]float32, tokens*k*ScaleGroups(hidden))
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	pin.Pin(&wire[0])
+	pin.Pin(&scales[0])
+	off := make([]int64, tokens*k)
+	for i := range off {
+		off[i] = int64(i / k * 2 * hidden)
+	}
+	b.Run("bf16", func(b *testing.B) {
+		var d addrTable
+		for i := 0; i < tokens*k; i++ {
+			d.add(unsafe.Pointer(&wire[i*2*hidden]))
+		}
+		b.SetBytes(tokens * k * 2 * hidden)
+		for i := 0; i < b.N; i++ {
+			scatterBlocks(&d, origin, off, lensOf(tokens*k, 2*hidden))
+		}
+	})
+	for _, w := range []WireFormat{WireFP8, WireFP8UE8M0} {
+		b.Run(w.String(), func(b *testing.B) {
+			var d, s addrTable
+			for i := 0; i < tokens*k; i++ {
+				d.add(unsafe.Pointer(&wire[i*hidden]))
+				s.add(unsafe.Pointer(&scales[i*ScaleGroups(hidden)]))
+			}
+			b.SetBytes(tokens * k * 2 * hidden) // the same tokens: bytes of the bf16 rows
+			for i := 0; i < b.N; i++ {
+				quantRows(&d, &s, origin, off, hidden, BFloat16, w)
+			}
+		})
+		b.Run(w.String()+"/no-repeat", func(b *testing.B) { // every row cast: the cost of the cast itself
+			var d, s addrTable
+			for i := 0; i < tokens; i++ {
+				d.add(unsafe.Pointer(&wire[i*hidden]))
+				s.add(unsafe.Pointer(&scales[i*ScaleGroups(hidden)]))
+			}
+			perToken := make([]int64, tokens)
+			for i := range perToken {
+				perToken[i] = int64(i * 2 * hidden)
+			}
+			b.SetBytes(tokens * 2 * hidden)
+			for i := 0; i < b.N; i++ {
+				quantRows(&d, &s, origin, perToken, hidden, BFloat16, w)
+			}
+		})
+	}
+}
+
+func lensOf(n, l int) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = int64(l)
+	}
+	return out
 }

@@ -2,19 +2,30 @@ package ep
 
 import (
 	"math"
+	"slices"
 	"unsafe"
 )
 
-// Low-latency protocol, for a call with sequence number q on buffer set b:
+// Low-latency protocols, for a call with sequence number q on buffer set b.
+// Two ways to dispatch, chosen per group from its config so that every rank
+// takes the same: with a count round (large messages), and with fixed slots
+// (small ones, where the count round is most of the time):
 //
-//	dispatch send: wait until the node's ranks finished reading set b in
-//	  the last combine on it; share this rank's per-expert counts and wait
-//	  for those of lower ranks, which fix where its rows start in each
-//	  expert's block (so the blocks come out packed, by source rank); post
-//	  every (token, expert) row with its token index and weight to its slot
-//	  at the expert's owner; raise the data flag at every rank.
-//	dispatch wait: wait for the counts of higher ranks and every rank's
-//	  data flag; land rows that came through staging.
+//	dispatch send, count round: wait until the node's ranks finished reading
+//	  set b in the last combine on it; share this rank's per-expert counts
+//	  and wait for those of lower ranks, which fix where its rows start in
+//	  each expert's block (so the blocks come out packed, by source rank);
+//	  post every (token, expert) row with its token index and weight to its
+//	  slot at the expert's owner; raise the data flag at every rank.
+//	dispatch wait, count round: wait for the counts of higher ranks and
+//	  every rank's data flag; settle the rows that came through staging.
+//	dispatch send, slots: as above, but with no wait: the rows go to the
+//	  source's own slot of each expert's block (source s at row s*M), and the
+//	  counts ride on the data flag.
+//	dispatch wait, slots: wait for every rank's data flag; read the counts;
+//	  compact each expert's block in place (a source's rows move down to
+//	  their packed place, in source order) and settle the staged ones; publish
+//	  the packed offsets for the node's ranks, who read the outputs in place.
 //	combine send: say where the expert outputs are (in place, or copied
 //	  into the combine buffer) and expose them to every token's rank; raise
 //	  combine-ready, its value carrying where the outputs are.
@@ -26,9 +37,29 @@ import (
 // [s][cap], d's experts in order, each expert's pairs in token order; the
 // outputs exposed back to a token's rank sit in its combine staging in its
 // own pair order (experts in order, pairs in token order).
+//
+// With an FP8 Wire the rows are cast on their way, by the kernel that
+// would have copied them: a node peer's slot gets e4m3 codes and scales
+// straight from this rank's tokens (each token cast once, then copied to
+// its other slots); rows for another node are cast into this rank's
+// outbox, in the receiver's staged order, and put as one block of rows and
+// one of scales per receiver. The scales settle and compact with the rows.
 type llMode struct {
 	e                                *engine
 	R, E, L, M, K, H, rowBytes, span int
+	slots                            bool // the slot protocol (no count round)
+
+	// The wire: a received row is wireBytes (rowBytes, or Hidden e4m3
+	// codes with an FP8 Wire, whose scales, sclBytes, sit apart).
+	fp8                 bool
+	wireBytes, sclBytes int
+	// FP8 per buffer set: the scales of the received rows (segment) and of
+	// the staged ones (staging); the outbox where rows for other nodes are
+	// cast before they are put, [M*K] rows and their scales (segment).
+	scl, sstage       [2]int
+	outbox, outboxScl int
+	obase, ocnt       []int // per rank of another node: its first row in the outbox, and its rows
+	cq                castQueue
 
 	// Segment areas per buffer set: received rows [L][span] with token and
 	// weight per row; the combine buffer laid out the same, with values.
@@ -37,16 +68,25 @@ type llMode struct {
 	// and weight; exposed outputs [M*K] with values.
 	stage, stageTok, stageW, cstage, cvals [2]int
 	cap                                    int
+	// Slot protocol, per buffer set: where each source's rows of each local
+	// expert ended up, [R][L] (segment), and the same exposed by each expert
+	// rank to this one, [R][L] (staging).
+	packed, cpacked [2]int
 
-	meta   []byte    // packed token and weight words of this rank's pairs, by expert
-	spos   []int32   // [E]: stagedPos of this rank's pairs
-	srcOff []int64   // per pair posted: its row in x
-	start  []int32   // reduce: per token, its first source
-	src    []ptr     // reduce: source rows
-	wts    []float32 // reduce: their weights
-	vp     []ptr     // slot values: source of each (token, slot)
-	where  []uint64  // combine: where each rank's outputs are
+	meta  []byte    // packed token and weight words of this rank's pairs, by expert
+	spos  []int32   // [E]: stagedPos of this rank's pairs
+	start []int32   // reduce: per token, its first source
+	src   addrTable // reduce: source rows
+	wts   []float32 // reduce: their weights
+	vp    addrTable // slot values: source of each (token, slot)
+	where []uint32  // combine: where each rank's outputs are
 }
+
+// slotProtocolMax is the largest message (the most bytes one rank sends:
+// MaxTokensPerRank * min(TopK, experts per rank) rows) for which LL uses the
+// slot protocol. Below it a count round (a hop between ranks) costs more
+// than moving the received rows once more to pack them; above it, less.
+var slotProtocolMax = 32 << 10
 
 // llState is what a dispatch keeps between its halves and for its combine.
 type llState struct {
@@ -56,22 +96,43 @@ type llState struct {
 	expert   []int   // [L]: rows received per local expert
 	source   []int   // [R][L]: rows received per source and local expert
 	complete bool    // off holds every rank's row (set at wait)
+	dropped  []int32 // pairs (t*K+k) whose owner was masked
 }
 
 func newLL(e *engine, seg, win *areas) *llMode {
-	s := e.spec
-	R := e.t.size
-	m := &llMode{e: e, R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank}
+	m := layoutLL(e.spec, e.t.size, e.nodes, seg, win)
+	m.e = e
+	return m
+}
+
+// layoutLL places LL's areas for a group of R ranks on nodes nodes: what
+// newLL does but for the engine, which BufferPlan needs too.
+func layoutLL(s Spec, R, nodes int, seg, win *areas) *llMode {
+	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
+		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, fp8: s.Wire.FP8(), wireBytes: s.WireRowBytes}
+	if m.fp8 {
+		m.sclBytes = 4 * ScaleGroups(m.H)
+	}
 	rows := m.L * m.span
 	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
+	m.slots = m.cap*(m.wireBytes+m.sclBytes) <= slotProtocolMax || s.MaskStalledRanks
+	if m.fp8 && nodes > 1 {
+		m.outbox = seg.take(m.M * m.K * m.wireBytes)
+		m.outboxScl = seg.take(m.M * m.K * m.sclBytes)
+	}
 	for b := 0; b < 2; b++ {
-		m.recv[b] = seg.take(rows * m.rowBytes)
+		m.packed[b] = seg.take(4 * R * m.L)
+		m.cpacked[b] = win.take(4 * R * m.L)
+		m.recv[b] = seg.take(rows * m.wireBytes)
+		if m.fp8 {
+			m.scl[b] = seg.take(rows * m.sclBytes)
+			m.sstage[b] = win.take(R * m.cap * m.sclBytes)
+		}
 		m.tok[b] = seg.take(4 * rows)
 		m.w[b] = seg.take(4 * rows)
 		m.comb[b] = seg.take(rows * m.rowBytes)
 		m.vals[b] = seg.take(4 * rows)
-		m.stage[b] = win.take(R * m.cap * m.rowBytes)
+		m.stage[b] = win.take(R * m.cap * m.wireBytes)
 		m.stageTok[b] = win.take(4 * R * m.cap)
 		m.stageW[b] = win.take(4 * R * m.cap)
 		m.cstage[b] = win.take(m.M * m.K * m.rowBytes)
@@ -111,10 +172,23 @@ func (m *llMode) send(d *Dispatch) error {
 	op := e.names.dispatch
 	b, q, me, rt := d.Set, d.Op, t.me, d.Route
 	st := m.state(d)
+	if err := e.checkMasked(op); err != nil {
+		return err
+	}
 	if err := t.awaitReaders(op, b, e.last[b]); err != nil {
 		return err
 	}
-	if d.From != nil {
+	st.dropped = st.dropped[:0]
+	if m.slots { // counts ride on the data flag; rows go to this rank's slots
+		if err := t.putCounts(b, rt.PerExpert); err != nil {
+			return err
+		}
+		copy(st.cnt[me*m.E:], rt.PerExpert)
+		for x := 0; x < m.E; x++ {
+			st.off[me*m.E+x] = int32(me * m.M)
+		}
+		st.complete = false
+	} else if d.From != nil {
 		from := d.From.State.(*llState)
 		copy(st.cnt, from.cnt)
 		copy(st.off, from.off)
@@ -171,10 +245,17 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	m.spos = growTo(m.spos, m.E)
 	m.stagedPos(st, me, m.spos)
 	toks := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(m.meta))), 2*n)
+	if m.fp8 {
+		m.outboxBases(st)
+	}
 	for tk := 0; tk < rt.T; tk++ {
 		for k := 0; k < K; k++ {
 			x := int(d.TopK[tk*K+k])
 			if x < 0 {
+				continue
+			}
+			if t.masked[x/L] { // its owner is masked: the pair is dropped
+				st.dropped = append(st.dropped, int32(tk*K+k))
 				continue
 			}
 			i := int(st.pos[x] + rt.PairOrd[tk*K+k])
@@ -182,15 +263,27 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 			toks[n+i] = int32(math.Float32bits(d.Weights[tk*K+k]))
 			row := x%L*m.span + int(st.off[me*m.E+x]+rt.PairOrd[tk*K+k])
 			staged := me*m.cap + int(m.spos[x]+rt.PairOrd[tk*K+k])
-			t.post(x/L, m.recv[b]+row*m.rowBytes, m.stage[b]+staged*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			if !m.fp8 {
+				t.post(x/L, m.recv[b]+row*m.rowBytes, m.stage[b]+staged*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			} else if owner := x / L; t.local[owner] { // cast straight into its slot
+				m.cq.add(t.lsa(owner, m.recv[b]+row*m.wireBytes), t.lsa(owner, m.scl[b]+row*m.sclBytes), int64(tk*m.rowBytes))
+			} else { // cast into the outbox, in the owner's staged order
+				o := m.obase[owner] + staged - me*m.cap
+				m.cq.add(t.lsa(me, m.outbox+o*m.wireBytes), t.lsa(me, m.outboxScl+o*m.sclBytes), int64(tk*m.rowBytes))
+			}
 		}
 	}
 	if err := t.flush(hostBytes(d.X)); err != nil {
 		return err
 	}
+	if m.fp8 {
+		if err := m.castRows(b, hostBytes(d.X)); err != nil {
+			return err
+		}
+	}
 	for x := 0; x < m.E; x++ {
 		c := int(st.cnt[me*m.E+x])
-		if c == 0 {
+		if c == 0 || t.masked[x/L] {
 			continue
 		}
 		row := x%L*m.span + int(st.off[me*m.E+x])
@@ -201,7 +294,38 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	return t.raise(t.all, flagData, b, me, d.Op)
+	return t.raise(t.live, flagData, b, me, d.Op, 0)
+}
+
+// outboxBases places, in the outbox, this rank's rows for each rank of
+// another node: one block per rank, in its staged order, so that each goes
+// in one put of rows and one of scales.
+func (m *llMode) outboxBases(st *llState) {
+	t, me := &m.e.t, m.e.t.me
+	m.obase, m.ocnt = growTo(m.obase, m.R), growTo(m.ocnt, m.R)
+	next := 0
+	for _, d := range t.remote {
+		m.obase[d], m.ocnt[d] = next, 0
+		for x := d * m.L; x < (d+1)*m.L; x++ {
+			m.ocnt[d] += int(st.cnt[me*m.E+x])
+		}
+		next += m.ocnt[d]
+	}
+}
+
+// castRows casts the queued rows of x, into node peers' slots and into the
+// outbox, and puts each rank of another node its block of the outbox, rows
+// and scales, into its staging.
+func (m *llMode) castRows(b int, x []byte) error {
+	t, me := &m.e.t, m.e.t.me
+	m.cq.flush(x, m.H, m.e.spec.Elem, m.e.spec.Wire)
+	for _, d := range t.remote {
+		if n := m.ocnt[d]; n > 0 && !t.masked[d] {
+			t.expose(d, m.outbox+m.obase[d]*m.wireBytes, m.stage[b]+me*m.cap*m.wireBytes, n*m.wireBytes)
+			t.expose(d, m.outboxScl+m.obase[d]*m.sclBytes, m.sstage[b]+me*m.cap*m.sclBytes, n*m.sclBytes)
+		}
+	}
+	return t.flush(t.segBytes)
 }
 
 func (m *llMode) wait(d *Dispatch) error {
@@ -209,22 +333,68 @@ func (m *llMode) wait(d *Dispatch) error {
 	op := e.names.dispatch
 	b, q, me := d.Set, d.Op, t.me
 	st := d.State.(*llState)
-	if !st.complete {
-		if err := m.gatherCounts(op, st, b, q, me+1, m.R); err != nil {
+	if m.slots {
+		if err := t.await(op, "its rows", flagData, b, t.live, nil, q); err != nil {
 			return err
 		}
-		for x := 0; x < m.E; x++ {
-			st.off[x] = 0
-			for s := 1; s < m.R; s++ {
-				st.off[s*m.E+x] = st.off[(s-1)*m.E+x] + st.cnt[(s-1)*m.E+x]
+		for s := 0; s < m.R; s++ {
+			switch {
+			case t.masked[s]: // a masked rank sent nothing
+				clear(st.cnt[s*m.E : (s+1)*m.E])
+			case s != me:
+				copy(st.cnt[s*m.E:(s+1)*m.E], t.counts(b, s))
 			}
 		}
-		st.complete = true
+		m.packOffsets(st)
+	} else {
+		if !st.complete {
+			if err := m.gatherCounts(op, st, b, q, me+1, m.R); err != nil {
+				return err
+			}
+			m.packOffsets(st)
+		}
+		if err := t.await(op, "its rows", flagData, b, t.live, nil, q); err != nil {
+			return err
+		}
 	}
-	if err := t.await(op, "its rows", flagData, b, t.all, nil, q); err != nil {
-		return err
+	m.settleRows(b, st)
+	rows := m.L * m.span
+	d.Recv = Received{
+		Rows:         hostTensor[byte](e, m.recv[b], rows*m.wireBytes),
+		Outputs:      hostTensor[byte](e, m.comb[b], rows*m.rowBytes),
+		Weights:      hostTensor[float32](e, m.w[b], rows),
+		Tokens:       hostTensor[int32](e, m.tok[b], rows),
+		ExpertCounts: st.expert,
+		SourceCounts: st.source,
+		Dropped:      st.dropped,
 	}
-	// Rows that came through staging go to their slots.
+	if m.fp8 {
+		d.Recv.Scales = hostTensor[float32](e, m.scl[b], rows*m.sclBytes/4)
+	}
+	for _, c := range st.expert {
+		d.Recv.NumRecv += c
+	}
+	return nil
+}
+
+// packOffsets sets, for every source and expert, where the source's rows
+// start in the expert's block once packed: after the lower sources' rows.
+func (m *llMode) packOffsets(st *llState) {
+	for x := 0; x < m.E; x++ {
+		st.off[x] = 0
+		for s := 1; s < m.R; s++ {
+			st.off[s*m.E+x] = st.off[(s-1)*m.E+x] + st.cnt[(s-1)*m.E+x]
+		}
+	}
+	st.complete = true
+}
+
+// settleRows puts every received row in its packed place: rows staged by
+// other nodes land there; with slots, a node peer's rows move down from
+// their slot (in source order, so no block overwrites one not yet moved),
+// and the packed offsets are published for the node's ranks.
+func (m *llMode) settleRows(b int, st *llState) {
+	t, me := &m.e.t, m.e.t.me
 	clear(st.expert)
 	for s := 0; s < m.R; s++ {
 		staged := s * m.cap // rank s's pairs for this rank, this rank's experts in order
@@ -233,39 +403,33 @@ func (m *llMode) wait(d *Dispatch) error {
 			c := int(st.cnt[s*m.E+x])
 			st.source[s*m.L+l] = c
 			st.expert[l] += c
-			if c == 0 {
-				continue
+			row, slot := l*m.span+int(st.off[s*m.E+x]), l*m.span+s*m.M
+			if !m.slots {
+				slot = row
 			}
-			row := l*m.span + int(st.off[s*m.E+x])
-			t.land(s, m.stage[b]+staged*m.rowBytes, m.recv[b]+row*m.rowBytes, c*m.rowBytes)
-			t.land(s, m.stageTok[b]+4*staged, m.tok[b]+4*row, 4*c)
-			t.land(s, m.stageW[b]+4*staged, m.w[b]+4*row, 4*c)
+			t.settle(s, m.stage[b]+staged*m.wireBytes, m.recv[b]+slot*m.wireBytes, m.recv[b]+row*m.wireBytes, c*m.wireBytes)
+			if m.fp8 {
+				t.settle(s, m.sstage[b]+staged*m.sclBytes, m.scl[b]+slot*m.sclBytes, m.scl[b]+row*m.sclBytes, c*m.sclBytes)
+			}
+			t.settle(s, m.stageTok[b]+4*staged, m.tok[b]+4*slot, m.tok[b]+4*row, 4*c)
+			t.settle(s, m.stageW[b]+4*staged, m.w[b]+4*slot, m.w[b]+4*row, 4*c)
 			staged += c
 		}
 	}
 	t.flushLands()
-	rows := m.L * m.span
-	d.Recv = Received{
-		Rows:         hostTensor[byte](e, m.recv[b], rows*m.rowBytes),
-		Outputs:      hostTensor[byte](e, m.comb[b], rows*m.rowBytes),
-		Weights:      hostTensor[float32](e, m.w[b], rows),
-		Tokens:       hostTensor[int32](e, m.tok[b], rows),
-		ExpertCounts: st.expert,
-		SourceCounts: st.source,
+	if m.slots {
+		packed := unsafe.Slice((*int32)(t.lsa(me, m.packed[b])), m.R*m.L)
+		for s := 0; s < m.R; s++ {
+			copy(packed[s*m.L:(s+1)*m.L], st.off[s*m.E+me*m.L:s*m.E+(me+1)*m.L])
+		}
 	}
-	for _, c := range st.expert {
-		d.Recv.NumRecv += c
-	}
-	return nil
 }
 
-// Where a rank's expert outputs are, carried in the low bits of its
-// combine-ready flag.
+// Where a rank's expert outputs are: the payload of its combine-ready flag.
 const (
 	ySrcRecv   = 1 // the receive buffer
 	ySrcComb   = 2 // the combine buffer
 	ySrcValues = 4 // bit: row values were passed
-	ySrcBits   = 3 // flag value = q<<ySrcBits | where
 )
 
 func (m *llMode) combineSend(c *Combine) error {
@@ -273,6 +437,9 @@ func (m *llMode) combineSend(c *Combine) error {
 	d := c.Dispatch
 	b, me := d.Set, t.me
 	st := d.State.(*llState)
+	if err := e.checkMasked(e.names.combine); err != nil {
+		return err
+	}
 	if err := t.awaitReaders(e.names.combine, b, e.last[b]); err != nil {
 		return err
 	}
@@ -291,8 +458,15 @@ func (m *llMode) combineSend(c *Combine) error {
 		copy(hostTensor[float32](e, m.vals[b], m.L*m.span).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
-	// Expose each token rank's rows, in its own pair order.
+	// Expose each token rank's rows, in its own pair order (and, with slots,
+	// where they were packed).
 	for s := 0; s < m.R; s++ {
+		if t.masked[s] {
+			continue
+		}
+		if m.slots {
+			t.expose(s, m.packed[b]+4*s*m.L, m.cpacked[b]+4*me*m.L, 4*m.L)
+		}
 		pos := 0
 		for x := 0; x < m.E; x++ {
 			n := int(st.cnt[s*m.E+x])
@@ -309,7 +483,7 @@ func (m *llMode) combineSend(c *Combine) error {
 	if err := t.flush(t.segBytes); err != nil {
 		return err
 	}
-	return t.raise(t.all, flagReady, b, me, c.Op<<ySrcBits|uint64(ysrc))
+	return t.raise(t.live, flagReady, b, me, c.Op, uint32(ysrc))
 }
 
 func (m *llMode) combineWait(c *Combine) error {
@@ -318,30 +492,41 @@ func (m *llMode) combineWait(c *Combine) error {
 	d := c.Dispatch
 	b, me, rt, K, L := d.Set, t.me, d.Route, m.K, m.L
 	st := d.State.(*llState)
-	if err := t.await(op, "its expert outputs", flagReady, b, t.all, nil, c.Op<<ySrcBits); err != nil {
+	if err := t.await(op, "its expert outputs", flagReady, b, t.live, nil, c.Op); err != nil {
 		return err
 	}
 	withValues := !c.SlotValues.IsZero()
 	missing := -1
 	m.where = growTo(m.where, m.R)
 	for r := range m.where {
-		m.where[r] = t.flagValue(flagReady, b, r, r) & (1<<ySrcBits - 1)
+		if t.masked[r] {
+			continue
+		}
+		m.where[r] = t.flagPayload(flagReady, b, r, r)
+		if m.slots { // where this rank's rows ended up in r's blocks: r packed them
+			packed := unsafe.Slice((*int32)(t.exposed(r, m.packed[b]+4*me*L, m.cpacked[b]+4*r*L)), L)
+			copy(st.off[me*m.E+r*L:me*m.E+(r+1)*L], packed)
+		}
 	}
-	start, src, wts := growTo(m.start, rt.T+1), m.src[:0], m.wts[:0]
-	var vp []ptr
+	start, src, wts := growTo(m.start, rt.T+1), &m.src, m.wts[:0]
+	src.reset()
 	if withValues {
-		vp = growTo(m.vp, rt.T*K)
-		clear(vp)
-		m.vp = vp
+		m.vp.grow(rt.T * K)
 	}
 	for tk := 0; tk < rt.T; tk++ {
-		start[tk] = int32(len(src))
+		start[tk] = int32(src.len())
 		for k := 0; k < K; k++ {
 			x := int(d.TopK[tk*K+k])
 			if x < 0 {
 				continue
 			}
 			owner, ord := x/L, rt.PairOrd[tk*K+k]
+			if t.masked[owner] { // its outputs never came: the pair contributes nothing
+				if !slices.Contains(st.dropped, int32(tk*K+k)) {
+					st.dropped = append(st.dropped, int32(tk*K+k))
+				}
+				continue
+			}
 			where := m.where[owner]
 			area := m.comb[b]
 			if where&ySrcComb == 0 {
@@ -349,22 +534,23 @@ func (m *llMode) combineWait(c *Combine) error {
 			}
 			row := x%L*m.span + int(st.off[me*m.E+x]+ord)
 			pos := int(st.pos[x] + ord)
-			src = append(src, t.exposed(owner, area+row*m.rowBytes, m.cstage[b]+pos*m.rowBytes))
+			src.add(t.exposed(owner, area+row*m.rowBytes, m.cstage[b]+pos*m.rowBytes))
 			wts = append(wts, c.Weights[tk*K+k])
 			if withValues {
 				if where&ySrcValues == 0 {
 					missing = owner
 				}
-				vp[tk*K+k] = t.exposed(owner, m.vals[b]+4*row, m.cvals[b]+4*pos)
+				m.vp.set(tk*K+k, t.exposed(owner, m.vals[b]+4*row, m.cvals[b]+4*pos))
 			}
 		}
 	}
-	start[rt.T] = int32(len(src))
-	m.start, m.src, m.wts = start, src, wts
+	start[rt.T] = int32(src.len())
+	m.start, m.wts = start, wts
 	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, wts, start, rt.T, m.H, e.spec.Elem)
 	if withValues && missing < 0 {
-		gatherValues(c.SlotValues.Host(), vp)
+		gatherValues(c.SlotValues.Host(), &m.vp)
 	}
+	d.Recv.Dropped = st.dropped
 	if err := t.releaseReaders(b, c.Op); err != nil {
 		return err
 	}

@@ -4,6 +4,10 @@
 // caller's tensor, a peer's shared-memory segment or a staging buffer), each
 // row_bytes long, or lens[i] bytes when lens is not NULL.
 //
+// ep_move_blocks moves n blocks, block i of lens[i] bytes from src[i] to
+// dst[i], in order, each as memmove does: blocks may overlap their own
+// destination (compacting a buffer in place).
+//
 // ep_scatter_rows copies n rows of row_bytes (or lens[i] bytes when lens is
 // not NULL), row i from src + src_off[i] (one buffer of the caller's, passed
 // as a base so that no table holds a pointer into it) to dst[i].
@@ -22,7 +26,6 @@
 // The hot loops are built twice, for AVX2 and for the x86-64 baseline, and
 // picked at load time (GCC target_clones), so the same binary runs anywhere.
 //
-// ep_gather_values sets out[i] = *src[i] (0 where src[i] is NULL), and
 // ep_sum_values sets out[i*K+k] = sum over j in [start[i], start[i+1]) of
 // src[j][k]: they carry per-slot scalars back with the rows.
 #include "kernels.h"
@@ -37,13 +40,17 @@
 #define HOT
 #endif
 
-void ep_copy_rows(void *const *dst, const void *const *src, const int64_t *lens, int64_t n, int64_t row_bytes) {
-  for (int64_t i = 0; i < n; i++) memcpy(dst[i], src[i], (size_t)(lens ? lens[i] : row_bytes));
+void ep_copy_rows(const uintptr_t *dst, const uintptr_t *src, const int64_t *lens, int64_t n, int64_t row_bytes) {
+  for (int64_t i = 0; i < n; i++) memcpy((void *)dst[i], (const void *)src[i], (size_t)(lens ? lens[i] : row_bytes));
 }
 
-void ep_scatter_rows(void *const *dst, const char *src, const int64_t *src_off, const int64_t *lens, int64_t n,
+void ep_move_blocks(const uintptr_t *dst, const uintptr_t *src, const int64_t *lens, int64_t n) {
+  for (int64_t i = 0; i < n; i++) memmove((void *)dst[i], (const void *)src[i], (size_t)lens[i]);
+}
+
+void ep_scatter_rows(const uintptr_t *dst, const char *src, const int64_t *src_off, const int64_t *lens, int64_t n,
                      int64_t row_bytes) {
-  for (int64_t i = 0; i < n; i++) memcpy(dst[i], src + src_off[i], (size_t)(lens ? lens[i] : row_bytes));
+  for (int64_t i = 0; i < n; i++) memcpy((void *)dst[i], src + src_off[i], (size_t)(lens ? lens[i] : row_bytes));
 }
 
 static inline float bf16_load(uint16_t h) {
@@ -94,7 +101,7 @@ static inline __attribute__((always_inline)) void round_bf16(uint16_t *restrict 
   }
 }
 
-HOT void ep_reduce_rows(void *out, int out_dtype, const void *const *src, const float *w, const int32_t *start,
+HOT void ep_reduce_rows(void *out, int out_dtype, const uintptr_t *src, const float *w, const int32_t *start,
                         int64_t n, int64_t hidden, int dtype, float *scratch) {
   (void)scratch;
   size_t es = dtype == GOEP_ELEM_F32 ? 4 : 2, oes = out_dtype == GOEP_ELEM_F32 ? 4 : 2;
@@ -106,14 +113,14 @@ HOT void ep_reduce_rows(void *out, int out_dtype, const void *const *src, const 
     char *orow = (char *)out + (size_t)i * (size_t)hidden * oes;
     if (j1 == j0 + 1 && (w == NULL || w[j0] == 1.0f) && dtype == out_dtype) {
       // one source, weight 1: the sum is the row itself, bit for bit
-      store_row(orow, src[j0], (size_t)hidden * oes, stream);
+      store_row(orow, (const void *)src[j0], (size_t)hidden * oes, stream);
       continue;
     }
     for (int64_t c = 0; c < hidden; c += CHUNK) {
       int64_t m = hidden - c < CHUNK ? hidden - c : CHUNK;
       if (j0 == j1) memset(a, 0, sizeof(float) * (size_t)m);
       for (int32_t j = j0; j < j1; j++) {
-        const char *x = (const char *)src[j] + (size_t)c * es;
+        const char *x = (const char *)src[j] + (size_t)c * es;  // src[j]: an address
         // Ask early for this source's next chunk, or the next row's first.
         const char *next = NULL;
         if (c + CHUNK < hidden) next = x + CHUNK * es;
@@ -137,15 +144,11 @@ HOT void ep_reduce_rows(void *out, int out_dtype, const void *const *src, const 
 #endif
 }
 
-void ep_gather_values(float *out, const float *const *src, int64_t n) {
-  for (int64_t i = 0; i < n; i++) out[i] = src[i] ? *src[i] : 0.0f;
-}
-
-void ep_sum_values(float *out, const float *const *src, const int32_t *start, int64_t n, int K) {
+void ep_sum_values(float *out, const uintptr_t *src, const int32_t *start, int64_t n, int K) {
   for (int64_t i = 0; i < n; i++) {
     for (int k = 0; k < K; k++) {
       float s = 0.0f;
-      for (int32_t j = start[i]; j < start[i + 1]; j++) s += src[j][k];
+      for (int32_t j = start[i]; j < start[i + 1]; j++) s += ((const float *)src[j])[k];
       out[i * K + k] = s;
     }
   }

@@ -5,24 +5,48 @@ package ep
 */
 import "C"
 
-import (
-	"time"
-	"unsafe"
-)
+import "unsafe"
 
-// The wrappers below are every call into the C kernels of rows.c, layout.c
-// and sync.c: one cgo call per batch, never per row. Pointer tables hold
-// addresses of MPI window memory only; a caller's (Go) tensor is passed as a
-// base with a table of offsets, so no table ever holds a Go pointer.
+// The wrappers below are every call into the C kernels of rows.c and
+// sync.c: one cgo call per batch, never per row. Small batches of copies
+// run in Go instead (a cgo call costs more than copying a few rows).
 
 type ptr = unsafe.Pointer
 
-func ptrs(s []ptr) *ptr {
-	if len(s) == 0 {
+// addrTable is a table of addresses for a kernel. Go code fills it with
+// pointers (of MPI window memory, or of Go memory pinned for the call);
+// the kernel gets them as integers, which cgo need not check one by one on
+// every call, as it would a table of pointers.
+type addrTable struct {
+	p []ptr
+	u []uintptr
+}
+
+func (a *addrTable) reset()           { a.p = a.p[:0] }
+func (a *addrTable) add(p ptr)        { a.p = append(a.p, p) }
+func (a *addrTable) len() int         { return len(a.p) }
+func (a *addrTable) set(i int, p ptr) { a.p[i] = p }
+
+// grow makes the table n entries long, all nil.
+func (a *addrTable) grow(n int) {
+	a.p = growTo(a.p, n)
+	clear(a.p)
+}
+
+// c is the table as the kernels take it.
+func (a *addrTable) c() *C.uintptr_t {
+	if len(a.p) == 0 {
 		return nil
 	}
-	return &s[0]
+	a.u = growTo(a.u, len(a.p))
+	for i, p := range a.p {
+		a.u[i] = uintptr(p)
+	}
+	return (*C.uintptr_t)(unsafe.Pointer(&a.u[0]))
 }
+
+// smallBatch is the most blocks copied in Go rather than by a kernel call.
+const smallBatch = 8
 
 func i64p(s []int64) *C.int64_t {
 	if len(s) == 0 {
@@ -31,54 +55,65 @@ func i64p(s []int64) *C.int64_t {
 	return (*C.int64_t)(unsafe.Pointer(&s[0]))
 }
 
-// copyRows copies len(dst) rows of rowBytes from src[i] to dst[i].
-func copyRows(dst, src []ptr, rowBytes int) {
-	if len(dst) == 0 {
+// copyRows copies dst.len() rows of rowBytes from src's to dst's addresses.
+func copyRows(dst, src *addrTable, rowBytes int) {
+	if dst.len() == 0 {
 		return
 	}
-	C.ep_copy_rows(ptrs(dst), ptrs(src), nil, C.int64_t(len(dst)), C.int64_t(rowBytes))
+	C.ep_copy_rows(dst.c(), src.c(), nil, C.int64_t(dst.len()), C.int64_t(rowBytes))
 }
 
-// copyBlocks copies len(dst) blocks of lens[i] bytes from src[i] to dst[i].
-func copyBlocks(dst, src []ptr, lens []int64) {
-	if len(dst) == 0 {
+// moveBlocks moves dst.len() blocks of lens[i] bytes from src's to dst's
+// addresses, in order, each as memmove does (they may overlap).
+func moveBlocks(dst, src *addrTable, lens []int64) {
+	n := dst.len()
+	if n <= smallBatch {
+		for i := 0; i < n; i++ {
+			copy(unsafe.Slice((*byte)(dst.p[i]), lens[i]), unsafe.Slice((*byte)(src.p[i]), lens[i]))
+		}
 		return
 	}
-	C.ep_copy_rows(ptrs(dst), ptrs(src), i64p(lens), C.int64_t(len(dst)), 0)
+	C.ep_move_blocks(dst.c(), src.c(), i64p(lens), C.int64_t(n))
 }
 
-// scatterBlocks copies len(dst) blocks of lens[i] bytes from base+srcOff[i]
-// to dst[i].
-func scatterBlocks(dst []ptr, base ptr, srcOff, lens []int64) {
-	if len(dst) == 0 {
+// scatterBlocks copies dst.len() blocks of lens[i] bytes from
+// origin[srcOff[i]:] to dst's addresses.
+func scatterBlocks(dst *addrTable, origin []byte, srcOff, lens []int64) {
+	n := dst.len()
+	if n <= smallBatch {
+		for i := 0; i < n; i++ {
+			copy(unsafe.Slice((*byte)(dst.p[i]), lens[i]), origin[srcOff[i]:srcOff[i]+lens[i]])
+		}
 		return
 	}
-	C.ep_scatter_rows(ptrs(dst), (*C.char)(base), i64p(srcOff), i64p(lens), C.int64_t(len(dst)), 0)
+	C.ep_scatter_rows(dst.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff), i64p(lens), C.int64_t(n), 0)
 }
 
 // reduceRows sets output row i (of n) to the sum over j in
 // [start[i], start[i+1]) of w[j]*src[j] (w nil: weights 1), in float32.
-func reduceRows(out ptr, outType DType, src []ptr, w []float32, start []int32, n, hidden int, inType DType) {
+func reduceRows(out ptr, outType DType, src *addrTable, w []float32, start []int32, n, hidden int, inType DType) {
 	if n == 0 {
 		return
 	}
-	C.ep_reduce_rows(out, C.int(outType), ptrs(src), f32p(w), i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+	C.ep_reduce_rows(out, C.int(outType), src.c(), f32p(w), i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
 }
 
 // gatherValues sets out[i] = *src[i] (0 where src[i] is nil).
-func gatherValues(out []float32, src []ptr) {
-	if len(out) == 0 {
-		return
+func gatherValues(out []float32, src *addrTable) {
+	for i, p := range src.p[:len(out)] {
+		out[i] = 0
+		if p != nil {
+			out[i] = *(*float32)(p)
+		}
 	}
-	C.ep_gather_values(f32p(out), (**C.float)(unsafe.Pointer(ptrs(src))), C.int64_t(len(out)))
 }
 
 // sumValues sets out[i*k+j] = sum over s in [start[i], start[i+1]) of src[s][j].
-func sumValues(out []float32, src []ptr, start []int32, n, k int) {
+func sumValues(out []float32, src *addrTable, start []int32, n, k int) {
 	if n == 0 {
 		return
 	}
-	C.ep_sum_values(f32p(out), (**C.float)(unsafe.Pointer(ptrs(src))), i32p(start), C.int64_t(n), C.int(k))
+	C.ep_sum_values(f32p(out), src.c(), i32p(start), C.int64_t(n), C.int(k))
 }
 
 // htMeta writes the metadata a rank d keeps with n received HT rows: each
@@ -99,23 +134,5 @@ func countLocal(topk ptr, n, K int, counts []int32) {
 	C.ep_count_local((*C.int32_t)(topk), C.int64_t(n), C.int(K), C.int(len(counts)), i32p(counts))
 }
 
-// signal stores v with release order into every flag.
-func signal(flags []ptr, v uint64) {
-	if len(flags) == 0 {
-		return
-	}
-	C.ep_signal((**C.uint64_t)(unsafe.Pointer(ptrs(flags))), C.int(len(flags)), C.uint64_t(v))
-}
-
-// loadFlag reads a flag with acquire order.
-func loadFlag(p ptr) uint64 { return uint64(C.ep_load((*C.uint64_t)(p))) }
-
-// waitAll waits until every flag holds at least target, for at most
-// timeout; it returns the index of the first flag still short of it, or -1.
-func waitAll(flags []ptr, target uint64, timeout time.Duration) int {
-	if len(flags) == 0 {
-		return -1
-	}
-	return int(C.ep_wait_all((**C.uint64_t)(unsafe.Pointer(ptrs(flags))), C.int(len(flags)), C.uint64_t(target),
-		C.int64_t(timeout.Nanoseconds())))
-}
+// onlineCPUs is the machine's online processors, whatever the affinity.
+func onlineCPUs() int { return int(C.ep_online_cpus()) }

@@ -1,6 +1,10 @@
 package ep
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -36,25 +40,32 @@ const flagSlot = 64
 type flagKind int
 
 const (
-	flagCounts flagKind = iota // the source's count vector can be read
-	flagData                   // the source's rows are in place (or staged)
-	flagReady                  // the source's expert outputs can be read; value q<<3 | where they are
-	flagDone                   // the source finished reading this rank's buffers in place
-	flagStaged                 // HT: the source's tokens are staged here, at its rail peer
-	flagSums                   // HT: the source (a rail peer) put its node's sums here
+	flagCounts       flagKind = iota // the source's count vector can be read
+	flagData                         // the source's rows are in place (or staged)
+	flagReady                        // the source's expert outputs can be read (payload: where they are)
+	flagDone                         // the source finished reading this rank's buffers in place
+	flagStaged                       // HT: the source's tokens are staged here, at its rail peer
+	flagSums                         // HT: the source (a rail peer) put its node's sums here
+	flagAborted                      // the source's abort word: call q was refused (payload: by which rank); set 0 only
+	flagMask                         // the source reached SetMask number q; set 0 only
+	flagYouAreMasked                 // the source masked this rank during mask epoch q-1 (payload 1); set 0 only
 	numFlagKinds
 )
 
-// inbox places the flags and count vectors at the start of both memories.
+// inbox places the flags, count vectors and refusal notes at the start of
+// both memories.
 type inbox struct {
 	ranks    int
 	countLen int // int32s in one rank's count vector
 	size     int
 }
 
+// noteLen is the room for a refusing rank's reason (longer ones are cut).
+const noteLen = 512
+
 func newInbox(ranks, countLen int) inbox {
 	in := inbox{ranks: ranks, countLen: countLen}
-	in.size = in.countsOff(2, 0)
+	in.size = in.noteOff(ranks)
 	return in
 }
 
@@ -66,6 +77,8 @@ func (in inbox) countsOff(set, src int) int {
 	return int(numFlagKinds)*2*in.ranks*flagSlot + 4*(set*in.ranks+src)*in.countLen
 }
 
+func (in inbox) noteOff(src int) int { return in.countsOff(2, 0) + src*noteLen }
+
 // transport reaches the other ranks of a group.
 type transport struct {
 	me, size  int
@@ -74,20 +87,36 @@ type transport struct {
 	remote    []int  // the ranks of other nodes
 	others    []int  // every rank but this one
 	all       []int  // every rank
-	seg       []ptr  // per rank on this node: its segment
-	segBytes  []byte // this rank's segment
-	win       *mpi.Window
-	winBase   ptr // this rank's staging window; nil on one node
-	in        inbox
-	timeout   time.Duration
+	// The ranks that take part: all but the masked ones (maskStalled).
+	maskStalled                            bool
+	masked                                 []bool
+	epoch                                  uint64 // mask epoch: SetMasks so far
+	live, liveOthers, liveNode, liveRemote []int
+	seg                                    []ptr  // per rank on this node: its segment
+	segBytes                               []byte // this rank's segment
+	win                                    *mpi.Window
+	winBase                                ptr // this rank's staging window; nil on one node
+	in                                     inbox
+	timeout                                time.Duration
+
+	// spin is how long a wait spins before it gives up the core: a few
+	// microseconds when every rank of the node has a core of its own,
+	// nothing when they share cores (a spinning rank would delay the one it
+	// waits for).
+	spin time.Duration
+
+	// Statistics: per rank, the time this rank waited for its flags, and
+	// the bytes this rank put across nodes.
+	waits    []time.Duration
+	netBytes int64
 
 	// Reused from call to call.
-	flags         []ptr
+	flags, aborts []ptr
 	peers         []int
-	locDst        []ptr
+	locDst        addrTable
 	locOff, lens  []int64
-	landDst       []ptr
-	landSrc       []ptr
+	landDst       addrTable
+	landSrc       addrTable
 	landLens      []int64
 	blocks, flagB []mpi.Block
 	countB        []mpi.Block
@@ -108,10 +137,12 @@ func (t *transport) inboxOf(via, off int) ptr {
 	return t.staged(off)
 }
 
-// raise sets this rank's flag of kind k and set to v at every rank of to
-// (on behalf of rank of: this rank, or a rank whose rows this one forwarded).
-// Data written before raise is visible to a rank that sees the flag.
-func (t *transport) raise(to []int, k flagKind, set, of int, v uint64) error {
+// raise sets this rank's flag of kind k and set to call q with payload p at
+// every rank of to (on behalf of rank of: this rank, or a rank whose rows
+// this one forwarded). Data written before raise is visible to a rank that
+// sees the flag.
+func (t *transport) raise(to []int, k flagKind, set, of int, q uint64, p uint32) error {
+	v := flagWord(q, p)
 	off := t.in.flagOff(k, set, of)
 	local, blocks := t.flags[:0], t.flagB[:0]
 	for _, d := range to {
@@ -130,79 +161,199 @@ func (t *transport) raise(to []int, k flagKind, set, of int, v uint64) error {
 		t.word = make([]byte, 8)
 	}
 	*(*uint64)(unsafe.Pointer(&t.word[0])) = v
+	t.netBytes += int64(8 * len(blocks))
 	return t.win.PutBlocks(t.word, blocks)
 }
 
-// await waits until flag (k, set, from[i]) holds at least target for every
-// i, as raised by via[i] (via nil: by from[i] itself). A timeout names
-// via[i], the rank that should have raised it, and what it stands for.
-func (t *transport) await(op, what string, k flagKind, set int, from, via []int, target uint64) error {
-	flags, peers := t.flags[:0], t.peers[:0]
-	for i, s := range from {
-		if s == t.me && via == nil {
-			continue
-		}
-		v := s
-		if via != nil {
-			v = via[i]
-		}
-		flags = append(flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
-		peers = append(peers, v)
-	}
-	t.flags, t.peers = flags, peers
-	if len(flags) == 0 {
-		return nil
-	}
-	if t.win == nil {
-		if i := waitAll(flags, target, t.timeout); i >= 0 {
-			return &TimeoutError{Op: op, Peer: peers[i], What: what, After: t.timeout}
-		}
-		return nil
-	}
-	// Across nodes, poll in slices and let MPI make progress between them:
-	// a one-sided put may need the target to take part in MPI (as UCX over
-	// TCP does), which a rank spinning on its own memory never would.
-	deadline := time.Now().Add(t.timeout)
+// await waits until flag (k, set, from[i]) holds call q for every i, as
+// raised by via[i] (via nil: by from[i] itself). A timeout names via[i], the
+// rank that should have raised it, and what it stands for; a late rank
+// whose abort word says call q was refused ends the wait with a *refusal
+// naming the rank that refused it.
+func (t *transport) await(op, what string, k flagKind, set int, from, via []int, q uint64) error {
+	return t.wait(op, what, k, set, from, via, q, true)
+}
+
+// wait is await; with watchAborts false it does not look at abort words
+// (the rendezvous that ends a refused call waits for those themselves).
+//
+// With masking on (maskStalled), a rank whose flag does not come within the
+// timeout is masked instead (setMasked): the wait goes on without it, and so
+// do later calls; and a flag already past call q means that the others went
+// on without this rank: the wait returns ErrMasked.
+func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, q uint64, watchAborts bool) error {
+	target := flagWord(q, 0)
 	for {
-		if err := t.win.Sync(); err != nil {
-			return err
+		flags, aborts, peers := t.flags[:0], t.aborts[:0], t.peers[:0]
+		for i, s := range from {
+			v := s
+			if via != nil {
+				v = via[i]
+			}
+			if v == t.me && via == nil || t.masked[v] {
+				continue
+			}
+			flags = append(flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
+			aborts = append(aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
+			peers = append(peers, v)
 		}
-		i := waitAll(flags, target, progressSlice)
-		if i < 0 {
+		t.flags, t.aborts, t.peers = flags, aborts, peers
+		if len(flags) == 0 {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return &TimeoutError{Op: op, Peer: peers[i], What: what, After: t.timeout}
+		if !watchAborts {
+			aborts = nil
+		}
+		w := t.poll(flags, aborts, peers, target)
+		switch {
+		case w.refused >= 0:
+			return &refusal{origin: w.refused}
+		case w.ahead >= 0:
+			return fmt.Errorf("ep: %s: rank %d is already past this call (waiting for %s): %w", op, peers[w.ahead], what, ErrMasked)
+		case w.missing >= 0 && t.maskStalled:
+			p := peers[w.missing]
+			t.setMasked(p, true)
+			// Tell it, for when it comes back: it must not write any more.
+			if err := t.raise([]int{p}, flagYouAreMasked, 0, t.me, t.epoch+1, 1); err != nil {
+				return err
+			}
+			continue
+		case w.missing >= 0:
+			return &TimeoutError{Op: op, Peer: peers[w.missing], What: what, After: t.timeout}
+		}
+		return nil
+	}
+}
+
+// poll is waitAll with the group's timeout, charging the time waited to
+// the rank waited for last. Across nodes it polls in slices and lets MPI
+// make progress between them.
+func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited {
+	if t.win == nil {
+		w := waitAll(flags, aborts, target, t.timeout, t.spin, t.maskStalled)
+		t.waits[peers[w.late]] += w.time
+		return w
+	}
+	deadline := time.Now().Add(t.timeout)
+	for {
+		// Sync makes the peers' puts visible to the loads below; Progress
+		// lets them complete: over a network (osc/ucx over TCP) a put, and
+		// its origin's flush, completes only while the target calls MPI.
+		if err := errors.Join(t.win.Progress(), t.win.Sync()); err != nil {
+			return waited{missing: 0, refused: -1, ahead: -1}
+		}
+		w := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice), t.maskStalled)
+		t.waits[peers[w.late]] += w.time
+		if w.missing < 0 || time.Now().After(deadline) {
+			return w
 		}
 	}
 }
+
+// setMasked masks rank r (or unmasks it) and recomputes the lists of the
+// ranks that take part.
+func (t *transport) setMasked(r int, masked bool) {
+	t.masked[r] = masked
+	t.live, t.liveOthers, t.liveNode, t.liveRemote = t.live[:0], t.liveOthers[:0], t.liveNode[:0], t.liveRemote[:0]
+	for _, p := range t.all {
+		if t.masked[p] {
+			continue
+		}
+		t.live = append(t.live, p)
+		if p != t.me {
+			t.liveOthers = append(t.liveOthers, p)
+		}
+		if t.local[p] {
+			t.liveNode = append(t.liveNode, p)
+		} else {
+			t.liveRemote = append(t.liveRemote, p)
+		}
+	}
+}
+
+// refusal is what await returns when the call it waits in was refused by
+// a rank (origin): the engine ends the call (endRefused) and reports a
+// *RefusedError with that rank's note.
+type refusal struct{ origin int }
+
+func (r *refusal) Error() string { return "ep: the call was refused by rank " + strconv.Itoa(r.origin) }
 
 // progressSlice is how long a wait across nodes polls memory before it
 // calls into MPI again.
 const progressSlice = 200 * time.Microsecond
 
-// flagValue reads flag (k, set, of) as raised by via.
-func (t *transport) flagValue(k flagKind, set, of, via int) uint64 {
-	return loadFlag(t.inboxOf(via, t.in.flagOff(k, set, of)))
+// flagPayload reads the payload of flag (k, set, of) as raised by via.
+func (t *transport) flagPayload(k flagKind, set, of, via int) uint32 {
+	return uint32(loadFlag(t.inboxOf(via, t.in.flagOff(k, set, of))))
+}
+
+// writeNote makes reason this rank's refusal note: in its segment for the
+// node's ranks, put into the other nodes' inboxes. It precedes the refused
+// flags, which make it visible.
+func (t *transport) writeNote(reason string) error {
+	note := make([]byte, noteLen) // a refused call is no hot path
+	copy(note[:noteLen-1], reason)
+	return t.writeNoteBytes(note)
+}
+
+// writeNoteBytes makes note (noteLen bytes) this rank's note.
+func (t *transport) writeNoteBytes(note []byte) error {
+	off := t.in.noteOff(t.me)
+	copy(unsafe.Slice((*byte)(t.lsa(t.me, off)), noteLen), note)
+	var blocks []mpi.Block
+	for _, d := range t.liveRemote {
+		blocks = append(blocks, mpi.Block{Len: noteLen, Target: d, DstOffset: off})
+	}
+	if len(blocks) == 0 {
+		return nil
+	}
+	return t.win.PutBlocks(note, blocks)
+}
+
+// note is rank origin's refusal note.
+func (t *transport) note(origin int) string {
+	b := t.noteBytes(origin)
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
+// noteBytes is rank origin's note, in place.
+func (t *transport) noteBytes(origin int) []byte {
+	off := t.in.noteOff(origin)
+	p := t.staged(off)
+	if t.local[origin] {
+		p = t.lsa(origin, off)
+	}
+	return unsafe.Slice((*byte)(p), noteLen)
 }
 
 // shareCounts makes vec this rank's count vector of set b and raises
 // flagCounts at every other rank: node peers read it in this rank's segment,
 // other nodes get it put into their inbox.
 func (t *transport) shareCounts(b int, q uint64, vec []int32) error {
+	if err := t.putCounts(b, vec); err != nil {
+		return err
+	}
+	return t.raise(t.liveOthers, flagCounts, b, t.me, q, 0)
+}
+
+// putCounts is shareCounts without the flag, for a protocol whose counts
+// ride on a later flag (any flag raised after it covers them).
+func (t *transport) putCounts(b int, vec []int32) error {
 	off := t.in.countsOff(b, t.me)
 	copy(unsafe.Slice((*int32)(t.lsa(t.me, off)), len(vec)), vec)
 	blocks := t.countB[:0]
-	for _, d := range t.remote {
+	for _, d := range t.liveRemote {
 		blocks = append(blocks, mpi.Block{Len: 4 * len(vec), Target: d, DstOffset: off})
 	}
 	t.countB = blocks
 	if len(blocks) > 0 {
-		if err := t.win.PutBlocks(dtype.Bytes(vec), blocks); err != nil {
-			return err
-		}
+		t.netBytes += int64(4 * len(vec) * len(blocks))
+		return t.win.PutBlocks(dtype.Bytes(vec), blocks)
 	}
-	return t.raise(t.others, flagCounts, b, t.me, q)
+	return nil
 }
 
 // counts is rank s's count vector of set b, once its flagCounts arrived.
@@ -223,7 +374,7 @@ func (t *transport) post(d, finalOff, stagedOff int, srcOff int64, n int) {
 		return
 	}
 	if t.local[d] {
-		t.locDst = append(t.locDst, t.lsa(d, finalOff))
+		t.locDst.add(t.lsa(d, finalOff))
 		t.locOff = append(t.locOff, srcOff)
 		t.lens = append(t.lens, int64(n))
 		return
@@ -252,31 +403,45 @@ func (t *transport) exposed(r, off, stagedOff int) ptr {
 // flush sends what post and expose queued, from origin: stores into node
 // peers' segments, puts into other nodes' windows (complete at return).
 func (t *transport) flush(origin []byte) error {
-	if len(t.locDst) > 0 {
-		scatterBlocks(t.locDst, unsafe.Pointer(unsafe.SliceData(origin)), t.locOff, t.lens)
+	if t.locDst.len() > 0 {
+		scatterBlocks(&t.locDst, origin, t.locOff, t.lens)
 	}
 	var err error
 	if len(t.blocks) > 0 {
+		for _, b := range t.blocks {
+			t.netBytes += int64(b.Len)
+		}
 		err = t.win.PutBlocks(origin, t.blocks)
 	}
-	t.locDst, t.locOff, t.lens, t.blocks = t.locDst[:0], t.locOff[:0], t.lens[:0], t.blocks[:0]
+	t.locDst.reset()
+	t.locOff, t.lens, t.blocks = t.locOff[:0], t.lens[:0], t.blocks[:0]
 	return err
 }
 
-// land queues the move of n bytes that rank s posted to this rank: from
-// stagedOff of this rank's staging window to finalOff of its segment (a node
-// peer's bytes are in place already). flushLands moves them.
-func (t *transport) land(s, stagedOff, finalOff, n int) {
-	if n > 0 && !t.local[s] {
-		t.landDst = append(t.landDst, t.lsa(t.me, finalOff))
-		t.landSrc = append(t.landSrc, t.staged(stagedOff))
-		t.landLens = append(t.landLens, int64(n))
+// settle queues the move of n bytes that rank s posted to this rank into
+// finalOff of its segment: from slotOff of the segment, where a node peer
+// stored them (nothing to do when the two are the same place), or from
+// stagedOff of the staging window. Moves run in order and may overlap (a
+// block moved down over its own old place), as compacting needs.
+func (t *transport) settle(s, stagedOff, slotOff, finalOff, n int) {
+	if n == 0 || t.local[s] && slotOff == finalOff {
+		return
 	}
+	src := t.staged(stagedOff)
+	if t.local[s] {
+		src = t.lsa(t.me, slotOff)
+	}
+	t.landDst.add(t.lsa(t.me, finalOff))
+	t.landSrc.add(src)
+	t.landLens = append(t.landLens, int64(n))
 }
 
+// flushLands does what land and settle queued, in order.
 func (t *transport) flushLands() {
-	copyBlocks(t.landDst, t.landSrc, t.landLens)
-	t.landDst, t.landSrc, t.landLens = t.landDst[:0], t.landSrc[:0], t.landLens[:0]
+	moveBlocks(&t.landDst, &t.landSrc, t.landLens)
+	t.landDst.reset()
+	t.landSrc.reset()
+	t.landLens = t.landLens[:0]
 }
 
 // awaitReaders waits until every rank that reads this rank's buffers of set
@@ -285,11 +450,11 @@ func (t *transport) awaitReaders(op string, b int, last uint64) error {
 	if last == 0 {
 		return nil
 	}
-	return t.await(op, "the end of its combine", flagDone, b, t.nodeRanks, nil, last)
+	return t.await(op, "the end of its combine", flagDone, b, t.liveNode, nil, last)
 }
 
 // releaseReaders tells the ranks whose buffers of set b this rank read in
 // place (its node peers) that combine q is over.
 func (t *transport) releaseReaders(b int, q uint64) error {
-	return t.raise(t.nodeRanks, flagDone, b, t.me, q)
+	return t.raise(t.liveNode, flagDone, b, t.me, q, 0)
 }

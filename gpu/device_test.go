@@ -399,8 +399,11 @@ func TestGPUNCCLSingleRank(t *testing.T) {
 	assert.Equal(t, 0, c.Rank())
 	assert.Equal(t, 1, c.Size())
 	require.NoError(t, ncclExchange(c, 0, 0))
+	assert.NoError(t, c.AsyncError(), "no asynchronous error after a good exchange")
 	assert.ErrorContains(t, c.SendRecv(nil, []Transfer{{Peer: 1, Ptr: 1, Bytes: 1}}, nil), "bad transfer")
 	require.NoError(t, c.Close())
+	assert.ErrorContains(t, c.AsyncError(), "closed or aborted")
+	assert.ErrorContains(t, c.SendRecv(nil, []Transfer{{Peer: 0, Ptr: 1, Bytes: 1}}, nil), "closed or aborted")
 	require.NoError(t, c.Close(), "closing twice is harmless")
 	_, err = NewNCCLCommFromID(d, id, 1, 1)
 	assert.ErrorContains(t, err, "rank 1 of 1")
@@ -493,4 +496,106 @@ func TestGPUNewNCCLComm(t *testing.T) {
 	assert.Equal(t, dev, c.Device().Ordinal())
 	assert.NoError(t, ncclExchange(c, (c.Rank()+1)%c.Size(), (c.Rank()+c.Size()-1)%c.Size()))
 	mpitesting.Agree(t, w)
+}
+
+// TestGPUCopiesByAddress: the copies by device address, synchronous and on
+// a stream through pinned memory at an offset.
+func TestGPUCopiesByAddress(t *testing.T) {
+	d := testDevice(t)
+	const n = 4099
+	a, err := d.Alloc(n)
+	require.NoError(t, err)
+	defer a.Free()
+	b, err := d.Alloc(n)
+	require.NoError(t, err)
+	defer b.Free()
+	src := make([]byte, n)
+	for i := range src {
+		src[i] = byte(i * 13)
+	}
+	require.NoError(t, d.MemcpyHtoD(a.Ptr(), src))
+	require.NoError(t, d.MemcpyDtoD(b.Ptr().Add(1), a.Ptr(), n-1))
+	got := make([]byte, n-1)
+	require.NoError(t, d.MemcpyDtoH(got, b.Ptr().Add(1)))
+	assert.Equal(t, src[:n-1], got)
+	require.NoError(t, d.MemsetD8(b.Ptr(), 0x3c, 10))
+	require.NoError(t, d.MemcpyDtoH(got[:10], b.Ptr()))
+	assert.Equal(t, bytes.Repeat([]byte{0x3c}, 10), got[:10])
+	assert.ErrorContains(t, d.MemcpyDtoD(0, a.Ptr(), 4), "address 0")
+
+	s, err := d.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	h, err := d.AllocHost(2 * n)
+	require.NoError(t, err)
+	defer h.Free()
+	copy(h.Bytes()[n:], src)
+	require.NoError(t, s.MemcpyHtoDAsync(b.Ptr(), h, n, n))
+	require.NoError(t, s.MemsetD8Async(a.Ptr(), 0, n))
+	require.NoError(t, s.MemcpyDtoDAsync(a.Ptr(), b.Ptr(), n))
+	require.NoError(t, s.MemcpyDtoHAsync(h, 0, a.Ptr(), n))
+	require.NoError(t, s.Synchronize())
+	assert.Equal(t, src, h.Bytes()[:n])
+	assert.ErrorContains(t, s.MemcpyHtoDAsync(b.Ptr(), h, n+1, n), "out of range")
+	var none *Stream
+	assert.ErrorContains(t, none.MemcpyDtoDAsync(a.Ptr(), b.Ptr(), 4), "needs a stream")
+}
+
+// TestGPUNCCLAbortEndsAStalledReceive: rank 1 of a two-rank communicator on
+// one GPU never sends; rank 0's receive would wait for ever, and Abort from
+// another goroutine ends it: the stream completes and AsyncError reports the
+// communicator gone. The watchdog of package epgpu relies on exactly this.
+func TestGPUNCCLAbortEndsAStalledReceive(t *testing.T) {
+	d := testDevice(t)
+	id, err := NCCLUniqueID()
+	require.NoError(t, err)
+	comms := make([]*NCCLComm, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comms[r], errs[r] = NewNCCLCommFromID(d, id, r, 2)
+		}()
+	}
+	if !waitTimeout(&wg, 2*time.Minute) {
+		t.Fatal("ncclCommInitRank of two ranks on one GPU did not return in 2 minutes")
+	}
+	if duplicateGPU(errs[0]) || duplicateGPU(errs[1]) {
+		t.Skipf("NCCL refuses two ranks on one GPU: %v; %v", errs[0], errs[1])
+	}
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	defer comms[1].Close()
+	buf, err := d.Alloc(1 << 20)
+	require.NoError(t, err)
+	defer buf.Free()
+	s, err := d.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	done := make(chan error, 1)
+	go func() {
+		// ncclGroupEnd may itself block while it connects to the silent peer.
+		done <- comms[0].SendRecv(s, nil, []Transfer{{Peer: 1, Ptr: buf.Ptr(), Bytes: 1 << 20}})
+	}()
+	time.Sleep(300 * time.Millisecond)
+	fin, err := s.Done()
+	require.NoError(t, err)
+	assert.False(t, fin, "a receive from a silent peer completed")
+	require.NoError(t, comms[0].Abort())
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("SendRecv did not return after Abort")
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- s.Synchronize() }()
+	select {
+	case err := <-ended:
+		t.Logf("the stream ended after the abort: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the stream of the aborted receive did not complete in a minute")
+	}
+	assert.Error(t, comms[0].AsyncError(), "an aborted communicator reports it")
 }

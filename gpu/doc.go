@@ -47,9 +47,9 @@
 //
 // # Kernels
 //
-// The kernels are CUDA C (package gpu/internal/kernels, embedded with
-// go:embed: cgo does not compile .cu files), using nothing newer than CUDA
-// 11.8 and no CUDA header, so that Debian's NVRTC 11.8 compiles them.
+// The kernels are CUDA C (package gpu/internal/kernels, embedded in the
+// binary, since cgo does not compile .cu files), using nothing newer than
+// CUDA 11.8 and no CUDA header, so that Debian's NVRTC 11.8 compiles them.
 // Device.Kernels compiles them with NVRTC on first use, for the newest
 // virtual architecture (compute_XY) that NVRTC supports and the device can
 // run, loads the PTX (the driver JIT-compiles it for the device), and
@@ -73,9 +73,23 @@
 //     it (NaN payloads aside).
 //   - ToBF16 and FromBF16 (ep_f32_to_bf16, ep_bf16_to_f32): round to
 //     nearest even by bit operations, NaN kept NaN, and widen.
+//   - HTMeta and CountLocal (ep_ht_meta, ep_count_local): the metadata a
+//     rank keeps with its received high-throughput rows (top-k ids made
+//     local, weights zeroed elsewhere) and its rows per local expert.
+//   - LLPlace: places the rows of a low-latency dispatch on arrival, from
+//     the counts that travelled with them in each source's fixed-capacity
+//     block, into the packed expert-major receive buffer, and checks that
+//     every block is of the current call.
 //
-// Kernels' methods queue work on a stream and return; arguments are device
-// addresses and sizes, checked on the host before anything is queued.
+// Kernels' methods queue work on a Queue (a *Stream) and return; arguments
+// are device addresses and sizes, checked on the host before anything is
+// queued. NewKernels runs the same methods through another Launcher: that
+// is how package gpu/emulator runs them on emulated streams.
+//
+// Besides Buffers, memory can be handled by address (DevicePtr): the
+// Device's synchronous MemcpyHtoD, MemcpyDtoH, MemcpyDtoD and MemsetD8, and
+// the Stream's asynchronous counterparts, for an engine that carves its own
+// buffers.
 //
 // # NCCL
 //
@@ -88,8 +102,12 @@
 // rank calls ncclCommInitRank. NewNCCLCommFromID joins with an ID shared
 // otherwise. NCCLComm.SendRecv posts sends and receives, any number per
 // peer, as one ncclGroupStart/ncclGroupEnd group on a stream: the transport
-// of a dispatch or combine. Failed NCCL calls return *NCCLError with
-// ncclGetErrorString's text and ncclGetLastError's message.
+// of a dispatch or combine. NCCL has no timeouts: AsyncError
+// (ncclCommGetAsyncError) and Abort (ncclCommAbort) may be called from
+// another goroutine while a SendRecv or a wait on its stream is in
+// progress, which is how a watchdog turns a stalled peer into an error.
+// Failed NCCL calls return *NCCLError with ncclGetErrorString's text and
+// ncclGetLastError's message.
 //
 // # Tests
 //
@@ -104,47 +122,17 @@
 //
 // With a GPU: the tests built with -tags gpu (make test-gpu builds them
 // into bin/gpu; scripts/gpu/run-on-device.sh runs them on a GPU machine):
-// device query, memory round trips, pinned memory and streams, events,
-// the kernel suite on the device, NCCL on one rank and two ranks on one
-// GPU. They fail, never skip, where there is no device.
+// device query, memory round trips (by Buffer and by address), pinned
+// memory and streams, events, the kernel suite on the device, NCCL on one
+// rank and two ranks on one GPU, and Abort ending a receive from a silent
+// peer. They fail, never skip, where there is no device.
 //
-// # Not yet: expert parallelism on the GPU
+// # Expert parallelism on the GPU
 //
-// There is no ep.Group over device memory yet. What exists is its parts:
-// the layout, packing and combine kernels, and the NCCL transport. The
-// backend will need:
-//
-//   - Counts on the host, or not at all. NCCL receives need their sizes
-//     posted: either copy Layout's per-rank (HT) or per-expert (LL) counts to
-//     the host and exchange them (a SendRecv of 4 bytes per peer, or an MPI
-//     alltoall) before the data, or, for LL, send fixed-capacity blocks
-//     (MaxTokensPerRank rows per source rank and expert) with the counts
-//     alongside, which needs no host synchronisation (and so fits CUDA
-//     graphs).
-//   - LL dispatch: PackRows with Group = top-k ids and Base = the first row
-//     of each expert's block; since rank r owns experts [r*L, (r+1)*L), the
-//     packed buffer is grouped by destination rank, and one send per
-//     (destination rank, expert) lands each block in the receiver's
-//     expert-major buffer [L][Size*MaxTokensPerRank][Hidden] at the source
-//     rank's slot, with no copy on arrival. LL combine: the reverse
-//     transfers, then RowPointers and ReduceRows with the top-k weights
-//     (the kernel suite's DispatchCombine test chains exactly this on one
-//     rank).
-//   - HT dispatch: PackRows with Ord = TokRankOrd and Base = per-rank
-//     offsets, one send per peer; the receiver also needs each row's local
-//     top-k ids and weights (ep_ht_meta) and its per-expert counts
-//     (ep_count_local): two small kernels not written yet. HT combine:
-//     reverse transfers of the partial outputs, then ReduceRows without
-//     weights in a fixed order of ranks. Across nodes NCCL picks the
-//     transport; ep's one-crossing-per-node forwarding would be a later
-//     optimisation.
-//   - Double buffering and overlap: two buffer sets per group as in ep,
-//     events between the compute stream and the communication stream,
-//     Send/Wait split calls.
-//   - Failure handling: NCCL has no timeouts. A watchdog must poll
-//     ncclCommGetAsyncError and call NCCLComm.Abort past the group's
-//     timeout; that binding, ncclCommSplit and collective operations
-//     (ncclAllReduce, ncclAllToAll) are not bound yet.
-//   - The ep conformance suite run against the GPU group, as the kernel
-//     suite runs against both the emulator and the device.
+// Package ep/epgpu is the ep backend built on this package: the ep.Group
+// contract over device memory, its rows moved by NCCL and its layout done
+// by these kernels. Package gpu/emulator emulates a device and NCCL on the
+// CPU, so that the backend's conformance suite runs in every test run.
+// docs/gpu.md describes the design, what only a device checks, and what is
+// left to do.
 package gpu

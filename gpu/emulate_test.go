@@ -27,7 +27,7 @@ type emuLauncher struct {
 	live     int // scratch allocations not yet freed
 }
 
-func (e *emuLauncher) launch(name string, grid, block uint32, args []uint64, s *Stream) error {
+func (e *emuLauncher) Launch(name string, grid, block uint32, args []uint64, q Queue) error {
 	if err := checkArgs(name, args); err != nil {
 		return err
 	}
@@ -39,18 +39,18 @@ func (e *emuLauncher) launch(name string, grid, block uint32, args []uint64, s *
 	return kernels.Emulate(name, grid, block, args, e.seed)
 }
 
-func (e *emuLauncher) allocAsync(n int, s *Stream) (DevicePtr, error) {
+func (e *emuLauncher) AllocAsync(n int, q Queue) (DevicePtr, error) {
 	e.live++
 	return DevicePtr(kernels.Malloc(n)), nil
 }
 
-func (e *emuLauncher) freeAsync(p DevicePtr, s *Stream) error {
+func (e *emuLauncher) FreeAsync(p DevicePtr, q Queue) error {
 	e.live--
 	kernels.Free(uint64(p))
 	return nil
 }
 
-func (e *emuLauncher) memsetAsync(p DevicePtr, v byte, n int, s *Stream) error {
+func (e *emuLauncher) MemsetAsync(p DevicePtr, v byte, n int, q Queue) error {
 	kernels.Memset(uint64(p), v, n)
 	return nil
 }
@@ -133,6 +133,13 @@ func TestKernelArgumentErrors(t *testing.T) {
 		{k.ReduceRows(nil, ReduceArgs{N: -1}), "negative size"},
 		{k.ToBF16(nil, p, 0, 5), "ToBF16: dst or src is 0"},
 		{k.FromBF16(nil, p, p, -1), "FromBF16: negative length -1"},
+		{k.HTMeta(nil, HTMetaArgs{N: 3, K: 0, L: 2}), "HTMeta: N = 3, K = 0"},
+		{k.HTMeta(nil, HTMetaArgs{N: 3, K: 2, L: 2, TokOut: p, TopKOut: p, WOut: p, SrcW: p}), "SrcTopK or SrcW is 0"},
+		{k.CountLocal(nil, p, p, -1, 2, 2), "CountLocal: n = -1"},
+		{k.CountLocal(nil, 0, p, 4, 2, 2), "counts or topkLocal is 0"},
+		{k.LLPlace(nil, LLPlaceArgs{R: 0, L: 2}), "LLPlace: R = 0"},
+		{k.LLPlace(nil, LLPlaceArgs{R: 2, L: 2, Cap: 4, MetaWords: 9, Span: 8}), "MetaWords = 9, want at least 2 + L + 2*Cap = 12"},
+		{k.LLPlace(nil, LLPlaceArgs{R: 2, L: 2, Cap: 4, MetaWords: 12, Span: 8, Meta: p, Counts: p}), "DstRow, TokOut or WOut is 0"},
 	} {
 		if assert.Error(t, c.err, c.want) {
 			assert.Contains(t, c.err.Error(), c.want)
@@ -145,6 +152,7 @@ func TestKernelArgumentErrors(t *testing.T) {
 	require.NoError(t, k.ReduceRows(nil, ReduceArgs{}))
 	require.NoError(t, k.RowPointers(nil, 0, 0, 0, 0, 0))
 	require.NoError(t, k.FromBF16(nil, 0, 0, 0))
+	require.NoError(t, k.HTMeta(nil, HTMetaArgs{K: 1, L: 1}))
 	assert.Zero(t, env.l.launches, "a refused or empty call launched a kernel")
 	assert.Zero(t, env.l.live)
 }

@@ -9,26 +9,37 @@ import (
 	"github.com/goep/goep/gpu/internal/kernels"
 )
 
-// launcher runs kernels: a CUDA module on a device, or (in tests) the CPU
-// emulator of package kernels.
-type launcher interface {
-	// launch runs the named kernel on grid blocks of block threads; args
-	// hold one 8-byte slot per parameter.
-	launch(name string, grid, block uint32, args []uint64, s *Stream) error
-	// allocAsync and freeAsync are stream-ordered scratch memory.
-	allocAsync(n int, s *Stream) (DevicePtr, error)
-	freeAsync(p DevicePtr, s *Stream) error
-	memsetAsync(p DevicePtr, v byte, n int, s *Stream) error
+// A Queue is where device work runs in order: a CUDA *Stream (nil: the
+// default stream), or an emulated stream (package gpu/emulator). Kernels'
+// methods queue their launches on one; its Synchronize waits for them.
+type Queue interface {
+	Synchronize() error
+}
+
+// A Launcher runs the package's kernels for Kernels: the CUDA module that
+// Device.Kernels loads, or the CPU emulator of package gpu/emulator. Every
+// method queues work on q and returns; args (one 8-byte slot per kernel
+// parameter, see KernelParams) are the caller's until Launch returns, so a
+// Launcher that runs later copies them.
+type Launcher interface {
+	// Launch runs the named kernel on grid blocks of block threads.
+	Launch(name string, grid, block uint32, args []uint64, q Queue) error
+	// AllocAsync and FreeAsync are scratch memory ordered by q.
+	AllocAsync(n int, q Queue) (DevicePtr, error)
+	FreeAsync(p DevicePtr, q Queue) error
+	// MemsetAsync sets n bytes at p to v, in q's order.
+	MemsetAsync(p DevicePtr, v byte, n int, q Queue) error
 }
 
 // Kernels runs the package's kernels on one device. Every method queues
-// work on stream s (nil: the default stream) and returns without waiting;
-// arguments are device addresses (DevicePtr; 0 = none where allowed) and
-// sizes, checked on the host before anything is queued. The kernels' exact
-// semantics are in their sources (KernelSource), each the counterpart of a
-// CPU kernel of package ep, whose results they reproduce bit for bit.
+// work on queue q (a *Stream; nil: the default stream) and returns without
+// waiting; arguments are device addresses (DevicePtr; 0 = none where
+// allowed) and sizes, checked on the host before anything is queued. The
+// kernels' exact semantics are in their sources (KernelSource), each the
+// counterpart of a CPU kernel of package ep, whose results they reproduce
+// bit for bit.
 type Kernels struct {
-	l       launcher
+	l       Launcher
 	arch    int
 	maxGrid uint32
 	chunk   int64 // tokens per layout chunk; 0 = automatic
@@ -45,7 +56,23 @@ func (d *Device) Kernels() (*Kernels, error) {
 // = compute_90).
 func (k *Kernels) Arch() int { return k.arch }
 
-func newKernels(l launcher, arch int) *Kernels { return &Kernels{l: l, arch: arch, maxGrid: 8192} }
+func newKernels(l Launcher, arch int) *Kernels { return &Kernels{l: l, arch: arch, maxGrid: 8192} }
+
+// NewKernels runs the kernels through l: how package gpu/emulator runs them
+// on the CPU. Device.Kernels is the CUDA one. Arch is 0.
+func NewKernels(l Launcher) *Kernels { return newKernels(l, 0) }
+
+// KernelParams returns the parameter letters of the named kernel (p: a
+// device address, l: a 64-bit integer, i: a 32-bit int, one 8-byte slot
+// each), or an error for a kernel that does not exist: a Launcher's check
+// of its arguments.
+func KernelParams(name string) (string, error) {
+	x := kernels.Index(name)
+	if x < 0 {
+		return "", fmt.Errorf("gpu: no kernel %q", name)
+	}
+	return kernels.List[x].Params, nil
+}
 
 // DType is an element type of the row kernels: the codes of
 // internal/dtype, which ep's C kernels use too.
@@ -125,7 +152,7 @@ func DecodeBad(v uint64) (index int64, kind int, ok bool) {
 
 // Layout computes the dispatch layout of TopK (ep_layout). It allocates
 // its scratch memory on the stream.
-func (k *Kernels) Layout(s *Stream, a LayoutArgs) error {
+func (k *Kernels) Layout(s Queue, a LayoutArgs) error {
 	const op = "Layout"
 	switch {
 	case a.Tokens < 0 || a.K < 1:
@@ -143,7 +170,7 @@ func (k *Kernels) Layout(s *Stream, a LayoutArgs) error {
 		return argErr(op, "NodeOf is 0")
 	}
 	if a.Bad != 0 {
-		if err := k.l.memsetAsync(a.Bad, 0xff, 8, s); err != nil {
+		if err := k.l.MemsetAsync(a.Bad, 0xff, 8, s); err != nil {
 			return err
 		}
 	}
@@ -161,25 +188,25 @@ func (k *Kernels) Layout(s *Stream, a LayoutArgs) error {
 	if countsBytes < 4 {
 		countsBytes = 4
 	}
-	counts, err := k.l.allocAsync(int(countsBytes), s)
+	counts, err := k.l.AllocAsync(int(countsBytes), s)
 	if err != nil {
 		return err
 	}
 	const block = 128
 	grid := k.gridFor(C, block)
-	err = k.l.launch("goep_layout_count", grid, block, []uint64{
+	err = k.l.Launch("goep_layout_count", grid, block, []uint64{
 		ptrArg(a.TopK), i64Arg(a.Tokens), intArg(a.K), intArg(a.Experts), intArg(a.ExpertsPerRank), intArg(a.Ranks), ptrArg(a.NodeOf), intArg(a.Nodes),
 		uint64(chunk), ptrArg(counts), ptrArg(a.Bad)}, s)
 	if err == nil {
-		err = k.l.launch("goep_layout_scan", k.gridFor(W, block), block, []uint64{
+		err = k.l.Launch("goep_layout_scan", k.gridFor(W, block), block, []uint64{
 			ptrArg(counts), uint64(C), intArg(a.Experts), intArg(a.Ranks), intArg(a.Nodes), ptrArg(a.PerExpert), ptrArg(a.PerRank), ptrArg(a.PerNode)}, s)
 	}
 	if err == nil {
-		err = k.l.launch("goep_layout_assign", grid, block, []uint64{
+		err = k.l.Launch("goep_layout_assign", grid, block, []uint64{
 			ptrArg(a.TopK), i64Arg(a.Tokens), intArg(a.K), intArg(a.Experts), intArg(a.ExpertsPerRank), intArg(a.Ranks), ptrArg(a.NodeOf), intArg(a.Nodes),
 			uint64(chunk), ptrArg(counts), ptrArg(a.PairOrd), ptrArg(a.TokRankOrd), ptrArg(a.TokNodeOrd)}, s)
 	}
-	return errors.Join(err, k.l.freeAsync(counts, s))
+	return errors.Join(err, k.l.FreeAsync(counts, s))
 }
 
 // CopyRowsArgs describe CopyRows: for i < N, row SrcIdx[i] of Src goes to
@@ -199,7 +226,7 @@ type CopyRowsArgs struct {
 }
 
 // CopyRows scatters, gathers or permutes rows (goep_copy_rows).
-func (k *Kernels) CopyRows(s *Stream, a CopyRowsArgs) error {
+func (k *Kernels) CopyRows(s Queue, a CopyRowsArgs) error {
 	const op = "CopyRows"
 	if a.N < 0 || a.RowBytes < 0 || a.DstRows < 0 || a.SrcRows < 0 {
 		return argErr(op, "negative size (N %d, RowBytes %d, DstRows %d, SrcRows %d)", a.N, a.RowBytes, a.DstRows, a.SrcRows)
@@ -210,7 +237,7 @@ func (k *Kernels) CopyRows(s *Stream, a CopyRowsArgs) error {
 	if a.Dst == 0 || a.Src == 0 {
 		return argErr(op, "Dst or Src is 0")
 	}
-	return k.l.launch("goep_copy_rows", k.gridFor(int64(a.N), 1), rowBlock(int64(a.RowBytes)/16), []uint64{
+	return k.l.Launch("goep_copy_rows", k.gridFor(int64(a.N), 1), rowBlock(int64(a.RowBytes)/16), []uint64{
 		ptrArg(a.Dst), ptrArg(a.DstIdx), i64Arg(a.DstRows), ptrArg(a.Src), ptrArg(a.SrcIdx), i64Arg(a.SrcRows), i64Arg(a.N), i64Arg(a.RowBytes)}, s)
 }
 
@@ -239,7 +266,7 @@ type PackRowsArgs struct {
 }
 
 // PackRows writes token rows into grouped buffers (goep_pack_rows).
-func (k *Kernels) PackRows(s *Stream, a PackRowsArgs) error {
+func (k *Kernels) PackRows(s Queue, a PackRowsArgs) error {
 	const op = "PackRows"
 	if a.Tokens < 0 || a.Width < 1 || a.RowBytes < 0 || a.DstRows < 0 || a.Groups < 0 {
 		return argErr(op, "bad size (Tokens %d, Width %d, RowBytes %d, DstRows %d, Groups %d)",
@@ -256,7 +283,7 @@ func (k *Kernels) PackRows(s *Stream, a PackRowsArgs) error {
 		groups = a.Width
 	}
 	n := int64(a.Tokens) * int64(a.Width)
-	return k.l.launch("goep_pack_rows", k.gridFor(n, 1), rowBlock(int64(a.RowBytes)/16), []uint64{
+	return k.l.Launch("goep_pack_rows", k.gridFor(n, 1), rowBlock(int64(a.RowBytes)/16), []uint64{
 		ptrArg(a.Dst), i64Arg(a.DstRows), ptrArg(a.Src), ptrArg(a.Ord), ptrArg(a.Group), ptrArg(a.Base), intArg(groups), i64Arg(a.Tokens), intArg(a.Width),
 		i64Arg(a.RowBytes)}, s)
 }
@@ -264,7 +291,7 @@ func (k *Kernels) PackRows(s *Stream, a PackRowsArgs) error {
 // RowPointers sets dst[i] (uint64) to base + idx[i]*rowBytes, or to 0 where
 // idx[i] < 0, for i < n (idx 0: the identity): the source list of
 // ReduceRows from row numbers.
-func (k *Kernels) RowPointers(s *Stream, dst, base, idx DevicePtr, n, rowBytes int) error {
+func (k *Kernels) RowPointers(s Queue, dst, base, idx DevicePtr, n, rowBytes int) error {
 	if n < 0 || rowBytes < 0 {
 		return argErr("RowPointers", "negative size (n %d, rowBytes %d)", n, rowBytes)
 	}
@@ -275,7 +302,7 @@ func (k *Kernels) RowPointers(s *Stream, dst, base, idx DevicePtr, n, rowBytes i
 		return argErr("RowPointers", "dst is 0")
 	}
 	const block = 256
-	return k.l.launch("goep_row_ptrs", k.gridFor(int64(n), block), block, []uint64{
+	return k.l.Launch("goep_row_ptrs", k.gridFor(int64(n), block), block, []uint64{
 		ptrArg(dst), uint64(base), ptrArg(idx), i64Arg(n), i64Arg(rowBytes)}, s)
 }
 
@@ -294,7 +321,7 @@ type ReduceArgs struct {
 }
 
 // ReduceRows is the weighted combine (goep_reduce_rows).
-func (k *Kernels) ReduceRows(s *Stream, a ReduceArgs) error {
+func (k *Kernels) ReduceRows(s Queue, a ReduceArgs) error {
 	const op = "ReduceRows"
 	if a.N < 0 || a.Hidden < 0 {
 		return argErr(op, "negative size (N %d, Hidden %d)", a.N, a.Hidden)
@@ -308,22 +335,22 @@ func (k *Kernels) ReduceRows(s *Stream, a ReduceArgs) error {
 	if a.Out == 0 || a.Start == 0 || a.Src == 0 {
 		return argErr(op, "Out, Start or Src is 0")
 	}
-	return k.l.launch("goep_reduce_rows", k.gridFor(int64(a.N), 1), rowBlock(int64(a.Hidden)), []uint64{
+	return k.l.Launch("goep_reduce_rows", k.gridFor(int64(a.N), 1), rowBlock(int64(a.Hidden)), []uint64{
 		ptrArg(a.Out), intArg(int(a.OutType)), ptrArg(a.Src), ptrArg(a.Weights), ptrArg(a.Start), i64Arg(a.N), i64Arg(a.Hidden), intArg(int(a.InType))}, s)
 }
 
 // ToBF16 rounds n float32 at src to bfloat16 at dst, to nearest even
 // (ep_f32_to_bf16).
-func (k *Kernels) ToBF16(s *Stream, dst, src DevicePtr, n int) error {
+func (k *Kernels) ToBF16(s Queue, dst, src DevicePtr, n int) error {
 	return k.convert("ToBF16", "goep_f32_to_bf16", s, dst, src, n)
 }
 
 // FromBF16 widens n bfloat16 at src to float32 at dst (ep_bf16_to_f32).
-func (k *Kernels) FromBF16(s *Stream, dst, src DevicePtr, n int) error {
+func (k *Kernels) FromBF16(s Queue, dst, src DevicePtr, n int) error {
 	return k.convert("FromBF16", "goep_bf16_to_f32", s, dst, src, n)
 }
 
-func (k *Kernels) convert(op, name string, s *Stream, dst, src DevicePtr, n int) error {
+func (k *Kernels) convert(op, name string, s Queue, dst, src DevicePtr, n int) error {
 	if n < 0 {
 		return argErr(op, "negative length %d", n)
 	}
@@ -334,7 +361,7 @@ func (k *Kernels) convert(op, name string, s *Stream, dst, src DevicePtr, n int)
 		return argErr(op, "dst or src is 0")
 	}
 	const block = 256
-	return k.l.launch(name, k.gridFor(int64(n), block), block, []uint64{ptrArg(dst), ptrArg(src), i64Arg(n)}, s)
+	return k.l.Launch(name, k.gridFor(int64(n), block), block, []uint64{ptrArg(dst), ptrArg(src), i64Arg(n)}, s)
 }
 
 // checkArgs checks a launch's arguments against the kernel table.
@@ -347,4 +374,113 @@ func checkArgs(name string, args []uint64) error {
 		return fmt.Errorf("gpu: kernel %s takes %d arguments, got %d", name, want, len(args))
 	}
 	return nil
+}
+
+// HTMetaArgs describe HTMeta (ep_ht_meta): for each of N rows i, with
+// row = Rows[i] (Rows 0: row = i), TokOut[i] = SrcTok[row] (SrcTok 0: row),
+// and the row's K top-k ids SrcTopK[row] made local to rank Rank, which
+// owns experts [Rank*L, (Rank+1)*L): id - Rank*L there, else -1, with
+// WOut the weights SrcW[row], zeroed where the id is -1. int32 arrays but
+// the float32 weights.
+type HTMetaArgs struct {
+	TokOut, TopKOut, WOut DevicePtr // [N], [N][K], [N][K]
+	Rows                  DevicePtr // [N], or 0
+	N                     int
+	SrcTok                DevicePtr // indexed by row, or 0
+	SrcTopK, SrcW         DevicePtr // [rows][K]
+	K, L, Rank            int
+}
+
+// HTMeta writes the metadata a rank keeps with its received HT rows
+// (goep_ht_meta).
+func (k *Kernels) HTMeta(s Queue, a HTMetaArgs) error {
+	const op = "HTMeta"
+	switch {
+	case a.N < 0 || a.K < 1 || a.L < 1 || a.Rank < 0:
+		return argErr(op, "N = %d, K = %d, L = %d, Rank = %d: need N >= 0, K and L >= 1, Rank >= 0", a.N, a.K, a.L, a.Rank)
+	case int64(a.Rank+1)*int64(a.L) > math.MaxInt32:
+		return argErr(op, "experts of rank %d (%d each) exceed the 32-bit ids", a.Rank, a.L)
+	case a.N == 0:
+		return nil
+	case a.TokOut == 0 || a.TopKOut == 0 || a.WOut == 0 || a.SrcTopK == 0 || a.SrcW == 0:
+		return argErr(op, "TokOut, TopKOut, WOut, SrcTopK or SrcW is 0")
+	}
+	const block = 128
+	return k.l.Launch("goep_ht_meta", k.gridFor(int64(a.N), block), block, []uint64{
+		ptrArg(a.TokOut), ptrArg(a.TopKOut), ptrArg(a.WOut), ptrArg(a.Rows), i64Arg(a.N), ptrArg(a.SrcTok), ptrArg(a.SrcTopK),
+		ptrArg(a.SrcW), intArg(a.K), intArg(a.L), intArg(a.Rank)}, s)
+}
+
+// CountLocal sets counts[l] (int32 [l]) to the number of entries of
+// topkLocal (int32 [n][k], -1 = an expert elsewhere) equal to l, for l < L
+// (ep_count_local): the rows per local expert of an HT dispatch.
+func (k *Kernels) CountLocal(s Queue, counts, topkLocal DevicePtr, n, K, L int) error {
+	const op = "CountLocal"
+	switch {
+	case n < 0 || K < 1 || L < 1:
+		return argErr(op, "n = %d, K = %d, L = %d: need n >= 0, K and L >= 1", n, K, L)
+	case int64(n)*int64(K) > math.MaxInt32:
+		return argErr(op, "n*K = %d entries: at most %d", int64(n)*int64(K), math.MaxInt32)
+	case counts == 0 || (n > 0 && topkLocal == 0):
+		return argErr(op, "counts or topkLocal is 0")
+	}
+	if err := k.l.MemsetAsync(counts, 0, 4*L, s); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	const block = 256
+	return k.l.Launch("goep_count_local", k.gridFor(int64(n)*int64(K), block), block, []uint64{
+		ptrArg(topkLocal), i64Arg(n), intArg(K), intArg(L), ptrArg(counts)}, s)
+}
+
+// LLPlaceArgs describe LLPlace (goep_ll_place): the blocks that R sources
+// sent in a low-latency dispatch, Cap staged rows each with MetaWords int32
+// words of metadata (Op, flags, L counts, Cap tokens, Cap weights), placed
+// into the expert-major receive buffer of L experts of Span rows.
+type LLPlaceArgs struct {
+	Meta           DevicePtr // int32 [R][MetaWords]
+	R, L           int
+	Cap, MetaWords int
+	Span           int
+	Op             uint32    // the call's sequence number, low 32 bits
+	DstRow         DevicePtr // int32 [R][Cap]: the receive row of each staged row, -1 = none
+	TokOut, WOut   DevicePtr // int32 and float32 [L][Span]
+	Counts         DevicePtr // int32 [R][L]
+	// Bad, a uint64, becomes ^0 when every block is of call Op and fits,
+	// else the lowest source whose block is not.
+	Bad DevicePtr
+}
+
+// LLMetaWords is the size in int32 words of the metadata block one source
+// sends with cap staged rows for l local experts (LLPlace's MetaWords).
+func LLMetaWords(l, cap int) int { return 2 + l + 2*cap }
+
+// LLPlace computes where each staged row of a low-latency dispatch goes, and
+// writes the rows' tokens and weights there (goep_ll_place); CopyRows with
+// DstIdx = DstRow then moves the rows.
+func (k *Kernels) LLPlace(s Queue, a LLPlaceArgs) error {
+	const op = "LLPlace"
+	switch {
+	case a.R < 1 || a.L < 1 || a.Cap < 0 || a.Span < 0:
+		return argErr(op, "R = %d, L = %d, Cap = %d, Span = %d: need R and L >= 1, Cap and Span >= 0", a.R, a.L, a.Cap, a.Span)
+	case a.MetaWords < LLMetaWords(a.L, a.Cap):
+		return argErr(op, "MetaWords = %d, want at least 2 + L + 2*Cap = %d", a.MetaWords, LLMetaWords(a.L, a.Cap))
+	case int64(a.R)*int64(a.Cap) > math.MaxInt32 || int64(a.L)*int64(a.Span) > math.MaxInt32:
+		return argErr(op, "R*Cap = %d staged or L*Span = %d received rows: at most %d", int64(a.R)*int64(a.Cap),
+			int64(a.L)*int64(a.Span), math.MaxInt32)
+	case a.Meta == 0 || a.Counts == 0 || (a.Cap > 0 && (a.DstRow == 0 || a.TokOut == 0 || a.WOut == 0)):
+		return argErr(op, "Meta, Counts, DstRow, TokOut or WOut is 0")
+	}
+	if a.Bad != 0 {
+		if err := k.l.MemsetAsync(a.Bad, 0xff, 8, s); err != nil {
+			return err
+		}
+	}
+	n := max(int64(a.R)*int64(a.Cap), int64(a.R)*int64(a.L))
+	const block = 128
+	return k.l.Launch("goep_ll_place", k.gridFor(n, block), block, []uint64{
+		ptrArg(a.Meta), intArg(a.R), intArg(a.L), i64Arg(a.Cap), i64Arg(a.MetaWords), i64Arg(a.Span), uint64(a.Op),
+		ptrArg(a.DstRow), ptrArg(a.TokOut), ptrArg(a.WOut), ptrArg(a.Counts), ptrArg(a.Bad)}, s)
 }

@@ -104,6 +104,10 @@ func runKernelSuite(t *testing.T, env kernelEnv) {
 	t.Run("RowPointers", func(t *testing.T) { testRowPointers(t, env) })
 	t.Run("ReduceRows", func(t *testing.T) { testReduceRows(t, env) })
 	t.Run("DispatchCombine", func(t *testing.T) { testDispatchCombine(t, env) })
+	t.Run("HTMeta", func(t *testing.T) { testHTMeta(t, env) })
+	t.Run("CountLocal", func(t *testing.T) { testCountLocal(t, env) })
+	t.Run("LLPlace", func(t *testing.T) { testLLPlace(t, env) })
+	t.Run("LLPlaceRefusesStaleBlocks", func(t *testing.T) { testLLPlaceStale(t, env) })
 }
 
 func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)) }
@@ -717,6 +721,175 @@ func testDispatchCombine(t *testing.T, env kernelEnv) {
 		}
 		for h := 0; h < hidden; h++ {
 			assert.InDelta(t, sw*float64(x[tok*hidden+h]), float64(got[tok*hidden+h]), 1e-5*(1+math.Abs(sw*float64(x[tok*hidden+h]))))
+		}
+	}
+}
+
+func testHTMeta(t *testing.T, env kernelEnv) {
+	r := newRand(9)
+	k := env.kernels()
+	for _, c := range []struct {
+		n, srcRows, K, L, R int
+		rows, srcTok        bool
+	}{
+		{n: 0, srcRows: 4, K: 2, L: 2, R: 2},
+		{n: 1, srcRows: 1, K: 1, L: 1, R: 1},
+		{n: 57, srcRows: 57, K: 3, L: 2, R: 4, srcTok: true},
+		{n: 40, srcRows: 90, K: 4, L: 4, R: 3, rows: true},
+		{n: 300, srcRows: 500, K: 8, L: 8, R: 8, rows: true, srcTok: true},
+	} {
+		for d := 0; d < c.R; d++ {
+			name := fmt.Sprintf("n%d_src%d_K%d_L%d_rank%d_of%d_rows%v_tok%v", c.n, c.srcRows, c.K, c.L, d, c.R, c.rows, c.srcTok)
+			s := layoutShape{T: c.srcRows, K: c.K, E: c.L * c.R, L: c.L, R: c.R, nodes: 1, mask: 0.2}
+			srcTopK := randomTopK(r, s)
+			srcW := make([]float32, len(srcTopK))
+			for i := range srcW {
+				srcW[i] = r.Float32() + 0.5 // never zero: a zeroed weight is the kernel's
+			}
+			var rows, srcTok []int32
+			if c.rows {
+				rows = make([]int32, c.n)
+				for i := range rows {
+					rows[i] = int32(r.IntN(c.srcRows))
+				}
+			}
+			if c.srcTok {
+				srcTok = make([]int32, c.srcRows)
+				for i := range srcTok {
+					srcTok[i] = int32(r.IntN(1000))
+				}
+			}
+			wantTok, wantTopK, wantW := refHTMeta(rows, c.n, srcTok, srcTopK, srcW, c.K, c.L, d)
+			n1 := max(c.n, 1)
+			tokB, topkB := newBufOf(t, env, make([]int32, n1)), newBufOf(t, env, make([]int32, n1*c.K))
+			wB := newBufOf(t, env, make([]float32, n1*c.K))
+			var rowsB, srcTokB *dbuf
+			if rows != nil {
+				rowsB = newBufOf(t, env, rows)
+			}
+			if srcTok != nil {
+				srcTokB = newBufOf(t, env, srcTok)
+			}
+			stB, swB := newBufOf(t, env, srcTopK), newBufOf(t, env, srcW)
+			require.NoError(t, k.HTMeta(env.stream(), HTMetaArgs{TokOut: tokB.ptr(), TopKOut: topkB.ptr(), WOut: wB.ptr(),
+				Rows: ptrOf(rowsB), N: c.n, SrcTok: ptrOf(srcTokB), SrcTopK: stB.ptr(), SrcW: swB.ptr(), K: c.K, L: c.L, Rank: d}), name)
+			if c.n == 0 {
+				continue
+			}
+			checkInt32(t, name+" tok", tokB, wantTok)
+			checkInt32(t, name+" topk", topkB, wantTopK)
+			assert.Equal(t, wantW, getAs[float32](t, wB), name+" weights")
+			assert.Equal(t, srcTopK, getAs[int32](t, stB), name+": source changed")
+		}
+	}
+}
+
+func testCountLocal(t *testing.T, env kernelEnv) {
+	r := newRand(10)
+	k := env.kernels()
+	for _, c := range []struct{ n, K, L int }{{0, 3, 4}, {1, 1, 1}, {77, 3, 4}, {2000, 8, 16}} {
+		topk := make([]int32, c.n*c.K)
+		for i := range topk {
+			topk[i] = int32(r.IntN(c.L+3) - 2) // -2 .. L: out-of-range entries are not counted
+		}
+		counts := make([]int32, c.L)
+		for i := range counts {
+			counts[i] = 99 // the kernel zeroes them first
+		}
+		cb := newBufOf(t, env, counts)
+		tb := newBufOf(t, env, append(topk, 0))
+		require.NoError(t, k.CountLocal(env.stream(), cb.ptr(), tb.ptr(), c.n, c.K, c.L))
+		checkInt32(t, fmt.Sprintf("counts n%d K%d L%d", c.n, c.K, c.L), cb, refCountLocal(topk, c.L))
+	}
+}
+
+// llBlocks draws what R sources send to one rank of L experts: each source
+// t0 tokens at most, each to up to min(K, L) of the rank's experts.
+func llBlocks(r *rand.Rand, R, L, K, M int, op uint32) ([]llBlock, int) {
+	cap := M * min(K, L)
+	blocks := make([]llBlock, R)
+	for s := range blocks {
+		b := llBlock{op: op, counts: make([]int32, L)}
+		T := r.IntN(M + 1)
+		if s%3 == 1 {
+			T = 0
+		}
+		perExpert := make([][]int32, L)
+		for tok := 0; tok < T; tok++ {
+			for _, l := range r.Perm(L)[:r.IntN(min(K, L)+1)] {
+				perExpert[l] = append(perExpert[l], int32(tok))
+			}
+		}
+		for l, toks := range perExpert {
+			b.counts[l] = int32(len(toks))
+			for _, tok := range toks {
+				b.tok = append(b.tok, tok)
+				b.w = append(b.w, float32(tok)/8+float32(l))
+			}
+		}
+		blocks[s] = b
+	}
+	return blocks, cap
+}
+
+func runLLPlace(t *testing.T, env kernelEnv, blocks []llBlock, cap, M int, op uint32) (dst, tok, w *dbuf, counts []int32, bad uint64) {
+	t.Helper()
+	R, L := len(blocks), len(blocks[0].counts)
+	mw := LLMetaWords(L, cap)
+	var meta []int32
+	for _, b := range blocks {
+		meta = append(meta, b.words(mw, cap)...)
+	}
+	span := R * M
+	mb := newBufOf(t, env, meta)
+	dst = newBufOf(t, env, make([]int32, R*cap))
+	tok, w = newBufOf(t, env, make([]int32, L*span)), newBufOf(t, env, make([]float32, L*span))
+	cb := newBufOf(t, env, make([]int32, R*L))
+	bb := newBufOf(t, env, []uint64{0})
+	require.NoError(t, env.kernels().LLPlace(env.stream(), LLPlaceArgs{Meta: mb.ptr(), R: R, L: L, Cap: cap, MetaWords: mw, Span: span,
+		Op: op, DstRow: dst.ptr(), TokOut: tok.ptr(), WOut: w.ptr(), Counts: cb.ptr(), Bad: bb.ptr()}))
+	assert.Equal(t, meta, getAs[int32](t, mb), "LLPlace changed its input")
+	return dst, tok, w, getAs[int32](t, cb), getAs[uint64](t, bb)[0]
+}
+
+func testLLPlace(t *testing.T, env kernelEnv) {
+	r := newRand(11)
+	for _, c := range []struct{ R, L, K, M int }{{1, 1, 1, 1}, {2, 3, 2, 16}, {4, 2, 3, 9}, {8, 4, 8, 24}, {3, 5, 1, 40}} {
+		name := fmt.Sprintf("R%d_L%d_K%d_M%d", c.R, c.L, c.K, c.M)
+		op := uint32(7 + c.R)
+		blocks, cap := llBlocks(r, c.R, c.L, c.K, c.M, op)
+		wantDst, wantTok, wantW, wantCounts := refLLPlace(blocks, cap, c.R*c.M)
+		dst, tok, w, counts, bad := runLLPlace(t, env, blocks, cap, c.M, op)
+		assert.Equal(t, ^uint64(0), bad, name+": current blocks reported stale")
+		checkInt32(t, name+" dstRow", dst, wantDst)
+		checkInt32(t, name+" tok", tok, wantTok)
+		assert.Equal(t, wantW, getAs[float32](t, w), name+" weights")
+		assert.Equal(t, wantCounts, counts, name+" counts")
+	}
+}
+
+// A block of another call, or whose counts do not fit, is reported (the
+// lowest such source) and none of its rows is placed.
+func testLLPlaceStale(t *testing.T, env kernelEnv) {
+	r := newRand(12)
+	const R, L, K, M, op = 5, 3, 2, 8, 41
+	for _, c := range []struct {
+		name string
+		edit func(b []llBlock)
+		want uint64
+	}{
+		{"older call", func(b []llBlock) { b[3].op = op - 2 }, 3},
+		{"two stale", func(b []llBlock) { b[4].op, b[2].op = 0, op+1 }, 2},
+		{"negative count", func(b []llBlock) { b[1].counts[2] = -1 }, 1},
+		{"counts over capacity", func(b []llBlock) { b[0].counts[0] = M*min(K, L) + 1 }, 0},
+	} {
+		blocks, cap := llBlocks(r, R, L, K, M, op)
+		c.edit(blocks)
+		dst, _, _, _, bad := runLLPlace(t, env, blocks, cap, M, op)
+		assert.Equal(t, c.want, bad, c.name)
+		rows := getAs[int32](t, dst)
+		for p := 0; p < cap; p++ {
+			assert.Equal(t, int32(-1), rows[int(c.want)*cap+p], "%s: a row of the bad block was placed", c.name)
 		}
 	}
 }

@@ -94,8 +94,24 @@ func loadKernels(d *Device) (*Kernels, error) {
 	return newKernels(m, arch), nil
 }
 
-func (m *cudaModule) launch(name string, grid, block uint32, args []uint64, s *Stream) error {
+// cudaStream is the CUDA stream behind q: nil (the default stream) or a
+// *Stream.
+func cudaStream(q Queue) (*Stream, error) {
+	switch s := q.(type) {
+	case nil:
+		return nil, nil
+	case *Stream:
+		return s, nil
+	}
+	return nil, fmt.Errorf("gpu: %T is not a CUDA stream: a device's kernels run on its streams", q)
+}
+
+func (m *cudaModule) Launch(name string, grid, block uint32, args []uint64, q Queue) error {
 	if err := checkArgs(name, args); err != nil {
+		return err
+	}
+	s, err := cudaStream(q)
+	if err != nil {
 		return err
 	}
 	fn := m.fns[name]
@@ -110,7 +126,11 @@ func (m *cudaModule) launch(name string, grid, block uint32, args []uint64, s *S
 	return nil
 }
 
-func (m *cudaModule) allocAsync(n int, s *Stream) (DevicePtr, error) {
+func (m *cudaModule) AllocAsync(n int, q Queue) (DevicePtr, error) {
+	s, err := cudaStream(q)
+	if err != nil {
+		return 0, err
+	}
 	var ptr C.uint64_t
 	if m.pools {
 		if err := cuErr("cuMemAllocAsync", C.goep_cu_mem_alloc_async(m.dev.ctx, &ptr, C.size_t(n), s.handle())); err != nil {
@@ -124,12 +144,15 @@ func (m *cudaModule) allocAsync(n int, s *Stream) (DevicePtr, error) {
 	return DevicePtr(ptr), nil
 }
 
-func (m *cudaModule) freeAsync(ptr DevicePtr, s *Stream) error {
+func (m *cudaModule) FreeAsync(ptr DevicePtr, q Queue) error {
+	s, err := cudaStream(q)
+	if err != nil {
+		return err
+	}
 	if m.pools {
 		return cuErr("cuMemFreeAsync", C.goep_cu_mem_free_async(m.dev.ctx, C.uint64_t(ptr), s.handle()))
 	}
 	// No memory pools: wait for the stream's work, then free.
-	var err error
 	if s != nil {
 		err = s.Synchronize()
 	} else {
@@ -138,6 +161,10 @@ func (m *cudaModule) freeAsync(ptr DevicePtr, s *Stream) error {
 	return errors.Join(err, cuErr("cuMemFree", C.goep_cu_mem_free(m.dev.ctx, C.uint64_t(ptr))))
 }
 
-func (m *cudaModule) memsetAsync(ptr DevicePtr, v byte, n int, s *Stream) error {
+func (m *cudaModule) MemsetAsync(ptr DevicePtr, v byte, n int, q Queue) error {
+	s, err := cudaStream(q)
+	if err != nil {
+		return err
+	}
 	return cuErr("cuMemsetD8Async", C.goep_cu_memset_d8_async(m.dev.ctx, C.uint64_t(ptr), C.uchar(v), C.size_t(n), s.handle()))
 }

@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/goep/goep/mpi"
@@ -79,11 +80,26 @@ func ncclUniqueID(lib *library) (mpi.UniqueID, error) {
 	return id, nil
 }
 
-// NCCLComm is an NCCL communicator of one rank, on one device.
+// NCCLComm is an NCCL communicator of one rank, on one device. Abort and
+// AsyncError may be called from another goroutine while SendRecv or a wait
+// on its stream is in progress (a watchdog's use); its other methods are
+// for one goroutine at a time.
 type NCCLComm struct {
 	dev        *Device
-	comm       unsafe.Pointer // ncclComm_t
+	h          atomic.Pointer[ncclHandle] // nil once destroyed or aborted
 	rank, size int
+}
+
+// ncclHandle holds an ncclComm_t.
+type ncclHandle struct{ comm unsafe.Pointer }
+
+// handle is the live communicator, or an error naming op once it is gone.
+func (c *NCCLComm) handle(op string) (unsafe.Pointer, error) {
+	h := c.h.Load()
+	if h == nil {
+		return nil, fmt.Errorf("gpu: %s: the NCCL communicator has been closed or aborted", op)
+	}
+	return h.comm, nil
 }
 
 // NewNCCLComm creates an NCCL communicator over the ranks of world, one
@@ -144,7 +160,9 @@ func NewNCCLCommFromID(dev *Device, id mpi.UniqueID, rank, size int) (*NCCLComm,
 	if err := ncclErr("ncclCommInitRank", r, nil); err != nil {
 		return nil, fmt.Errorf("%w (rank %d of %d on %v)", err, rank, size, dev)
 	}
-	return &NCCLComm{dev: dev, comm: comm, rank: rank, size: size}, nil
+	c := &NCCLComm{dev: dev, rank: rank, size: size}
+	c.h.Store(&ncclHandle{comm: comm})
+	return c, nil
 }
 
 // DeviceForRank returns the device a rank of world uses by default: its
@@ -248,6 +266,10 @@ func (c *NCCLComm) SendRecv(s *Stream, sends, recvs []Transfer) error {
 	if n == 0 {
 		return nil
 	}
+	comm, err := c.handle("SendRecv")
+	if err != nil {
+		return err
+	}
 	isRecv := make([]C.int, 0, n)
 	peers := make([]C.int, 0, n)
 	ptrs := make([]C.uint64_t, 0, n)
@@ -263,27 +285,51 @@ func (c *NCCLComm) SendRecv(s *Stream, sends, recvs []Transfer) error {
 			bytes = append(bytes, C.uint64_t(t.Bytes))
 		}
 	}
-	r := C.goep_nccl_send_recv(c.dev.ctx, c.comm, s.handle(), C.int(n), &isRecv[0], &peers[0], &ptrs[0], &bytes[0])
-	return ncclErr("ncclSend/ncclRecv group", r, c.comm)
+	r := C.goep_nccl_send_recv(c.dev.ctx, comm, s.handle(), C.int(n), &isRecv[0], &peers[0], &ptrs[0], &bytes[0])
+	return ncclErr("ncclSend/ncclRecv group", r, comm)
+}
+
+const ncclInProgress = 7 // ncclInProgress: a non-blocking operation still running
+
+// AsyncError reports the failure of an operation NCCL ran asynchronously
+// (ncclCommGetAsyncError): nil while all is well or still in progress, an
+// *NCCLError once an operation failed (a peer's connection broke, say), an
+// error once the communicator is closed or aborted. NCCL has no timeouts: a
+// watchdog polls this and calls Abort past its deadline.
+func (c *NCCLComm) AsyncError() error {
+	comm, err := c.handle("AsyncError")
+	if err != nil {
+		return err
+	}
+	var state C.int
+	if err := ncclErr("ncclCommGetAsyncError", C.goep_nccl_comm_get_async_error(comm, &state), comm); err != nil {
+		return err
+	}
+	if state == 0 || state == ncclInProgress {
+		return nil
+	}
+	return ncclErr("an asynchronous NCCL operation", state, comm)
 }
 
 // Close destroys the communicator (ncclCommDestroy) after its queued work.
+// Closing a closed or aborted communicator does nothing.
 func (c *NCCLComm) Close() error {
-	if c.comm == nil {
+	h := c.h.Swap(nil)
+	if h == nil {
 		return nil
 	}
-	err := ncclErr("ncclCommDestroy", C.goep_nccl_comm_destroy(c.dev.ctx, c.comm), nil)
-	c.comm = nil
-	return err
+	return ncclErr("ncclCommDestroy", C.goep_nccl_comm_destroy(c.dev.ctx, h.comm), nil)
 }
 
-// Abort destroys the communicator at once, abandoning queued work: for
-// error paths, where a peer may never arrive.
+// Abort destroys the communicator at once, abandoning queued work (a
+// SendRecv blocked in NCCL, and the kernels of queued groups, return): for
+// error paths, where a peer may never arrive. It may be called from another
+// goroutine than the one using the communicator; only the first call of
+// Abort or Close does anything.
 func (c *NCCLComm) Abort() error {
-	if c.comm == nil {
+	h := c.h.Swap(nil)
+	if h == nil {
 		return nil
 	}
-	err := ncclErr("ncclCommAbort", C.goep_nccl_comm_abort(c.dev.ctx, c.comm), nil)
-	c.comm = nil
-	return err
+	return ncclErr("ncclCommAbort", C.goep_nccl_comm_abort(c.dev.ctx, h.comm), nil)
 }

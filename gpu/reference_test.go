@@ -202,3 +202,92 @@ func sameBF16(a, b uint16) bool {
 	nan := func(x uint16) bool { return x&0x7fff > 0x7f80 }
 	return a == b || (nan(a) && nan(b))
 }
+
+// refHTMeta is ep_ht_meta: for each row i (rows nil: row i itself), its
+// source token (srcTok nil: the row), its top-k ids made local to rank d of
+// L experts each (-1 where d does not own the expert) and its weights
+// (zero there).
+func refHTMeta(rows []int32, n int, srcTok, srcTopK []int32, srcW []float32, K, L, d int) (tok, topk []int32, w []float32) {
+	tok, topk, w = make([]int32, n), make([]int32, n*K), make([]float32, n*K)
+	for i := 0; i < n; i++ {
+		row := i
+		if rows != nil {
+			row = int(rows[i])
+		}
+		tok[i] = int32(row)
+		if srcTok != nil {
+			tok[i] = srcTok[row]
+		}
+		for k := 0; k < K; k++ {
+			e := int(srcTopK[row*K+k])
+			topk[i*K+k] = -1
+			if e >= d*L && e < (d+1)*L {
+				topk[i*K+k] = int32(e - d*L)
+				w[i*K+k] = srcW[row*K+k]
+			}
+		}
+	}
+	return tok, topk, w
+}
+
+// refCountLocal is ep_count_local: per local expert, the entries naming it.
+func refCountLocal(topkLocal []int32, L int) []int32 {
+	counts := make([]int32, L)
+	for _, l := range topkLocal {
+		if l >= 0 && int(l) < L {
+			counts[l]++
+		}
+	}
+	return counts
+}
+
+// llBlock is what one source sends with its staged rows in a low-latency
+// dispatch: the counts of its rows per expert of the receiver, the token
+// and weight of each staged row (grouped by expert, then in token order).
+type llBlock struct {
+	op     uint32
+	counts []int32
+	tok    []int32
+	w      []float32
+}
+
+// words is the block as LLPlace reads it, meta words long.
+func (b llBlock) words(metaWords, cap int) []int32 {
+	out := make([]int32, metaWords)
+	out[0] = int32(b.op)
+	L := len(b.counts)
+	copy(out[2:], b.counts)
+	copy(out[2+L:], b.tok)
+	for i, w := range b.w {
+		out[2+L+cap+i] = int32(math.Float32bits(w))
+	}
+	return out
+}
+
+// refLLPlace places the staged rows of R sources by brute force: expert l's
+// rows are source 0's rows of l, then source 1's, ...; it returns the
+// receive row of each staged row (-1: none), the tokens and weights at
+// those rows (zero elsewhere) and the counts [R][L].
+func refLLPlace(blocks []llBlock, cap, span int) (dstRow, tok []int32, w []float32, counts []int32) {
+	R, L := len(blocks), len(blocks[0].counts)
+	dstRow = make([]int32, R*cap)
+	tok, w = make([]int32, L*span), make([]float32, L*span)
+	for i := range dstRow {
+		dstRow[i] = -1
+	}
+	next := make([]int, L) // next free row of each expert
+	for s, b := range blocks {
+		p := 0
+		for l, c := range b.counts {
+			for j := 0; j < int(c); j++ {
+				row := l*span + next[l]
+				dstRow[s*cap+p] = int32(row)
+				tok[row], w[row] = b.tok[p], b.w[p]
+				next[l]++
+				p++
+			}
+		}
+		counts = append(counts, b.counts...)
+	}
+	return dstRow, tok, w, counts
+}

@@ -85,6 +85,7 @@ typedef struct { char internal[128]; } nccl_id;
   X(int, ncclCommInitRank, (void **, int, nccl_id, int), "ncclCommInitRank")                    \
   X(int, ncclCommDestroy, (void *), "ncclCommDestroy")                                          \
   X(int, ncclCommAbort, (void *), "ncclCommAbort")                                              \
+  X(int, ncclCommGetAsyncError, (void *, int *), "ncclCommGetAsyncError")                       \
   X(int, ncclGroupStart, (void), "ncclGroupStart")                                              \
   X(int, ncclGroupEnd, (void), "ncclGroupEnd")                                                  \
   X(int, ncclSend, (const void *, size_t, int, int, void *, void *), "ncclSend")                \
@@ -443,6 +444,8 @@ int goep_nccl_comm_abort(void *ctx, void *comm) {
   if (p_cuCtxSetCurrent(ctx) != 0) return 1;
   return p_ncclCommAbort(comm);
 }
+
+int goep_nccl_comm_get_async_error(void *comm, int *result) { return p_ncclCommGetAsyncError(comm, result); }
 
 enum { NCCL_INT8 = 0 };
 

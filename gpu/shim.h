@@ -93,6 +93,10 @@ int goep_nccl_get_unique_id(unsigned char *id);
 int goep_nccl_comm_init_rank(void *ctx, void **comm, int nranks, const unsigned char *id, int rank);
 int goep_nccl_comm_destroy(void *ctx, void *comm);
 int goep_nccl_comm_abort(void *ctx, void *comm);
+// goep_nccl_comm_get_async_error stores the communicator's asynchronous
+// state (ncclSuccess, ncclInProgress, or the error of an operation that
+// failed) in *result; it needs no context and may be called from any thread.
+int goep_nccl_comm_get_async_error(void *comm, int *result);
 // goep_nccl_send_recv posts n point-to-point operations in one NCCL group:
 // op i sends (recv[i] == 0) or receives (recv[i] != 0) bytes[i] bytes at
 // device address ptr[i] to or from rank peer[i].

@@ -16,6 +16,10 @@ type DType int
 const (
 	Float32  DType = iota + 1 // float32 rows: ep.Group[float32]
 	BFloat16                  // bfloat16 rows: ep.Group[ep.BF16]
+	// FP8 is bfloat16 rows dispatched in FP8 e4m3 with one scale per 128
+	// elements (ep.Group[ep.BF16] with Wire ep.WireFP8), in the forward
+	// dispatch and the backward's cached one; combines stay bfloat16.
+	FP8
 )
 
 func (d DType) String() string {
@@ -24,19 +28,23 @@ func (d DType) String() string {
 		return "f32"
 	case BFloat16:
 		return "bf16"
+	case FP8:
+		return "fp8"
 	}
 	return fmt.Sprintf("DType(%d)", int(d))
 }
 
-// ParseDType reads "f32" or "bf16".
+// ParseDType reads "f32", "bf16" or "fp8".
 func ParseDType(s string) (DType, error) {
 	switch s {
 	case "f32", "float32":
 		return Float32, nil
 	case "bf16", "bfloat16":
 		return BFloat16, nil
+	case "fp8":
+		return FP8, nil
 	}
-	return 0, fmt.Errorf("moe: unknown dtype %q (want f32 or bf16)", s)
+	return 0, fmt.Errorf("moe: unknown dtype %q (want f32, bf16 or fp8)", s)
 }
 
 // Activation is the nonlinearity between the two layers of an expert. Its
@@ -100,8 +108,8 @@ func (c Config) Validate(size int) error {
 	switch {
 	case c.Mode != ep.LowLatency && c.Mode != ep.HighThroughput:
 		return bad("mode %v: choose ll or ht", c.Mode)
-	case c.DType != Float32 && c.DType != BFloat16:
-		return bad("dtype %v: choose f32 or bf16", c.DType)
+	case c.DType != Float32 && c.DType != BFloat16 && c.DType != FP8:
+		return bad("dtype %v: choose f32, bf16 or fp8", c.DType)
 	case c.Act != SiLU && c.Act != GELU:
 		return bad("activation %v: choose silu or gelu", c.Act)
 	case c.Experts <= 0:

@@ -58,7 +58,7 @@ const (
 func TestLossFalls(t *testing.T) {
 	w := mpitesting.World
 	for _, mode := range []ep.Mode{ep.LowLatency, ep.HighThroughput} {
-		for _, dtype := range []moe.DType{moe.Float32, moe.BFloat16} {
+		for _, dtype := range []moe.DType{moe.Float32, moe.BFloat16, moe.FP8} {
 			t.Run(fmt.Sprintf("%v-%v", mode, dtype), func(t *testing.T) {
 				defer mpitesting.Agree(t, w)
 				tr, err := moe.NewTrainer(w, smallConfig(mode, dtype))
@@ -95,12 +95,13 @@ func TestLossFalls(t *testing.T) {
 // CommStats.BytesSent counts, over all ranks, four rows per remote (token,
 // expert) pair in LL mode and per remote (token, rank) pair in HT mode: the
 // token side sends it in the forward dispatch and the backward's cached
-// dispatch, the expert side returns it in both combines.
+// dispatch (in FP8: codes and a float32 scale per 128 elements), the expert
+// side returns it in both combines.
 func TestBytesSent(t *testing.T) {
 	w := mpitesting.World
 	R, me := w.Size(), w.Rank()
 	for _, mode := range []ep.Mode{ep.LowLatency, ep.HighThroughput} {
-		for _, dtype := range []moe.DType{moe.Float32, moe.BFloat16} {
+		for _, dtype := range []moe.DType{moe.Float32, moe.BFloat16, moe.FP8} {
 			t.Run(fmt.Sprintf("%v-%v", mode, dtype), func(t *testing.T) {
 				defer mpitesting.Agree(t, w)
 				cfg := smallConfig(mode, dtype).Config
@@ -132,13 +133,12 @@ func TestBytesSent(t *testing.T) {
 						remote += len(ranks)
 					}
 				}
-				elem := int64(4)
-				if dtype == moe.BFloat16 {
-					elem = 2
-				}
+				H := int64(cfg.Hidden)
+				row := map[moe.DType][2]int64{ // bytes of a dispatched row, of a combined row
+					moe.Float32: {4 * H, 4 * H}, moe.BFloat16: {2 * H, 2 * H}, moe.FP8: {H + 4*((H+127)/128), 2 * H}}[dtype]
 				var sums [2]int64
 				require.NoError(t, mpi.Allreduce(w, mpi.OpSum, []int64{st.BytesSent, int64(remote)}, sums[:]))
-				assert.Equal(t, 4*int64(cfg.Hidden)*elem*sums[1], sums[0])
+				assert.Equal(t, 2*(row[0]+row[1])*sums[1], sums[0])
 				assert.Zero(t, l.TakeCommStats().BytesSent, "TakeCommStats resets")
 			})
 		}

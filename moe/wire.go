@@ -57,7 +57,11 @@ type commStats struct {
 func newWire(comm *mpi.Comm, c Config) (wire, error) {
 	cfg := ep.Config{Mode: c.Mode, NumExperts: c.Experts, MaxTokensPerRank: c.Tokens, Hidden: c.Hidden,
 		TopK: c.TopK, Timeout: c.Timeout}
-	if c.DType == BFloat16 {
+	switch c.DType {
+	case BFloat16:
+		return newEPWire[ep.BF16](comm, cfg)
+	case FP8:
+		cfg.Wire = ep.WireFP8
 		return newEPWire[ep.BF16](comm, cfg)
 	}
 	return newEPWire[float32](comm, cfg)
@@ -74,6 +78,7 @@ type epWire[E ep.Element] struct {
 	rowValues  []float32
 	slotValues []float32
 	grad       []float64 // compact rows of the output gradient
+	deq        []float32 // FP8: one row dequantized
 	stats      commStats
 	tokBytes   int64 // bytes the tokens' side of the last dispatch sent
 	rowBytes   int64 // bytes the experts' side of the last dispatch will send back
@@ -105,6 +110,33 @@ func (w *epWire[E]) takeStats() commStats {
 func elemBytes[E ep.Element]() int64 {
 	var z E
 	return int64(unsafe.Sizeof(z))
+}
+
+// received widens the rows of a dispatch listed in rows into dst (compact,
+// [len(rows)][H]): the elements, or in FP8 the codes times their scales.
+func (w *epWire[E]) received(h ep.Handle[E], rows []int, dst []float64) error {
+	H := w.c.Hidden
+	if !w.c.Wire.FP8() {
+		recv := h.Recv().Host()
+		for i, row := range rows {
+			fromWire(dst[i*H:(i+1)*H], recv[row*H:(row+1)*H])
+		}
+		return nil
+	}
+	codes, scales, G := h.RecvFP8().Host(), h.RecvScales().Host(), ep.ScaleGroups(H)
+	if cap(w.deq) < H {
+		w.deq = make([]float32, H)
+	}
+	w.deq = w.deq[:H]
+	for i, row := range rows {
+		if err := ep.Dequantize(w.deq, codes[row*H:(row+1)*H], scales[row*G:(row+1)*G], H); err != nil {
+			return err
+		}
+		for c, v := range w.deq {
+			dst[i*H+c] = float64(v)
+		}
+	}
+	return nil
 }
 
 // toWire rounds float64 values to E (bfloat16 through float32).
@@ -148,16 +180,21 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 	}
 	w.h, w.hb = h, ep.Handle[E]{}
 	r := &routed{byExpert: make([][]entry, w.L), rvLen: w.L * w.span}
-	recv, rw := h.Recv().Host(), h.RecvWeights().Host()
+	rw := h.RecvWeights().Host()
 	// Bytes: the tokens' side sends one row per (token, remote expert) pair in
-	// LL mode, one per (token, remote rank) in HT mode; the experts' side sends
-	// one row back per received row from another rank.
+	// LL mode, one per (token, remote rank) in HT mode (in FP8: its codes and
+	// scales); the experts' side sends one row back per received row from
+	// another rank.
 	rowB := int64(H) * elemBytes[E]()
+	dispB := rowB
+	if w.c.Wire.FP8() {
+		dispB = int64(H + 4*ep.ScaleGroups(H))
+	}
 	w.tokBytes, w.rowBytes = 0, 0
 	if w.c.Mode == ep.LowLatency {
 		for _, e := range topk {
 			if e >= 0 && int(e)/w.L != w.rank {
-				w.tokBytes += rowB
+				w.tokBytes += dispB
 			}
 		}
 		for l, cnt := range h.ExpertCounts() {
@@ -184,7 +221,7 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 			}
 			for d, ok := range dest {
 				if ok && d != w.rank {
-					w.tokBytes += rowB
+					w.tokBytes += dispB
 				}
 			}
 		}
@@ -206,8 +243,8 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 		}
 	}
 	r.x = make([]float64, r.n*H)
-	for i, row := range r.bufRow {
-		fromWire(r.x[i*H:(i+1)*H], recv[row*H:(row+1)*H])
+	if err := w.received(h, r.bufRow, r.x); err != nil {
+		return nil, err
 	}
 	w.stats.bytesSent += w.tokBytes
 	return r, nil
@@ -250,10 +287,9 @@ func (w *epWire[E]) dispatchGrad(r *routed, g []float64) ([]float64, error) {
 	}
 	w.hb = hb
 	w.stats.bytesSent += w.tokBytes
-	recv := hb.Recv().Host()
 	w.grad = grow(w.grad, r.n*H)
-	for i, row := range r.bufRow {
-		fromWire(w.grad[i*H:(i+1)*H], recv[row*H:(row+1)*H])
+	if err := w.received(hb, r.bufRow, w.grad); err != nil {
+		return nil, err
 	}
 	return w.grad, nil
 }

@@ -252,3 +252,36 @@ func TestCollectiveTimeoutNamesTheStall(t *testing.T) {
 	}
 	mpitesting.Agree(t, w)
 }
+
+func TestArriveNamesTheMissingRank(t *testing.T) {
+	w := mpitesting.World
+	if w.Size() < 2 {
+		t.Skip("needs a rank that stays away: run under mpirun with 2 or more ranks")
+	}
+	require.NoError(t, w.Arrive("everyone", 0), "every rank arrives")
+	const within = 300 * time.Millisecond
+	for _, absent := range []int{w.Size() - 1, 0} {
+		t.Run(strconv.Itoa(absent), func(t *testing.T) {
+			c, err := w.Split(0, w.Rank(), "arrive-test")
+			require.NoError(t, err)
+			if w.Rank() != absent {
+				err := c.Arrive("the test's point", within)
+				var missing *mpi.MissingError
+				require.ErrorAs(t, err, &missing, "rank %d stayed away", absent)
+				assert.Equal(t, absent, missing.Rank)
+				assert.Equal(t, "the test's point", missing.What)
+				assert.Equal(t, "arrive-test", missing.Comm)
+				assert.ErrorIs(t, err, mpi.ErrTimeout)
+			}
+			require.NoError(t, w.Barrier())
+			if absent != 0 {
+				// Nothing of the failed round is left: all arrive again.
+				require.NoError(t, c.Arrive("again", within), "rank %d", w.Rank())
+				require.NoError(t, c.Free())
+			} else if w.Rank() != 0 {
+				assert.ErrorContains(t, c.Arrive("again", within), "unusable", "rank 0 was missing: the communicator is done")
+			}
+			mpitesting.Agree(t, w)
+		})
+	}
+}

@@ -81,6 +81,34 @@ func (c *Comm) Barrier() error {
 	return c.barrier()
 }
 
+// arriveTag is the message tag of Arrive's point-to-point messages.
+const arriveTag = 32011
+
+// Arrive returns once every rank has called it, or, after within (0: no
+// limit), a *MissingError naming the first rank that did not, on every rank
+// that did. It is a barrier that can name who is missing, which a
+// collective cannot: for the entry of calls that every rank must make
+// (NewGroup, Close), so that one rank skipping them is an error naming it,
+// never a hang. It is collective, by point-to-point messages to rank 0
+// with tag 32011.
+//
+// After a *MissingError naming rank r > 0, every rank may call Arrive
+// again (with r this time). One naming rank 0 leaves this rank's message
+// pending there: the communicator is then unusable, as after a timeout.
+func (c *Comm) Arrive(what string, within time.Duration) error {
+	if err := c.checkUsable("Arrive"); err != nil {
+		return err
+	}
+	missing, err := c.arrive(within)
+	if err != nil {
+		return err
+	}
+	if missing >= 0 {
+		return &MissingError{What: what, Rank: missing, After: within, Comm: c.name}
+	}
+	return nil
+}
+
 // Bcast copies buf on root into buf on every other rank. len(buf) must be
 // the same on every rank.
 func (c *Comm) Bcast(buf []byte, root int) error {

@@ -68,11 +68,15 @@ func Init() (*Comm, error) {
 		return nil, checkLaunch(launch, 1, true)
 	}
 	if !empi.IsOn() {
+		chooseOneSided() // before MPI_Init, which reads the choice
 		if err := empi.InitThreadSafe(); err != nil {
 			// Less than MPI_THREAD_MULTIPLE: calls must stay on this thread.
 			runtime.LockOSThread()
 		}
+	} else {
+		oneSided = OneSidedChoice{Reason: "MPI was initialised before mpi.Init: its choice"}
 	}
+	readOneSided()
 	var provided C.int
 	C.MPI_Query_thread(&provided)
 	threadLevel = int(provided)
@@ -153,6 +157,21 @@ func ptr(b []byte) unsafe.Pointer {
 }
 
 func (c *Comm) ns() C.int64_t { return C.int64_t(c.timeout / time.Nanosecond) }
+
+func (c *Comm) arrive(within time.Duration) (int, error) {
+	var missing C.int
+	rc := C.goep_arrive(c.h.c, C.int(arriveTag), C.int64_t(within.Nanoseconds()), &missing)
+	if rc == C.GOEP_ERR_TIMEOUT { // rank 0 did not answer: it is the one missing
+		// This rank's token may still be pending at rank 0, where a later
+		// Arrive would take it for a new one: the communicator is done.
+		c.markBroken(&MissingError{What: "Arrive", Rank: 0, After: within, Comm: c.name})
+		return 0, nil
+	}
+	if rc != C.MPI_SUCCESS {
+		return -1, mpiError("MPI_Send/MPI_Recv (Arrive)", rc)
+	}
+	return int(missing), nil
+}
 
 func (c *Comm) barrier() error {
 	return c.result("MPI_Barrier", C.goep_barrier(c.h.c, c.ns()))

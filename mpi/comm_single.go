@@ -6,6 +6,7 @@ import (
 	"os"
 	"reflect"
 	"sync"
+	"time"
 
 	empi "github.com/emer/empi/v2/mpi"
 )
@@ -47,6 +48,7 @@ func Init() (*Comm, error) {
 		return nil, err
 	}
 	empi.Init() // empi's single-rank dummy
+	oneSided = OneSidedChoice{Reason: "built without the mpi build tag: no MPI, no one-sided components"}
 	world = &Comm{name: "world", rank: empi.WorldRank(), size: empi.WorldSize(), timeout: timeout}
 	return world, nil
 }
@@ -72,8 +74,9 @@ func Abort(code int, msg string) {
 // ProcessorName is the host name.
 func ProcessorName() (string, error) { return os.Hostname() }
 
-func (c *Comm) barrier() error                   { return nil }
-func (c *Comm) bcast(buf []byte, root int) error { return nil }
+func (c *Comm) barrier() error                    { return nil }
+func (c *Comm) arrive(time.Duration) (int, error) { return -1, nil }
+func (c *Comm) bcast(buf []byte, root int) error  { return nil }
 func (c *Comm) allgather(send, recv []byte) error {
 	copy(recv, send)
 	return nil

@@ -38,6 +38,16 @@
 // unusable. With Timeout zero, collectives block inside MPI as in a plain MPI
 // program.
 //
+// # Point to point
+//
+// Comm.Exchange posts non-blocking sends and receives (MPI_Isend,
+// MPI_Irecv) of memory outside the Go heap (a Buffer, C memory) and returns
+// an *Exchange to poll (Test, Pending) or abandon (Cancel): the transport of
+// the emulated GPU of package gpu/emulator, which stands where NCCL's
+// grouped ncclSend/ncclRecv would. Messages between two ranks match in the
+// order they were posted, and a receive must be matched by a send of its
+// exact size.
+//
 // # Topology
 //
 // Topology groups the ranks of a communicator into nodes: ranks that share
@@ -45,6 +55,33 @@
 // on the same Slurm node. The environment variable GOEP_RANKS_PER_NODE=N
 // splits each node further into simulated nodes of N ranks, so that
 // hierarchical (multi-node) code paths can run on one machine.
+//
+// # One-sided components (Open MPI)
+//
+// Windows across nodes (AllocateWindow over ranks of several hosts) need a
+// one-sided component of Open MPI's osc framework that works between hosts
+// with MPI_THREAD_MULTIPLE. Open MPI 4.1 without InfiniBand has one only if
+// ucx is named: osc/sm is node-local, osc/rdma needs a transport with RDMA
+// put and get (TCP has none), osc/pt2pt refuses MPI_THREAD_MULTIPLE, and
+// osc/ucx offers itself on Mellanox devices only unless it is asked for, so
+// MPI_Win_allocate fails with MPI_ERR_WIN. Debian and Ubuntu also ship
+// "osc = ^ucx,pt2pt" in /etc/openmpi/openmpi-mca-params.conf.
+//
+// So Init, before MPI_Init, sets OMPI_MCA_osc=sm,ucx (OneSidedComponents:
+// sm within a node, ucx across nodes) when nobody has chosen, and when this
+// Open MPI has both components. The user has chosen when OMPI_MCA_osc is in
+// the environment (mpirun --mca osc LIST and srun pass it that way, as does
+// mpirun -x), or osc is set in ~/.openmpi/mca-params.conf or in a file named
+// by OMPI_MCA_mca_base_param_files; the installation's
+// openmpi-mca-params.conf counts when it names components, not when it only
+// excludes some (as Debian's does). To override, set your own:
+//
+//	mpirun --mca osc sm,rdma ...        # on InfiniBand, say
+//	OMPI_MCA_osc=^ucx,pt2pt mpirun ...  # Debian's default back
+//	OMPI_MCA_osc= mpirun ...            # every component, Open MPI decides
+//
+// OneSided reports the choice: the osc parameter as Open MPI read it (through
+// MPI_T) and who set it; examples/mpi-hello prints it.
 //
 // # Launch
 //

@@ -36,6 +36,24 @@ func (e *TimeoutError) Error() string {
 // Is reports whether target is ErrTimeout.
 func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
 
+// MissingError reports a rank that did not arrive at a point every rank
+// must reach (Arrive): named, unlike a collective's timeout. It matches
+// ErrTimeout.
+type MissingError struct {
+	What  string        // the point, e.g. "ep.NewGroup"
+	Rank  int           // the first rank that did not arrive
+	After time.Duration // how long it was waited for
+	Comm  string        // the communicator's name
+}
+
+func (e *MissingError) Error() string {
+	return fmt.Sprintf("mpi: %s: rank %d of communicator %q did not arrive within %v: it has stopped, is stalled, or skipped the call",
+		e.What, e.Rank, e.Comm, e.After)
+}
+
+// Is reports whether target is ErrTimeout.
+func (e *MissingError) Is(target error) bool { return target == ErrTimeout }
+
 // ArgError reports a bad argument, caught before MPI is called.
 type ArgError struct {
 	Call string // the method of this package

@@ -25,6 +25,20 @@ int goep_alltoallv(const void *send, const int *scounts, const int *sdispls,
                    void *recv, const int *rcounts, const int *rdispls, MPI_Comm comm, int64_t timeout_ns);
 int goep_allreduce(const void *send, void *recv, int n, int dtype, int op, MPI_Comm comm, int64_t timeout_ns);
 int goep_error_string(int code, char *buf, int cap);
+int goep_arrive(MPI_Comm comm, int tag, int64_t timeout_ns, int *missing);
+
+// Point-to-point messages of an Exchange. goep_p2p_start posts n messages
+// (recv[i]: MPI_Irecv, else MPI_Isend) of bytes[i] bytes at addr[i] with
+// peer[i], into reqs; it returns 0, or the MPI code plus, in bits 32 and up,
+// 1 + the index of the message that failed. goep_p2p_test tests every
+// request not yet done, setting done[i] and, for a receive, got[i] to the
+// bytes received. goep_p2p_cancel cancels the receives not done (and waits
+// for the cancellations) and frees the requests of the sends not done,
+// returning how many sends it left to MPI.
+int64_t goep_p2p_start(MPI_Comm comm, int n, const int *recv, const int *peer, const uint64_t *addr, const int *bytes,
+                       int tag, MPI_Request *reqs);
+int goep_p2p_test(int n, MPI_Request *reqs, const int *recv, int *done, int64_t *got);
+int goep_p2p_cancel(int n, MPI_Request *reqs, const int *recv, const int *done);
 
 // One-sided helpers on a window in a lock_all epoch.
 //
@@ -42,4 +56,19 @@ typedef struct {
 // when it returns. It returns 0, or on an error the MPI code plus, in bits 32
 // and up, 1 + the index of the block that failed (0: the final flush).
 int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n);
+
+// Open MPI's one-sided components, before and after MPI_Init (onesided_mpi.go).
+// goep_is_open_mpi: 1 when mpi.h is Open MPI's.
+int goep_is_open_mpi(void);
+// goep_libmpi_path writes the path of the loaded MPI library into buf; 0 on success.
+int goep_libmpi_path(char *buf, int cap);
+// goep_static_component: 1 when component symbol sym is linked in (a build of Open MPI with
+// static components).
+int goep_static_component(const char *sym);
+// goep_can_load: 1 when the shared object at path loads (its libraries are found). It stays
+// loaded, as MPI_Init would load it anyway.
+int goep_can_load(const char *path);
+// goep_mca_string reads the string control variable name through MPI_T; 0 on success. Call it
+// after MPI_Init: it asks MPI_T for the thread level MPI provided, which it leaves as it was.
+int goep_mca_string(const char *name, char *buf, int cap);
 #endif

@@ -20,6 +20,11 @@ type Topology struct {
 	// Simulated is true when GOEP_RANKS_PER_NODE split real nodes further.
 	Simulated bool
 
+	// HostSize is the number of ranks that share this rank's memory (its
+	// host): the node's size, or more when nodes are simulated on one host.
+	// What a rank allocates competes with all of them.
+	HostSize int
+
 	// NodeComm holds the ranks of this node, ordered by rank; its ranks share
 	// memory, so AllocateShared works on it. Free releases it.
 	NodeComm *Comm
@@ -97,6 +102,7 @@ func (c *Comm) Topology() (*Topology, error) {
 		return nil, err
 	}
 	shared.name, shared.timeout = c.name+"/shared", c.timeout
+	hostSize := shared.size
 	node, err := splitByName(shared)
 	if ferr := shared.Free(); err == nil {
 		err = ferr
@@ -136,7 +142,7 @@ func (c *Comm) Topology() (*Topology, error) {
 		Rank: c.rank, Size: c.size, Nodes: len(leaders),
 		LocalRank: node.rank, LocalSize: node.size,
 		NodeOf: make([]int, c.size), LocalRankOf: make([]int, c.size),
-		Simulated: perNode > 0, NodeComm: node,
+		Simulated: perNode > 0, NodeComm: node, HostSize: hostSize,
 	}
 	for r := 0; r < c.size; r++ {
 		t.NodeOf[r], _ = slices.BinarySearch(leaders, all[2*r])

@@ -96,7 +96,9 @@ func (w *Window) checkTarget(call string, target, offset, n int) error {
 }
 
 // LockAll opens a passive-target access epoch to every rank
-// (MPI_Win_lock_all). It is not collective.
+// (MPI_Win_lock_all with MPI_MODE_NOCHECK: a Window has no exclusive locks).
+// It does not communicate, so it never waits for a peer, even one that is not
+// calling MPI. It is not collective.
 func (w *Window) LockAll() error {
 	if w.freed {
 		return argErrorf("Window.LockAll", "window has been freed")
@@ -199,6 +201,18 @@ func (w *Window) Sync() error {
 		return err
 	}
 	return w.h.sync()
+}
+
+// Progress lets MPI make progress on the window's communicator without
+// waiting for anything (MPI_Iprobe). A rank that polls its window memory for
+// a peer's data must call it now and then: with some transports (Open MPI's
+// osc/ucx over TCP, between hosts) a put, a get, an atomic and the origin's
+// flush complete only while the target calls MPI. It is not collective.
+func (w *Window) Progress() error {
+	if w.freed {
+		return argErrorf("Window.Progress", "window has been freed")
+	}
+	return w.h.progress()
 }
 
 // Raw is the MPI_Win handle as an integer, for cgo code in other packages

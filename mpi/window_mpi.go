@@ -133,8 +133,15 @@ func (h winHandle) free() error {
 	return nil
 }
 
+// lockAll opens the epoch with MPI_MODE_NOCHECK. The assertion holds: Window
+// has no exclusive locks, so no lock can conflict with this shared one. It
+// matters across hosts: without it Open MPI's osc/ucx takes a shared lock on
+// every target with remote atomics, which over TCP complete only when the
+// target next calls MPI, so lock_all waits for ranks that poll window memory
+// without calling MPI, as ep's waits do (issue 17). With it, lock_all does
+// not communicate at all, and unlock_all only flushes.
 func (h winHandle) lockAll() error {
-	if rc := C.MPI_Win_lock_all(0, h.w); rc != C.MPI_SUCCESS {
+	if rc := C.MPI_Win_lock_all(C.MPI_MODE_NOCHECK, h.w); rc != C.MPI_SUCCESS {
 		return mpiError("MPI_Win_lock_all", rc)
 	}
 	return nil
@@ -187,6 +194,14 @@ func (h winHandle) flush(target int) error {
 func (h winHandle) sync() error {
 	if rc := C.MPI_Win_sync(h.w); rc != C.MPI_SUCCESS {
 		return mpiError("MPI_Win_sync", rc)
+	}
+	return nil
+}
+
+func (h winHandle) progress() error {
+	var flag C.int
+	if rc := C.MPI_Iprobe(C.MPI_ANY_SOURCE, C.MPI_ANY_TAG, h.comm.h.c, &flag, C.MPI_STATUS_IGNORE); rc != C.MPI_SUCCESS {
+		return mpiError("MPI_Iprobe", rc)
 	}
 	return nil
 }

@@ -47,6 +47,7 @@ func (h winHandle) free() error {
 
 func (h winHandle) lockAll() error   { return nil }
 func (h winHandle) unlockAll() error { return nil }
+func (h winHandle) progress() error  { return nil }
 
 func (h winHandle) putBlocks(origin []byte, blocks []Block) error {
 	for _, b := range blocks {

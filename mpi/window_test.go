@@ -2,7 +2,11 @@ package mpi_test
 
 import (
 	"encoding/binary"
+	"runtime"
+	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -102,4 +106,66 @@ func TestWindowPutGetAtomics(t *testing.T) {
 	require.NoError(t, win.UnlockAll())
 	require.NoError(t, win.Free())
 	mpitesting.Agree(t, w)
+}
+
+// Opening an epoch must not need the peers' MPI progress. Across hosts (Open
+// MPI's osc/ucx over TCP) a lock taken with remote atomics completes only when
+// the target next calls MPI, so a rank locking while its peers poll memory, as
+// ep's waits do, would wait for them while they wait for it (issue 17). Here
+// rank 0 locks while every other rank stays out of MPI for a while; LockAll
+// must return before they come back.
+func TestLockAllWhilePeersAreOutOfMPI(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	win, err := w.AllocateWindow(8)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, win.Free()) }()
+	require.NoError(t, w.Barrier())
+	const away = 1500 * time.Millisecond
+	start := time.Now()
+	if w.Rank() == 0 {
+		require.NoError(t, win.LockAll())
+		assert.Less(t, time.Since(start), away, "LockAll waited for ranks that were not calling MPI")
+	} else {
+		for time.Since(start) < away { // no MPI call here
+			runtime.Gosched()
+		}
+		require.NoError(t, win.LockAll())
+	}
+	require.NoError(t, w.Barrier())
+}
+
+// A rank that polls its window for a peer's put must drive MPI progress
+// (Window.Progress) while it waits: across hosts osc/ucx over TCP completes a
+// put, and the origin's flush, only when the target calls MPI. Rank 0 puts a
+// flag into every other rank's window; they poll it with loads, calling
+// Progress between polls, and give up after a deadline.
+func TestProgressWhilePollingServesPuts(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	win, err := w.AllocateWindow(8)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, win.Free()) }()
+	require.NoError(t, win.LockAll())
+	require.NoError(t, w.Barrier())
+	const deadline = 20 * time.Second
+	if w.Rank() == 0 {
+		word := binary.LittleEndian.AppendUint64(nil, 1)
+		var blocks []mpi.Block
+		for r := 1; r < w.Size(); r++ {
+			blocks = append(blocks, mpi.Block{Len: 8, Target: r})
+		}
+		require.NoError(t, win.PutBlocks(word, blocks))
+	} else {
+		flag := (*uint64)(unsafe.Pointer(&win.Local()[0]))
+		start := time.Now()
+		for atomic.LoadUint64(flag) != 1 {
+			if time.Since(start) > deadline {
+				t.Errorf("rank %d: rank 0's put did not arrive within %v", w.Rank(), deadline)
+				break
+			}
+			require.NoError(t, win.Progress())
+		}
+	}
+	require.NoError(t, w.Barrier())
 }

@@ -47,7 +47,7 @@ func checkDispatchCombine[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc 
 	// from a copy of Recv, it gives exactly twice the first result.
 	x2h := make([]E, len(xh))
 	for i := range xh {
-		x2h[i] = fromF32[E](2 * toF32(xh[i]))
+		x2h[i] = ep.ElementOf[E](2 * ep.Float32Of(xh[i]))
 	}
 	h2, err := g.DispatchCached(h, upload(t, g, x2h), nil)
 	require.NoError(t, err)
@@ -60,8 +60,8 @@ func checkDispatchCombine[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc 
 	require.NoError(t, g.Combine(h2, upload(t, g, host(t, h2.Recv())), out2, nil))
 	o1, o2 := host(t, out1), host(t, out2)
 	for i := range o1 {
-		if toF32(o2[i]) != 2*toF32(o1[i]) {
-			t.Fatalf("cached dispatch of 2x: out[%d] = %v, want 2 * %v", i, toF32(o2[i]), toF32(o1[i]))
+		if ep.Float32Of(o2[i]) != 2*ep.Float32Of(o1[i]) {
+			t.Fatalf("cached dispatch of 2x: out[%d] = %v, want 2 * %v", i, ep.Float32Of(o2[i]), ep.Float32Of(o1[i]))
 		}
 	}
 
@@ -218,7 +218,7 @@ func checkScaledExperts[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc sc
 			for j := 0; j < h.ExpertCounts()[l]; j++ {
 				r := l*span + j
 				for c := 0; c < H; c++ {
-					y[r*H+c] = fromF32[E](toF32(recv[r*H+c]) * scale(me*L+l))
+					y[r*H+c] = ep.ElementOf[E](ep.Float32Of(recv[r*H+c]) * scale(me*L+l))
 				}
 			}
 		}
@@ -232,7 +232,7 @@ func checkScaledExperts[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc sc
 				}
 			}
 			for c := 0; c < H; c++ {
-				y[r*H+c] = fromF32[E](toF32(recv[r*H+c]) * f)
+				y[r*H+c] = ep.ElementOf[E](ep.Float32Of(recv[r*H+c]) * f)
 			}
 		}
 	}
@@ -248,7 +248,7 @@ func checkScaledExperts[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc sc
 		}
 		for c := 0; c < H; c++ {
 			want := float64(value(me, tok, c)) * f
-			got := float64(toF32(o[tok*H+c]))
+			got := float64(ep.Float32Of(o[tok*H+c]))
 			if d := got - want; d > relTol*abs(want) || d < -relTol*abs(want) {
 				t.Fatalf("token %d element %d = %v, want %v (relative tolerance %v)", tok, c, got, want, relTol)
 			}
@@ -332,7 +332,7 @@ func checkAgainstReference[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc
 	xh := make([]E, in.T*H)
 	weights := make([]float32, len(in.weights))
 	for i := range xh {
-		xh[i] = fromF32[E](rng.Float32()*2 - 1)
+		xh[i] = ep.ElementOf[E](rng.Float32()*2 - 1)
 	}
 	for i := range weights {
 		weights[i] = rng.Float32()
@@ -362,7 +362,7 @@ func checkAgainstReference[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc
 	y := make([]E, len(recv))
 	for _, r := range rows {
 		for c := 0; c < H; c++ {
-			y[r*H+c] = fromF32[E](3*toF32(recv[r*H+c]) - 0.5)
+			y[r*H+c] = ep.ElementOf[E](3*ep.Float32Of(recv[r*H+c]) - 0.5)
 		}
 	}
 	out, refOut := zeros[E](t, g, in.T*H), zeros[E](t, ref, in.T*H)
@@ -374,7 +374,7 @@ func checkAgainstReference[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc
 		return
 	}
 	for i := range o {
-		a, b := float64(toF32(o[i])), float64(toF32(ro[i]))
+		a, b := float64(ep.Float32Of(o[i])), float64(ep.Float32Of(ro[i]))
 		if d := a - b; d > 1e-2*(1+abs(b)) || d < -1e-2*(1+abs(b)) {
 			t.Fatalf("combined element %d = %v, reference %v", i, a, b)
 		}

@@ -19,12 +19,26 @@
 //   - backward: combine is the transpose of dispatch and cached dispatch of
 //     combine, <D x, y> = <x, C y> over all ranks, and RowValues reaching
 //     their slots;
+//   - FP8 dispatch (where the backend supports ep.FeatureFP8Wire): both
+//     modes and scale kinds, hidden sizes with partial groups, fresh,
+//     cached and repeated; the received e4m3 codes and scales bit for bit
+//     against the reference quantization (internal/fp8ref) of the row each
+//     came from, exact combines of the dequantized rows, the bytes counted;
+//   - the optional features a backend does not claim refused at NewGroup
+//     with ep.ErrUnsupported, naming the backend and the feature;
 //   - bit-identical agreement with a reference backend (Suite.Reference);
 //   - every bad input refused with its message, writing nothing (a normal
 //     round afterwards is right), bad configs, use after Close;
 //   - a stalled rank: the others time out within the group's timeout,
 //     naming it where the backend can;
-//   - steady-state calls allocate nothing (Suite.ZeroAllocs).
+//   - steady-state calls allocate nothing (Suite.ZeroAllocs);
+//   - a group's lifecycle with no barrier from the user: a call right after
+//     NewGroup, two groups with interleaved calls, create-run-Close 50
+//     times, a group on a sub-communicator beside one on the world, ranks
+//     reaching Close at different times;
+//   - one rank's refused input failing every rank's same call at once
+//     (Suite.Refusals); per-peer statistics; a stalled rank masked and back
+//     (Suite.Masking).
 //
 // A backend's own test runs it under mpirun (internal/mpitest) at several
 // rank counts and on simulated nodes:

@@ -169,6 +169,7 @@ func (s Suite) testInvalidConfigs(t *testing.T) {
 		{"top-k above experts", func(c *ep.Config) { c.TopK = 2*R + 1 }, "TopK = " + itoa(2*R+1)},
 		{"zero hidden", func(c *ep.Config) { c.Hidden = 0 }, "Hidden = 0"},
 		{"zero tokens", func(c *ep.Config) { c.MaxTokensPerRank = 0 }, "MaxTokensPerRank = 0"},
+		{"unknown wire format", func(c *ep.Config) { c.Wire = 7 }, "Wire = WireFormat(7): choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0"},
 	}
 	if R > 1 { // with one rank every expert count divides
 		cases = append(cases, badConfig{"experts not a multiple of ranks", func(c *ep.Config) { c.NumExperts = 2*R + 1 },
@@ -261,6 +262,8 @@ func (s Suite) testStalledRank(t *testing.T) {
 						assert.Contains(t, []int{-1, R - 1}, te.Peer, "the stalled rank, or -1: %v", err)
 					} else {
 						assert.Equal(t, R-1, te.Peer, "the stalled rank is named: %v", err)
+						assert.Equal(t, g.Stats().Hosts[R-1], te.Host, "and its host: %v", err)
+						assert.Contains(t, err.Error(), "on host "+te.Host)
 					}
 				}
 				assert.Less(t, elapsed, 5*time.Second)
@@ -277,40 +280,53 @@ func (s Suite) testStalledRank(t *testing.T) {
 }
 
 // Steady-state dispatch+combine cycles allocate nothing, in both modes,
-// fresh and cached.
+// fresh and cached, and in FP8 where the backend supports it.
 func (s Suite) testZeroAllocs(t *testing.T) {
 	R, me := s.Comm.Size(), s.Comm.Rank()
-	for _, mode := range modes {
-		t.Run(mode.String(), func(t *testing.T) {
-			defer s.agree(t)
-			sc := scenarios(R)[1]
-			g := newGroup[ep.BF16](t, s, s.Backend, sc.config(mode))
-			in := sc.input(me, R)
-			x := upload(t, g, payload[ep.BF16](me, in.T, sc.hidden))
-			out := zeros[ep.BF16](t, g, in.T*sc.hidden)
-			var failed error
-			cycle := func() {
-				h, err := g.Dispatch(x, in.topk, in.weights)
-				if err == nil {
-					err = g.Combine(h, h.Recv(), out, nil)
-				}
-				if err == nil {
-					h, err = g.DispatchCached(h, x, nil)
-				}
-				if err == nil {
-					err = g.Combine(h, h.CombineBuffer(), out, nil)
-				}
-				if err != nil && failed == nil {
-					failed = err
-				}
-			}
-			for i := 0; i < 2*8; i++ { // fill the handle ring and every buffer
-				cycle()
-			}
-			// Every rank runs the same number of cycles: AllocsPerRun runs f once more than asked.
-			allocs := testing.AllocsPerRun(20, cycle)
-			require.NoError(t, failed)
-			assert.Zero(t, allocs, "allocations per dispatch+combine+cached dispatch+combine cycle")
-		})
+	wires := []ep.WireFormat{ep.WireNative}
+	if ep.Supports(s.Backend, ep.FeatureFP8Wire) {
+		wires = append(wires, ep.WireFP8)
 	}
+	for _, mode := range modes {
+		for _, wire := range wires {
+			t.Run(mode.String()+"/"+wire.String(), func(t *testing.T) { checkZeroAllocs(t, s, mode, wire, scenarios(R)[1], me) })
+		}
+	}
+}
+
+func checkZeroAllocs(t *testing.T, s Suite, mode ep.Mode, wire ep.WireFormat, sc scenario, me int) {
+	defer s.agree(t)
+	cfg := sc.config(mode)
+	cfg.Wire = wire
+	g := newGroup[ep.BF16](t, s, s.Backend, cfg)
+	in := sc.input(me, s.Comm.Size())
+	x := upload(t, g, payload[ep.BF16](me, in.T, sc.hidden))
+	out := zeros[ep.BF16](t, g, in.T*sc.hidden)
+	var failed error
+	cycle := func() {
+		h, err := g.Dispatch(x, in.topk, in.weights)
+		if err == nil {
+			y := h.Recv() // in place
+			if wire.FP8() {
+				y = h.CombineBuffer()
+			}
+			err = g.Combine(h, y, out, nil)
+		}
+		if err == nil {
+			h, err = g.DispatchCached(h, x, nil)
+		}
+		if err == nil {
+			err = g.Combine(h, h.CombineBuffer(), out, nil)
+		}
+		if err != nil && failed == nil {
+			failed = err
+		}
+	}
+	for i := 0; i < 2*8; i++ { // fill the handle ring and every buffer
+		cycle()
+	}
+	// Every rank runs the same number of cycles: AllocsPerRun runs f once more than asked.
+	allocs := testing.AllocsPerRun(20, cycle)
+	require.NoError(t, failed)
+	assert.Zero(t, allocs, "allocations per dispatch+combine+cached dispatch+combine cycle")
 }

@@ -75,7 +75,7 @@ func weightSum(sc scenario, in input, t int) float32 {
 func scaled[E ep.Element](r, t, H int, f float32) []E {
 	out := make([]E, H)
 	for c := range out {
-		out[c] = fromF32[E](value(r, t, c) * f)
+		out[c] = ep.ElementOf[E](value(r, t, c) * f)
 	}
 	return out
 }

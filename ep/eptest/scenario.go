@@ -66,25 +66,10 @@ func payload[E ep.Element](r, T, H int) []E {
 	x := make([]E, T*H)
 	for t := 0; t < T; t++ {
 		for c := 0; c < H; c++ {
-			x[t*H+c] = fromF32[E](value(r, t, c))
+			x[t*H+c] = ep.ElementOf[E](value(r, t, c))
 		}
 	}
 	return x
-}
-
-func fromF32[E ep.Element](f float32) E {
-	var z E
-	if _, ok := any(z).(float32); ok {
-		return any(f).(E)
-	}
-	return any(ep.BF16From(f)).(E)
-}
-
-func toF32[E ep.Element](v E) float32 {
-	if f, ok := any(v).(float32); ok {
-		return f
-	}
-	return any(v).(ep.BF16).Float32()
 }
 
 // routes

@@ -31,6 +31,13 @@ type Suite struct {
 	// ZeroAllocs asks for the check that steady-state dispatch+combine
 	// cycles allocate nothing.
 	ZeroAllocs bool
+	// Refusals asks for the check that one rank's refused input fails the
+	// same call on every rank at once (the backend's engines are
+	// ep.Refusers).
+	Refusals bool
+	// Masking asks for the check of MaskStalledRanks with a rank stopped by
+	// SIGSTOP (the backend supports ep.FeatureMaskStalledRanks).
+	Masking bool
 }
 
 // testTimeout is the groups' timeout in the checks: long enough for a
@@ -43,21 +50,31 @@ var modes = []ep.Mode{ep.LowLatency, ep.HighThroughput}
 func Run(t *testing.T, s Suite) {
 	require.NotNil(t, s.Comm, "Suite.Comm")
 	require.NotNil(t, s.Backend, "Suite.Backend")
+	t.Run("Lifecycle", func(t *testing.T) { s.testLifecycle(t) })
 	t.Run("DispatchCombine", func(t *testing.T) { s.testDispatchCombine(t) })
 	t.Run("ScaledExperts", func(t *testing.T) { s.testScaledExperts(t) })
 	t.Run("ConsecutiveCallsBothBuffers", func(t *testing.T) { s.testConsecutiveCalls(t) })
 	t.Run("BackwardIsTranspose", func(t *testing.T) { s.testBackwardIsTranspose(t) })
 	t.Run("RowValuesReturnToSlots", func(t *testing.T) { s.testRowValues(t) })
+	t.Run("StatsCountTraffic", func(t *testing.T) { s.testStats(t) })
+	t.Run("FP8Dispatch", func(t *testing.T) { s.testFP8(t) })
+	t.Run("UnsupportedFeaturesRefused", func(t *testing.T) { s.testFeatureRefusals(t) })
 	if s.Reference != nil {
 		t.Run("MatchesReference", func(t *testing.T) { s.testMatchesReference(t) })
 	}
 	t.Run("BadInputIsRefusedAndWritesNothing", func(t *testing.T) { s.testBadInput(t) })
+	if s.Refusals {
+		t.Run("RefusalFailsEveryRank", func(t *testing.T) { s.testRefusalFailsEveryRank(t) })
+	}
 	t.Run("InvalidConfigs", func(t *testing.T) { s.testInvalidConfigs(t) })
 	t.Run("UseAfterClose", func(t *testing.T) { s.testUseAfterClose(t) })
 	if s.ZeroAllocs {
 		t.Run("SteadyStateAllocatesNothing", func(t *testing.T) { s.testZeroAllocs(t) })
 	}
 	t.Run("StalledRankTimesOut", func(t *testing.T) { s.testStalledRank(t) })
+	if s.Masking {
+		t.Run("MaskStalledRank", func(t *testing.T) { s.testMaskStalledRank(t) })
+	}
 }
 
 // agree fails t on every rank if it failed on any, so that ranks stay in
@@ -120,8 +137,8 @@ func host[T ep.Scalar](t *testing.T, x ep.Tensor[T]) []T {
 func rowsEqual[E ep.Element](t *testing.T, what string, got, want []E) bool {
 	t.Helper()
 	for c := range want {
-		if toF32(got[c]) != toF32(want[c]) {
-			t.Errorf("%s: element %d = %v, want %v", what, c, toF32(got[c]), toF32(want[c]))
+		if ep.Float32Of(got[c]) != ep.Float32Of(want[c]) {
+			t.Errorf("%s: element %d = %v, want %v", what, c, ep.Float32Of(got[c]), ep.Float32Of(want[c]))
 			return false
 		}
 	}

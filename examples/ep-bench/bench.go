@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/epgpu"
 	"github.com/goep/goep/internal/benchfmt"
 	"github.com/goep/goep/mpi"
 )
@@ -26,8 +27,15 @@ type options struct {
 	iters, warmup                   int
 	seed                            uint64
 	jsonOut, validate, skipBaseline bool
+	latency                         bool
+	planRanks, planNodes            int
 	timeout                         time.Duration
+	device                          string // cpu, emulate or cuda
 }
+
+// devices are the -device values: the backend each measures (nil: ep's
+// default, the CPU engine).
+var devices = map[string]ep.Backend{"cpu": nil, "emulate": epgpu.Emulated, "cuda": epgpu.CUDA}
 
 // config is one measured combination.
 type config struct {
@@ -49,17 +57,30 @@ func run(stdout, stderr io.Writer, args []string) int {
 		fmt.Fprintln(stderr, "ep-bench:", err)
 		return 2
 	}
+	if opt.planRanks > 0 {
+		return plan(stdout, stderr, opt)
+	}
 	world, err := mpi.Init()
 	if err != nil {
 		fmt.Fprintln(stderr, "ep-bench:", err)
 		return 1
 	}
+	var floor float64
+	if opt.latency {
+		if floor, err = flagRoundTrip(world, 7, 20000); err != nil {
+			fmt.Fprintf(stderr, "ep-bench: rank %d: flag round trip: %v\n", world.Rank(), err)
+			mpi.Abort(1, err.Error())
+		}
+	}
+	var results []*Result
 	for _, cfg := range opt.configs() {
 		res, err := measure(world, cfg, opt)
 		if err != nil {
 			fmt.Fprintf(stderr, "ep-bench: rank %d: %v: %v\n", world.Rank(), cfg, err)
 			mpi.Abort(1, err.Error())
 		}
+		res.FlagRoundTripUS = floor
+		results = append(results, res)
 		if world.Rank() == 0 {
 			if opt.jsonOut {
 				b, _ := json.Marshal(res)
@@ -68,6 +89,9 @@ func run(stdout, stderr io.Writer, args []string) int {
 				printTable(stdout, res, !opt.skipBaseline)
 			}
 		}
+	}
+	if opt.latency && !opt.jsonOut && world.Rank() == 0 {
+		printLatency(stdout, results, floor)
 	}
 	if err := mpi.Finalize(); err != nil {
 		fmt.Fprintln(stderr, "ep-bench:", err)
@@ -84,7 +108,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	hidden := fs.String("hidden", "7168", "elements per token")
 	topk := fs.String("topk", "8", "experts per token")
 	experts := fs.String("experts", "64", "experts in all (a multiple of the ranks)")
-	dtypes := fs.String("dtype", "bf16", "bf16, f32, or a list")
+	dtypes := fs.String("dtype", "bf16", "bf16, f32, fp8 (bf16 tokens dispatched in FP8 e4m3 with per-128 scales, "+
+		"timed beside the same dispatch in bf16), or a list")
 	iters := fs.Int("iters", 30, "timed iterations")
 	warmup := fs.Int("warmup", 5, "untimed iterations first")
 	seed := fs.Uint64("seed", 1, "seed of the routing and the data")
@@ -92,6 +117,11 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	validate := fs.Bool("validate", true, "check ep's results against the alltoallv path once per configuration")
 	skip := fs.Bool("no-baseline", false, "do not run the alltoallv baseline")
 	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
+	device := fs.String("device", "cpu", "cpu (ep's CPU engine), emulate (the GPU backend on an emulated device) or cuda (the GPU backend on each rank's GPU); with a device, the CPU engine runs beside it, checks its results and is timed too")
+	planRanks := fs.Int("plan", 0, "print, for this many ranks (no MPI, nothing allocated), each configuration's buffers (ep.BufferPlan) and exit")
+	planNodes := fs.Int("plan-nodes", 1, "the nodes -plan spreads the ranks over")
+	latency := fs.Bool("latency", false, "LL latency sweep: tokens 1, 2, 4, ... 128 per rank (-tokens sets the sweep's largest), "+
+		"with the flag round trip between two ranks of a node measured beside it")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mpirun -np N ep-bench [flags]   (every numeric flag takes a comma-separated list)")
 		fs.PrintDefaults()
@@ -103,7 +133,11 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
-		skipBaseline: *skip, timeout: *timeout}
+		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes,
+		device: *device}
+	if _, ok := devices[o.device]; !ok {
+		return nil, fmt.Errorf("-device: %q is not cpu, emulate or cuda", o.device)
+	}
 	var err error
 	for _, m := range strings.Split(*modes, ",") {
 		mode, err := ep.ParseMode(strings.TrimSpace(m))
@@ -113,8 +147,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 		o.modes = append(o.modes, mode)
 	}
 	for _, d := range strings.Split(*dtypes, ",") {
-		if d = strings.TrimSpace(d); d != "bf16" && d != "f32" {
-			return nil, fmt.Errorf("-dtype: %q is not bf16 or f32", d)
+		if d = strings.TrimSpace(d); d != "bf16" && d != "f32" && d != "fp8" {
+			return nil, fmt.Errorf("-dtype: %q is not bf16, f32 or fp8", d)
 		}
 		o.dtypes = append(o.dtypes, d)
 	}
@@ -129,6 +163,17 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	}
 	if o.experts, err = intList("-experts", *experts, 1); err != nil {
 		return nil, err
+	}
+	if o.latency {
+		o.modes = []ep.Mode{ep.LowLatency}
+		top := 128
+		if fs.Lookup("tokens").Value.String() != "128" {
+			top = slices.Max(o.tokens)
+		}
+		o.tokens = nil
+		for t := 1; t <= top; t *= 2 {
+			o.tokens = append(o.tokens, t)
+		}
 	}
 	if o.iters < 1 || o.warmup < 0 {
 		return nil, fmt.Errorf("-iters %d must be at least 1 and -warmup %d not negative", o.iters, o.warmup)
@@ -174,7 +219,15 @@ func measure(world *mpi.Comm, c config, o *options) (*Result, error) {
 	if c.dtype == "f32" {
 		return measureTyped[float32](world, c, o)
 	}
-	return measureTyped[ep.BF16](world, c, o)
+	return measureTyped[ep.BF16](world, c, o) // bf16, and fp8: bf16 tokens, FP8 on the wire
+}
+
+// wire is the wire format of a configuration's dispatch.
+func (c config) wire() ep.WireFormat {
+	if c.dtype == "fp8" {
+		return ep.WireFP8
+	}
+	return ep.WireNative
 }
 
 // routing draws each token's top-k experts uniformly (distinct) and its
@@ -205,32 +258,51 @@ func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result,
 	return b.summarize(s)
 }
 
-// bench is one configuration set up: ep's group, the hand-written baseline
-// (nil with -no-baseline), the tokens and their routing.
+// bench is one configuration set up: ep's group on the device measured,
+// the hand-written baseline (nil with -no-baseline), the CPU engine beside
+// a device (nil with -device cpu), the tokens and their routing.
 type bench[E ep.Element] struct {
-	world    *mpi.Comm
-	c        config
-	o        *options
-	g, base  *ep.Group[E]
-	x, out   ep.Tensor[E] // in g's memory
-	bx, bout ep.Tensor[E] // in base's (host) memory
-	topk     []int32
-	weights  []float32
-	bytes    float64 // bytes of the rows this rank sends
-	src, dst []byte  // memcpy of the same bytes
+	world        *mpi.Comm
+	c            config
+	o            *options
+	g, base, cpu *ep.Group[E]
+	x, out       ep.Tensor[E] // in g's memory
+	bx, bout     ep.Tensor[E] // in base's (host) memory
+	cx, cout     ep.Tensor[E] // in cpu's (host) memory
+	topk         []int32
+	weights      []float32
+	bytes        float64         // bytes of the rows this rank sends
+	src, dst     []byte          // memcpy of the same bytes
+	dsrc, ddst   ep.Tensor[byte] // device copy of the same bytes (with a device)
+	native       *ep.Group[E]    // -dtype fp8: the same dispatch in bf16, timed in the same rounds
+	nout         ep.Tensor[E]    // its result
+	nbytes       float64         // the bytes of its rows
 }
 
 func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E], err error) {
 	b = &bench[E]{world: world, c: c, o: o}
+	made := b // "return nil, err" clears b before the deferred call
 	defer func() {
 		if err != nil {
-			b.close()
+			made.close()
 		}
 	}()
 	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
-		TopK: c.topk, Timeout: o.timeout}
+		TopK: c.topk, Timeout: o.timeout, Backend: devices[o.device]}
+	if c.wire().FP8() {
+		if b.native, err = ep.NewGroup[E](world, cfg); err != nil {
+			return nil, err
+		}
+		cfg.Wire = c.wire()
+	}
 	if b.g, err = ep.NewGroup[E](world, cfg); err != nil {
 		return nil, err
+	}
+	if cfg.Backend != nil {
+		cfg.Backend = ep.CPU
+		if b.cpu, err = ep.NewGroup[E](world, cfg); err != nil {
+			return nil, err
+		}
 	}
 	if !o.skipBaseline {
 		cfg.Backend = ep.AlltoallvBlocking
@@ -242,13 +314,16 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	rng := rand.New(rand.NewPCG(o.seed+1, uint64(world.Rank())))
 	host := make([]E, c.tokens*c.hidden)
 	for i := range host {
-		host[i] = fromF32[E](rng.Float32()*2 - 1)
+		host[i] = ep.ElementOf[E](rng.Float32()*2 - 1)
 	}
 	if b.x, b.out, err = tensors(b.g, host); err != nil {
 		return nil, err
 	}
 	if b.base != nil {
 		b.bx, b.bout = ep.Host(host), ep.Host(make([]E, len(host)))
+	}
+	if b.cpu != nil {
+		b.cx, b.cout = ep.Host(host), ep.Host(make([]E, len(host)))
 	}
 	layout, err := b.g.Layout(b.topk)
 	if err != nil {
@@ -263,9 +338,27 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 		pairs += n
 	}
 	b.bytes = float64(pairs * c.hidden * ep.DTypeOf[E]().Size())
+	if c.wire().FP8() { // codes and scales
+		b.nbytes = b.bytes
+		b.bytes = float64(pairs * (c.hidden + 4*ep.ScaleGroups(c.hidden)))
+		if b.nout, err = ep.Alloc[E](b.g.Memory(), c.tokens*c.hidden); err != nil {
+			return nil, err
+		}
+	}
 	b.src, b.dst = make([]byte, int(b.bytes)), make([]byte, int(b.bytes))
 	for i := range b.src {
 		b.src[i] = byte(i)
+	}
+	if b.cpu != nil {
+		if b.dsrc, err = ep.Alloc[byte](b.g.Memory(), int(b.bytes)); err != nil {
+			return nil, err
+		}
+		if err = ep.Upload(b.dsrc, b.src); err != nil {
+			return nil, err
+		}
+		if b.ddst, err = ep.Alloc[byte](b.g.Memory(), int(b.bytes)); err != nil {
+			return nil, err
+		}
 	}
 	return b, nil
 }
@@ -283,11 +376,20 @@ func tensors[E ep.Element](g *ep.Group[E], host []E) (x, out ep.Tensor[E], err e
 }
 
 func (b *bench[E]) close() {
-	for _, t := range []ep.Tensor[E]{b.x, b.out} {
+	for _, t := range []ep.Tensor[E]{b.x, b.out, b.nout} {
+		_ = ep.Free(t)
+	}
+	for _, t := range []ep.Tensor[byte]{b.dsrc, b.ddst} {
 		_ = ep.Free(t)
 	}
 	if b.base != nil {
 		_ = b.base.Close()
+	}
+	if b.cpu != nil {
+		_ = b.cpu.Close()
+	}
+	if b.native != nil {
+		_ = b.native.Close()
 	}
 	if b.g != nil {
 		_ = b.g.Close()
@@ -295,11 +397,15 @@ func (b *bench[E]) close() {
 }
 
 // samples are each timed round's figures, in microseconds.
-type samples struct{ dispatch, combine, baseDispatch, baseCombine, memcpy []float64 }
+type samples struct {
+	dispatch, combine, baseDispatch, baseCombine, cpuDispatch, cpuCombine, memcpy, deviceCopy []float64
+	nativeDispatch, nativeCombine                                                             []float64 // -dtype fp8: the same in bf16
+}
 
-// rounds runs the warm-up and timed rounds: ep, the baseline and memcpy in
-// turn, so that all three see the same machine; the first round also checks
-// ep's result against the baseline's.
+// rounds runs the warm-up and timed rounds: ep, the baseline, the CPU engine
+// beside a device, memcpy and the device copy in turn, so that all see the
+// same machine; the first round also checks ep's result against the CPU
+// engine's (with a device) or the baseline's.
 func (b *bench[E]) rounds() (*samples, error) {
 	var s samples
 	for i := 0; i < b.o.warmup+b.o.iters; i++ {
@@ -307,15 +413,25 @@ func (b *bench[E]) rounds() (*samples, error) {
 		if err != nil {
 			return nil, err
 		}
-		var d2, c2 time.Duration
+		var d2, c2, d3, c3, dc, d4, c4 time.Duration
+		if b.native != nil {
+			if d4, c4, err = round(b.world, b.native, b.x, b.nout, b.topk, b.weights); err != nil {
+				return nil, err
+			}
+		}
 		if b.base != nil {
 			if d2, c2, err = round(b.world, b.base, b.bx, b.bout, b.topk, b.weights); err != nil {
 				return nil, err
 			}
-			if i == 0 && b.o.validate {
-				if err := b.validate(); err != nil {
-					return nil, err
-				}
+		}
+		if b.cpu != nil {
+			if d3, c3, err = round(b.world, b.cpu, b.cx, b.cout, b.topk, b.weights); err != nil {
+				return nil, err
+			}
+		}
+		if i == 0 && b.o.validate {
+			if err := b.validate(); err != nil {
+				return nil, err
 			}
 		}
 		if err := b.world.Barrier(); err != nil {
@@ -324,10 +440,22 @@ func (b *bench[E]) rounds() (*samples, error) {
 		t0 := time.Now()
 		memcpyBytes(b.dst, b.src)
 		m := time.Since(t0)
+		if b.cpu != nil {
+			if err := b.world.Barrier(); err != nil {
+				return nil, err
+			}
+			t0 = time.Now()
+			if err := epgpu.CopyOnDevice(b.ddst, b.dsrc); err != nil {
+				return nil, err
+			}
+			dc = time.Since(t0)
+		}
 		if i >= b.o.warmup {
 			s.dispatch, s.combine = append(s.dispatch, us(d)), append(s.combine, us(cmb))
 			s.baseDispatch, s.baseCombine = append(s.baseDispatch, us(d2)), append(s.baseCombine, us(c2))
-			s.memcpy = append(s.memcpy, us(m))
+			s.cpuDispatch, s.cpuCombine = append(s.cpuDispatch, us(d3)), append(s.cpuCombine, us(c3))
+			s.memcpy, s.deviceCopy = append(s.memcpy, us(m)), append(s.deviceCopy, us(dc))
+			s.nativeDispatch, s.nativeCombine = append(s.nativeDispatch, us(d4)), append(s.nativeCombine, us(c4))
 		}
 	}
 	return &s, nil
@@ -335,27 +463,67 @@ func (b *bench[E]) rounds() (*samples, error) {
 
 // round times a dispatch and then a combine with identity experts, in
 // place, each started right after a barrier so that no rank's lateness is
-// counted.
+// counted. In FP8 the identity experts dequantize the valid rows into the
+// combine buffer, untimed.
 func round[E ep.Element](world *mpi.Comm, g *ep.Group[E], x, out ep.Tensor[E], topk []int32, weights []float32) (time.Duration, time.Duration, error) {
 	var h ep.Handle[E]
+	if !g.Config().Wire.FP8() {
+		return timeRound(world,
+			func() (err error) { h, err = g.Dispatch(x, topk, weights); return err }, nil,
+			func() error { return g.Combine(h, h.Recv(), out, nil) })
+	}
 	return timeRound(world,
 		func() (err error) { h, err = g.Dispatch(x, topk, weights); return err },
-		func() error { return g.Combine(h, h.Recv(), out, nil) })
+		func() error { return dequantizeValid(g, h) },
+		func() error { return g.Combine(h, h.CombineBuffer(), out, nil) })
 }
 
-// validate compares ep's last result with the baseline's: bit for bit on
-// one node (both sum in the same order), within bfloat16 rounding across
-// nodes (ep sums per node first).
+// dequantizeValid writes the valid received rows of an FP8 dispatch,
+// dequantized, into its combine buffer (host memory).
+func dequantizeValid[E ep.Element](g *ep.Group[E], h ep.Handle[E]) error {
+	H := g.Config().Hidden
+	G := ep.ScaleGroups(H)
+	codes, scales, y := h.RecvFP8().Host(), h.RecvScales().Host(), h.CombineBuffer().Host()
+	if codes == nil || y == nil {
+		return errors.New("ep-bench: -dtype fp8 needs a backend on host memory")
+	}
+	blocks := [][2]int{{0, h.NumRecv()}}  // HT: the first NumRecv rows
+	if g.Config().Mode == ep.LowLatency { // LL: the first count rows of each expert's block
+		span := g.Size() * g.Config().MaxTokensPerRank
+		blocks = blocks[:0]
+		for l, n := range h.ExpertCounts() {
+			blocks = append(blocks, [2]int{l * span, l*span + n})
+		}
+	}
+	for _, bl := range blocks {
+		if err := ep.Dequantize(y[bl[0]*H:bl[1]*H], codes[bl[0]*H:bl[1]*H], scales[bl[0]*G:bl[1]*G], H); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validate compares ep's last result with the CPU engine's (with a device)
+// or the baseline's: bit for bit in LL mode and on one node (they sum in
+// the same order), within bfloat16 rounding in HT mode across nodes (the
+// CPU engine sums per node first).
 func (b *bench[E]) validate() error {
+	want, ref := b.bout.Host(), "the alltoallv path"
+	if b.cpu != nil {
+		want, ref = b.cout.Host(), "the CPU engine"
+	}
+	if want == nil {
+		return nil // -no-baseline on the CPU: nothing to compare with
+	}
 	got, err := ep.ToHost(b.out)
 	if err != nil {
 		return err
 	}
-	want := b.bout.Host()
+	exact := b.c.mode == ep.LowLatency || b.g.Nodes() == 1
 	for i := range want {
-		x, y := float64(toF32(got[i])), float64(toF32(want[i]))
-		if b.g.Nodes() == 1 && got[i] != want[i] || math.Abs(x-y) > 1e-2*(1+math.Abs(y)) {
-			return fmt.Errorf("validation: ep's combine differs from the alltoallv path at element %d: %v, want %v", i, x, y)
+		x, y := float64(ep.Float32Of(got[i])), float64(ep.Float32Of(want[i]))
+		if exact && got[i] != want[i] || math.Abs(x-y) > 1e-2*(1+math.Abs(y)) {
+			return fmt.Errorf("validation: ep's combine (%s) differs from %s at element %d: %v, want %v", b.o.device, ref, i, x, y)
 		}
 	}
 	return nil
@@ -365,7 +533,8 @@ func (b *bench[E]) validate() error {
 // bandwidths the mean over ranks of bytes over time.
 func (b *bench[E]) summarize(s *samples) (*Result, error) {
 	R := b.world.Size()
-	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes}
+	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes,
+		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy), median(s.nativeDispatch), median(s.nativeCombine), b.nbytes}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
@@ -377,34 +546,51 @@ func (b *bench[E]) summarize(s *samples) (*Result, error) {
 		}
 		return v
 	}
-	bw := func(i int) float64 { // mean over ranks of bytes/us -> GB/s
+	bwOf := func(i, bytes int) float64 { // mean over ranks of bytes/us -> GB/s
 		var sum float64
 		for r := 0; r < R; r++ {
 			if t := all[r*len(mine)+i]; t > 0 {
-				sum += all[r*len(mine)+5] / t / 1e3
+				sum += all[r*len(mine)+bytes] / t / 1e3
 			}
 		}
 		return sum / float64(R)
 	}
+	bw := func(i int) float64 { return bwOf(i, 5) }
+	combineBytes := 5 // the rows a combine moves: in fp8, the bf16 rows
+	if b.native != nil {
+		combineBytes = 11
+	}
 	c := b.c
 	res := &Result{Mode: c.mode.String(), Ranks: R, Nodes: b.g.Nodes(), Tokens: c.tokens, Hidden: c.hidden, TopK: c.topk,
 		Experts: c.experts, DType: c.dtype, Iters: b.o.iters, BytesPerRank: mean(col(5)),
-		DispatchUS: slices.Max(col(0)), CombineUS: slices.Max(col(1)), DispatchGBps: bw(0), CombineGBps: bw(1),
+		DispatchUS: slices.Max(col(0)), CombineUS: slices.Max(col(1)), DispatchGBps: bw(0), CombineGBps: bwOf(1, combineBytes),
 		MemcpyGBps: bw(4), BufferBytesPerRank: b.g.BufferBytes()}
 	if b.base != nil {
 		res.AlltoallvDispatchUS, res.AlltoallvCombineUS = slices.Max(col(2)), slices.Max(col(3))
-		res.AlltoallvDispatchGBps, res.AlltoallvCombineGBps = bw(2), bw(3)
+		res.AlltoallvDispatchGBps, res.AlltoallvCombineGBps = bw(2), bwOf(3, combineBytes)
 		res.Speedup = (res.AlltoallvDispatchUS + res.AlltoallvCombineUS) / (res.DispatchUS + res.CombineUS)
+	}
+	if b.native != nil {
+		res.BF16DispatchUS, res.BF16CombineUS, res.BF16BytesPerRank = slices.Max(col(9)), slices.Max(col(10)), mean(col(11))
+		res.FP8DispatchSpeedup = res.BF16DispatchUS / res.DispatchUS
 	}
 	if res.MemcpyGBps > 0 {
 		res.DispatchOfMemcpy, res.CombineOfMemcpy = res.DispatchGBps/res.MemcpyGBps, res.CombineGBps/res.MemcpyGBps
+	}
+	if b.cpu != nil {
+		res.Device = b.o.device
+		res.CPUDispatchUS, res.CPUCombineUS = slices.Max(col(6)), slices.Max(col(7))
+		if res.DeviceCopyGBps = bw(8); res.DeviceCopyGBps > 0 {
+			res.DispatchOfDeviceCopy, res.CombineOfDeviceCopy = res.DispatchGBps/res.DeviceCopyGBps, res.CombineGBps/res.DeviceCopyGBps
+		}
 	}
 	return res, nil
 }
 
 // timeRound times a dispatch and then a combine, each started right after a
-// barrier so that no rank's lateness is counted.
-func timeRound(world *mpi.Comm, dispatch, combine func() error) (time.Duration, time.Duration, error) {
+// barrier so that no rank's lateness is counted; experts (nil: none) runs
+// untimed between them.
+func timeRound(world *mpi.Comm, dispatch, experts, combine func() error) (time.Duration, time.Duration, error) {
 	if err := world.Barrier(); err != nil {
 		return 0, 0, err
 	}
@@ -413,6 +599,11 @@ func timeRound(world *mpi.Comm, dispatch, combine func() error) (time.Duration, 
 		return 0, 0, err
 	}
 	d := time.Since(t0)
+	if experts != nil {
+		if err := experts(); err != nil {
+			return 0, 0, err
+		}
+	}
 	if err := world.Barrier(); err != nil {
 		return 0, 0, err
 	}
@@ -426,15 +617,79 @@ func timeRound(world *mpi.Comm, dispatch, combine func() error) (time.Duration, 
 func printTable(w io.Writer, r *Result, baseline bool) {
 	fmt.Fprintf(w, "ep-bench %s %s: %d ranks on %d node(s), %d tokens/rank, hidden %d, top-%d, %d experts; %.1f MB/rank per call; median of %d, slowest rank\n",
 		r.Mode, r.DType, r.Ranks, r.Nodes, r.Tokens, r.Hidden, r.TopK, r.Experts, r.BytesPerRank/1e6, r.Iters)
+	fmt.Fprintf(w, "  buffers: %.1f MB per rank\n", float64(r.BufferBytesPerRank)/1e6)
 	fmt.Fprintf(w, "  %-22s %12s %10s %12s %10s %12s\n", "", "dispatch us", "GB/s", "combine us", "GB/s", "total us")
-	fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep (goep)", r.DispatchUS, r.DispatchGBps, r.CombineUS, r.CombineGBps, r.DispatchUS+r.CombineUS)
+	name := "ep (goep)"
+	if r.Device != "" {
+		name = "ep (goep) on " + r.Device
+	}
+	fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", name, r.DispatchUS, r.DispatchGBps, r.CombineUS, r.CombineGBps, r.DispatchUS+r.CombineUS)
+	if r.Device != "" {
+		bw := func(us float64) float64 { // the CPU engine's, from the same bytes
+			if us <= 0 {
+				return 0
+			}
+			return r.BytesPerRank / us / 1e3
+		}
+		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep CPU engine", r.CPUDispatchUS, bw(r.CPUDispatchUS),
+			r.CPUCombineUS, bw(r.CPUCombineUS), r.CPUDispatchUS+r.CPUCombineUS)
+		fmt.Fprintf(w, "  %s takes %.2fx the CPU engine's time (dispatch+combine), results checked against it\n", r.Device,
+			(r.DispatchUS+r.CombineUS)/(r.CPUDispatchUS+r.CPUCombineUS))
+	}
 	if baseline {
 		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "alltoallv by hand", r.AlltoallvDispatchUS, r.AlltoallvDispatchGBps,
 			r.AlltoallvCombineUS, r.AlltoallvCombineGBps, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
 		fmt.Fprintf(w, "  speedup over alltoallv: %.2fx\n", r.Speedup)
 	}
-	fmt.Fprintf(w, "  memcpy of the same bytes: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n\n",
+	if r.BF16DispatchUS > 0 {
+		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep, bf16 on the wire", r.BF16DispatchUS,
+			r.BF16BytesPerRank/r.BF16DispatchUS/1e3, r.BF16CombineUS, r.BF16BytesPerRank/r.BF16CombineUS/1e3, r.BF16DispatchUS+r.BF16CombineUS)
+		fmt.Fprintf(w, "  fp8 dispatch: %.2f MB/rank per call (bf16: %.2f MB, %.2fx the bytes), %.2fx the speed of bf16\n",
+			r.BytesPerRank/1e6, r.BF16BytesPerRank/1e6, r.BytesPerRank/r.BF16BytesPerRank, r.FP8DispatchSpeedup)
+	}
+	fmt.Fprintf(w, "  memcpy of the same bytes: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n",
 		r.MemcpyGBps, 100*r.DispatchOfMemcpy, 100*r.CombineOfMemcpy)
+	if r.Device != "" {
+		fmt.Fprintf(w, "  %s copy of the same bytes in device memory: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n",
+			r.Device, r.DeviceCopyGBps, 100*r.DispatchOfDeviceCopy, 100*r.CombineOfDeviceCopy)
+	}
+	fmt.Fprintln(w)
+}
+
+// printLatency is the -latency sweep as one table: ep's LL dispatch and
+// combine against the flag round trip measured in the same run.
+func printLatency(w io.Writer, results []*Result, floor float64) {
+	fmt.Fprintf(w, "LL latency, flag round trip between two ranks of a node: %.2f us\n", floor)
+	fmt.Fprintf(w, "  %8s %8s %12s %11s %10s %10s %14s\n", "tokens", "hidden", "dispatch us", "combine us", "total us", "x floor", "alltoallv us")
+	for _, r := range results {
+		ratio := 0.0
+		if floor > 0 {
+			ratio = (r.DispatchUS + r.CombineUS) / floor
+		}
+		fmt.Fprintf(w, "  %8d %8d %12.2f %11.2f %10.2f %10.2f %14.2f\n", r.Tokens, r.Hidden, r.DispatchUS, r.CombineUS,
+			r.DispatchUS+r.CombineUS, ratio, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
+	}
+}
+
+// plan prints each configuration's buffers for -plan ranks on -plan-nodes
+// nodes, as the CPU backend will hold them: a size hint for a job not yet
+// launched (NewGroup refuses what a node cannot give, before allocating).
+func plan(stdout, stderr io.Writer, o *options) int {
+	for _, c := range o.configs() {
+		cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden, TopK: c.topk,
+			Wire: c.wire()}
+		elem := ep.BFloat16
+		if c.dtype == "f32" {
+			elem = ep.Float32
+		}
+		f, err := ep.BufferPlan(cfg, elem, o.planRanks, o.planNodes)
+		if err != nil {
+			fmt.Fprintf(stderr, "ep-bench: -plan: %v: %v\n", c, err)
+			return 2
+		}
+		fmt.Fprintf(stdout, "%v: %d ranks on %d nodes: %v\n", c, o.planRanks, o.planNodes, f)
+	}
+	return 0
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
@@ -457,19 +712,4 @@ func mean(v []float64) float64 {
 		s += x
 	}
 	return s / float64(len(v))
-}
-
-func fromF32[E ep.Element](f float32) E {
-	var z E
-	if _, ok := any(z).(float32); ok {
-		return any(f).(E)
-	}
-	return any(ep.BF16From(f)).(E)
-}
-
-func toF32[E ep.Element](v E) float32 {
-	if f, ok := any(v).(float32); ok {
-		return f
-	}
-	return any(v).(ep.BF16).Float32()
 }

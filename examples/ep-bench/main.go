@@ -15,6 +15,18 @@
 //	mpirun -np 2 bin/ep-bench -mode ht -tokens 4096 -hidden 7168 -topk 8 -experts 64 -dtype bf16
 //	GOEP_RANKS_PER_NODE=1 mpirun -x GOEP_RANKS_PER_NODE -np 2 bin/ep-bench -mode ht ...   # 2 simulated nodes
 //
+// -device says which backend is measured: cpu (the default, ep's CPU
+// engine), emulate (the GPU backend, package epgpu, on an emulated device:
+// its logic, not a GPU's speed) or cuda (the GPU backend on each rank's
+// GPU, with NCCL). With a device, the CPU engine runs the same work in the
+// same run: its results are what the device's are checked against, and its
+// times are printed beside them, with a copy of the same bytes inside the
+// device's memory (cuMemcpyDtoD on a GPU) as the device's bandwidth
+// reference:
+//
+//	mpirun -np 2 bin/ep-bench -device emulate -mode ll,ht -tokens 64 -hidden 1024 -experts 8
+//	mpirun -np 8 bin/ep-bench -device cuda -mode ll -tokens 128 -hidden 7168 -topk 8 -experts 256
+//
 // With -json, rank 0 prints one JSON object per configuration and line
 // instead of the table.
 package main

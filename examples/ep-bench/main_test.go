@@ -21,10 +21,11 @@ func TestFlagErrorsNameTheValue(t *testing.T) {
 		want string
 	}{
 		{[]string{"-mode", "xx"}, `unknown mode "xx"`},
-		{[]string{"-dtype", "f16"}, `"f16" is not bf16 or f32`},
+		{[]string{"-dtype", "f16"}, `"f16" is not bf16, f32 or fp8`},
 		{[]string{"-tokens", "12,abc"}, `-tokens: "abc"`},
 		{[]string{"-iters", "0"}, "-iters 0"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"-device", "gpu"}, `-device: "gpu" is not cpu, emulate or cuda`},
 	} {
 		var out, errb bytes.Buffer
 		code := run(&out, &errb, tc.args)
@@ -47,7 +48,7 @@ func TestBenchUnderMpirun(t *testing.T) {
 		nodes   int
 	}{{2, "", 1}, {4, "2", 2}} {
 		args := append(mpitesting.MPIRunArgs(tc.np), "-x", "GOEP_RANKS_PER_NODE="+tc.perNode, bin,
-			"-json", "-mode", "ll,ht", "-dtype", "bf16,f32", "-tokens", "0,24", "-hidden", "64", "-topk", "3",
+			"-json", "-mode", "ll,ht", "-dtype", "bf16,f32,fp8", "-tokens", "0,24", "-hidden", "200", "-topk", "3",
 			"-experts", "8", "-iters", "3", "-warmup", "1")
 		cmd := exec.Command("mpirun", args...)
 		out, err := cmd.CombinedOutput()
@@ -61,7 +62,7 @@ func TestBenchUnderMpirun(t *testing.T) {
 				results = append(results, r)
 			}
 		}
-		require.Len(t, results, 2*2*2, "one line per mode x dtype x tokens in:\n%s", out)
+		require.Len(t, results, 2*3*2, "one line per mode x dtype x tokens in:\n%s", out)
 		for _, r := range results {
 			keys := []string{"mode", "ranks", "nodes", "tokens", "hidden", "topk", "experts", "dtype",
 				"dispatch_us", "combine_us", "alltoallv_dispatch_us", "alltoallv_combine_us", "speedup_vs_alltoallv"}
@@ -79,6 +80,15 @@ func TestBenchUnderMpirun(t *testing.T) {
 				assert.Greater(t, r["dispatch_gbps"].(float64), 0.0)
 				assert.Greater(t, r["memcpy_gbps"].(float64), 0.0)
 			}
+			if r["dtype"] == "fp8" { // timed beside bf16: codes and 2 scales of 4 bytes per 200-element row, against 400 bytes
+				assert.Greater(t, r["bf16_dispatch_us"].(float64), 0.0)
+				assert.Greater(t, r["fp8_dispatch_speedup"].(float64), 0.0)
+				if r["tokens"].(float64) > 0 {
+					assert.InDelta(t, 208.0/400, r["bytes_per_rank"].(float64)/r["bf16_bytes_per_rank"].(float64), 1e-9)
+				}
+			} else {
+				assert.NotContains(t, r, "bf16_dispatch_us")
+			}
 		}
 	}
 }
@@ -93,6 +103,53 @@ func TestTableOutput(t *testing.T) {
 		"-hidden", "32", "-topk", "2", "-experts", "4", "-iters", "2")...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	for _, want := range []string{"ep-bench ht bf16: 2 ranks on 1 node(s)", "ep (goep)", "alltoallv by hand", "speedup over alltoallv", "memcpy of the same bytes"} {
+		assert.Contains(t, string(out), want)
+	}
+}
+
+// -device emulate: the GPU backend on the emulated device, checked against
+// the CPU engine in the same run (a difference fails the run), with the CPU
+// engine's times and the device copy beside its own.
+func TestBenchEmulatedDevice(t *testing.T) {
+	mpitesting.RequireTool(t, "mpirun")
+	bin := filepath.Join(t.TempDir(), "ep-bench")
+	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, tc := range []struct {
+		np      int
+		perNode string
+		nodes   int
+	}{{2, "", 1}, {4, "2", 2}} {
+		args := append(mpitesting.MPIRunArgs(tc.np), "-x", "GOEP_RANKS_PER_NODE="+tc.perNode, bin, "-device", "emulate",
+			"-json", "-mode", "ll,ht", "-dtype", "bf16,f32", "-tokens", "0,24", "-hidden", "64", "-topk", "3",
+			"-experts", "8", "-iters", "2", "-warmup", "1")
+		out, err := exec.Command("mpirun", args...).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		var n int
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		for sc.Scan() {
+			line := strings.TrimSpace(sc.Text())
+			if !strings.HasPrefix(line, "{") {
+				continue
+			}
+			n++
+			var r map[string]any
+			require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+			assert.Equal(t, "emulate", r["device"])
+			assert.Equal(t, float64(tc.nodes), r["nodes"])
+			assert.Greater(t, r["cpu_dispatch_us"].(float64), 0.0)
+			assert.Greater(t, r["cpu_combine_us"].(float64), 0.0)
+			if r["tokens"].(float64) > 0 {
+				assert.Greater(t, r["device_copy_gbps"].(float64), 0.0)
+				assert.Greater(t, r["dispatch_device_copy_frac"].(float64), 0.0)
+			}
+		}
+		assert.Equal(t, 2*2*2, n, "one line per mode x dtype x tokens in:\n%s", out)
+	}
+	out, err = exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-device", "emulate", "-mode", "ll", "-tokens", "16",
+		"-hidden", "32", "-topk", "2", "-experts", "4", "-iters", "2")...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, want := range []string{"ep (goep) on emulate", "ep CPU engine", "the CPU engine's time", "emulate copy of the same bytes"} {
 		assert.Contains(t, string(out), want)
 	}
 }

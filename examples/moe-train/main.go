@@ -33,7 +33,7 @@
 //	-tokens T         tokens per rank per step (64)
 //	-steps S          the step to end at, counting those before a resume (1000)
 //	-mode ll|ht       low-latency or high-throughput dispatch (ll)
-//	-dtype f32|bf16   element type on the wire (f32)
+//	-dtype f32|bf16|fp8  element type on the wire (f32); fp8: bf16 tokens dispatched as FP8 e4m3, combined in bf16
 //	-act silu|gelu    the experts' activation (silu)
 //	-seed N           the student's initial parameters and the data (1)
 //	-teacher-seed N   the teacher's parameters (2)
@@ -117,7 +117,7 @@ func newFlagSet(stderr io.Writer, quiet bool, v *flagValues) *flag.FlagSet {
 	fs.IntVar(&v.tokens, "tokens", 64, "tokens per rank per step")
 	fs.Int64Var(&v.steps, "steps", 1000, "the step to end at, counting the steps before a resume")
 	fs.StringVar(&v.mode, "mode", "ll", "dispatch mode: ll (low-latency) or ht (high-throughput)")
-	fs.StringVar(&v.dtype, "dtype", "f32", "element type on the wire: f32 or bf16")
+	fs.StringVar(&v.dtype, "dtype", "f32", "element type on the wire: f32, bf16, or fp8 (bf16 tokens dispatched as FP8 e4m3 with per-128 scales)")
 	fs.StringVar(&v.act, "act", "silu", "the experts' activation: silu or gelu")
 	fs.StringVar(&v.gradSync, "grad-sync", "allreduce", "how the gate's and the shared expert's gradient is summed over ranks: allreduce (exact), a2sgd or topk:K")
 	fs.Uint64Var(&v.seed, "seed", 1, "seed of the student's initial parameters and of the data")
@@ -179,7 +179,7 @@ func (v *flagValues) config() (moe.TrainConfig, error) {
 	}
 	d, err := moe.ParseDType(v.dtype)
 	if err != nil {
-		return moe.TrainConfig{}, fmt.Errorf("-dtype %q: want f32 or bf16", v.dtype)
+		return moe.TrainConfig{}, fmt.Errorf("-dtype %q: want f32, bf16 or fp8", v.dtype)
 	}
 	a, err := moe.ParseActivation(v.act)
 	if err != nil {

@@ -293,7 +293,7 @@ func TestBadFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"-mode", "fast"}, `-mode "fast": want ll or ht`},
-		{[]string{"-dtype", "fp8"}, `-dtype "fp8": want f32 or bf16`},
+		{[]string{"-dtype", "fp4"}, `-dtype "fp4": want f32, bf16 or fp8`},
 		{[]string{"-act", "relu"}, `-act "relu": want silu or gelu`},
 		{[]string{"-hidden", "0"}, `-hidden 0: want a positive integer`},
 		{[]string{"-topk", "9"}, `-topk 9: more than the 8 experts`},
@@ -370,4 +370,30 @@ func TestSummaryLossFalls(t *testing.T) {
 	first, _ := strconv.ParseFloat(m[1], 64)
 	last, _ := strconv.ParseFloat(m[2], 64)
 	assert.Less(t, last, first)
+}
+
+// -dtype fp8 trains: bf16 tokens dispatched in FP8 (with its cross-node
+// path on simulated nodes), the loss falls, and the trace records the dtype.
+func TestFP8Trains(t *testing.T) {
+	for _, tc := range []struct {
+		mode        string
+		np, perNode int
+	}{{"ll", 2, 0}, {"ht", 4, 2}} {
+		t.Run(tc.mode, func(t *testing.T) {
+			dir := t.TempDir()
+			trace := filepath.Join(dir, "trace.h5")
+			out, err := mpirunSim(t, tc.np, tc.perNode, 2*time.Minute, append(slices.Clone(small), "-mode", tc.mode,
+				"-dtype", "fp8", "-steps", "60", "-progress-every", "20", "-trace", trace, "-ckpt-dir", dir)...)
+			require.NoError(t, err, "%s", out)
+			m := regexp.MustCompile(`loss\s+(\d\.\d+) -> (\d\.\d+)`).FindStringSubmatch(out)
+			require.NotNil(t, m, out)
+			first, _ := strconv.ParseFloat(m[1], 64)
+			last, _ := strconv.ParseFloat(m[2], 64)
+			assert.Less(t, 1.5*last, first, "the loss falls in FP8 as in the other modes:\n%s", out)
+			tr, err := moe.ReadTrace(trace)
+			require.NoError(t, err)
+			require.NotEmpty(t, tr.Segments)
+			assert.Equal(t, moe.FP8, tr.Segments[0].DType)
+		})
+	}
 }

@@ -1,6 +1,7 @@
 // Command mpi-hello is the smallest goep MPI program: a template to copy.
 // Every rank starts MPI, finds its place in the node topology, and takes part
-// in an NCCL-style unique-ID bootstrap; rank 0 prints one line per rank.
+// in an NCCL-style unique-ID bootstrap; rank 0 prints how Open MPI's one-sided
+// components were chosen (mpi.OneSided) and one line per rank.
 //
 // Build and run it with 4 ranks:
 //
@@ -82,6 +83,11 @@ func hello(stdout io.Writer, world *mpi.Comm) error {
 	}
 	fmt.Fprintf(stdout, "goep mpi-hello: %d ranks on %d node(s)%s, MPI thread level %d\n",
 		world.Size(), topo.Nodes, map[bool]string{true: " (simulated)", false: ""}[topo.Simulated], mpi.ThreadLevel())
+	osc, by := mpi.OneSided(), "user"
+	if osc.ByGoep {
+		by = "goep"
+	}
+	fmt.Fprintf(stdout, "one-sided components: osc=%q chosen-by=%s: %s\n", osc.Components, by, osc.Reason)
 	fmt.Fprintln(stdout, "rank node local nodesz  launcher host                 bootstrap-id")
 	for r := 0; r < world.Size(); r++ {
 		fmt.Fprintln(stdout, strings.TrimRight(string(bytes.TrimRight(all[r*lineLen:(r+1)*lineLen], "\x00")), " "))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -74,4 +75,48 @@ func TestSingleRankBuildRefusesMpirun(t *testing.T) {
 	out, err = cmd.CombinedOutput()
 	require.Error(t, err, "%s", out)
 	assert.Contains(t, string(out), "built without the mpi build tag")
+}
+
+// TestOneSidedChoice launches mpirun as a user would: with no choice of Open
+// MPI's one-sided components goep makes one (sm,ucx); any choice of the user's,
+// on mpirun's command line, in the environment or in a parameter file, is
+// kept. The value is Open MPI's own, read back through MPI_T.
+func TestOneSidedChoice(t *testing.T) {
+	bin := buildMPI(t)
+	home := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(home, ".openmpi"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(home, ".openmpi", "mca-params.conf"), []byte("# mine\nosc = sm,rdma\n"), 0o644))
+	named := filepath.Join(t.TempDir(), "site.conf")
+	require.NoError(t, os.WriteFile(named, []byte("osc = ^pt2pt\n"), 0o644))
+	line := regexp.MustCompile(`(?m)^one-sided components: osc="([^"]*)" chosen-by=(\w+): (.*)$`)
+	for _, tc := range []struct {
+		name     string
+		flags    []string // mpirun's
+		env      []string
+		want, by string
+		reason   string
+	}{
+		{name: "nobody chose", want: "sm,ucx", by: "goep", reason: "nobody chose"},
+		{name: "mpirun --mca", flags: []string{"--mca", "osc", "sm,rdma"}, want: "sm,rdma", by: "user", reason: `OMPI_MCA_osc="sm,rdma"`},
+		{name: "environment", env: []string{"OMPI_MCA_osc=^ucx,pt2pt"}, want: "^ucx,pt2pt", by: "user"},
+		{name: "empty environment value", env: []string{"OMPI_MCA_osc="}, want: "", by: "user"},
+		{name: "user's parameter file", env: []string{"HOME=" + home}, want: "sm,rdma", by: "user",
+			reason: filepath.Join(home, ".openmpi", "mca-params.conf") + " sets osc = sm,rdma"},
+		{name: "files the user names", env: []string{"OMPI_MCA_mca_base_param_files=" + named}, want: "^pt2pt", by: "user",
+			reason: named + " sets osc = ^pt2pt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append(mpitesting.MPIRunArgs(2), tc.flags...), bin)
+			cmd := exec.Command("mpirun", args...)
+			cmd.Env = append(mpitesting.LauncherFreeEnv(), tc.env...)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			m := line.FindStringSubmatch(string(out))
+			require.NotNil(t, m, "no one-sided line in:\n%s", out)
+			assert.Equal(t, tc.want, m[1], "Open MPI's osc parameter")
+			assert.Equal(t, tc.by, m[2])
+			assert.Contains(t, m[3], tc.reason)
+			assert.Contains(t, string(out), "2 ranks on 1 node(s), MPI thread level 3", "reading the choice must not lower the thread level")
+		})
+	}
 }

@@ -8,14 +8,15 @@ import "fmt"
 
 // Record is one measured configuration.
 type Record struct {
-	Mode    string `json:"mode"` // "ll" or "ht"
+	Mode    string `json:"mode"`             // "ll" or "ht"
+	Device  string `json:"device,omitempty"` // the ep backend's device: "cpu" (absent: cpu), "emulate" or "cuda"
 	Ranks   int    `json:"ranks"`
 	Nodes   int    `json:"nodes"`
 	Tokens  int    `json:"tokens"` // per rank
 	Hidden  int    `json:"hidden"`
 	TopK    int    `json:"topk"`
 	Experts int    `json:"experts"`
-	DType   string `json:"dtype"` // "f32" or "bf16"
+	DType   string `json:"dtype"` // "f32", "bf16", or "fp8" (bf16 tokens, FP8 e4m3 and per-128 scales on the wire)
 	Iters   int    `json:"iters"`
 
 	BytesPerRank float64 `json:"bytes_per_rank"` // bytes a rank's rows carry, mean over ranks
@@ -33,10 +34,32 @@ type Record struct {
 	AlltoallvCombineGBps  float64 `json:"alltoallv_combine_gbps,omitempty"`
 	Speedup               float64 `json:"speedup_vs_alltoallv,omitempty"` // alltoallv (dispatch+combine) / ep (dispatch+combine)
 
+	// With DType fp8: the same dispatch and combine in bf16 by the same
+	// backend, timed in the same rounds, its bytes, and bf16's dispatch
+	// time over fp8's; absent otherwise.
+	BF16DispatchUS     float64 `json:"bf16_dispatch_us,omitempty"`
+	BF16CombineUS      float64 `json:"bf16_combine_us,omitempty"`
+	BF16BytesPerRank   float64 `json:"bf16_bytes_per_rank,omitempty"`
+	FP8DispatchSpeedup float64 `json:"fp8_dispatch_speedup,omitempty"`
+
+	// FlagRoundTripUS is the floor of a flag exchange between ranks 0 and 1
+	// of a node, measured in the same run (ep-bench -latency); absent when
+	// not measured.
+	FlagRoundTripUS float64 `json:"flag_round_trip_us,omitempty"`
+
 	MemcpyGBps         float64 `json:"memcpy_gbps"`          // glibc memcpy of the same bytes, per rank, all ranks at once
 	DispatchOfMemcpy   float64 `json:"dispatch_memcpy_frac"` // DispatchGBps / MemcpyGBps
 	CombineOfMemcpy    float64 `json:"combine_memcpy_frac"`
 	BufferBytesPerRank int     `json:"buffer_bytes_per_rank"`
+
+	// With a device other than cpu: the CPU engine on the same work in the
+	// same run (whose results ep's were checked against), and a copy of the
+	// same bytes inside the device's memory (cuMemcpyDtoD on a GPU).
+	CPUDispatchUS        float64 `json:"cpu_dispatch_us,omitempty"`
+	CPUCombineUS         float64 `json:"cpu_combine_us,omitempty"`
+	DeviceCopyGBps       float64 `json:"device_copy_gbps,omitempty"`
+	DispatchOfDeviceCopy float64 `json:"dispatch_device_copy_frac,omitempty"`
+	CombineOfDeviceCopy  float64 `json:"combine_device_copy_frac,omitempty"`
 
 	// Step is the index of the study's job step that produced the record
 	// (its position in the study's steps attribute); set by the collector,
@@ -44,20 +67,25 @@ type Record struct {
 	Step int `json:"-"`
 }
 
-// ElemBytes is the size of one element on the wire: 4 for f32, 2 for bf16.
+// ElemBytes is the size of one element on the wire: 4 for f32, 2 for bf16,
+// 1 for fp8 (whose scales add 4 bytes per 128 elements).
 func (r *Record) ElemBytes() int {
-	if r.DType == "f32" {
+	switch r.DType {
+	case "f32":
 		return 4
+	case "fp8":
+		return 1
 	}
 	return 2
 }
 
-// RanksPerNode is the number of ranks on each node (ranks / nodes).
+// RanksPerNode is the number of ranks on the largest node (nodes may hold
+// different numbers of ranks).
 func (r *Record) RanksPerNode() int {
 	if r.Nodes <= 0 {
 		return r.Ranks
 	}
-	return r.Ranks / r.Nodes
+	return (r.Ranks + r.Nodes - 1) / r.Nodes
 }
 
 // Validate reports what is wrong with a record read from JSON.
@@ -65,10 +93,10 @@ func (r *Record) Validate() error {
 	switch {
 	case r.Mode != "ll" && r.Mode != "ht":
 		return fmt.Errorf("mode %q is not ll or ht", r.Mode)
-	case r.DType != "f32" && r.DType != "bf16":
-		return fmt.Errorf("dtype %q is not f32 or bf16", r.DType)
-	case r.Ranks < 1 || r.Nodes < 1 || r.Nodes > r.Ranks || r.Ranks%r.Nodes != 0:
-		return fmt.Errorf("%d ranks on %d nodes: want ranks >= 1, a multiple of nodes >= 1", r.Ranks, r.Nodes)
+	case r.DType != "f32" && r.DType != "bf16" && r.DType != "fp8":
+		return fmt.Errorf("dtype %q is not f32, bf16 or fp8", r.DType)
+	case r.Ranks < 1 || r.Nodes < 1 || r.Nodes > r.Ranks:
+		return fmt.Errorf("%d ranks on %d nodes: want ranks >= nodes >= 1", r.Ranks, r.Nodes)
 	case r.Tokens < 0 || r.Hidden < 1 || r.TopK < 1 || r.Experts < 1 || r.Iters < 1:
 		return fmt.Errorf("tokens %d, hidden %d, topk %d, experts %d, iters %d: out of range",
 			r.Tokens, r.Hidden, r.TopK, r.Experts, r.Iters)

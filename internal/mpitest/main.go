@@ -9,6 +9,18 @@
 // For example, every rank count and a simulated 2-node split of 4 ranks:
 //
 //	go run ./internal/mpitest -np 1,2,4,8 -sim 4/2 ./mpi ./ep
+//
+// Across hosts (the emulated cluster of scripts/cluster, or a real one): -hosts
+// lists layouts, each the ranks on every host (2x2 = 2 hosts of 2 ranks;
+// 2+2+1 = 3 hosts of 2, 2 and 1 ranks), placed on the first hosts of
+// -hostfile with mpirun --host; -mpirun names the launcher, and -workdir a
+// directory every host sees (the test binaries and logs go there):
+//
+//	go run ./internal/mpitest -np "" -sim "" -hosts 2x2,4x1,2+2+1 \
+//		-hostfile /run/goep-cluster/hostfile -mpirun scripts/cluster/mpirun -workdir out/mpitest ./mpi
+//
+// The ranks learn the layout from GOEP_TEST_HOSTS (ranks per host, e.g. 2,2,1),
+// so that tests can check the topology they see against it.
 package main
 
 import (
@@ -31,10 +43,16 @@ import (
 func main() { os.Exit(run(os.Stdout, os.Stderr, os.Args[1:])) }
 
 // config is one mpirun invocation: ranks, and ranks per simulated node (0:
-// the real topology).
-type config struct{ np, perNode int }
+// the real topology); or, across hosts, the ranks on each host.
+type config struct {
+	np, perNode int
+	hosts       []int
+}
 
 func (c config) String() string {
+	if len(c.hosts) > 0 {
+		return "hosts=" + joinInts(c.hosts, "+")
+	}
 	if c.perNode == 0 {
 		return fmt.Sprintf("np=%d", c.np)
 	}
@@ -51,6 +69,10 @@ func run(stdout, stderr io.Writer, args []string) int {
 	runExpr := fs.String("run", "", "only tests matching this regexp (go test -run)")
 	bench := fs.String("bench", "", "also run benchmarks matching this regexp (go test -bench)")
 	benchtime := fs.String("benchtime", "10x", "iterations of each benchmark: must be a count (Nx), the same on every rank")
+	hosts := fs.String("hosts", "", "comma-separated layouts across hosts: HxR (H hosts of R ranks) or R1+R2+... (ranks per host); needs -hostfile")
+	hostfile := fs.String("hostfile", "", "the hosts for -hosts, in Open MPI's hostfile format (the first word of each line)")
+	mpirunCmd := fs.String("mpirun", "mpirun", "the mpirun command (e.g. scripts/cluster/mpirun; its -np and -sim runs go where its default hostfile puts them)")
+	workdir := fs.String("workdir", "", "directory for the test binaries and rank logs (default: a new temporary one); across hosts, one every host sees")
 	keep := fs.Bool("keep", false, "keep the build and log directory")
 	verbose := fs.Bool("v", false, "print every rank's output")
 	if err := fs.Parse(args); err != nil {
@@ -70,12 +92,55 @@ func run(stdout, stderr io.Writer, args []string) int {
 		fmt.Fprintln(stderr, "mpitest:", err)
 		return 2
 	}
-	if _, err := exec.LookPath("mpirun"); err != nil {
-		fmt.Fprintln(stderr, "mpitest: mpirun not found: run scripts/install-deps.sh (or module load an MPI)")
+	layouts, err := parseLayouts(*hosts)
+	if err != nil {
+		fmt.Fprintln(stderr, "mpitest:", err)
 		return 2
 	}
-	dir, err := os.MkdirTemp("", "mpitest-")
+	var hostNames []string
+	if len(layouts) > 0 {
+		if *hostfile == "" {
+			fmt.Fprintln(stderr, "mpitest: -hosts needs -hostfile (the hosts to place ranks on)")
+			return 2
+		}
+		if hostNames, err = readHostfile(*hostfile); err != nil {
+			fmt.Fprintln(stderr, "mpitest:", err)
+			return 2
+		}
+		for _, l := range layouts {
+			if len(l.hosts) > len(hostNames) {
+				fmt.Fprintf(stderr, "mpitest: -hosts %s needs %d hosts, %s lists %d\n", l, len(l.hosts), *hostfile, len(hostNames))
+				return 2
+			}
+		}
+		configs = append(configs, layouts...)
+	}
+	if len(configs) == 0 {
+		fmt.Fprintln(stderr, "mpitest: nothing to run: give -np, -sim or -hosts")
+		return 2
+	}
+	launcher, err := exec.LookPath(*mpirunCmd)
 	if err != nil {
+		fmt.Fprintf(stderr, "mpitest: %s not found: run scripts/install-deps.sh (or module load an MPI): %v\n", *mpirunCmd, err)
+		return 2
+	}
+	if launcher, err = filepath.Abs(launcher); err != nil { // runs in the package's directory
+		fmt.Fprintln(stderr, "mpitest:", err)
+		return 2
+	}
+	var dir string
+	if *workdir != "" {
+		if err = os.MkdirAll(*workdir, 0o755); err == nil {
+			dir, err = os.MkdirTemp(*workdir, "mpitest-")
+		}
+	} else {
+		dir, err = os.MkdirTemp("", "mpitest-")
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "mpitest:", err)
+		return 2
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
 		fmt.Fprintln(stderr, "mpitest:", err)
 		return 2
 	}
@@ -84,6 +149,8 @@ func run(stdout, stderr io.Writer, args []string) int {
 	} else {
 		defer os.RemoveAll(dir)
 	}
+	run := runner{mpirun: launcher, hosts: hostNames, timeout: *timeout, collTimeout: *collTimeout,
+		runExpr: *runExpr, bench: *bench, benchtime: *benchtime}
 
 	failed := 0
 	for _, pkg := range pkgs {
@@ -101,7 +168,7 @@ func run(stdout, stderr io.Writer, args []string) int {
 			continue
 		}
 		for _, cfg := range configs {
-			r := runOne(pkg, bin, dir, name, cfg, *timeout, *collTimeout, *runExpr, *bench, *benchtime)
+			r := run.one(pkg, bin, dir, name, cfg)
 			r.print(stdout, *verbose)
 			if !r.ok {
 				failed++
@@ -142,6 +209,71 @@ func parseConfigs(nps, sims string) ([]config, error) {
 	return out, nil
 }
 
+// parseLayouts reads -hosts: HxR or R1+R2+... per layout.
+func parseLayouts(s string) ([]config, error) {
+	var out []config
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		var per []int
+		if h, r, ok := strings.Cut(f, "x"); ok {
+			nh, err1 := strconv.Atoi(h)
+			nr, err2 := strconv.Atoi(r)
+			if err1 != nil || err2 != nil || nh < 1 || nr < 1 {
+				return nil, fmt.Errorf("-hosts: %q is not HOSTSxRANKS with both at least 1", f)
+			}
+			for i := 0; i < nh; i++ {
+				per = append(per, nr)
+			}
+		} else {
+			for _, p := range strings.Split(f, "+") {
+				n, err := strconv.Atoi(p)
+				if err != nil || n < 1 {
+					return nil, fmt.Errorf("-hosts: %q is not R1+R2+... with every count at least 1", f)
+				}
+				per = append(per, n)
+			}
+		}
+		np := 0
+		for _, n := range per {
+			np += n
+		}
+		out = append(out, config{np: np, hosts: per})
+	}
+	return out, nil
+}
+
+// readHostfile returns the host names of an Open MPI hostfile: the first word
+// of each line that is not blank or a comment.
+func readHostfile(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-hostfile: %w", err)
+	}
+	var hosts []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if i := strings.IndexByte(line, '#'); i >= 0 {
+			line = line[:i]
+		}
+		if f := strings.Fields(line); len(f) > 0 {
+			hosts = append(hosts, f[0])
+		}
+	}
+	if len(hosts) == 0 {
+		return nil, fmt.Errorf("-hostfile %s lists no hosts", path)
+	}
+	return hosts, nil
+}
+
+func joinInts(v []int, sep string) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, sep)
+}
+
 // result is the outcome of one mpirun.
 type result struct {
 	pkg     string
@@ -162,30 +294,56 @@ type rankLog struct {
 	finished       bool // printed the final PASS or FAIL line
 }
 
-func runOne(pkg, bin, dir, name string, cfg config, timeout time.Duration, collTimeout, runExpr, bench, benchtime string) result {
+// runner holds what every mpirun of a harness run shares.
+type runner struct {
+	mpirun                                 string   // the launcher, an absolute path
+	hosts                                  []string // for host layouts
+	timeout                                time.Duration
+	collTimeout, runExpr, bench, benchtime string
+}
+
+func (rn runner) one(pkg, bin, dir, name string, cfg config) result {
 	out := filepath.Join(dir, fmt.Sprintf("%s-np%d-sim%d", name, cfg.np, cfg.perNode))
+	if len(cfg.hosts) > 0 {
+		out = filepath.Join(dir, fmt.Sprintf("%s-hosts%s", name, joinInts(cfg.hosts, "_")))
+	}
 	args := []string{"--oversubscribe", "-np", strconv.Itoa(cfg.np), "--output-filename", out,
-		"-x", "GOEP_MPI_TIMEOUT=" + collTimeout}
+		"-x", "GOEP_MPI_TIMEOUT=" + rn.collTimeout}
 	if os.Geteuid() == 0 {
 		args = append([]string{"--allow-run-as-root"}, args...)
 	}
 	if cfg.perNode > 0 {
 		args = append(args, "-x", "GOEP_RANKS_PER_NODE="+strconv.Itoa(cfg.perNode))
 	}
-	args = append(args, bin, "-test.v", "-test.timeout", timeout.String())
-	if runExpr != "" {
-		args = append(args, "-test.run", runExpr)
+	if v, ok := os.LookupEnv("GOEP_REQUIRE_TOOLS"); ok { // ranks on other hosts do not inherit it
+		args = append(args, "-x", "GOEP_REQUIRE_TOOLS="+v)
 	}
-	if bench != "" {
-		args = append(args, "-test.bench", bench, "-test.benchmem", "-test.benchtime", benchtime)
+	if len(cfg.hosts) > 0 {
+		var place []string
+		for i, n := range cfg.hosts {
+			place = append(place, fmt.Sprintf("%s:%d", rn.hosts[i], n))
+		}
+		args = append(args, "--host", strings.Join(place, ","), "--map-by", "slot",
+			"-x", "GOEP_TEST_HOSTS="+joinInts(cfg.hosts, ","))
 	}
+	args = append(args, bin, "-test.v", "-test.timeout", rn.timeout.String())
+	if rn.runExpr != "" {
+		args = append(args, "-test.run", rn.runExpr)
+	}
+	if rn.bench != "" {
+		args = append(args, "-test.bench", rn.bench, "-test.benchmem", "-test.benchtime", rn.benchtime)
+	}
+	timeout := rn.timeout
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "mpirun", args...)
+	cmd := exec.CommandContext(ctx, rn.mpirun, args...)
 	cmd.Dir = pkg
 	cmd.Env = os.Environ()
 	if cfg.perNode == 0 {
 		cmd.Env = append(cmd.Env, "GOEP_RANKS_PER_NODE=")
+	}
+	if len(cfg.hosts) == 0 {
+		cmd.Env = append(cmd.Env, "GOEP_TEST_HOSTS=")
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

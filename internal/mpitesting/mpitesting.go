@@ -97,3 +97,27 @@ func LauncherFreeEnv() []string {
 	}
 	return env
 }
+
+// HostLayout is the number of ranks on each host, in rank order, as the
+// harness placed them (internal/mpitest -hosts passes GOEP_TEST_HOSTS, e.g.
+// "2,2,1"); without it, one host holds all size ranks.
+func HostLayout(size int) ([]int, error) {
+	s := os.Getenv("GOEP_TEST_HOSTS")
+	if s == "" {
+		return []int{size}, nil
+	}
+	var out []int
+	sum := 0
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("GOEP_TEST_HOSTS=%q: %q is not a positive number of ranks", s, f)
+		}
+		out = append(out, n)
+		sum += n
+	}
+	if sum != size {
+		return nil, fmt.Errorf("GOEP_TEST_HOSTS=%q places %d ranks, the world has %d", s, sum, size)
+	}
+	return out, nil
+}

@@ -14,8 +14,8 @@
 //
 //	/results/step                  int64    index of the job step (into the root attribute steps)
 //	/results/mode                  int64    0 = ll, 1 = ht (the dataset's attribute labels)
-//	/results/dtype                 int64    0 = f32, 1 = bf16 (attribute labels)
-//	/results/elem_bytes            int64    bytes per element: 4 (f32) or 2 (bf16)
+//	/results/dtype                 int64    0 = f32, 1 = bf16, 2 = fp8 (attribute labels)
+//	/results/elem_bytes            int64    bytes per element: 4 (f32), 2 (bf16) or 1 (fp8)
 //	/results/ranks                 int64    MPI ranks
 //	/results/nodes                 int64    nodes as ep saw them (Slurm nodes, or simulated nodes)
 //	/results/tokens                int64    tokens per rank

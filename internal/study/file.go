@@ -23,7 +23,7 @@ const (
 // The labels of the coded columns mode and dtype: the stored value is the index.
 var (
 	ModeLabels  = []string{"ll", "ht"}
-	DTypeLabels = []string{"f32", "bf16"}
+	DTypeLabels = []string{"f32", "bf16", "fp8"}
 )
 
 // column is one dataset under /results.
@@ -63,8 +63,8 @@ func codeCol(name, desc string, labels []string, p func(*Record) *string) column
 var columns = []column{
 	intCol("step", "index", "job step that measured the row: index into the root attribute steps", func(r *Record) *int { return &r.Step }),
 	codeCol("mode", "dispatch mode: index into the attribute labels (ll, ht)", ModeLabels, func(r *Record) *string { return &r.Mode }),
-	codeCol("dtype", "element type on the wire: index into the attribute labels (f32, bf16)", DTypeLabels, func(r *Record) *string { return &r.DType }),
-	{name: "elem_bytes", units: "bytes", desc: "bytes per element: 4 (f32) or 2 (bf16)",
+	codeCol("dtype", "element type on the wire: index into the attribute labels (f32, bf16, fp8)", DTypeLabels, func(r *Record) *string { return &r.DType }),
+	{name: "elem_bytes", units: "bytes", desc: "bytes per element: 4 (f32), 2 (bf16) or 1 (fp8, whose scales add 4 per 128)",
 		get: func(r *Record) float64 { return float64(r.ElemBytes()) }, set: func(*Record, float64) {}},
 	intCol("ranks", "ranks", "MPI ranks", func(r *Record) *int { return &r.Ranks }),
 	intCol("nodes", "nodes", "nodes as ep saw them (Slurm nodes, or simulated nodes with GOEP_RANKS_PER_NODE)", func(r *Record) *int { return &r.Nodes }),

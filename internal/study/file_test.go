@@ -30,7 +30,7 @@ func TestParseJSONL(t *testing.T) {
 	}
 	for _, bad := range []string{
 		`{"mode":"xx","ranks":1,"nodes":1,"tokens":1,"hidden":1,"topk":1,"experts":1,"dtype":"f32","iters":1,"dispatch_us":1,"combine_us":1}`,
-		`{"mode":"ll","ranks":3,"nodes":2,"tokens":1,"hidden":1,"topk":1,"experts":1,"dtype":"f32","iters":1,"dispatch_us":1,"combine_us":1}`,
+		`{"mode":"ll","ranks":3,"nodes":4,"tokens":1,"hidden":1,"topk":1,"experts":1,"dtype":"f32","iters":1,"dispatch_us":1,"combine_us":1}`,
 		`{"mode":"ll","ranks":1,"nodes":1,"tokens":1,"hidden":1,"topk":1,"experts":1,"dtype":"f32","iters":1,"dispatch_us":0,"combine_us":1}`,
 		`{"mode":"ll",`,
 	} {

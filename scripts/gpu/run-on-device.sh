@@ -5,7 +5,10 @@
 #
 # Build on a machine with Go (no GPU needed):   make test-gpu
 # That writes bin/gpu/gpu.test (package gpu's tests with -tags gpu, no MPI),
-# bin/gpu/gpu-mpi.test (with -tags "gpu mpi") and a copy of this script.
+# bin/gpu/gpu-mpi.test (with -tags "gpu mpi"), bin/gpu/epgpu.test and
+# epgpu-mpi.test (the ep conformance suite on the CUDA backend, ep/epgpu),
+# bin/gpu/ep-bench (MPI) and ep-bench-1rank (no MPI), and a copy of this
+# script.
 # Carry bin/gpu/ to the GPU machine and run bin/gpu/run-on-device.sh there (or
 # this script from a checkout that holds bin/gpu/).
 #
@@ -17,6 +20,14 @@
 #                  (libnccl.so.2: pip's nvidia-nccl-cu13, say). Nothing to carry.
 #   gpu-mpi.test   in addition Open MPI 4.1 (libmpi.so.40 and its libraries,
 #                  and mpirun); optional: run only where mpirun exists.
+#   epgpu*.test,   the same as gpu.test and gpu-mpi.test. ep-bench -device cuda
+#   ep-bench*      runs after the tests: under mpirun where there is one, else
+#                  ep-bench-1rank on one rank. GOEP_BENCH_ARGS replaces its
+#                  configuration flags.
+# The MPI runs use GOEP_MPI_NP ranks (default 2): with one GPU, several ranks
+# share it, which NCCL accepts from 2.30 on (NCCL_MULTI_RANK_GPU_ENABLE=1, set
+# below); an older NCCL refuses with "Duplicate GPU detected", and the run
+# fails saying so.
 # The libraries are searched where the toolkit and pip put them; set
 # GOEP_CUDA_LIB, GOEP_NVRTC_LIB, GOEP_NCCL_LIB (a path, or colon-separated
 # candidates) to choose. An NVRTC newer than the driver makes PTX the driver
@@ -102,6 +113,39 @@ else
   done
   (cd "$bin" && mpirun "${args[@]}" ./gpu-mpi.test -test.count=1 -test.timeout=10m \
     -test.run 'NCCL|Bootstrap|Agree|LocalRank' "$@") || status=1
+fi
+
+have_mpi() { # $1: a binary built with the mpi tag
+  [ -x "$1" ] && command -v mpirun >/dev/null && ! ldd "$1" | grep -q 'not found'
+}
+mpi_args=(--oversubscribe -np "${GOEP_MPI_NP:-2}")
+[ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)
+for v in NCCL_MULTI_RANK_GPU_ENABLE GOEP_REQUIRE_TOOLS GOEP_CUDA_LIB GOEP_NVRTC_LIB GOEP_NCCL_LIB; do
+  [ -n "${!v:-}" ] && mpi_args+=(-x "$v")
+done
+
+echo "== epgpu.test (the ep conformance suite on the CUDA backend, one rank; and on the emulated device)"
+if [ -x "$bin/epgpu.test" ]; then
+  (cd "$bin" && ./epgpu.test -test.v -test.count=1 -test.timeout=20m) || status=1
+else
+  echo "not built: run make test-gpu"; status=1
+fi
+
+echo "== epgpu-mpi.test under mpirun (the conformance suite on ${GOEP_MPI_NP:-2} ranks: NCCL transfers, a stalled rank, the watchdog)"
+if have_mpi "$bin/epgpu-mpi.test"; then
+  (cd "$bin" && mpirun "${mpi_args[@]}" ./epgpu-mpi.test -test.count=1 -test.timeout=20m) || status=1
+else
+  echo "no mpirun, or epgpu-mpi.test lacks shared libraries here: skipped (epgpu.test covered one rank)"
+fi
+
+echo "== ep-bench -device cuda (results checked against the CPU engine; cuMemcpyDtoD of the same bytes as reference)"
+bench_args=(${GOEP_BENCH_ARGS:--mode ll,ht -tokens 128 -hidden 7168 -topk 8 -experts 64 -dtype bf16 -iters 20})
+if have_mpi "$bin/ep-bench"; then
+  mpirun "${mpi_args[@]}" "$bin/ep-bench" -device cuda "${bench_args[@]}" || status=1
+elif [ -x "$bin/ep-bench-1rank" ]; then
+  "$bin/ep-bench-1rank" -device cuda "${bench_args[@]}" || status=1
+else
+  echo "not built: run make test-gpu"; status=1
 fi
 
 if [ "$status" = 0 ]; then echo "== run-on-device.sh: PASS"; else echo "== run-on-device.sh: FAIL"; fi

@@ -13,6 +13,17 @@
 #   scripts/slurm/cluster.sh env         print the export line the Slurm clients need when the
 #                                        config is not in /etc/slurm (eval "$(cluster.sh env)").
 #
+# With --net after the command (or GOEP_SLURM_NET=1), the nodes are hosts of their own instead:
+# start brings up N emulated hosts goep-h1..goep-hN (scripts/cluster/cluster.sh up N: network
+# namespaces on a bridge, own hostnames, /tmp and /dev/shm, links capped at 10 Gbit/s) unless they
+# are up already, runs one slurmd in each and slurmctld on goep-h1 (10.213.0.1), so job steps
+# span a real network; stop also brings the hosts down if start brought them up. Slurm's clients
+# must then run on a host: scripts/cluster/cluster.sh exec goep-h1 srun ... (the hosts reach the
+# controller; the machine itself has no address on their network). In this mode the config is
+# in GOEP_SLURM_STATE_DIR/etc (never /etc/slurm) and the state directory defaults to
+# /var/tmp/NAME-slurm-net for the hosts' cluster NAME (GOEP_CLUSTER_NAME, default goep; the
+# hosts have their own /tmp).
+#
 # Environment (the defaults suit a throw-away test machine or container):
 #   GOEP_SLURM_NODES=2             N when start is given no argument
 #   GOEP_SLURM_CPUS=4              CPUs declared per node; may exceed the real cores, so a 2-core
@@ -36,8 +47,21 @@
 # munge is started as user munge when it is not already running, and stopped only if started here.
 set -euo pipefail
 
-CONF_DIR=${GOEP_SLURM_CONF_DIR:-/etc/slurm}
-STATE=${GOEP_SLURM_STATE_DIR:-/tmp/goep-slurm}
+# --net anywhere in the arguments selects the network mode (see the header).
+NET=${GOEP_SLURM_NET:-0}
+args=()
+for a in "$@"; do
+  if [ "$a" = --net ]; then NET=1; else args+=("$a"); fi
+done
+set -- "${args[@]+"${args[@]}"}"
+[[ "$NET" =~ ^[01]$ ]] || { echo "cluster.sh: GOEP_SLURM_NET=$NET: want 0 or 1" >&2; exit 2; }
+if [ "$NET" = 1 ]; then
+  STATE=${GOEP_SLURM_STATE_DIR:-/var/tmp/${GOEP_CLUSTER_NAME:-goep}-slurm-net}
+  CONF_DIR=${GOEP_SLURM_CONF_DIR:-$STATE/etc}
+else
+  STATE=${GOEP_SLURM_STATE_DIR:-/tmp/goep-slurm}
+  CONF_DIR=${GOEP_SLURM_CONF_DIR:-/etc/slurm}
+fi
 CPUS=${GOEP_SLURM_CPUS:-4}
 CTLD_PORT=${GOEP_SLURM_CTLD_PORT:-6817}
 PORT_BASE=${GOEP_SLURM_PORT_BASE:-17000}
@@ -45,7 +69,11 @@ WAIT=${GOEP_SLURM_WAIT:-30}
 CONF=$CONF_DIR/slurm.conf
 MARK="# written by goep scripts/slurm/cluster.sh"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HOSTS=$ROOT/scripts/cluster/cluster.sh
 export SLURM_CONF=$CONF
+# IN: how Slurm's clients reach the controller (on a host in the network mode).
+IN=()
+if [ "$NET" = 1 ]; then IN=("$HOSTS" exec goep-h1); fi
 
 say() { echo "cluster.sh: $*" >&2; }
 
@@ -100,11 +128,11 @@ stop() {
   # Jobs first, so that no slurmstepd outlives its slurmd.
   if [ -n "$(pids_alive | grep '^slurmctld ' || true)" ]; then
     local jobs
-    jobs=$(timeout 5 squeue -h -o %i 2>/dev/null || true)
+    jobs=$(timeout 5 "${IN[@]}" squeue -h -o %i 2>/dev/null || true)
     # shellcheck disable=SC2086
-    [ -z "$jobs" ] || timeout 10 scancel $jobs >/dev/null 2>&1 || true
+    [ -z "$jobs" ] || timeout 10 "${IN[@]}" scancel $jobs >/dev/null 2>&1 || true
     for _ in $(seq 50); do
-      [ -z "$(timeout 5 squeue -h -o %i 2>/dev/null || true)" ] && break
+      [ -z "$(timeout 5 "${IN[@]}" squeue -h -o %i 2>/dev/null || true)" ] && break
       sleep 0.2
     done
   fi
@@ -136,6 +164,10 @@ stop() {
     munged --stop >/dev/null 2>&1 || true
     rm -f "$STATE/run/munge.ours"
   fi
+  if [ -f "$STATE/run/hosts.ours" ]; then
+    "$HOSTS" down >/dev/null 2>&1 || "$HOSTS" down
+    rm -f "$STATE/run/hosts.ours"
+  fi
 }
 
 start() {
@@ -160,10 +192,20 @@ start() {
   rm -rf "$STATE/spool" "$STATE/tmp"
   mkdir -p "$CONF_DIR" "$STATE"/{run/daemons,log,spool/ctld}
   rm -f "$STATE"/log/*
+  local names=() launch=()
   for i in $(seq "$nn"); do
-    mkdir -p "$STATE/spool/n$i"
-    install -d -m 1777 "$STATE/tmp/n$i"
+    if [ "$NET" = 1 ]; then names+=("goep-h$i"); else names+=("n$i"); fi
+    mkdir -p "$STATE/spool/${names[i - 1]}"
+    [ "$NET" = 1 ] || install -d -m 1777 "$STATE/tmp/n$i"
   done
+  if [ "$NET" = 1 ]; then
+    # The hosts: kept if the emulated cluster is up with at least N hosts, else made (and
+    # brought down again by stop).
+    if [ "$("$HOSTS" hosts | grep -c . || true)" -lt "$nn" ]; then
+      "$HOSTS" up "$nn"
+      touch "$STATE/run/hosts.ours"
+    fi
+  fi
   # TaskProlog: lines "export NAME=value" on its stdout enter the task's environment. Not for
   # the batch script (no SLURM_STEP_ID): mpirun there would pass its OMPI_MCA_* variables on to
   # the ranks of every node, overriding their own (node n1's directory on n2 made both nodes'
@@ -174,10 +216,20 @@ start() {
 echo "export OMPI_MCA_btl_vader_backing_directory=$STATE/tmp/\$SLURMD_NODENAME"
 EOF
   chmod 755 "$STATE/taskprolog.sh"
+  # What differs between the modes: where the controller and the nodes are, each node's port
+  # (one address for all on localhost), TmpFS, and the task prolog (hosts have their own /dev/shm).
+  local ctld=localhost nodes tmpfs="TmpFS=$STATE/tmp/%n" prolog="TaskProlog=$STATE/taskprolog.sh" where="on localhost"
+  nodes="NodeName=n[1-$nn] NodeHostname=localhost Port=[$((PORT_BASE + 1))-$((PORT_BASE + nn))] CPUs=$CPUS RealMemory=1000 State=UNKNOWN"
+  if [ "$NET" = 1 ]; then
+    ctld="goep-h1(10.213.0.1)" tmpfs="TmpFS=/tmp" prolog="" where="on hosts of their own (10.213.0.0/24)"
+    nodes=$(for i in $(seq "$nn"); do
+      echo "NodeName=goep-h$i NodeAddr=10.213.0.$i NodeHostname=goep-h$i CPUs=$CPUS RealMemory=1000 State=UNKNOWN"
+    done)
+  fi
   cat > "$CONF.tmp" <<EOF
-$MARK: a throw-away test cluster of $nn node(s) on localhost
+$MARK: a throw-away test cluster of $nn node(s) $where
 ClusterName=goep
-SlurmctldHost=localhost
+SlurmctldHost=$ctld
 SlurmctldPort=$CTLD_PORT
 AuthType=auth/munge
 CredType=cred/munge
@@ -189,8 +241,8 @@ SlurmctldPidFile=$STATE/run/daemons/slurmctld.pid
 SlurmdPidFile=$STATE/run/daemons/slurmd-%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmdLogFile=$STATE/log/slurmd-%n.log
-TmpFS=$STATE/tmp/%n
-TaskProlog=$STATE/taskprolog.sh
+$tmpfs
+$prolog
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -200,37 +252,42 @@ SlurmdParameters=config_overrides
 MpiDefault=pmix
 ReturnToService=2
 MailProg=/bin/true
-NodeName=n[1-$nn] NodeHostname=localhost Port=[$((PORT_BASE + 1))-$((PORT_BASE + nn))] CPUs=$CPUS RealMemory=1000 State=UNKNOWN
+$nodes
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   mv "$CONF.tmp" "$CONF"
 
   # Foreground daemons in their own sessions: the pid is known at once, even if a daemon dies
   # before it writes its pid file, and stop can always find it.
-  setsid slurmctld -D -c -f "$CONF" </dev/null >>"$STATE/log/slurmctld.out" 2>&1 &
+  # In the network mode each runs on its host (slurmctld on goep-h1), entered in place.
+  if [ "$NET" = 1 ]; then launch=("$HOSTS" exec goep-h1); fi
+  "${launch[@]}" setsid slurmctld -D -c -f "$CONF" </dev/null >>"$STATE/log/slurmctld.out" 2>&1 &
   echo $! > "$STATE/run/slurmctld.pid"
+  local n
   for i in $(seq "$nn"); do
-    setsid slurmd -D -N "n$i" -f "$CONF" </dev/null >>"$STATE/log/slurmd-n$i.out" 2>&1 &
-    echo $! > "$STATE/run/slurmd-n$i.pid"
+    n=${names[i - 1]}
+    if [ "$NET" = 1 ]; then launch=("$HOSTS" exec "$n"); fi
+    "${launch[@]}" setsid slurmd -D -N "$n" -f "$CONF" </dev/null >>"$STATE/log/slurmd-$n.out" 2>&1 &
+    echo $! > "$STATE/run/slurmd-$n.pid"
   done
 
   local deadline=$((SECONDS + WAIT)) idle=""
   while [ "$SECONDS" -lt "$deadline" ]; do
-    if timeout 5 scontrol ping >/dev/null 2>&1; then
-      idle=$(timeout 5 sinfo -h -t idle -o %D 2>/dev/null || true)
+    if timeout 5 "${IN[@]}" scontrol ping >/dev/null 2>&1; then
+      idle=$(timeout 5 "${IN[@]}" sinfo -h -t idle -o %D 2>/dev/null || true)
       [ "$idle" = "$nn" ] && break
     fi
     sleep 0.2
   done
   if [ "$idle" != "$nn" ]; then
     say "not all $nn node(s) idle after ${WAIT}s (idle: ${idle:-none})"
-    timeout 5 sinfo -N -l >&2 2>&1 || true
+    timeout 5 "${IN[@]}" sinfo -N -l >&2 2>&1 || true
     logs
     stop
     exit 1
   fi
-  say "up: $nn node(s) n1..n$nn on localhost, $CPUS CPUs each; config $CONF, state $STATE"
-  timeout 5 sinfo >&2 || true
+  say "up: $nn node(s) ${names[0]}..${names[nn - 1]} $where, $CPUS CPUs each; config $CONF, state $STATE"
+  timeout 5 "${IN[@]}" sinfo >&2 || true
 }
 
 status() {
@@ -241,7 +298,7 @@ status() {
     return 3
   fi
   echo "$alive" | sed 's/^/running: /'
-  timeout 5 scontrol ping && timeout 5 sinfo
+  timeout 5 "${IN[@]}" scontrol ping && timeout 5 "${IN[@]}" sinfo
 }
 
 case "${1:-}" in
@@ -249,5 +306,5 @@ case "${1:-}" in
   stop) stop ;;
   status) status ;;
   env) echo "export SLURM_CONF=$CONF" ;;
-  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,24p' "$0" >&2; exit 2 ;;
 esac

@@ -16,15 +16,6 @@
 #   GOEP_MODULES=             modules to `module load` first, e.g. "openmpi/4.1.6 hdf5/1.12"
 #   GOEP_SETUP=               shell code run first (eval), e.g. "source /site/env.sh; ulimit -l unlimited"
 #   GOEP_BIN_DIR=bin          where the programs are (relative to the repository, or absolute)
-#   GOEP_OMPI_OSC=sm,ucx      exported as OMPI_MCA_osc (Open MPI's one-sided components) unless
-#                             OMPI_MCA_osc is already set; "" leaves Open MPI's own choice. Why: across
-#                             nodes ep needs MPI_Win_allocate over all ranks. Open MPI 4.1 then cannot
-#                             use osc/sm (one node only), osc/rdma needs a BTL with RDMA put/get to every
-#                             peer (tcp has none, vader is node-local), osc/pt2pt refuses the
-#                             MPI_THREAD_MULTIPLE goep asks for, and osc/ucx offers itself only on the
-#                             devices of osc_ucx_devices (mlx*). Without InfiniBand the window fails
-#                             with MPI_ERR_WIN ("invalid window"); naming ucx explicitly makes it work
-#                             (over TCP or shared memory). sm stays for the node-local windows.
 #   GOEP_STEP_TIMEOUT=0       seconds a job step may run before it is killed (0: no limit)
 #   GOEP_RANKS_PER_NODE=      simulated nodes of this many ranks inside each node (tests)
 # As root (containers, the one-machine test cluster) OMPI_ALLOW_RUN_AS_ROOT* are set.
@@ -50,9 +41,10 @@ goep_setup() {
   if [ "$(id -u)" = 0 ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   fi
-  if [ -z "${OMPI_MCA_osc+set}" ] && [ -n "${GOEP_OMPI_OSC-sm,ucx}" ]; then
-    export OMPI_MCA_osc=${GOEP_OMPI_OSC-sm,ucx}
-  fi
+  # Open MPI's one-sided components across nodes: goep chooses them itself (sm,ucx) unless
+  # OMPI_MCA_osc or an MCA parameter file does (go doc ./mpi, "One-sided components").
+  [ -z "${GOEP_OMPI_OSC+set}" ] ||
+    goep_die "GOEP_OMPI_OSC is gone: goep chooses Open MPI's one-sided components itself; to override, set OMPI_MCA_osc"
   case "$LAUNCHER" in
     srun) command -v srun >/dev/null || goep_die "LAUNCHER=srun but there is no srun" ;;
     mpirun)

@@ -38,7 +38,15 @@
 #   no-daemons      after stop, no slurmctld, slurmd, slurmstepd (or munged it started) is left
 # The cluster is always stopped (trap EXIT). Each check prints PASS or FAIL with its time; a
 # failure prints the check's output and the daemons' log tails. Exit status 1 if any failed.
-# Multi-node one-sided MPI needs OMPI_MCA_osc=sm,ucx (lib.sh sets it; see there why).
+# Nothing sets Open MPI's one-sided components: goep chooses them itself (srun-pmix checks it).
+#
+# --net (or GOEP_SLURM_NET=1; make test-slurm passes it): the 2 nodes are emulated hosts with a
+# network of their own (cluster.sh start --net: scripts/cluster's network namespaces, one slurmd
+# in each, slurmctld on goep-h1), so every multi-node step crosses TCP between hosts that share
+# no memory; Slurm's clients (srun, sbatch) run on goep-h1, and no-daemons also checks that the
+# hosts are gone. Without it the nodes n1, n2 are simulated on this machine, as before. On the
+# hosts, train-*, study-srun, study-mpirun, gradsync-srun and go-readers need ep to work across a network
+# (issue 17) and run only with GOEP_CLUSTER_EP=1 (see ep_across_hosts below).
 #
 # Env: GO (the go command), GOEP_SLURM_TEST_LOGS (default out/test-slurm: one log per check,
 # and the jobs' outputs in train/ and study*/), GOEP_SLURM_TEST_TIMEOUT (seconds per check,
@@ -46,17 +54,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
+NET=${GOEP_SLURM_NET:-0}
+for a in "$@"; do
+  case "$a" in
+    --net) NET=1 ;;
+    --local) NET=0 ;;
+    *) echo "test-slurm.sh: unknown argument $a (want --net or --local)" >&2; exit 2 ;;
+  esac
+done
 GO=${GO:-$(command -v go 2>/dev/null || echo /usr/local/go/bin/go)}
 LOGS=${GOEP_SLURM_TEST_LOGS:-$ROOT/out/test-slurm}
 TMO=${GOEP_SLURM_TEST_TIMEOUT:-120}
 CLUSTER=$ROOT/scripts/slurm/cluster.sh
+# MODE: cluster.sh's mode flag; IN: how clients reach the controller; N1, N2: the node names.
+MODE=() IN=() N1=n1 N2=n2
 STATE=${GOEP_SLURM_STATE_DIR:-/tmp/goep-slurm}
+if [ "$NET" = 1 ]; then
+  # Hosts of this run's own, so that runs from other checkouts on the machine do not collide.
+  export GOEP_CLUSTER_NAME=${GOEP_CLUSTER_NAME:-gs$$}
+  MODE=(--net) IN=("$ROOT/scripts/cluster/cluster.sh" exec goep-h1) N1=goep-h1 N2=goep-h2
+  STATE=${GOEP_SLURM_STATE_DIR:-/var/tmp/$GOEP_CLUSTER_NAME-slurm-net}
+fi
 T0=$SECONDS
 failed=()
 
 [ "$(id -u)" = 0 ] || { echo "test-slurm.sh: run as root (it starts Slurm and munge daemons)" >&2; exit 1; }
 rm -rf "$LOGS" && mkdir -p "$LOGS"
-eval "$("$CLUSTER" env)"   # SLURM_CONF for srun, sbatch
+eval "$("$CLUSTER" env "${MODE[@]}")"   # SLURM_CONF for srun, sbatch
 
 # daemons: pids of the Slurm and munge daemons running now. A zombie (exited, its parent not yet
 # told) is not running: init reaps the stopped daemons' zombies a moment later.
@@ -70,10 +94,10 @@ echo "test-slurm: building bin/mpi-hello bin/moe-train bin/ep-bench bin/ep-plot"
 for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
 "$GO" build -o bin/ep-plot ./examples/ep-plot
 
-trap '"$CLUSTER" stop' EXIT
+trap '"$CLUSTER" stop "${MODE[@]}"' EXIT
 t=$SECONDS
-"$CLUSTER" start 2
-echo "test-slurm: cluster up in $((SECONDS - t)) s"
+"$CLUSTER" start 2 "${MODE[@]}"
+echo "test-slurm: cluster up in $((SECONDS - t)) s ($([ "$NET" = 1 ] && echo "2 hosts with their own network" || echo "2 nodes simulated on this machine"))"
 
 # result NAME T0 ERRORS: print PASS (no ERRORS) or FAIL with the check's log and daemon logs.
 result() {
@@ -110,20 +134,26 @@ hello_errors() {
 
 # a. srun with PMIx across 2 Slurm nodes.
 t=$SECONDS; rc=0
-timeout "$TMO" srun -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix bin/mpi-hello >"$LOGS/srun-pmix.log" 2>&1 || rc=$?
-errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"; hello_errors "$LOGS/srun-pmix.log" 4 2 "0 0 1 1" srun)
+timeout "$TMO" "${IN[@]}" srun -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix bin/mpi-hello >"$LOGS/srun-pmix.log" 2>&1 || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"; hello_errors "$LOGS/srun-pmix.log" 4 2 "0 0 1 1" srun
+  grep -q '^one-sided components: osc="sm,ucx" chosen-by=goep' "$LOGS/srun-pmix.log" ||
+    echo "goep did not choose Open MPI's one-sided components (osc=sm,ucx) by itself;"
+  if [ "$NET" = 1 ]; then
+    got=$(awk '$1 ~ /^[0-9]+$/ && NF == 7 { print $6 }' "$LOGS/srun-pmix.log" | sort | uniq -c | awk '{print $1 "x" $2}' | xargs)
+    [ "$got" = "2xgoep-h1 2xgoep-h2" ] || echo "host names \"$got\", want 2 ranks on each of goep-h1, goep-h2;"
+  fi)
 result srun-pmix "$t" "$errs"
 
 # a2. SLURMD_NODENAME alone tells nodes apart within one shared-memory node.
 t=$SECONDS; rc=0
-timeout "$TMO" srun -N 1 -n 4 --mpi=pmix bash -c 'SLURMD_NODENAME=fake$((SLURM_PROCID / 2)) exec bin/mpi-hello' \
+timeout "$TMO" "${IN[@]}" srun -N 1 -n 4 --mpi=pmix bash -c 'SLURMD_NODENAME=fake$((SLURM_PROCID / 2)) exec bin/mpi-hello' \
   >"$LOGS/slurmd-nodename.log" 2>&1 || rc=$?
 errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"; hello_errors "$LOGS/slurmd-nodename.log" 4 2 "0 0 1 1" srun)
 result slurmd-nodename "$t" "$errs"
 
 # b. sbatch --wait: mpirun inside a 2-node allocation.
 t=$SECONDS; rc=0
-timeout "$TMO" sbatch --wait --output="$LOGS/sbatch-mpirun.log" scripts/slurm/hello.sbatch \
+timeout "$TMO" "${IN[@]}" sbatch --wait --output="$LOGS/sbatch-mpirun.log" scripts/slurm/hello.sbatch \
   >"$LOGS/sbatch-mpirun.submit" 2>&1 || rc=$?
 cat "$LOGS/sbatch-mpirun.submit" "$LOGS/sbatch-mpirun.log" >"$LOGS/sbatch-mpirun.both" 2>/dev/null || true
 mv "$LOGS/sbatch-mpirun.both" "$LOGS/sbatch-mpirun.log" && rm -f "$LOGS/sbatch-mpirun.submit"
@@ -132,7 +162,7 @@ result sbatch-mpirun "$t" "$errs"
 
 # c. srun --mpi=none: no PMI for Open MPI, which aborts inside MPI_Init with its own message.
 t=$SECONDS; rc=0
-timeout "$TMO" srun -n 2 --mpi=none bin/mpi-hello >"$LOGS/srun-mpi-none.log" 2>&1 || rc=$?
+timeout "$TMO" "${IN[@]}" srun -n 2 --mpi=none bin/mpi-hello >"$LOGS/srun-mpi-none.log" 2>&1 || rc=$?
 errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "exit status $rc, want a failure (not 0, not a time-out);"
   grep -q 'use srun --mpi=pmix\|direct launched using "srun"' "$LOGS/srun-mpi-none.log" ||
     echo "neither the package's \"use srun --mpi=pmix\" nor Open MPI's \"direct launched using srun\" message;")
@@ -147,7 +177,7 @@ result srun-mpi-none "$t" "$errs"
 
 # c2. srun --mpi=none, tasks started as singleton MPI jobs: the package's launch check refuses.
 t=$SECONDS; rc=0
-timeout "$TMO" srun -n 2 --mpi=none env -u SLURM_NODELIST bin/mpi-hello >"$LOGS/srun-singletons.log" 2>&1 || rc=$?
+timeout "$TMO" "${IN[@]}" srun -n 2 --mpi=none env -u SLURM_NODELIST bin/mpi-hello >"$LOGS/srun-singletons.log" 2>&1 || rc=$?
 want='srun started 2 processes but MPI_COMM_WORLD has 1 rank(s): .*use srun --mpi=pmix'
 errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "exit status $rc, want a failure (not 0, not a time-out);"
   n=$(grep -c "$want" "$LOGS/srun-singletons.log" || true)
@@ -161,7 +191,7 @@ sbatch_wait() {
   local name=$1
   shift
   rc=0
-  timeout "${JOB_TMO:-$TMO}" sbatch --wait --output="$LOGS/$name.job" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+  timeout "${JOB_TMO:-$TMO}" "${IN[@]}" sbatch --wait --output="$LOGS/$name.job" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
   cat "$LOGS/$name.job" >>"$LOGS/$name.log" 2>/dev/null || true
   rm -f "$LOGS/$name.job"
 }
@@ -183,7 +213,15 @@ trace_errors() {
   [ "$got" = "$4" ] || echo "$f: /trace/loss has \"$got\" rows, want $4;"
 }
 
+# ep_across_hosts: whether the checks that run ep across nodes run. On the network mode's hosts
+# ep's calls hang until its waits let MPI make progress (issue 17: over TCP, osc/ucx completes a
+# peer's put only while the target calls MPI), so there they need GOEP_CLUSTER_EP=1; they are
+# listed as NOT RUN otherwise, never as passed. The one-machine mode runs them always.
+notrun=()
+ep_across_hosts() { [ "$NET" = 0 ] || [ "${GOEP_CLUSTER_EP:-0}" = 1 ]; }
+
 TRAIN=$LOGS/train
+if ep_across_hosts; then
 # e. train.sbatch with srun: 2 nodes x 2 ranks.
 t=$SECONDS; rc=0
 (export GOEP_OUT_DIR=$TRAIN GOEP_STEP_TIMEOUT=$TMO
@@ -204,8 +242,11 @@ errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   [ "$(h5attr "$TRAIN/trace.h5" start_step)" = 200 ] || echo "trace.h5: start_step is not 200;"
   [ "$(h5attr "$TRAIN/trace.h5" segment_count)" = 2 ] || echo "trace.h5: not 2 segments;"
   [ -s "$TRAIN/ckpt-000300.h5" ] || echo "no checkpoint ckpt-000300.h5;"
-  grep -q "mpirun -np 4 --host n1:2,n2:2" "$LOGS/train-mpirun.log" || echo "no mpirun -np 4 --host n1:2,n2:2 step;")
+  grep -q "mpirun -np 4 --host $N1:2,$N2:2" "$LOGS/train-mpirun.log" || echo "no mpirun -np 4 --host $N1:2,$N2:2 step;")
 result train-mpirun "$t" "$errs"
+else
+  notrun+=(train-srun train-mpirun)
+fi
 
 # f2. the same output directory resubmitted on fewer nodes continues the same run; a new run there
 # is refused and changes nothing.
@@ -265,6 +306,7 @@ study_errors() {
   [ -n "$(h5attr "$dir/study.h5" slurm_job_id)" ] || echo "no attribute slurm_job_id (h5dump);"
 }
 
+if ep_across_hosts; then
 # g. study.sbatch with srun: 5 layouts x 2 modes, 8 rows per layout.
 t=$SECONDS; rc=0
 (export "${small[@]}" GOEP_OUT_DIR="$LOGS/study" STUDY_LAYOUTS="1x1 1x2 1x4 2x2 2x4" JOB_TMO=$((3 * TMO))
@@ -284,8 +326,11 @@ t=$SECONDS; rc=0
   sbatch_wait study-mpirun --ntasks-per-node=4 scripts/slurm/study.sbatch; exit "$rc") || rc=$?
 errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   study_errors "$LOGS/study-mpirun" "$LOGS/study-mpirun.log" 4 1,2
-  grep -q "mpirun -np 4 --host n1:2,n2:2" "$LOGS/study-mpirun.log" || echo "no mpirun -np 4 --host n1:2,n2:2 step;")
+  grep -q "mpirun -np 4 --host $N1:2,$N2:2" "$LOGS/study-mpirun.log" || echo "no mpirun -np 4 --host $N1:2,$N2:2 step;")
 result study-mpirun "$t" "$errs"
+else
+  notrun+=(study-srun study-mpirun)
+fi
 
 # i. a step that fails prints every rank's log, and the job fails.
 t=$SECONDS; rc=0
@@ -298,6 +343,7 @@ errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "exit status $rc, want a fail
   grep -q "not a multiple of the 4 ranks" "$LOGS/study-fails.log" || echo "ep's error is not in the job's output;")
 result study-fails "$t" "$errs"
 
+if ep_across_hosts; then
 # i2. the grad sync study on 2 nodes x 2 ranks, tiny.
 t=$SECONDS; rc=0
 GS=$LOGS/gradsync
@@ -319,24 +365,40 @@ errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   done
   grep -q "srun --mpi=pmix -N 2 -n 4" "$LOGS/gradsync-srun.log" || echo "no srun --mpi=pmix -N 2 -n 4 step;")
 result gradsync-srun "$t" "$errs"
+else
+  notrun+=(gradsync-srun)
+fi
 
+if ep_across_hosts; then
 # j. the project's readers: moe.ReadTrace, internal/study.
 t=$SECONDS; rc=0
 GOEP_SLURM_OUTPUTS=$LOGS "$GO" test -count=1 -run TestSlurmOutputs -v ./internal/study >"$LOGS/go-readers.log" 2>&1 || rc=$?
 errs=$( [ "$rc" = 0 ] || echo "go test exit status $rc;"
   grep -q -- "--- PASS: TestSlurmOutputs" "$LOGS/go-readers.log" || echo "TestSlurmOutputs did not pass (skipped?);")
 result go-readers "$t" "$errs"
+else
+  notrun+=(go-readers)
+fi
 
-# d. stop, and nothing of ours is left running.
+# d. stop, and nothing of ours is left running (nor, in the network mode, any host).
 t=$SECONDS
-"$CLUSTER" stop
+"$CLUSTER" stop "${MODE[@]}"
 trap - EXIT
 left=$(comm -13 <(echo "$before") <(daemons) | xargs)
 [ -z "$left" ] || ps -o pid,args -p "${left// /,}" >"$LOGS/no-daemons.log" 2>&1 || true
 : >>"$LOGS/no-daemons.log"
-result no-daemons "$t" "${left:+still running after stop: pids $left}"
+hosts_left=""
+if [ "$NET" = 1 ]; then hosts_left=$("$ROOT/scripts/cluster/cluster.sh" check || true); fi
+result no-daemons "$t" "${left:+still running after stop: pids $left;}${hosts_left:+ hosts left: $hosts_left}"
+# The hosts' state directory is this run's own (its name has the run's pid): failures have
+# printed the daemons' logs by now.
+if [ "$NET" = 1 ] && [ -z "${GOEP_SLURM_STATE_DIR:-}" ]; then rm -rf "$STATE"; fi
 
 echo "test-slurm: $((SECONDS - T0)) s in all; logs in $LOGS"
+if [ ${#notrun[@]} -gt 0 ]; then
+  echo "test-slurm: NOT RUN: ${notrun[*]}: ep's calls hang across hosts until its waits let MPI make"
+  echo "  progress (issue 17: mpi.Window.Progress between polls); GOEP_CLUSTER_EP=1 runs them"
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test-slurm: FAILED: ${failed[*]}"
   exit 1

@@ -29,7 +29,7 @@
 #                                  script's); relative paths are from there
 #   Site settings, see lib.sh: LAUNCHER=srun|mpirun, GOEP_SRUN_MPI=pmix, GOEP_SRUN_FLAGS,
 #   GOEP_MPIRUN=mpirun, GOEP_MPIRUN_FLAGS, GOEP_MODULES, GOEP_SETUP, GOEP_BIN_DIR=bin,
-#   GOEP_OMPI_OSC=sm,ucx, GOEP_STEP_TIMEOUT=0, GOEP_RANKS_PER_NODE. Partition, account, time of
+#   GOEP_STEP_TIMEOUT=0, GOEP_RANKS_PER_NODE. Partition, account, time of
 #   the allocation srun makes: Slurm's own SLURM_PARTITION, SLURM_ACCOUNT, SLURM_TIMELIMIT.
 # Exit status: moe-train's. On failure every rank's log is printed.
 set -euo pipefail

@@ -11,6 +11,7 @@
 #include "rows.cu"
 #include "reduce.cu"
 #include "convert.cu"
+#include "meta.cu"
 
 #include <stdlib.h>
 #include "emulate.h"
@@ -48,11 +49,20 @@ static void run_one(int kernel, const uint64_t *a) {
     case 8:
       goep_bf16_to_f32(P(0), P(1), L(2));
       break;
+    case 9:
+      goep_ht_meta(P(0), P(1), P(2), P(3), L(4), P(5), P(6), P(7), I(8), I(9), I(10));
+      break;
+    case 10:
+      goep_count_local(P(0), L(1), I(2), I(3), P(4));
+      break;
+    case 11:
+      goep_ll_place(P(0), I(1), I(2), L(3), L(4), L(5), I(6), P(7), P(8), P(9), P(10), P(11));
+      break;
   }
 }
 
 int goep_emulate(int kernel, unsigned grid, unsigned block, const uint64_t *args, uint64_t seed) {
-  if (kernel < 0 || kernel > 8) return 1;
+  if (kernel < 0 || kernel > 11) return 1;
   uint64_t n = (uint64_t)grid * block;
   if (n == 0) return 0;
   if (n > (1u << 24)) return 2;

@@ -11,6 +11,7 @@ static void emu_free(uint64_t p) { free((void *)(uintptr_t)p); }
 static void emu_write(uint64_t p, const void *src, size_t n) { memcpy((void *)(uintptr_t)p, src, n); }
 static void emu_read(void *dst, uint64_t p, size_t n) { memcpy(dst, (const void *)(uintptr_t)p, n); }
 static void emu_memset(uint64_t p, int v, size_t n) { memset((void *)(uintptr_t)p, v, n); }
+static void emu_copy(uint64_t dst, uint64_t src, size_t n) { memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n); }
 */
 import "C"
 
@@ -73,3 +74,11 @@ func Read(dst []byte, p uint64) {
 
 // Memset sets n bytes at address p to v.
 func Memset(p uint64, v byte, n int) { C.emu_memset(C.uint64_t(p), C.int(v), C.size_t(n)) }
+
+// Copy copies n bytes from address src to address dst (the ranges may
+// overlap).
+func Copy(dst, src uint64, n int) {
+	if n > 0 {
+		C.emu_copy(C.uint64_t(dst), C.uint64_t(src), C.size_t(n))
+	}
+}

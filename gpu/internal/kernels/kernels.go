@@ -15,11 +15,11 @@ import (
 	"strings"
 )
 
-//go:embed prelude.cuh layout.cu rows.cu reduce.cu convert.cu
+//go:embed prelude.cuh layout.cu rows.cu reduce.cu convert.cu meta.cu
 var files embed.FS
 
 // Files lists the source files in the order they are compiled.
-var Files = []string{"prelude.cuh", "layout.cu", "rows.cu", "reduce.cu", "convert.cu"}
+var Files = []string{"prelude.cuh", "layout.cu", "rows.cu", "reduce.cu", "convert.cu", "meta.cu"}
 
 // Kernel is one entry point. Params has one letter per parameter, in order:
 // p = a pointer (a device address, 8 bytes), l = a 64-bit integer, i = a
@@ -40,6 +40,9 @@ var List = []Kernel{
 	{"goep_reduce_rows", "pippplli"},
 	{"goep_f32_to_bf16", "ppl"},
 	{"goep_bf16_to_f32", "ppl"},
+	{"goep_ht_meta", "pppplpppiii"},
+	{"goep_count_local", "pliip"},
+	{"goep_ll_place", "piilllippppp"},
 }
 
 // Index returns the position of the named kernel in List, or -1.

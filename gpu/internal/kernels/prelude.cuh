@@ -39,6 +39,7 @@ GOEP_FN float u2f(u32 u) { return __uint_as_float(u); }
 GOEP_FN float fmul(float a, float b) { return __fmul_rn(a, b); }
 GOEP_FN float fadd(float a, float b) { return __fadd_rn(a, b); }
 GOEP_FN void atomic_min_u64(u64 *p, u64 v) { atomicMin((unsigned long long *)p, (unsigned long long)v); }
+GOEP_FN void atomic_add_i32(i32 *p, i32 v) { atomicAdd((int *)p, (int)v); }
 GOEP_FN void copy16(u8 *d, const u8 *s) { *(uint4 *)d = *(const uint4 *)s; }
 GOEP_FN void copy4(u8 *d, const u8 *s) { *(u32 *)d = *(const u32 *)s; }
 
@@ -67,6 +68,7 @@ GOEP_FN float u2f(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 GOEP_FN float fmul(float a, float b) { volatile float r = a * b; return r; }
 GOEP_FN float fadd(float a, float b) { volatile float r = a + b; return r; }
 GOEP_FN void atomic_min_u64(u64 *p, u64 v) { if (v < *p) *p = v; }
+GOEP_FN void atomic_add_i32(i32 *p, i32 v) { *p += v; }
 GOEP_FN void copy16(u8 *d, const u8 *s) { memcpy(d, s, 16); }
 GOEP_FN void copy4(u8 *d, const u8 *s) { memcpy(d, s, 4); }
 #endif

@@ -1,0 +1,76 @@
+// Package epgpu is the GPU backend of package ep: the ep contract (ep.Group)
+// over device memory, with the rows moved by NCCL's grouped sends and
+// receives and the layout, packing, placement and combine done by package
+// gpu's CUDA kernels.
+//
+//	g, err := ep.NewGroup[ep.BF16](world, ep.Config{Mode: ep.LowLatency, ..., Backend: epgpu.CUDA})
+//	x, _ := ep.Alloc[ep.BF16](g.Memory(), tokens*hidden) // device memory
+//	h, _ := g.Dispatch(x, topk, weights)                 // topk, weights: host slices
+//
+// # Two devices, one engine
+//
+// The engine is written against two small interfaces, Device (memory,
+// copies, streams, events, kernels) and Comm (grouped send/receive,
+// asynchronous error, abort), each with two implementations: CUDA is a
+// CUDA device (package gpu over the CUDA driver) with an NCCL communicator
+// bootstrapped over MPI (gpu.NewNCCLComm); Emulated is package
+// gpu/emulator's device, whose memory Go reads only through copies, whose
+// streams run their work later than it is queued and are ordered only by
+// events, whose kernels are the same CUDA C run on the CPU, and whose
+// communicator moves bytes with MPI. The conformance suite (ep/eptest)
+// runs against Emulated under mpirun in every test run; the same test,
+// built with -tags gpu, runs against CUDA on a GPU machine (make test-gpu,
+// scripts/gpu/run-on-device.sh). docs/gpu.md says which checks only a
+// device makes.
+//
+// # Low latency
+//
+// Nothing on the send path waits for the host, so that it could be
+// captured in a CUDA graph: each rank sends every rank a block of fixed
+// capacity (MaxTokensPerRank*min(TopK, LocalExperts) rows) with the counts
+// and the rows' tokens and weights alongside, and a kernel (gpu.LLPlace)
+// places the rows on arrival into the expert-major receive buffer
+// [LocalExperts][Size*MaxTokensPerRank][Hidden], packed by source rank then
+// token, as the CPU engine gives them. Two buffer sets alternate (double
+// buffering). Each half call queues its work and returns: DispatchSend
+// and CombineSend return before the transfers complete, and the Wait halves
+// wait for an event, so that expert computation overlaps the transfers. The
+// combine sums each token's rows in top-k order in float32 (gpu.ReduceRows,
+// no fused multiply-add): bit for bit the CPU engine's result.
+//
+// # High throughput
+//
+// The counts must be known to post the receives: each rank's tokens per
+// rank go to every rank first (one group, copied to the host), then each
+// token goes once to each rank that owns one of its experts, with its top-k
+// ids and weights, received in place by source rank then token; kernels
+// make the ids local (gpu.HTMeta) and count the rows per local expert
+// (gpu.CountLocal). The combine sums a token's partials rank by rank, in
+// rank order (bit for bit the CPU engine's on one node). A cached dispatch
+// skips the count exchange.
+//
+// # Waits and failures
+//
+// Every transfer group carries the call's sequence number in a header
+// word per peer, checked on arrival. NCCL has no timeouts: a watchdog,
+// armed during every wait on peers, polls the communicator's asynchronous
+// error and aborts it past the group's timeout, which ends the queued
+// transfers; the waiter then reads the peers' headers on a stream of its
+// own and returns an *ep.TimeoutError naming the first peer whose header
+// did not arrive. The group is then unusable, as with every backend.
+//
+// A call that one rank's checks refuse fails at once on every rank: the
+// refusing rank takes part in the call's transfers with headers that say
+// so, and sends its reason by MPI to the ranks that read them, which
+// return an *ep.RefusedError naming it; the group stays usable (ep.Refuser).
+// Group.Stats gets the bytes sent across nodes and, for waits long enough
+// to read the peers' headers while they last, the time waited for the
+// peers that arrived last (ep.Meter). docs/gpu.md has the details.
+//
+// Tensors passed to a group are in its Memory: device memory, allocated,
+// filled and read with ep.Alloc, ep.Upload and ep.Download, which wait for
+// the work the group has queued. A tensor given to DispatchSend or
+// CombineSend is read by work queued on the group's streams: reuse it
+// through those functions (or after the Wait half), which order the reuse
+// after that work.
+package epgpu

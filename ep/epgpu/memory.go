@@ -1,0 +1,116 @@
+package epgpu
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/goep/goep/ep"
+)
+
+// memory is a device's memory as package ep sees it: tensors are device
+// addresses, moved to and from the host only by copies that first wait for
+// the work queued on the device's streams.
+type memory struct{ dev Device }
+
+var (
+	memMu    sync.Mutex
+	memories = map[Device]*memory{}
+)
+
+// memoryOf is the one Memory of a device (tensors compare memories by
+// value: every group on the device shares it).
+func memoryOf(d Device) *memory {
+	memMu.Lock()
+	defer memMu.Unlock()
+	m := memories[d]
+	if m == nil {
+		m = &memory{dev: d}
+		memories[d] = m
+	}
+	return m
+}
+
+func (m *memory) String() string { return m.dev.String() }
+
+// Alloc returns n zeroed bytes of device memory.
+func (m *memory) Alloc(n int) (ep.Tensor[byte], error) {
+	if n < 0 {
+		return ep.Tensor[byte]{}, fmt.Errorf("epgpu: %v: Alloc of %d bytes", m, n)
+	}
+	p, err := m.dev.Alloc(n)
+	if err != nil {
+		return ep.Tensor[byte]{}, err
+	}
+	if err := m.dev.MemsetD8(p, 0, n); err != nil {
+		return ep.Tensor[byte]{}, err
+	}
+	return ep.OnDevice[byte](m, uint64(p), n), nil
+}
+
+// Free releases memory that Alloc returned, once the work queued on the
+// device has run.
+func (m *memory) Free(t ep.Tensor[byte]) error {
+	if err := m.mine("Free", t); err != nil {
+		return err
+	}
+	if err := m.dev.Synchronize(); err != nil {
+		return err
+	}
+	return m.dev.Free(ptrOf(t))
+}
+
+// Upload copies src into dst once the work queued on the device has run.
+func (m *memory) Upload(dst ep.Tensor[byte], src []byte) error {
+	if err := m.mine("Upload", dst); err != nil {
+		return err
+	}
+	if dst.Len() != len(src) {
+		return fmt.Errorf("epgpu: %v: Upload of %d bytes into %d", m, len(src), dst.Len())
+	}
+	if err := m.dev.Synchronize(); err != nil {
+		return err
+	}
+	return m.dev.MemcpyHtoD(ptrOf(dst), src)
+}
+
+// Download copies src into dst once the work queued on the device has run.
+func (m *memory) Download(dst []byte, src ep.Tensor[byte]) error {
+	if err := m.mine("Download", src); err != nil {
+		return err
+	}
+	if src.Len() != len(dst) {
+		return fmt.Errorf("epgpu: %v: Download of %d bytes into %d", m, src.Len(), len(dst))
+	}
+	if err := m.dev.Synchronize(); err != nil {
+		return err
+	}
+	return m.dev.MemcpyDtoH(dst, ptrOf(src))
+}
+
+func (m *memory) mine(op string, t ep.Tensor[byte]) error {
+	if t.Memory() != ep.Memory(m) {
+		return fmt.Errorf("epgpu: %v: %s of %v", m, op, t)
+	}
+	return nil
+}
+
+// CopyOnDevice copies src into dst, two tensors of the same length in the
+// memory of a GPU group's device, once the work queued there has run, and
+// waits for the copy (cuMemcpyDtoD on a CUDA device): the reference that
+// ep-bench compares a GPU group's bandwidth with.
+func CopyOnDevice(dst, src ep.Tensor[byte]) error {
+	m, ok := dst.Memory().(*memory)
+	if !ok || src.Memory() != dst.Memory() {
+		return fmt.Errorf("epgpu: CopyOnDevice: %v and %v are not in one GPU device's memory", dst, src)
+	}
+	if dst.Len() != src.Len() {
+		return fmt.Errorf("epgpu: CopyOnDevice: %d bytes into %d", src.Len(), dst.Len())
+	}
+	if err := m.dev.Synchronize(); err != nil {
+		return err
+	}
+	if err := m.dev.MemcpyDtoD(ptrOf(dst), ptrOf(src), dst.Len()); err != nil {
+		return err
+	}
+	return m.dev.Synchronize()
+}

@@ -1,0 +1,19 @@
+package ep
+
+// SetSlotProtocolMax sets the largest LL message that takes the slot
+// protocol, for groups made afterwards (0: never), and returns a function
+// that restores it: the tests run the conformance suite on both protocols.
+func SetSlotProtocolMax(n int) (restore func()) {
+	old := slotProtocolMax
+	slotProtocolMax = n
+	return func() { slotProtocolMax = old }
+}
+
+// UsePortableCast makes the FP8 cast the portable one instead of the
+// fastest this CPU has, and returns a function that restores it: the tests
+// check both against the reference.
+func UsePortableCast() (restore func()) {
+	old := quantImpl
+	quantImpl = 1
+	return func() { quantImpl = old }
+}

@@ -1,0 +1,204 @@
+package ep
+
+/*
+#include "kernels.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"unsafe"
+)
+
+// E4M3 is an 8-bit floating-point number in the FP8 e4m3 format (OCP's
+// E4M3FN): a sign, 4 exponent bits of bias 7 and 3 mantissa bits. It has
+// no infinities; 0x7F and 0xFF are NaN; the largest finite value is 448,
+// the smallest normal 2^-6, and subnormals reach down to 2^-9.
+type E4M3 uint8
+
+// MaxE4M3 is the largest finite E4M3 value.
+const MaxE4M3 = 448
+
+// Float32 widens q exactly (NaN for the NaN codes).
+func (q E4M3) Float32() float32 {
+	a := uint32(q & 0x7f)
+	var f float32
+	switch {
+	case a == 0x7f:
+		f = float32(math.NaN())
+	case a < 8:
+		f = float32(a) / 512
+	default:
+		f = math.Float32frombits(a<<20 + 120<<23)
+	}
+	if q&0x80 != 0 {
+		f = -f
+	}
+	return f
+}
+
+// E4M3From rounds f to the nearest E4M3, ties to even, saturating at ±448;
+// a NaN or an infinity becomes NaN of its sign (e4m3 has no infinity).
+func E4M3From(f float32) E4M3 {
+	u := math.Float32bits(f)
+	return E4M3(e4m3Bits(u, u))
+}
+
+// e4m3Bits is kernels.h's ep_e4m3_bits: v's bits rounded to e4m3, with the
+// sign and the NaN/infinity test taken from x's bits.
+func e4m3Bits(v, x uint32) uint8 {
+	a := v & 0x7fffffff
+	var code int32
+	if a < 0x3c800000 { // below 2^-6: a multiple of 2^-9, rounded as the float sum does
+		code = int32(math.Float32bits(math.Float32frombits(a)*512+8388608) - 0x4b000000)
+	} else {
+		r := a + 0x7ffff + (a>>20)&1
+		code = int32(r>>20) - 120<<3
+	}
+	code = min(code, 0x7e)
+	if x&0x7fffffff >= 0x7f800000 {
+		code = 0x7f
+	}
+	return uint8((x>>24)&0x80 | uint32(code))
+}
+
+// WireFormat is how a Group's dispatched rows travel and arrive
+// (Config.Wire). Combine always moves the group's element type.
+type WireFormat int
+
+// Wire formats.
+const (
+	// WireNative moves the rows in the group's element type: Recv.
+	WireNative WireFormat = iota
+	// WireFP8 casts each row to FP8 e4m3 with one float32 scale per group
+	// of ScaleGroup consecutive elements, scale = amax/448: RecvFP8 and
+	// RecvScales. The cast is fused into the copy that places the row.
+	WireFP8
+	// WireFP8UE8M0 is WireFP8 with each scale rounded up to a power of two
+	// (an 8-bit exponent, UE8M0: the "round scale" of DeepEP), so that a
+	// consumer multiplies by it exactly. Its exponent byte is the scale's
+	// float32 bits >> 23.
+	WireFP8UE8M0
+)
+
+// ScaleGroup is the number of consecutive elements of a row that share
+// one FP8 scale. A row of Hidden elements has ScaleGroups(Hidden) scales;
+// when Hidden is not a multiple of ScaleGroup, the last group is shorter.
+const ScaleGroup = 128
+
+// ScaleGroups is the number of FP8 scales of a row of hidden elements.
+func ScaleGroups(hidden int) int { return (hidden + ScaleGroup - 1) / ScaleGroup }
+
+func (w WireFormat) String() string {
+	switch w {
+	case WireNative:
+		return "native"
+	case WireFP8:
+		return "fp8"
+	case WireFP8UE8M0:
+		return "fp8-ue8m0"
+	}
+	return fmt.Sprintf("WireFormat(%d)", int(w))
+}
+
+// FP8 reports an FP8 wire format.
+func (w WireFormat) FP8() bool { return w == WireFP8 || w == WireFP8UE8M0 }
+
+// ParseWire reads "native", "fp8" or "fp8-ue8m0".
+func ParseWire(s string) (WireFormat, error) {
+	for _, w := range []WireFormat{WireNative, WireFP8, WireFP8UE8M0} {
+		if s == w.String() {
+			return w, nil
+		}
+	}
+	return 0, fmt.Errorf("ep: unknown wire format %q (want native, fp8 or fp8-ue8m0)", s)
+}
+
+// scaleMode is w's ep_scale.
+func (w WireFormat) scaleMode() C.int {
+	if w == WireFP8UE8M0 {
+		return C.EP_SCALE_UE8M0
+	}
+	return C.EP_SCALE_F32
+}
+
+// Quantize casts rows of src ([rows][hidden]) to e4m3 in q (the same
+// shape) with their scales ([rows][ScaleGroups(hidden)]), exactly as a
+// dispatch with wire format w does, in one C call. Per group of ScaleGroup
+// consecutive elements of a row:
+//
+//	amax  = the largest |x| over the group's finite elements (0 if none)
+//	s     = max(amax/448, 2^-126)           (float32 division)
+//	s     = 2^ceil(log2 s)                  (WireFP8UE8M0 only)
+//	q     = e4m3(x * (1/s))                 (float32 product; see E4M3From)
+//
+// So an all-zero group has scale 2^-126 and codes 0 (its values come back
+// as exact zeros), values round to nearest even (into e4m3's subnormals
+// too), the group's largest value maps to ±448, and a NaN or an infinity
+// becomes NaN without changing the scale of the group's other values.
+func Quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat) error {
+	if err := checkFP8Shapes("Quantize", len(q), len(scales), len(src), hidden); err != nil {
+		return err
+	}
+	if !w.FP8() {
+		return fmt.Errorf("ep: Quantize: wire format %v is not an FP8 format", w)
+	}
+	rows := len(src) / max(hidden, 1)
+	if rows == 0 {
+		return nil
+	}
+	dst, dsc, off := make([]uintptr, rows), make([]uintptr, rows), make([]int64, rows)
+	// The kernel takes tables of addresses, as in a dispatch: pin what they
+	// point into for the call.
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	pin.Pin(&q[0])
+	pin.Pin(&scales[0])
+	qp, sp := uintptr(unsafe.Pointer(&q[0])), uintptr(unsafe.Pointer(&scales[0]))
+	rowBytes := hidden * DTypeOf[E]().Size()
+	for r := range rows {
+		dst[r] = qp + uintptr(r*hidden)
+		dsc[r] = sp + uintptr(4*r*ScaleGroups(hidden))
+		off[r] = int64(r * rowBytes)
+	}
+	C.ep_quant_rows((*C.uintptr_t)(unsafe.Pointer(&dst[0])), (*C.uintptr_t)(unsafe.Pointer(&dsc[0])),
+		(*C.char)(unsafe.Pointer(&src[0])), (*C.int64_t)(unsafe.Pointer(&off[0])), C.int64_t(rows),
+		C.int64_t(hidden), C.int(DTypeOf[E]()), w.scaleMode(), quantImpl)
+	return nil
+}
+
+// Dequantize widens e4m3 rows q ([rows][hidden]) and their scales
+// ([rows][ScaleGroups(hidden)]) into dst: dst[r][c] = q[r][c] *
+// scales[r][c/ScaleGroup] in float32, rounded once to E. It is how the
+// rows of an FP8 dispatch (Handle.RecvFP8, Handle.RecvScales) become
+// numbers again; one C call.
+func Dequantize[E Element](dst []E, q []E4M3, scales []float32, hidden int) error {
+	if err := checkFP8Shapes("Dequantize", len(q), len(scales), len(dst), hidden); err != nil {
+		return err
+	}
+	if len(q) == 0 {
+		return nil
+	}
+	C.ep_dequant_rows(unsafe.Pointer(&dst[0]), C.int(DTypeOf[E]()), (*C.uint8_t)(unsafe.Pointer(&q[0])),
+		(*C.float)(unsafe.Pointer(&scales[0])), C.int64_t(len(q)/hidden), C.int64_t(hidden))
+	return nil
+}
+
+// checkFP8Shapes checks the lengths of rows of hidden elements, their e4m3
+// codes and their scales.
+func checkFP8Shapes(op string, codes, scales, elems, hidden int) error {
+	switch {
+	case hidden <= 0:
+		return fmt.Errorf("ep: %s: hidden = %d, want > 0", op, hidden)
+	case elems%hidden != 0:
+		return fmt.Errorf("ep: %s: %d elements are not whole rows of hidden = %d", op, elems, hidden)
+	case codes != elems:
+		return fmt.Errorf("ep: %s: %d e4m3 codes for %d elements", op, codes, elems)
+	case scales != elems/hidden*ScaleGroups(hidden):
+		return fmt.Errorf("ep: %s: %d scales, want rows*ScaleGroups(hidden) = %d*%d = %d", op, scales, elems/hidden,
+			ScaleGroups(hidden), elems/hidden*ScaleGroups(hidden))
+	}
+	return nil
+}

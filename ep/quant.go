@@ -1,0 +1,48 @@
+package ep
+
+/*
+#include "kernels.h"
+*/
+import "C"
+
+import "unsafe"
+
+// quantRows casts n = dst.len() rows to e4m3 with their scales: row i from
+// origin[srcOff[i]:] (hidden elements of elem) to dst's and scales' i-th
+// addresses, in one C call (ep_quant_rows). Consecutive rows with the same
+// source are cast once and copied.
+func quantRows(dst, scales *addrTable, origin []byte, srcOff []int64, hidden int, elem DType, w WireFormat) {
+	n := dst.len()
+	if n == 0 {
+		return
+	}
+	C.ep_quant_rows(dst.c(), scales.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff),
+		C.int64_t(n), C.int64_t(hidden), C.int(elem), w.scaleMode(), quantImpl)
+}
+
+// quantImpl picks the cast: 0 the fastest this CPU has, 1 the portable one
+// (which the tests also run: both must agree with the reference).
+var quantImpl C.int
+
+// castQueue collects the rows a dispatch casts to FP8 on their way, for one
+// kernel call: each row's destination (a node peer's receive buffer, or this
+// rank's outbox for another node), where its scales go, and where it starts
+// in the tokens.
+type castQueue struct {
+	dst, scales addrTable
+	srcOff      []int64
+}
+
+func (q *castQueue) add(dst, scales ptr, srcOff int64) {
+	q.dst.add(dst)
+	q.scales.add(scales)
+	q.srcOff = append(q.srcOff, srcOff)
+}
+
+// flush casts the queued rows of origin and empties the queue.
+func (q *castQueue) flush(origin []byte, hidden int, elem DType, w WireFormat) {
+	quantRows(&q.dst, &q.scales, origin, q.srcOff, hidden, elem, w)
+	q.dst.reset()
+	q.scales.reset()
+	q.srcOff = q.srcOff[:0]
+}

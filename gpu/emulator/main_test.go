@@ -1,0 +1,9 @@
+package emulator
+
+import (
+	"testing"
+
+	"github.com/goep/goep/internal/mpitesting"
+)
+
+func TestMain(m *testing.M) { mpitesting.Main(m) }

@@ -1,0 +1,270 @@
+package emulator
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/goep/goep/gpu"
+	"github.com/goep/goep/gpu/internal/kernels"
+)
+
+// Stream is an emulated CUDA stream: a goroutine that runs the operations
+// queued on it, one after the other, later than they were queued.
+type Stream struct {
+	d   *Device
+	rng *rand.Rand // the jitter's, used by the goroutine only
+
+	mu        sync.Mutex
+	cond      sync.Cond
+	queue     []op
+	queued    uint64 // operations queued so far
+	completed uint64 // operations run so far
+	closed    bool
+}
+
+// NewStream starts a stream on the device.
+func (d *Device) NewStream() (*Stream, error) {
+	if err := d.err(); err != nil {
+		return nil, err
+	}
+	s := &Stream{d: d, rng: rand.New(rand.NewPCG(d.seeds.Add(1), uint64(d.ordinal)))}
+	s.cond.L = &s.mu
+	d.mu.Lock()
+	d.streams[s] = true
+	d.mu.Unlock()
+	go s.run()
+	return s, nil
+}
+
+// op is one queued operation; marks (event records) run even after a
+// sticky error, so that nothing waiting for them hangs.
+type op struct {
+	f    func() error
+	mark bool
+}
+
+// enqueue queues f; an error f returns becomes the device's sticky error.
+func (s *Stream) enqueue(f func() error) error { return s.push(op{f: f}) }
+
+func (s *Stream) push(o op) error {
+	if err := s.d.err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("emulator: work queued on a closed stream of %v", s.d)
+	}
+	s.queue = append(s.queue, o)
+	s.queued++
+	s.cond.Broadcast()
+	return nil
+}
+
+// run is the stream's goroutine. After a sticky error it skips the work but
+// still counts it, so that no wait hangs on a failed device.
+func (s *Stream) run() {
+	for {
+		s.mu.Lock()
+		for len(s.queue) == 0 && !s.closed {
+			s.cond.Wait()
+		}
+		if len(s.queue) == 0 {
+			s.mu.Unlock()
+			return
+		}
+		o := s.queue[0]
+		s.queue[0] = op{}
+		s.queue = s.queue[1:]
+		s.mu.Unlock()
+
+		if j := s.d.jitter.Load(); j > 0 {
+			time.Sleep(time.Duration(s.rng.Int64N(j)))
+		}
+		if o.mark || s.d.err() == nil {
+			if err := o.f(); err != nil {
+				s.d.fail(err)
+			}
+		}
+		s.mu.Lock()
+		s.completed++
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	}
+}
+
+// mark is the count of operations queued so far.
+func (s *Stream) mark() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queued
+}
+
+// wait blocks until the first n operations have run.
+func (s *Stream) wait(n uint64) {
+	s.mu.Lock()
+	for s.completed < n {
+		s.cond.Wait()
+	}
+	s.mu.Unlock()
+}
+
+// Synchronize waits for the work queued so far; it returns the device's
+// sticky error if there is one.
+func (s *Stream) Synchronize() error {
+	s.wait(s.mark())
+	return s.d.err()
+}
+
+// Done reports whether the work queued so far has run.
+func (s *Stream) Done() (bool, error) {
+	s.mu.Lock()
+	done := s.completed >= s.queued
+	s.mu.Unlock()
+	return done, s.d.err()
+}
+
+// Close waits for the stream's work and stops its goroutine.
+func (s *Stream) Close() error {
+	err := s.Synchronize()
+	s.mu.Lock()
+	s.closed = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	s.d.mu.Lock()
+	delete(s.d.streams, s)
+	s.d.mu.Unlock()
+	return err
+}
+
+// MemcpyHtoDAsync queues a copy of n bytes of src from byte off to device
+// address dst. The bytes are read when the copy runs.
+func (s *Stream) MemcpyHtoDAsync(dst gpu.DevicePtr, src *HostBuffer, off, n int) error {
+	b, err := src.hostRange("MemcpyHtoDAsync", off, n)
+	if err != nil || n == 0 {
+		return err
+	}
+	return s.enqueue(func() error {
+		if err := s.d.check("MemcpyHtoDAsync", dst, n); err != nil {
+			return err
+		}
+		kernels.Write(uint64(dst), b)
+		return nil
+	})
+}
+
+// MemcpyDtoHAsync queues a copy of n bytes at device address src into dst
+// from byte off.
+func (s *Stream) MemcpyDtoHAsync(dst *HostBuffer, off int, src gpu.DevicePtr, n int) error {
+	b, err := dst.hostRange("MemcpyDtoHAsync", off, n)
+	if err != nil || n == 0 {
+		return err
+	}
+	return s.enqueue(func() error {
+		if err := s.d.check("MemcpyDtoHAsync", src, n); err != nil {
+			return err
+		}
+		kernels.Read(b, uint64(src))
+		return nil
+	})
+}
+
+// MemcpyDtoDAsync queues a device-to-device copy of n bytes.
+func (s *Stream) MemcpyDtoDAsync(dst, src gpu.DevicePtr, n int) error {
+	if n < 0 {
+		return fmt.Errorf("emulator: MemcpyDtoDAsync: negative size %d", n)
+	}
+	if n == 0 {
+		return nil
+	}
+	return s.enqueue(func() error { return s.d.MemcpyDtoD(dst, src, n) })
+}
+
+// MemsetD8Async queues setting n bytes at dst to v.
+func (s *Stream) MemsetD8Async(dst gpu.DevicePtr, v byte, n int) error {
+	if n < 0 {
+		return fmt.Errorf("emulator: MemsetD8Async: negative size %d", n)
+	}
+	if n == 0 {
+		return nil
+	}
+	return s.enqueue(func() error { return s.d.MemsetD8(dst, v, n) })
+}
+
+// WaitEvent makes the work queued on s from now on wait until e has reached
+// the point of its latest Record (at once if it was never recorded).
+func (s *Stream) WaitEvent(e *Event) error {
+	e.mu.Lock()
+	target := e.recorded
+	e.mu.Unlock()
+	return s.enqueue(func() error {
+		e.mu.Lock()
+		for e.reached < target && s.d.err() == nil {
+			e.cond.Wait()
+		}
+		e.mu.Unlock()
+		return nil
+	})
+}
+
+// Event marks a point in a stream's work.
+type Event struct {
+	d        *Device
+	mu       sync.Mutex
+	cond     sync.Cond
+	recorded uint64 // Records so far
+	reached  uint64 // the latest Record whose point a stream has reached
+}
+
+// NewEvent creates an event.
+func (d *Device) NewEvent() (*Event, error) {
+	e := &Event{d: d}
+	e.cond.L = &e.mu
+	return e, nil
+}
+
+// Record marks the event at the current end of s's work; Done and
+// Synchronize then refer to that point.
+func (e *Event) Record(s *Stream) error {
+	e.mu.Lock()
+	e.recorded++
+	g := e.recorded
+	e.mu.Unlock()
+	err := s.push(op{mark: true, f: func() error {
+		e.mu.Lock()
+		e.reached = max(e.reached, g)
+		e.cond.Broadcast()
+		e.mu.Unlock()
+		return nil
+	}})
+	if err != nil {
+		e.mu.Lock()
+		e.recorded--
+		e.mu.Unlock()
+	}
+	return err
+}
+
+// Done reports whether the work before the latest Record has run.
+func (e *Event) Done() (bool, error) {
+	e.mu.Lock()
+	done := e.reached >= e.recorded
+	e.mu.Unlock()
+	return done, e.d.err()
+}
+
+// Synchronize waits until the work before the latest Record has run.
+func (e *Event) Synchronize() error {
+	e.mu.Lock()
+	target := e.recorded
+	for e.reached < target && e.d.err() == nil {
+		e.cond.Wait()
+	}
+	e.mu.Unlock()
+	return e.d.err()
+}
+
+// Close releases the event.
+func (e *Event) Close() error { return nil }

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# test-cluster.sh: goep across emulated hosts with their own network (make test-cluster). Root.
+#
+# Brings up 4 hosts (scripts/cluster/cluster.sh up 4: network namespaces on a bridge, TCP capped
+# at 10 Gbit/s per link, own hostnames, /tmp and /dev/shm) and checks, each with PASS or FAIL:
+#   hello        bin/mpi-hello on 2 hosts x 2 ranks: 2 nodes, ranks 0 0 1 1, two host names,
+#                and Open MPI's one-sided components chosen by goep (sm,ucx) with no setting
+#   tests-mpi    the mpi package's test binary (go test -c -tags mpi) under mpirun across
+#                2 hosts x 2 ranks, 4 hosts x 1 rank and 3 hosts of 2+2+1 ranks
+#                (internal/mpitest -hosts, which also checks every rank's topology against the
+#                placement and that host names differ exactly between hosts)
+#   tests-ep     the ep and moe test binaries, the same way, at 2x2 and 4x1. Not yet at 2+2+1:
+#   tests-moe    on this branch ep.NewGroup refuses nodes with different rank counts (main's
+#                63fc83e lifts it: with it merged, ep's tests pass at 2+2+1 here, so add 2+2+1 to
+#                EP_HOSTS below), and moe's tests use 8 experts, not a multiple of 5 ranks
+#                (every moe test fails at 5 ranks with "experts = 8 is not a multiple of the 5
+#                ranks", on one host too). GOEP_CLUSTER_EP_HOSTS, GOEP_CLUSTER_MOE_HOSTS override.
+#   train        bin/moe-train, 300 steps on 2 hosts x 2 ranks (HT, bf16): exit 0; the trace read
+#                back with h5dump says nodes 2, world_size 4 and holds 300 loss rows; the loss fell
+#   bench-ll     bin/ep-bench across 2 hosts x 2 ranks, LL, 128 tokens, hidden 7168, top-8,
+#   bench-ht     64 experts, bf16 (HT: 4096 tokens): ep against the hand-written alltoallv in the
+#                same run (its -validate compares the results); prints the speedup
+#   clean        after cluster.sh down: no namespace, bridge, veth, mount or process of the
+#                cluster is left, and no mpirun/orted of this run
+#
+# tests-ep, tests-moe, train, bench-ll and bench-ht need ep to make MPI progress while it waits
+# across hosts (issue 17: over TCP a peer's put completes only while the target calls MPI; ep's
+# waits poll memory without calling MPI, so its calls hang across hosts). Until ep/ has that fix,
+# they are NOT RUN unless GOEP_CLUSTER_EP=1, and the summary says so; they never count as passed.
+# The fix: ep's waits across nodes call mpi.Window.Progress between polls; with it, all of them
+# passed here but ep's TestStalledRankTimesOut at 2x2 (a sender blocks in MPI_Win_flush on the
+# stalled rank, so another rank's timeout names the sender).
+# The cluster always comes down (trap EXIT). Exit status 1 if any check failed.
+#
+# Env: GO (the go command); GOEP_CLUSTER_TEST_LOGS (default out/test-cluster); GOEP_CLUSTER_RATE
+# (default 10gbit) for the link caps; GOEP_CLUSTER_NAME (default gc<pid>: a cluster of its own); GOEP_CLUSTER_MPI_HOSTS, GOEP_CLUSTER_EP_HOSTS,
+# GOEP_CLUSTER_MOE_HOSTS (layouts for internal/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+GO=${GO:-$(command -v go 2>/dev/null || echo /usr/local/go/bin/go)}
+LOGS=${GOEP_CLUSTER_TEST_LOGS:-$ROOT/out/test-cluster}
+RATE=${GOEP_CLUSTER_RATE:-10gbit}
+MPI_HOSTS=${GOEP_CLUSTER_MPI_HOSTS:-2x2,4x1,2+2+1}
+# Not yet 2+2+1 (see the header): ep waits for nodes of unequal size (main's 63fc83e), moe for
+# test configs whose expert count divides by 5 ranks.
+EP_HOSTS=${GOEP_CLUSTER_EP_HOSTS:-2x2,4x1}
+MOE_HOSTS=${GOEP_CLUSTER_MOE_HOSTS:-2x2,4x1}
+ITERS=${GOEP_CLUSTER_BENCH_ITERS:-10}
+# 1 once ep makes MPI progress while waiting across hosts (issue 17; see the header).
+EP=${GOEP_CLUSTER_EP:-0}
+notrun=()
+CLUSTER=$ROOT/scripts/cluster/cluster.sh
+MPIRUN=$ROOT/scripts/cluster/mpirun
+# A cluster of this run's own (its namespaces and state), so that test runs from other checkouts
+# on the same machine neither see nor tear down each other's hosts.
+export GOEP_CLUSTER_NAME=${GOEP_CLUSTER_NAME:-gc$$}
+export GOEP_CLUSTER_DIR=${GOEP_CLUSTER_DIR:-/run/$GOEP_CLUSTER_NAME-cluster}
+CDIR=$GOEP_CLUSTER_DIR
+T0=$SECONDS
+failed=()
+
+[ "$(id -u)" = 0 ] || { echo "test-cluster.sh: run as root (it makes network namespaces)" >&2; exit 1; }
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+
+# launchers: mpirun and orted processes of this run's cluster (started through its rsh agent,
+# which their environment or command line names), so that other people's runs never count.
+launchers() {
+  local p
+  for p in $(ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && ($3 == "mpirun" || $3 == "orted") { print $1 }'); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^OMPI_MCA_plm_rsh_agent=$CDIR/rsh\$" ||
+      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "plm_rsh_agent $CDIR/rsh "; then
+      echo "$p"
+    fi
+  done | sort
+}
+before=$(launchers)   # a run of ours still going from before (another test-cluster): not this one's
+
+echo "test-cluster: building bin/mpi-hello bin/moe-train bin/ep-bench"
+for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
+
+trap '"$CLUSTER" down >/dev/null 2>&1 || true' EXIT
+t=$SECONDS
+"$CLUSTER" up 4 --rate "$RATE" --slots 2
+echo "test-cluster: 4 hosts up in $((SECONDS - t)) s (cluster $GOEP_CLUSTER_NAME), links capped at $RATE"
+
+# result NAME T0 ERRORS: PASS (no ERRORS), or FAIL with the check's log.
+result() {
+  local name=$1 t=$2 errs=$3
+  if [ -z "$errs" ]; then
+    echo "PASS $name ($((SECONDS - t)) s)"
+    return 0
+  fi
+  echo "FAIL $name ($((SECONDS - t)) s): $(tr "\n" " " <<<"$errs")"
+  echo "---- output of $name ($LOGS/$name.log)"
+  sed 's/^/    /' "$LOGS/$name.log" | tail -n 80
+  failed+=("$name")
+}
+
+# a. mpi-hello: real hosts, and goep's own choice of one-sided components.
+t=$SECONDS; rc=0
+timeout 120 "$MPIRUN" -np 4 --host goep-h1:2,goep-h2:2 bin/mpi-hello >"$LOGS/hello.log" 2>&1 || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"
+  grep -q '^goep mpi-hello: 4 ranks on 2 node(s), MPI' "$LOGS/hello.log" || echo "no \"4 ranks on 2 node(s)\" (not simulated);"
+  rows=$(awk '$1 ~ /^[0-9]+$/ && NF == 7' "$LOGS/hello.log" | sort -n -k1,1)
+  [ "$(echo "$rows" | awk '{print $2}' | xargs)" = "0 0 1 1" ] || echo "node indices are not 0 0 1 1;"
+  [ "$(echo "$rows" | awk '{print $6}' | xargs)" = "goep-h1 goep-h1 goep-h2 goep-h2" ] || echo "host names are not goep-h1 goep-h1 goep-h2 goep-h2;"
+  grep -q '^one-sided components: osc="sm,ucx" chosen-by=goep' "$LOGS/hello.log" || echo "goep did not choose osc=sm,ucx;")
+result hello "$t" "$errs"
+if [ -z "$errs" ]; then sed -n '/^goep mpi-hello/,$p' "$LOGS/hello.log" | sed 's/^/    /'; fi
+
+# b. the packages' tests under mpirun across hosts (internal/mpitest).
+mpitest() { # NAME LAYOUTS PACKAGE...
+  local name=$1 layouts=$2 rc=0
+  shift 2
+  t=$SECONDS
+  "$GO" run ./internal/mpitest -np "" -sim "" -hosts "$layouts" -hostfile "$CDIR/hostfile" \
+    -mpirun "$MPIRUN" -workdir "$LOGS/mpitest" -timeout 5m "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+  result "$name" "$t" "$( [ "$rc" = 0 ] || echo "mpitest exit status $rc;")"
+  grep -E '^(ok|FAIL) ' "$LOGS/$name.log" | sed 's/^/    /' || true
+}
+mpitest tests-mpi "$MPI_HOSTS" ./mpi
+if [ "$EP" = 1 ]; then
+  mpitest tests-ep "$EP_HOSTS" ./ep
+  mpitest tests-moe "$MOE_HOSTS" ./moe
+else
+  notrun+=(tests-ep tests-moe train bench-ll bench-ht)
+fi
+
+# h5attr FILE NAME: a root attribute as h5dump prints it. h5rows FILE DATASET: its rows (h5ls).
+h5attr() { h5dump -a "/$2" "$1" 2>/dev/null | sed -n 's/^ *(0): *//p' | tr -d '"' | head -n 1; }
+h5rows() { h5ls "$1/$2" 2>/dev/null | sed -n 's/.*{\([0-9]*\).*/\1/p'; }
+
+if [ "$EP" = 1 ]; then
+# c. a short training run across 2 hosts.
+t=$SECONDS; rc=0
+TRAIN=$LOGS/train
+mkdir -p "$TRAIN"
+timeout 300 "$MPIRUN" -np 4 --host goep-h1:2,goep-h2:2 bin/moe-train -steps 300 -mode ht -dtype bf16 \
+  -trace "$TRAIN/trace.h5" -ckpt-dir "$TRAIN" -ckpt-every 0 -progress lines -progress-every 100 \
+  >"$LOGS/train.log" 2>&1 || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"
+  f=$TRAIN/trace.h5
+  if [ -s "$f" ]; then
+    [ "$(h5attr "$f" nodes)" = 2 ] || echo "trace attribute nodes is \"$(h5attr "$f" nodes)\", want 2;"
+    [ "$(h5attr "$f" world_size)" = 4 ] || echo "trace attribute world_size is \"$(h5attr "$f" world_size)\", want 4;"
+    [ "$(h5rows "$f" trace/loss)" = 300 ] || echo "/trace/loss has \"$(h5rows "$f" trace/loss)\" rows, want 300;"
+    # the loss fell: the mean of the last 50 steps is below that of the first 50
+    h5dump -d /trace/loss -y -w 0 "$f" 2>/dev/null | sed -n '/^   DATA {/,/^   }/p' | tr ',' '\n' | grep -E '^ *-?[0-9]' | awk '
+      { v[NR] = $1 } END { if (NR < 300) { print "could not read 300 losses with h5dump;"; exit }
+        for (i = 1; i <= 50; i++) { a += v[i]; b += v[NR - 50 + i] }
+        if (b >= a) printf "the loss did not fall (mean of the first 50 steps %g, of the last 50 %g);\n", a / 50, b / 50 }'
+  else
+    echo "no $f;"
+  fi
+  [ -s "$TRAIN/ckpt-000300.h5" ] || echo "no checkpoint ckpt-000300.h5;")
+result train "$t" "$errs"
+grep -E 'loss|tokens/s' "$LOGS/train.log" | tail -n 3 | sed 's/^/    /' || true
+
+# d. ep-bench across 2 hosts x 2 ranks: ep against the hand-written alltoallv, same run.
+bench() { # NAME MODE TOKENS
+  local name=$1 mode=$2 tokens=$3 rc=0
+  t=$SECONDS
+  timeout 300 "$MPIRUN" -np 4 --host goep-h1:2,goep-h2:2 bin/ep-bench -mode "$mode" -tokens "$tokens" \
+    -hidden 7168 -topk 8 -experts 64 -dtype bf16 -iters "$ITERS" -warmup 2 >"$LOGS/$name.log" 2>&1 || rc=$?
+  result "$name" "$t" "$( [ "$rc" = 0 ] || echo "exit status $rc;"
+    grep -q 'speedup over alltoallv' "$LOGS/$name.log" || echo "no speedup line;"
+    grep -q '2 node(s)' "$LOGS/$name.log" || echo "not on 2 nodes;")"
+  grep -E '^ep-bench|dispatch us|ep \(goep\)|alltoallv by hand|speedup' "$LOGS/$name.log" | sed 's/^/    /' || true
+}
+echo "test-cluster: ep-bench across 2 hosts x 2 ranks, links capped at $RATE; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+bench bench-ll ll 128
+bench bench-ht ht 4096
+fi
+
+# e. down, and nothing is left.
+t=$SECONDS
+"$CLUSTER" down >"$LOGS/clean.log" 2>&1 || true
+trap - EXIT
+left=$("$CLUSTER" check || true)
+stray=$(comm -13 <(echo "$before") <(launchers) | xargs)
+errs=$( [ -z "$left" ] || echo "left after down: $left;"
+  [ -z "$stray" ] || echo "mpirun/orted still running: pids $stray;"
+  [ -z "$(ip netns list 2>/dev/null | grep "^$GOEP_CLUSTER_NAME-" || true)" ] || echo "ip netns still lists $GOEP_CLUSTER_NAME-*;")
+result clean "$t" "$errs"
+
+echo "test-cluster: $((SECONDS - T0)) s in all; logs in $LOGS"
+if [ ${#notrun[@]} -gt 0 ]; then
+  echo "test-cluster: NOT RUN: ${notrun[*]}: ep's calls hang across hosts until its waits let MPI"
+  echo "  make progress (issue 17: mpi.Window.Progress between polls); GOEP_CLUSTER_EP=1 runs them"
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "test-cluster: FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "test-cluster: all checks passed"
