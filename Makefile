@@ -103,9 +103,9 @@ test-slurm:
 
 ## test-cluster: goep across emulated hosts with their own network (root): scripts/cluster/cluster.sh brings
 ## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); mpi-hello and the mpi test
-## binary run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host; then it comes down and nothing may
-## be left (under a minute). GOEP_CLUSTER_EP=1 adds the ep and moe tests, a short training and ep-bench
-## LL and HT against alltoallv, which hang across hosts until ep's waits let MPI progress (issue 17).
+## binary run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host, the ep test binary across 2+2+1,
+## moe's across 2x2, a short training and ep-bench LL and HT against alltoallv across 2 hosts; then it
+## comes down and nothing may be left.
 test-cluster: deps
 	GO=$(GO) scripts/cluster/test-cluster.sh
 

@@ -16,15 +16,29 @@ import (
 // shared-memory window), so a dispatched row is copied once, from the
 // sender's tensor into its slot in the receiver's buffer, and combine reads
 // the expert outputs in place; across nodes rows go by MPI one-sided puts
-// into a staging window. See docs/ep.md.
+// by message into a staging memory of the receiver (mpi.Mailbox), which
+// applies them while it waits. See docs/ep.md.
 var CPU Backend = cpuBackend{}
 
-type cpuBackend struct{}
+// CPUOneSided is CPU with rows across nodes put by one-sided MPI (MPI_Put
+// into a staging window, then a flush) instead of sent by message. It needs
+// an MPI whose one-sided operations complete without the target's help
+// (RDMA hardware): over TCP, Open MPI's osc/ucx completes a put only while
+// the target calls MPI, and a put to a stalled rank waits in MPI_Win_flush
+// with no deadline.
+var CPUOneSided Backend = cpuBackend{oneSided: true}
 
-func (cpuBackend) Name() string { return "cpu" }
+type cpuBackend struct{ oneSided bool }
 
-func (cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
-	e, err := openEngine(comm, spec)
+func (b cpuBackend) Name() string {
+	if b.oneSided {
+		return "cpu-onesided"
+	}
+	return "cpu"
+}
+
+func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
+	e, err := openEngine(comm, spec, b.oneSided)
 	if err != nil {
 		return nil, err // not a nil *engine in a non-nil Engine
 	}
@@ -84,7 +98,7 @@ func (a *areas) take(size int) int {
 	return off
 }
 
-func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
+func openEngine(comm *mpi.Comm, spec Spec, oneSidedNet bool) (_ *engine, err error) {
 	e := &engine{spec: spec, names: newOpNames(spec.Mode)}
 	defer func() {
 		if err != nil {
@@ -154,17 +168,33 @@ func openEngine(comm *mpi.Comm, spec Spec) (_ *engine, err error) {
 	}
 	tr.segBytes = e.shm.Local()
 	if t.Nodes > 1 {
-		if tr.win, err = comm.AllocateWindow(e.winSize); err != nil {
-			return nil, fmt.Errorf("allocating %d bytes of staging window for %d nodes: %w "+
-				"(the inter-node path needs a one-sided MPI component that works across hosts with MPI_THREAD_MULTIPLE: "+
-				"with Open MPI over TCP or shared memory, set OMPI_MCA_osc=sm,ucx)", e.winSize, t.Nodes, err)
+		if tr.net, err = openNetwork(comm, e.winSize, oneSidedNet); err != nil {
+			return nil, fmt.Errorf("allocating %d bytes of staging memory for %d nodes: %w", e.winSize, t.Nodes, err)
 		}
-		if err := tr.win.LockAll(); err != nil {
-			return nil, err
-		}
-		tr.winBase = unsafe.Pointer(unsafe.SliceData(tr.win.Local()))
+		tr.winBase = unsafe.Pointer(unsafe.SliceData(tr.net.Local()))
 	}
 	return e, nil
+}
+
+// openNetwork gives every rank of comm size bytes of staging memory that the
+// ranks of other nodes write into: a mailbox, or a one-sided window.
+func openNetwork(comm *mpi.Comm, size int, oneSidedNet bool) (network, error) {
+	if !oneSidedNet {
+		m, err := comm.NewMailbox(size)
+		if err != nil {
+			return nil, err
+		}
+		return m, nil
+	}
+	w, err := comm.AllocateWindow(size)
+	if err != nil {
+		return nil, fmt.Errorf("%w (one-sided MPI across hosts needs a component that works there with "+
+			"MPI_THREAD_MULTIPLE, as Open MPI's osc=sm,ucx)", err)
+	}
+	if err := w.LockAll(); err != nil {
+		return nil, errors.Join(err, w.Free())
+	}
+	return oneSided{w}, nil
 }
 
 func (e *engine) Placement() Placement {
@@ -248,9 +278,9 @@ func (e *engine) endRefused(op string, q uint64, origin int) error {
 // Close frees the windows and the node communicator. It is collective.
 func (e *engine) Close() error {
 	var errs []error
-	if e.t.win != nil {
-		errs = append(errs, e.t.win.Free())
-		e.t.win = nil
+	if e.t.net != nil {
+		errs = append(errs, e.t.net.Free())
+		e.t.net = nil
 	}
 	if e.shm != nil {
 		errs = append(errs, e.shm.Free())
@@ -321,6 +351,11 @@ func (e *engine) checkMasked(op string) error {
 	t := &e.t
 	if !t.maskStalled {
 		return nil
+	}
+	if t.net != nil { // what the other nodes said while this rank was away lands now
+		if err := t.net.Drain(); err != nil {
+			return fmt.Errorf("ep: %s: %w", op, err)
+		}
 	}
 	for _, r := range t.liveOthers {
 		if v := loadFlag(t.inboxOf(r, t.in.flagOff(flagYouAreMasked, 0, r))); v>>32 == t.epoch+1 && v&1 != 0 {

@@ -47,6 +47,7 @@ type waited struct {
 	ahead   int           // the first flag already past the target's call (checkAhead), or -1
 	late    int           // the flag waited for last
 	time    time.Duration // how long the wait took, when it read the clock (0: it ended at once)
+	err     error         // the network failed while the wait made it progress (transport.poll)
 }
 
 // waitAll waits until every flag holds at least target, for at most

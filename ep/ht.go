@@ -448,7 +448,7 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 			perDst[dst] = append(perDst[dst], int32(j))
 		}
 	}
-	if err := t.flush(t.win.Local()); err != nil {
+	if err := t.flush(t.net.Local()); err != nil {
 		return err
 	}
 	for _, dst := range t.nodeRanks {

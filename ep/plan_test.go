@@ -9,6 +9,7 @@ import (
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/internal/mpitesting"
 	"github.com/goep/goep/internal/sysmem"
+	"github.com/goep/goep/mpi"
 )
 
 // BufferPlan, computed without allocating, is what a group of the same
@@ -59,7 +60,8 @@ func TestTooLargeIsRefusedBeforeAllocating(t *testing.T) {
 	}
 	// Sized from this machine: one rank's buffers fit, the host's ranks'
 	// together do not. On simulated nodes of one rank each, every node
-	// alone would fit, and only counting the host's ranks refuses it.
+	// alone would fit, and only counting the host's ranks refuses it. Every
+	// rank decides alike: hosts may hold different numbers of ranks.
 	if hostSize := hostRanks(t); hostSize >= 2 {
 		cfg := ep.Config{Mode: ep.LowLatency, NumExperts: 8 * R, MaxTokensPerRank: 1, Hidden: 7168, TopK: 8}
 		one, err := ep.BufferPlan(cfg, ep.BFloat16, R, 1)
@@ -77,10 +79,12 @@ func TestTooLargeIsRefusedBeforeAllocating(t *testing.T) {
 	mpitesting.Agree(t, w)
 }
 
-// hostRanks is the number of ranks on this rank's host.
+// hostRanks is the fewest ranks on one host, over every host.
 func hostRanks(t *testing.T) int {
 	topo, err := mpitesting.World.Topology()
 	require.NoError(t, err)
 	defer func() { require.NoError(t, topo.Free()) }()
-	return topo.HostSize
+	fewest := []int64{0}
+	require.NoError(t, mpi.Allreduce(mpitesting.World, mpi.OpMin, []int64{int64(topo.HostSize)}, fewest))
+	return int(fewest[0])
 }

@@ -18,9 +18,11 @@ import (
 //   - LSA (load/store access): the ranks of a node map each other's segment
 //     (MPI_Win_allocate_shared), so a rank stores straight into a node peer's
 //     buffers and reads a node peer's outputs in place;
-//   - GIN (put with signal): a rank on another node is reached by MPI_Put
-//     into its staging window (MPI_Win_allocate), followed by a flag put the
-//     same way once the data is complete;
+//   - GIN (put with signal): a rank on another node is reached through its
+//     staging memory, the data first and then a flag the same way once the
+//     data is complete: by message (mpi.Mailbox, the CPU backend: the
+//     receiver applies the writes while it waits) or by MPI_Put into a
+//     one-sided window (MPI_Win_allocate, the CPUOneSided backend);
 //   - await: every wait polls flags in this rank's own memory, with the
 //     group's timeout, and names the rank that did not arrive.
 //
@@ -94,8 +96,8 @@ type transport struct {
 	live, liveOthers, liveNode, liveRemote []int
 	seg                                    []ptr  // per rank on this node: its segment
 	segBytes                               []byte // this rank's segment
-	win                                    *mpi.Window
-	winBase                                ptr // this rank's staging window; nil on one node
+	net                                    network
+	winBase                                ptr // this rank's staging memory; nil on one node
 	in                                     inbox
 	timeout                                time.Duration
 
@@ -122,6 +124,31 @@ type transport struct {
 	countB        []mpi.Block
 	word          []byte // 8 bytes of their own: cgo checks the whole object an argument points into
 }
+
+// network carries this rank's writes into the staging memory of the ranks
+// of other nodes: PutBlocks writes, and the writes bound for this rank land
+// in its Local memory by the time Progress returns, or later; data put
+// before a flag to the same rank lands no later than the flag.
+type network interface {
+	Local() []byte
+	PutBlocks(origin []byte, blocks []mpi.Block) error
+	Progress() error
+	// Drain is Progress until what was sent to this rank a while ago has
+	// landed.
+	Drain() error
+	Free() error
+}
+
+// oneSided is the network of one-sided MPI: puts complete (flushed) when
+// PutBlocks returns; Progress lets MPI serve the peers' puts into this
+// rank (over TCP, osc/ucx completes them only while the target calls MPI)
+// and makes them visible (MPI_Win_sync).
+type oneSided struct{ *mpi.Window }
+
+func (o oneSided) Progress() error { return errors.Join(o.Window.Progress(), o.Window.Sync()) }
+
+// Drain is Progress: a put that completed at its origin is in place.
+func (o oneSided) Drain() error { return o.Progress() }
 
 // lsa is byte off of node peer r's segment.
 func (t *transport) lsa(r, off int) ptr { return unsafe.Add(t.seg[r], off) }
@@ -162,7 +189,7 @@ func (t *transport) raise(to []int, k flagKind, set, of int, q uint64, p uint32)
 	}
 	*(*uint64)(unsafe.Pointer(&t.word[0])) = v
 	t.netBytes += int64(8 * len(blocks))
-	return t.win.PutBlocks(t.word, blocks)
+	return t.net.PutBlocks(t.word, blocks)
 }
 
 // await waits until flag (k, set, from[i]) holds call q for every i, as
@@ -206,6 +233,8 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 		}
 		w := t.poll(flags, aborts, peers, target)
 		switch {
+		case w.err != nil:
+			return fmt.Errorf("ep: %s: waiting for %s: %w", op, what, w.err)
 		case w.refused >= 0:
 			return &refusal{origin: w.refused}
 		case w.ahead >= 0:
@@ -229,23 +258,27 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 // the rank waited for last. Across nodes it polls in slices and lets MPI
 // make progress between them.
 func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited {
-	if t.win == nil {
+	if t.net == nil {
 		w := waitAll(flags, aborts, target, t.timeout, t.spin, t.maskStalled)
 		t.waits[peers[w.late]] += w.time
 		return w
 	}
-	deadline := time.Now().Add(t.timeout)
+	start := time.Now()
 	for {
-		// Sync makes the peers' puts visible to the loads below; Progress
-		// lets them complete: over a network (osc/ucx over TCP) a put, and
-		// its origin's flush, completes only while the target calls MPI.
-		if err := errors.Join(t.win.Progress(), t.win.Sync()); err != nil {
-			return waited{missing: 0, refused: -1, ahead: -1}
+		if err := t.net.Progress(); err != nil {
+			return waited{missing: -1, refused: -1, ahead: -1, err: err}
 		}
 		w := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice), t.maskStalled)
 		t.waits[peers[w.late]] += w.time
-		if w.missing < 0 || time.Now().After(deadline) {
+		if w.missing < 0 {
 			return w
+		}
+		waited := time.Since(start)
+		if waited > t.timeout {
+			return w
+		}
+		if waited > 5*time.Millisecond { // as waitAll backs off
+			time.Sleep(50 * time.Microsecond)
 		}
 	}
 }
@@ -279,8 +312,8 @@ type refusal struct{ origin int }
 func (r *refusal) Error() string { return "ep: the call was refused by rank " + strconv.Itoa(r.origin) }
 
 // progressSlice is how long a wait across nodes polls memory before it
-// calls into MPI again.
-const progressSlice = 200 * time.Microsecond
+// lets the network progress again: the other nodes' writes land only then.
+const progressSlice = 20 * time.Microsecond
 
 // flagPayload reads the payload of flag (k, set, of) as raised by via.
 func (t *transport) flagPayload(k flagKind, set, of, via int) uint32 {
@@ -307,7 +340,7 @@ func (t *transport) writeNoteBytes(note []byte) error {
 	if len(blocks) == 0 {
 		return nil
 	}
-	return t.win.PutBlocks(note, blocks)
+	return t.net.PutBlocks(note, blocks)
 }
 
 // note is rank origin's refusal note.
@@ -351,7 +384,7 @@ func (t *transport) putCounts(b int, vec []int32) error {
 	t.countB = blocks
 	if len(blocks) > 0 {
 		t.netBytes += int64(4 * len(vec) * len(blocks))
-		return t.win.PutBlocks(dtype.Bytes(vec), blocks)
+		return t.net.PutBlocks(dtype.Bytes(vec), blocks)
 	}
 	return nil
 }
@@ -411,7 +444,7 @@ func (t *transport) flush(origin []byte) error {
 		for _, b := range t.blocks {
 			t.netBytes += int64(b.Len)
 		}
-		err = t.win.PutBlocks(origin, t.blocks)
+		err = t.net.PutBlocks(origin, t.blocks)
 	}
 	t.locDst.reset()
 	t.locOff, t.lens, t.blocks = t.locOff[:0], t.lens[:0], t.blocks[:0]

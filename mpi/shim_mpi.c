@@ -34,6 +34,11 @@ int goep_wait(MPI_Request *req, int64_t timeout_ns) {
   }
 }
 
+int goep_iprobe_any(MPI_Comm comm) {
+  int flag = 0;  // here, not in Go: a Go variable whose address cgo takes escapes to the heap
+  return MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
+}
+
 int goep_barrier(MPI_Comm comm, int64_t timeout_ns) {
   if (timeout_ns == 0) return MPI_Barrier(comm);
   MPI_Request r;

@@ -25,6 +25,8 @@ int goep_alltoallv(const void *send, const int *scounts, const int *sdispls,
                    void *recv, const int *rcounts, const int *rdispls, MPI_Comm comm, int64_t timeout_ns);
 int goep_allreduce(const void *send, void *recv, int n, int dtype, int op, MPI_Comm comm, int64_t timeout_ns);
 int goep_error_string(int code, char *buf, int cap);
+// goep_iprobe_any lets MPI make progress (MPI_Iprobe for any message).
+int goep_iprobe_any(MPI_Comm comm);
 int goep_arrive(MPI_Comm comm, int tag, int64_t timeout_ns, int *missing);
 
 // Point-to-point messages of an Exchange. goep_p2p_start posts n messages
@@ -56,6 +58,27 @@ typedef struct {
 // when it returns. It returns 0, or on an error the MPI code plus, in bits 32
 // and up, 1 + the index of the block that failed (0: the final flush).
 int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n);
+
+// Mailbox (mailbox_mpi.c): memory of this rank that other ranks write into
+// by message. goep_mbox_put packs the blocks of each target into one
+// message (records of dst_off, len and the bytes, padded to 8) and posts it
+// with MPI_Isend from a buffer of its own, so it returns at once and keeps
+// no pointer to origin. goep_mbox_progress retires completed sends and
+// applies the messages that arrived, whole and in the order each source sent
+// them; a record outside this rank's memory stops it with GOEP_ERR_RANGE,
+// and goep_mbox_bad says from which rank. goep_mbox_free gives pending sends up to timeout_ns to
+// complete while applying what arrives, cancels the rest, and frees
+// everything (not the communicator: the caller's).
+#define GOEP_ERR_RANGE (-2)
+typedef struct goep_mbox goep_mbox;
+goep_mbox *goep_mbox_new(MPI_Comm comm, int64_t size, int tag);
+char *goep_mbox_mem(goep_mbox *m);
+int64_t goep_mbox_put(goep_mbox *m, const void *origin, const goep_block *blocks, int n);
+int goep_mbox_progress(goep_mbox *m);
+int goep_mbox_bad(goep_mbox *m);
+int64_t goep_mbox_applied(goep_mbox *m);  // messages applied so far
+int goep_mbox_pending(goep_mbox *m);
+int goep_mbox_free(goep_mbox *m, int64_t timeout_ns);
 
 // Open MPI's one-sided components, before and after MPI_Init (onesided_mpi.go).
 // goep_is_open_mpi: 1 when mpi.h is Open MPI's.

@@ -199,8 +199,7 @@ func (h winHandle) sync() error {
 }
 
 func (h winHandle) progress() error {
-	var flag C.int
-	if rc := C.MPI_Iprobe(C.MPI_ANY_SOURCE, C.MPI_ANY_TAG, h.comm.h.c, &flag, C.MPI_STATUS_IGNORE); rc != C.MPI_SUCCESS {
+	if rc := C.goep_iprobe_any(h.comm.h.c); rc != C.MPI_SUCCESS {
 		return mpiError("MPI_Iprobe", rc)
 	}
 	return nil

@@ -421,7 +421,7 @@ func (r result) print(w io.Writer, verbose bool) {
 				continue
 			}
 			if shown++; shown <= 2 || verbose {
-				tail(w, fmt.Sprintf("rank %d stdout", rl.rank), rl.stdout, 40)
+				tail(w, fmt.Sprintf("rank %d stdout, passes left out", rl.rank), withoutPasses(rl.stdout), 60)
 				tail(w, fmt.Sprintf("rank %d stderr", rl.rank), rl.stderr, 20)
 			}
 		}
@@ -432,6 +432,20 @@ func (r result) print(w io.Writer, verbose bool) {
 			fmt.Fprintf(w, "==== rank %d ====\n%s%s", rl.rank, rl.stdout, rl.stderr)
 		}
 	}
+}
+
+// withoutPasses drops go test -v's lines of tests that started or passed,
+// which would push a failure's own lines out of the tail.
+func withoutPasses(b []byte) []byte {
+	var out []byte
+	for _, l := range strings.SplitAfter(string(b), "\n") {
+		t := strings.TrimSpace(l)
+		if strings.HasPrefix(t, "=== ") || strings.HasPrefix(t, "--- PASS") {
+			continue
+		}
+		out = append(out, l...)
+	}
+	return out
 }
 
 func tail(w io.Writer, title string, b []byte, n int) {

@@ -44,9 +44,7 @@
 # network of their own (cluster.sh start --net: scripts/cluster's network namespaces, one slurmd
 # in each, slurmctld on goep-h1), so every multi-node step crosses TCP between hosts that share
 # no memory; Slurm's clients (srun, sbatch) run on goep-h1, and no-daemons also checks that the
-# hosts are gone. Without it the nodes n1, n2 are simulated on this machine, as before. On the
-# hosts, train-*, study-srun, study-mpirun, gradsync-srun and go-readers need ep to work across a network
-# (issue 17) and run only with GOEP_CLUSTER_EP=1 (see ep_across_hosts below).
+# hosts are gone. Without it the nodes n1, n2 are simulated on this machine, as before.
 #
 # Env: GO (the go command), GOEP_SLURM_TEST_LOGS (default out/test-slurm: one log per check,
 # and the jobs' outputs in train/ and study*/), GOEP_SLURM_TEST_TIMEOUT (seconds per check,
@@ -213,15 +211,8 @@ trace_errors() {
   [ "$got" = "$4" ] || echo "$f: /trace/loss has \"$got\" rows, want $4;"
 }
 
-# ep_across_hosts: whether the checks that run ep across nodes run. On the network mode's hosts
-# ep's calls hang until its waits let MPI make progress (issue 17: over TCP, osc/ucx completes a
-# peer's put only while the target calls MPI), so there they need GOEP_CLUSTER_EP=1; they are
-# listed as NOT RUN otherwise, never as passed. The one-machine mode runs them always.
-notrun=()
-ep_across_hosts() { [ "$NET" = 0 ] || [ "${GOEP_CLUSTER_EP:-0}" = 1 ]; }
 
 TRAIN=$LOGS/train
-if ep_across_hosts; then
 # e. train.sbatch with srun: 2 nodes x 2 ranks.
 t=$SECONDS; rc=0
 (export GOEP_OUT_DIR=$TRAIN GOEP_STEP_TIMEOUT=$TMO
@@ -244,9 +235,6 @@ errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   [ -s "$TRAIN/ckpt-000300.h5" ] || echo "no checkpoint ckpt-000300.h5;"
   grep -q "mpirun -np 4 --host $N1:2,$N2:2" "$LOGS/train-mpirun.log" || echo "no mpirun -np 4 --host $N1:2,$N2:2 step;")
 result train-mpirun "$t" "$errs"
-else
-  notrun+=(train-srun train-mpirun)
-fi
 
 # f2. the same output directory resubmitted on fewer nodes continues the same run; a new run there
 # is refused and changes nothing.
@@ -306,7 +294,6 @@ study_errors() {
   [ -n "$(h5attr "$dir/study.h5" slurm_job_id)" ] || echo "no attribute slurm_job_id (h5dump);"
 }
 
-if ep_across_hosts; then
 # g. study.sbatch with srun: 5 layouts x 2 modes, 8 rows per layout.
 t=$SECONDS; rc=0
 (export "${small[@]}" GOEP_OUT_DIR="$LOGS/study" STUDY_LAYOUTS="1x1 1x2 1x4 2x2 2x4" JOB_TMO=$((3 * TMO))
@@ -328,9 +315,6 @@ errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   study_errors "$LOGS/study-mpirun" "$LOGS/study-mpirun.log" 4 1,2
   grep -q "mpirun -np 4 --host $N1:2,$N2:2" "$LOGS/study-mpirun.log" || echo "no mpirun -np 4 --host $N1:2,$N2:2 step;")
 result study-mpirun "$t" "$errs"
-else
-  notrun+=(study-srun study-mpirun)
-fi
 
 # i. a step that fails prints every rank's log, and the job fails.
 t=$SECONDS; rc=0
@@ -343,7 +327,6 @@ errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "exit status $rc, want a fail
   grep -q "not a multiple of the 4 ranks" "$LOGS/study-fails.log" || echo "ep's error is not in the job's output;")
 result study-fails "$t" "$errs"
 
-if ep_across_hosts; then
 # i2. the grad sync study on 2 nodes x 2 ranks, tiny.
 t=$SECONDS; rc=0
 GS=$LOGS/gradsync
@@ -365,20 +348,13 @@ errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   done
   grep -q "srun --mpi=pmix -N 2 -n 4" "$LOGS/gradsync-srun.log" || echo "no srun --mpi=pmix -N 2 -n 4 step;")
 result gradsync-srun "$t" "$errs"
-else
-  notrun+=(gradsync-srun)
-fi
 
-if ep_across_hosts; then
 # j. the project's readers: moe.ReadTrace, internal/study.
 t=$SECONDS; rc=0
 GOEP_SLURM_OUTPUTS=$LOGS "$GO" test -count=1 -run TestSlurmOutputs -v ./internal/study >"$LOGS/go-readers.log" 2>&1 || rc=$?
 errs=$( [ "$rc" = 0 ] || echo "go test exit status $rc;"
   grep -q -- "--- PASS: TestSlurmOutputs" "$LOGS/go-readers.log" || echo "TestSlurmOutputs did not pass (skipped?);")
 result go-readers "$t" "$errs"
-else
-  notrun+=(go-readers)
-fi
 
 # d. stop, and nothing of ours is left running (nor, in the network mode, any host).
 t=$SECONDS
@@ -395,10 +371,6 @@ result no-daemons "$t" "${left:+still running after stop: pids $left;}${hosts_le
 if [ "$NET" = 1 ] && [ -z "${GOEP_SLURM_STATE_DIR:-}" ]; then rm -rf "$STATE"; fi
 
 echo "test-slurm: $((SECONDS - T0)) s in all; logs in $LOGS"
-if [ ${#notrun[@]} -gt 0 ]; then
-  echo "test-slurm: NOT RUN: ${notrun[*]}: ep's calls hang across hosts until its waits let MPI make"
-  echo "  progress (issue 17: mpi.Window.Progress between polls); GOEP_CLUSTER_EP=1 runs them"
-fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test-slurm: FAILED: ${failed[*]}"
   exit 1

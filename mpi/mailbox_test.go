@@ -1,0 +1,122 @@
+package mpi_test
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep/goep/internal/mpitesting"
+	"github.com/goep/goep/mpi"
+)
+
+// waitWord polls the mailbox until the 8-byte word at off holds want.
+func waitWord(t *testing.T, m *mpi.Mailbox, off int, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for binary.LittleEndian.Uint64(m.Local()[off:]) != want {
+		require.NoError(t, m.Progress())
+		require.False(t, time.Now().After(deadline), "word at %d never became %d", off, want)
+	}
+}
+
+// Every rank writes a block into every rank's mailbox (itself included), in
+// two puts that overwrite each other's bytes, then raises a flag in a third:
+// when a flag is seen, the data before it is there, and the later put won.
+func TestMailboxDataBeforeFlag(t *testing.T) {
+	w := mpitesting.World
+	n, me := w.Size(), w.Rank()
+	const block = 40                                     // not a multiple of 8: records are padded
+	size := func(r int) int { return 8*n + block*n + r } // ranks pass different sizes
+	m, err := w.NewMailbox(size(me))
+	require.NoError(t, err)
+	require.Len(t, m.Local(), size(me))
+	data, second := make([]byte, block*n), make([]byte, block*n)
+	var first, flags []mpi.Block
+	for d := 0; d < n; d++ {
+		for i := 0; i < block; i++ {
+			data[d*block+i] = byte(7*me + 3*d + i)
+			second[d*block+i] = byte(11*me + 5*d + i + 1)
+		}
+		first = append(first, mpi.Block{SrcOffset: d * block, Len: block, Target: d, DstOffset: 8*n + block*me})
+		flags = append(flags, mpi.Block{Len: 8, Target: d, DstOffset: 8 * me})
+	}
+	require.NoError(t, m.PutBlocks(data, first))
+	clear(data) // the origin is free at once
+	require.NoError(t, m.PutBlocks(second, first[:len(first):len(first)]))
+	word := make([]byte, 8)
+	binary.LittleEndian.PutUint64(word, uint64(100+me))
+	require.NoError(t, m.PutBlocks(word, flags))
+	for s := 0; s < n; s++ {
+		waitWord(t, m, 8*s, uint64(100+s))
+		got := m.Local()[8*n+block*s : 8*n+block*(s+1)]
+		for i, b := range got {
+			require.Equal(t, byte(11*s+5*me+i+1), b, "byte %d from rank %d", i, s)
+		}
+	}
+	require.NoError(t, w.Barrier())
+	require.NoError(t, m.Free())
+	mpitesting.Agree(t, w)
+}
+
+// A message larger than any eager limit (MPI's rendezvous) lands whole.
+func TestMailboxLargeMessage(t *testing.T) {
+	w := mpitesting.World
+	n, me := w.Size(), w.Rank()
+	const big = 4 << 20
+	m, err := w.NewMailbox(8 + big)
+	require.NoError(t, err)
+	next, prev := (me+1)%n, (me+n-1)%n
+	src := make([]byte, big+8)
+	for i := 0; i < big; i++ {
+		src[i] = byte(i*31 + me)
+	}
+	binary.LittleEndian.PutUint64(src[big:], 1)
+	require.NoError(t, m.PutBlocks(src, []mpi.Block{
+		{SrcOffset: 0, Len: big, Target: next, DstOffset: 8},
+		{SrcOffset: big, Len: 8, Target: next, DstOffset: 0},
+	}))
+	waitWord(t, m, 0, 1)
+	got := m.Local()[8:]
+	for i := 0; i < big; i++ {
+		if got[i] != byte(i*31+prev) {
+			require.Equal(t, byte(i*31+prev), got[i], "byte %d from rank %d", i, prev)
+		}
+	}
+	require.NoError(t, w.Barrier())
+	require.NoError(t, m.Free())
+	mpitesting.Agree(t, w)
+}
+
+func TestMailboxBadInput(t *testing.T) {
+	w := mpitesting.World
+	n := w.Size()
+	m, err := w.NewMailbox(64)
+	require.NoError(t, err)
+	src := make([]byte, 16)
+	for _, tc := range []struct {
+		name  string
+		block mpi.Block
+		want  string
+	}{
+		{"target beyond the communicator", mpi.Block{Len: 8, Target: n}, "target"},
+		{"negative target", mpi.Block{Len: 8, Target: -1}, "target"},
+		{"beyond the target's mailbox", mpi.Block{Len: 8, DstOffset: 60}, "[60, 68) lie beyond rank 0's mailbox of 64 bytes"},
+		{"negative offset", mpi.Block{Len: 8, DstOffset: -8}, "offset -8"},
+		{"beyond the origin", mpi.Block{SrcOffset: 12, Len: 8}, "origin[12:20]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := m.PutBlocks(src, []mpi.Block{tc.block})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	_, err = w.NewMailbox(-1)
+	assert.ErrorContains(t, err, "size -1")
+	require.NoError(t, m.Free())
+	assert.ErrorContains(t, m.PutBlocks(src, []mpi.Block{{Len: 8}}), "freed")
+	assert.ErrorContains(t, m.Progress(), "freed")
+	mpitesting.Agree(t, w)
+}
