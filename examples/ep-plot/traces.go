@@ -286,6 +286,38 @@ func titled(base string, runs []*trainRun, extra string) string {
 	return t
 }
 
+// runColours gives each run its curves' colour and its legend entry: repeats
+// of one configuration, labelled "NAME #K" (as gradsync.sbatch names them),
+// share NAME's colour and one legend entry, NAME; other runs get a colour and
+// an entry each.
+func runColours(runs []*trainRun) (colours []color.Color, legend []string) {
+	group := map[string]int{}
+	for _, r := range runs {
+		name := repeatOf(r.label)
+		g, ok := group[name]
+		if !ok {
+			g = len(group)
+			group[name] = g
+		}
+		entry := ""
+		if !ok {
+			entry = name
+		}
+		colours, legend = append(colours, palette[g%len(palette)]), append(legend, entry)
+	}
+	return colours, legend
+}
+
+// repeatOf is label without a trailing " #K" (K digits): the configuration a
+// repeated run belongs to.
+func repeatOf(label string) string {
+	i := strings.LastIndex(label, " #")
+	if i < 0 || i+2 == len(label) || strings.Trim(label[i+2:], "0123456789") != "" {
+		return label
+	}
+	return label[:i]
+}
+
 // lossFigure: the loss against step and against wall time, one line per run.
 func lossFigure(runs []*trainRun, smooth int, extra string) (*figure, error) {
 	win := window(runs, smooth)
@@ -293,9 +325,10 @@ func lossFigure(runs []*trainRun, smooth int, extra string) (*figure, error) {
 	byStep := newPlot("against step", "step", "loss", false, true)
 	byTime := newPlot("against wall time", "seconds", "loss", false, true)
 	byStep.Y.Tick.Marker, byTime.Y.Tick.Marker = logTicks125{}, logTicks125{}
+	colours, entries := runColours(runs)
 	for i, r := range runs {
-		c := palette[i%len(palette)]
-		if err := addCurve(byStep, &fig.legend, smoothed(steps(r.d), r.d.Loss, win), r.label, c, dashEP); err != nil {
+		c := colours[i]
+		if err := addCurve(byStep, legendFor(&fig.legend, entries[i]), smoothed(steps(r.d), r.d.Loss, win), entries[i], c, dashEP); err != nil {
 			return nil, err
 		}
 		if err := addCurve(byTime, nil, smoothed(r.wall, r.d.Loss, win), r.label, c, dashEP); err != nil {
@@ -323,8 +356,9 @@ func costFigure(runs []*trainRun, smooth int, extra string) (*figure, error) {
 		}
 		return out
 	}
+	colours, entries := runColours(runs)
 	for i, r := range runs {
-		c := palette[i%len(palette)]
+		c := colours[i]
 		x := steps(r.d)
 		sb := slices.Clone(r.syncBytes)
 		for j := range sb {
@@ -336,12 +370,12 @@ func costFigure(runs []*trainRun, smooth int, extra string) (*figure, error) {
 			xy     plotter.XYs
 			dashes []vg.Length
 		}{
-			{bytesP, &fig.legend, smoothed(x, sb, 1), dashEP},
+			{bytesP, legendFor(&fig.legend, entries[i]), smoothed(x, sb, 1), dashEP},
 			{bytesP, nil, smoothed(x, r.epBytes, 1), dashA2AV},
 			{timeP, nil, smoothed(x, ms(r.d.StepUS), win), dashEP},
 			{timeP, nil, smoothed(x, ms(r.syncUS), win), dashA2AV},
 		} {
-			if err := addCurve(l.p, l.leg, l.xy, r.label, c, l.dashes); err != nil {
+			if err := addCurve(l.p, l.leg, l.xy, entries[i], c, l.dashes); err != nil {
 				return nil, err
 			}
 		}
@@ -362,6 +396,15 @@ func costFigure(runs []*trainRun, smooth int, extra string) (*figure, error) {
 	return fig, nil
 }
 
+// legendFor is leg where entry is to be shown, nil where it is not (a repeat
+// whose configuration is already in the legend).
+func legendFor(leg *plot.Legend, entry string) *plot.Legend {
+	if entry == "" {
+		return nil
+	}
+	return leg
+}
+
 // addCurve adds a line without point marks (hundreds of steps) to p, and to
 // leg (if not nil) as label.
 func addCurve(p *plot.Plot, leg *plot.Legend, xy plotter.XYs, label string, c color.Color, dashes []vg.Length) error {
@@ -380,21 +423,36 @@ func addCurve(p *plot.Plot, leg *plot.Legend, xy plotter.XYs, label string, c co
 	return nil
 }
 
-// logTicks125 labels a log axis at 1, 2 and 5 times the powers of ten, so
-// that a range narrower than a decade still carries labels.
+// logTicks125 labels a log axis at 1, 2 and 5 times the powers of ten; where
+// that gives fewer than three labels (a range narrower than a decade, such as
+// a loss falling from 3.5 to 1.2), at finer steps of each decade, so that the
+// axis can be read.
 type logTicks125 struct{}
+
+// logTickMantissas are the label positions within a decade, coarsest first.
+var logTickMantissas = [][]float64{
+	{1, 2, 5},
+	{1, 1.5, 2, 3, 5, 7},
+	{1, 1.2, 1.4, 1.6, 1.8, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9},
+}
 
 func (logTicks125) Ticks(lo, hi float64) []plot.Tick {
 	var t []plot.Tick
 	if !(lo > 0) || !(hi > lo) {
 		return t
 	}
-	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
-		for _, m := range []float64{1, 2, 5} {
-			v := m * math.Pow(10, e)
-			if v >= lo*0.999 && v <= hi*1.001 {
-				t = append(t, plot.Tick{Value: v, Label: fmt.Sprintf("%g", v)})
+	for _, ms := range logTickMantissas {
+		t = t[:0]
+		for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+			for _, m := range ms {
+				v := m * math.Pow(10, e)
+				if v >= lo*0.999 && v <= hi*1.001 {
+					t = append(t, plot.Tick{Value: v, Label: fmt.Sprintf("%g", v)})
+				}
 			}
+		}
+		if len(t) >= 3 {
+			break
 		}
 	}
 	return t

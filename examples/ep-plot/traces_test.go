@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,6 +86,76 @@ func TestTraces(t *testing.T) {
 		code, _, errs := runCmd(t, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {
 			t.Errorf("%q: exit %d, stderr %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
+		}
+	}
+}
+
+// TestLogTicks: every axis range gets at least three labels where a decade
+// step allows, all inside the range, ascending, at 1-2-5 where that is enough.
+func TestLogTicks(t *testing.T) {
+	for _, c := range []struct {
+		lo, hi float64
+		want   []float64 // nil: only the general properties
+	}{
+		{lo: 0.5, hi: 200, want: []float64{0.5, 1, 2, 5, 10, 20, 50, 100, 200}},
+		{lo: 1.2, hi: 3.5, want: []float64{1.5, 2, 3}},
+		{lo: 1.15, hi: 1.45, want: []float64{1.2, 1.4}}, // narrower than any step: what fits
+		{lo: 600, hi: 1400, want: []float64{600, 700, 800, 900, 1000, 1200, 1400}},
+		{lo: 300, hi: 3000},
+		{lo: 0.01, hi: 0.011, want: []float64{0.01}},
+		{lo: 0, hi: 10, want: []float64{}}, // not a log range
+		{lo: 5, hi: 5, want: []float64{}},  // empty
+		{lo: 5, hi: 2, want: []float64{}},  // reversed
+	} {
+		var got []float64
+		for _, tk := range (logTicks125{}).Ticks(c.lo, c.hi) {
+			got = append(got, tk.Value)
+			if tk.Label == "" {
+				t.Errorf("[%g, %g]: tick %g has no label", c.lo, c.hi, tk.Value)
+			}
+		}
+		for i, v := range got {
+			if v < c.lo*0.999 || v > c.hi*1.001 || (i > 0 && v <= got[i-1]) {
+				t.Errorf("[%g, %g]: ticks %v: %g is outside the range or out of order", c.lo, c.hi, got, v)
+			}
+		}
+		if c.want == nil {
+			if len(got) < 3 {
+				t.Errorf("[%g, %g]: ticks %v, want at least 3", c.lo, c.hi, got)
+			}
+			continue
+		}
+		if len(got) != len(c.want) {
+			t.Errorf("[%g, %g]: ticks %v, want %v", c.lo, c.hi, got, c.want)
+			continue
+		}
+		for i := range got {
+			if math.Abs(got[i]-c.want[i]) > 1e-9*c.want[i] {
+				t.Errorf("[%g, %g]: ticks %v, want %v", c.lo, c.hi, got, c.want)
+				break
+			}
+		}
+	}
+}
+
+// TestRunColours: repeats of a configuration ("NAME #K") share a colour and
+// one legend entry; other runs get their own, even when a label merely
+// contains " #".
+func TestRunColours(t *testing.T) {
+	labels := []string{"allreduce #1", "a2sgd #1", "allreduce #2", "topk:10", "a2sgd #2", "lr #x", "lr #", "a2sgd"}
+	wantGroup := []int{0, 1, 0, 2, 1, 3, 4, 1}
+	wantEntry := []string{"allreduce", "a2sgd", "", "topk:10", "", "lr #x", "lr #", ""}
+	var runs []*trainRun
+	for _, l := range labels {
+		runs = append(runs, &trainRun{label: l})
+	}
+	colours, entries := runColours(runs)
+	for i := range labels {
+		if colours[i] != palette[wantGroup[i]%len(palette)] {
+			t.Errorf("%q: colour %v, want palette[%d]", labels[i], colours[i], wantGroup[i])
+		}
+		if entries[i] != wantEntry[i] {
+			t.Errorf("%q: legend entry %q, want %q", labels[i], entries[i], wantEntry[i])
 		}
 	}
 }
