@@ -28,6 +28,7 @@ func writeTrace(t *testing.T, path string, gs moe.GradSync, steps int, stepMS, s
 		st := &moe.StepStats{Step: int64(s), Loss: 4 / float64(int(1)<<(s/10)), TokensPerExpert: []int64{2, 2, 2, 2},
 			DispatchUS: []float64{10, 10}, CombineUS: []float64{10, 10}, BytesSent: []int64{100, 300},
 			SyncUS: []float64{syncMS * 1e3, syncMS * 1e3}, SyncBytes: []int64{syncBytes, syncBytes},
+			WaitUS: []float64{0, 5, 1, 0}, PeerSent: []int64{40, 100, 300, 60}, PeerRecv: []int64{40, 300, 100, 60},
 			Elapsed: time.Duration(stepMS * float64(time.Millisecond))}
 		if err := tr.Append(st, start.Add(time.Duration(float64(s)*stepMS*float64(time.Millisecond)))); err != nil {
 			t.Fatal(err)

@@ -431,6 +431,9 @@ func (p *progress) summary(r *moe.RunResult) {
 		si(r.TokensPerSecond()), micro(float64(r.MeanDispatch.Nanoseconds())/1e3), micro(float64(r.MeanCombine.Nanoseconds())/1e3))
 	fmt.Fprintf(w, "  sync      %v: %s and %s sent per rank per step (the gate's and shared expert's gradient; mean over ranks and steps)\n",
 		c.GradSync, micro(float64(r.MeanSync.Nanoseconds())/1e3), bytesText(r.SyncBytes))
+	if line := stragglerLine(r); line != "" {
+		fmt.Fprintf(w, "  waits     %s\n", line)
+	}
 	var trace string
 	var ckpts []string
 	for _, f := range r.Files {
@@ -471,6 +474,26 @@ func bytesText(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// stragglerLine says which rank the others waited for most in ep calls and
+// where it ran, when one stands out (moe.FindStraggler), or that none did;
+// "" where the waits were not measured.
+func stragglerLine(r *moe.RunResult) string {
+	measured := false
+	for _, v := range r.WaitUS {
+		measured = measured || !math.IsNaN(v)
+	}
+	if !measured {
+		return ""
+	}
+	if s := r.Straggler; s != nil {
+		return fmt.Sprintf("slowest rank %d on host %s: the others waited %s for it, %.0f%% of all waiting between ranks (%.1fx the mean for another rank; see docs/trace-schema.md)",
+			s.Rank, s.Host, micro(s.WaitedUS), 100*s.Share, s.WaitedUS/max(s.OthersMeanUS, 1e-9))
+	}
+	R := len(r.Hosts)
+	s, _ := moe.FindStraggler(r.WaitUS, R)
+	return fmt.Sprintf("no rank stands out: the most waited for was rank %d, %s, %.0f%% of all waiting between ranks", s.Rank, micro(s.WaitedUS), 100*s.Share)
 }
 
 // micro formats microseconds.
