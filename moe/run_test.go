@@ -494,6 +494,11 @@ func TestRunVersion2Files(t *testing.T) {
 		assert.Equal(t, tr.Loss, now.Loss[:3], "the old rows are kept")
 		assert.Equal(t, []int64{-1, -1, -1, 0, 0}, now.SyncBytes, "unknown for the old rows, none sent on one rank")
 		assert.Positive(t, now.StepUS[4])
+		// One rank: the per-peer matrices are 1x1, unknown in the old rows.
+		assert.True(t, math.IsNaN(now.WaitUS[2]) && !math.IsNaN(now.WaitUS[3]), "waits: %v", now.WaitUS)
+		assert.Equal(t, []int64{-1, -1, -1}, now.PeerSent[:3])
+		assert.Positive(t, now.PeerSent[4], "the rows rank 0 kept")
+		assert.Equal(t, now.PeerSent, now.PeerRecv)
 		ck, err = moe.ReadCheckpoint(moe.CheckpointPath(dir, 5))
 		require.NoError(t, err)
 		assert.Equal(t, moe.CheckpointVersion, ck.Version)
