@@ -397,3 +397,72 @@ func TestFP8Trains(t *testing.T) {
 		})
 	}
 }
+
+// A rank stopped again and again (SIGSTOP for 20 ms, then SIGCONT, while the
+// run lasts) is the one the others wait for: the summary names it and its
+// host, and the trace's wait matrix, summed over the steps, says the same
+// (rank 0 waited for rank 1 more than the other way round).
+func TestSummaryNamesStraggler(t *testing.T) {
+	bin := buildMPI(t)
+	dir := t.TempDir()
+	pids := filepath.Join(dir, "pids")
+	trace := filepath.Join(dir, "trace.h5")
+	args := append(append(mpitesting.MPIRunArgs(2), "-x", "GOEP_MOE_PID_DIR", bin), small...)
+	args = append(args, "-steps", "300", "-ckpt-dir", dir, "-trace", trace, "-progress-every", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "mpirun", args...)
+	cmd.Env = append(mpitesting.LauncherFreeEnv(), "GOEP_MOE_PID_DIR="+pids)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	victim := 0
+	stops := 0
+	var err error
+	for running := true; running; {
+		select {
+		case err = <-done:
+			running = false
+			continue
+		default:
+		}
+		if victim == 0 {
+			b, rerr := os.ReadFile(filepath.Join(pids, "rank-1.pid"))
+			if p, perr := strconv.Atoi(strings.TrimSpace(string(b))); rerr == nil && perr == nil {
+				victim = p
+			}
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		if syscall.Kill(victim, syscall.SIGSTOP) == nil {
+			stops++
+			time.Sleep(20 * time.Millisecond)
+			syscall.Kill(victim, syscall.SIGCONT)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, ctx.Err(), "mpirun did not end within 2 minutes:\n%s", out.String())
+	require.NoError(t, err, "%s", out.String())
+	require.Positive(t, stops, "rank 1 was never stopped:\n%s", out.String())
+	t.Logf("rank 1 stopped %d times; summary:\n%s", stops, out.String())
+	host, herr := os.Hostname()
+	require.NoError(t, herr)
+	assert.Contains(t, out.String(), "waits     slowest rank 1 on host "+host+": the others waited ")
+
+	tr, err := moe.ReadTrace(trace)
+	require.NoError(t, err)
+	require.Len(t, tr.Step, 300)
+	var for1, for0 float64 // rank 0's waits for rank 1, rank 1's for rank 0
+	for s := range tr.Step {
+		for0 += tr.WaitUS[s*4+1*2+0]
+		for1 += tr.WaitUS[s*4+0*2+1]
+	}
+	assert.Greater(t, for1, 2*for0, "rank 0 waited %.0f us for rank 1, rank 1 %.0f us for rank 0", for1, for0)
+	dump, err := exec.Command("h5dump", "-H", "-d", "/trace/wait_us", trace).CombinedOutput()
+	require.NoError(t, err, "%s", dump)
+	assert.Contains(t, string(dump), "SIMPLE { ( 300, 2, 2 ) / ( H5S_UNLIMITED, 2, 2 ) }")
+}
