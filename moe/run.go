@@ -50,6 +50,9 @@ type RunOptions struct {
 	// OnStep, if set, is called on every rank after each step (after the
 	// step's trace row and checkpoint are written).
 	OnStep func(*StepStats)
+	// BetweenPasses, if set, is called on this rank between each step's
+	// forward and backward (Trainer.SetBetweenPasses).
+	BetweenPasses func(step int64)
 }
 
 // RunResult sums up a run; it is the same on every rank except for Files,
@@ -131,6 +134,7 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	if err != nil {
 		return nil, err
 	}
+	tr.SetBetweenPasses(o.BetweenPasses)
 	defer func() {
 		// Close is collective: skip it after an error that may be on this
 		// rank alone (the caller aborts the job).

@@ -27,6 +27,9 @@ type Trainer struct {
 	adam    *Adam
 	step    int64
 	runID   string
+	// betweenPasses, if set, is called between each step's forward and
+	// backward (SetBetweenPasses).
+	betweenPasses func(step int64)
 }
 
 // StepStats is what one training step measured. The per-rank slices are
@@ -111,6 +114,13 @@ func (tr *Trainer) Adam() *Adam { return tr.adam }
 // checkpoint a run resumed from.
 func (tr *Trainer) StepsDone() int64 { return tr.step }
 
+// SetBetweenPasses sets f to be called on this rank between each step's
+// forward and backward, with the step's number (nil: nothing): time spent
+// in it delays this rank's backward, and the other ranks wait for it in
+// the backward's first ep call, as for a rank whose experts compute slowly
+// (tests of the per-peer waits use it). Not collective.
+func (tr *Trainer) SetBetweenPasses(f func(step int64)) { tr.betweenPasses = f }
+
 // Step runs one training step: the batch of step StepsDone()+1 (see Batch:
 // this rank's share of the step's global batch), forward, backward and an
 // Adam update.
@@ -131,6 +141,9 @@ func (tr *Trainer) Step() (*StepStats, error) {
 		d := v - target[i]
 		sse += d * d
 		grad[i] = 2 * d * scale
+	}
+	if tr.betweenPasses != nil {
+		tr.betweenPasses(s)
 	}
 	l.ZeroGrad()
 	if _, err := l.Backward(grad, tr.cfg.AuxCoef); err != nil {

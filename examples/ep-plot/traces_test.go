@@ -70,6 +70,20 @@ func TestTraces(t *testing.T) {
 	for _, f := range []string{"loss.png", "cost.png"} {
 		checkPNG(t, filepath.Join(dir, f))
 	}
+	// The written matrices: rank 0 waited 5 us a step for rank 1, rank 1 1
+	// us for rank 0; 40 steps are 0.2 and 0.04 ms, under FindStraggler's
+	// 1 ms floor.
+	code, out, errs = runCmd(t, "waits", "-o", dir, a)
+	if code != 0 {
+		t.Fatalf("waits: %d %q %q", code, out, errs)
+	}
+	for _, want := range []string{"r0             0.000     0.200\n", "r1             0.040     0.000\n", "waited for     0.040     0.200\n",
+		"no rank stands out: the most waited for was rank 1, 0.200 ms, 83% of all waiting between ranks", "ep-plot waits: " + filepath.Join(dir, "waits.png")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("waits output lacks %q:\n%s", want, out)
+		}
+	}
+	checkPNG(t, filepath.Join(dir, "waits.png"))
 	code, out, errs = runCmd(t, "traces", "-o", dir, "-labels", "exact,two-level", a, b)
 	if code != 0 || !strings.Contains(out, "| exact | 2 |") || !strings.Contains(out, "| two-level | 2 |") {
 		t.Errorf("traces -labels: %d %q %q", code, out, errs)

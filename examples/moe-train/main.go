@@ -56,7 +56,10 @@
 //	-timeout D        how long a rank waits for a peer before failing (60s)
 //
 // With the environment variable GOEP_MOE_PID_DIR set, every rank writes its
-// process id to DIR/rank-<r>.pid (for tests that kill one rank).
+// process id to DIR/rank-<r>.pid (for tests that kill one rank). With
+// GOEP_MOE_STRAGGLER=RANK:DURATION (e.g. 1:5ms), that rank sleeps DURATION
+// between each step's forward and backward: a straggler the others wait
+// for, for tests of the per-peer waits and the summary's slowest rank.
 package main
 
 import (
@@ -276,6 +279,15 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 			return err
 		}
 	}
+	if v := os.Getenv("GOEP_MOE_STRAGGLER"); v != "" {
+		rank, delay, err := parseStraggler(v)
+		if err != nil {
+			return err
+		}
+		if rank == world.Rank() {
+			o.run.BetweenPasses = func(int64) { time.Sleep(delay) }
+		}
+	}
 	topo, err := world.Topology()
 	if err != nil {
 		return err
@@ -301,6 +313,21 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 		p.summary(res)
 	}
 	return nil
+}
+
+// parseStraggler reads GOEP_MOE_STRAGGLER's RANK:DURATION.
+func parseStraggler(v string) (rank int, delay time.Duration, err error) {
+	r, d, ok := strings.Cut(v, ":")
+	if ok {
+		rank, err = strconv.Atoi(r)
+		if err == nil {
+			delay, err = time.ParseDuration(d)
+		}
+	}
+	if !ok || err != nil || rank < 0 || delay < 0 {
+		return 0, 0, fmt.Errorf("GOEP_MOE_STRAGGLER=%q: want RANK:DURATION, such as 1:5ms", v)
+	}
+	return rank, delay, nil
 }
 
 func writePID(dir string, rank int) error {
