@@ -6,7 +6,7 @@
 //	ep-plot check [-rows N] [-modes ll,ht] [-dtypes f32,bf16] [-nodes 1,2] [-ranks 1,2,4] [-attrs a,b] out/study.h5
 //	ep-plot charts [-o DIR] out/study.h5
 //	ep-plot model [-holdout-ranks N] [-net 50GB/s] [-ranks-per-node 8] [-write] [-md FILE] [-png FILE] out/study.h5
-//	ep-plot traces [-o DIR] [-labels a,b,c] [-md FILE] [-smooth N] [-skip N] [-title T] TRACE.h5...
+//	ep-plot traces [-o DIR] [-labels a,b,c] [-md FILE] [-smooth N] [-skip N] [-title T] [-busy F,...] TRACE.h5...
 //	ep-plot waits [-o DIR] [-skip N] [-title T] TRACE.h5
 //
 // collect reads the JSON lines of ep-bench -json, one file per job step, and
@@ -39,7 +39,10 @@
 // ended, the median time per step and per sync, the sync's and ep's bytes
 // per rank per step, with ratios against the first trace), and writes
 // loss.png (the loss against step and against wall time) and cost.png
-// (bytes per rank per step, time per step and per sync).
+// (bytes per rank per step, time per step and per sync). With -busy (samples
+// of the other work on the machine, as gradsync.sbatch takes them) a second
+// table gives the median times of the quiet steps alone: on a shared machine,
+// what a step costs when it has the cores to itself.
 //
 // waits reads a moe-train trace's wait matrix (schema version 4: wait_us,
 // how long each rank waited for each other rank in ep calls), sums it over

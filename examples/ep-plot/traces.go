@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"image/color"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -26,6 +29,9 @@ type trainRun struct {
 	// Per step: the wall time since the run's start (segments laid end to
 	// end), and the means over ranks of what each rank sent and spent.
 	wall, syncBytes, epBytes, syncUS []float64
+	// quiet says, per step, whether the machine had no other work while the
+	// step ran (nil: not known; see quietSteps).
+	quiet []bool
 }
 
 func readRun(path, label string) (*trainRun, error) {
@@ -69,6 +75,7 @@ func traces(stdout, stderr io.Writer, args []string) error {
 	md := fs.String("md", "", "also write the table to this Markdown file")
 	title := fs.String("title", "", "a line under the charts' titles (e.g. the machine and network)")
 	width := fs.Float64("width", 10, "chart width, inches (at 96 dpi)")
+	busy := fs.String("busy", "", "comma-separated files of samples of others' work on the machine (lines \"UNIX_TIME ... COUNT\", as gradsync.sbatch writes them), one per trace or one for all: the table adds the times of the quiet steps")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -78,6 +85,10 @@ func traces(stdout, stderr io.Writer, args []string) error {
 	names := strList(*labels)
 	if len(names) > 0 && len(names) != fs.NArg() {
 		return usagef("-labels has %d names for %d traces", len(names), fs.NArg())
+	}
+	busyFiles := strList(*busy)
+	if len(busyFiles) > 1 && len(busyFiles) != fs.NArg() {
+		return usagef("-busy has %d files for %d traces (give one per trace, or one for all)", len(busyFiles), fs.NArg())
 	}
 	if *smooth < 0 || *skip < 0 {
 		return usagef("-smooth %d, -skip %d: want >= 0", *smooth, *skip)
@@ -91,6 +102,13 @@ func traces(stdout, stderr io.Writer, args []string) error {
 		r, err := readRun(p, label)
 		if err != nil {
 			return err
+		}
+		if len(busyFiles) > 0 {
+			samples, err := readBusy(busyFiles[min(i, len(busyFiles)-1)])
+			if err != nil {
+				return err
+			}
+			r.quiet = quietSteps(r, samples)
 		}
 		runs = append(runs, r)
 	}
@@ -196,6 +214,105 @@ func tracesTable(w io.Writer, runs []*trainRun, skip int) {
 			bytesText(median(r.epBytes, 0)), seconds(r.wall[len(r.wall)-1]))
 	}
 	fmt.Fprintf(w, "\nTimes are medians over steps %d.. of the mean over ranks (sync) or rank 0's (step); a sync's time includes its wait for the slowest rank. \"vs\" is %s's figure divided by the run's: above 1, the run is faster (or sends less).\n", skip+1, ref.label)
+	if ref.quiet == nil {
+		return
+	}
+	fmt.Fprintf(w, "\n| run | quiet steps | step time, quiet (median) | vs %s | sync time, quiet (median) | vs %s |\n", ref.label, ref.label)
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: |")
+	refStep, refSync = median(quietOnly(ref.d.StepUS, ref.quiet), skip), median(quietOnly(ref.syncUS, ref.quiet), skip)
+	for _, r := range runs {
+		st, sy := median(quietOnly(r.d.StepUS, r.quiet), skip), median(quietOnly(r.syncUS, r.quiet), skip)
+		n := 0
+		for i, q := range r.quiet {
+			if q && i >= skip {
+				n++
+			}
+		}
+		fmt.Fprintf(w, "| %s | %d of %d | %s | %s | %s | %s |\n", r.label, n, max(0, len(r.quiet)-skip),
+			millis(st), ratio(refStep, st), millis(sy), ratio(refSync, sy))
+	}
+	fmt.Fprintln(w, "\nA quiet step is one during which, and at the samples on either side of it, no other work ran on the machine (-busy).")
+}
+
+// quietOnly is v with NaN in place of the steps that were not quiet, so that
+// median leaves them out (and keeps the step numbering for its skip).
+func quietOnly(v []float64, quiet []bool) []float64 {
+	out := slices.Clone(v)
+	for i := range out {
+		if i >= len(quiet) || !quiet[i] {
+			out[i] = math.NaN()
+		}
+	}
+	return out
+}
+
+// busySample is one look at the machine: at unix time t, n running
+// processes that were not the run's.
+type busySample struct {
+	t float64
+	n int
+}
+
+// readBusy reads samples of others' work: a line per sample, its first field
+// the unix time in seconds, its last the number of others' running processes
+// (gradsync.sbatch's contention files). Blank lines and lines starting with #
+// are skipped; the samples are returned in time order. A file without
+// samples is no error: no step is then known to be quiet.
+func readBusy(path string) ([]busySample, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []busySample
+	for i, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		t, err1 := strconv.ParseFloat(f[0], 64)
+		n, err2 := strconv.Atoi(f[len(f)-1])
+		if len(f) < 2 || err1 != nil || err2 != nil || n < 0 || !(t > 0) {
+			return nil, fmt.Errorf("%s:%d: %q: want \"UNIX_TIME ... COUNT\" (seconds since 1970, then a count of processes)", path, i+1, line)
+		}
+		out = append(out, busySample{t, n})
+	}
+	slices.SortFunc(out, func(a, b busySample) int { return cmp.Compare(a.t, b.t) })
+	return out, nil
+}
+
+// quietSteps says, per step of r, whether it ran on an otherwise quiet
+// machine: the step ends at its segment's start plus its wall time and
+// begins its step time earlier; it is quiet when the last sample at or before
+// its beginning, the first at or after its end and every sample between saw
+// no other work. A step that no sample precedes or follows is not quiet
+// (nothing is known of it).
+func quietSteps(r *trainRun, samples []busySample) []bool {
+	d := r.d
+	quiet := make([]bool, len(d.Step))
+	for i := range d.Step {
+		seg := d.Segments[d.SegmentOf(i)]
+		end := float64(seg.Start.UnixNano())/1e9 + d.WallTime[i]
+		begin := end - d.StepUS[i]/1e6
+		if math.IsNaN(begin) || math.IsNaN(end) {
+			continue
+		}
+		// j: the last sample at or before begin; k: the first at or after end.
+		j := sort.Search(len(samples), func(x int) bool { return samples[x].t > begin }) - 1
+		k := sort.Search(len(samples), func(x int) bool { return samples[x].t >= end })
+		if j < 0 || k >= len(samples) {
+			continue
+		}
+		quiet[i] = !slices.ContainsFunc(samples[j:k+1], func(s busySample) bool { return s.n > 0 })
+	}
+	return quiet
+}
+
+// millis formats microseconds as milliseconds, "-" for none (NaN).
+func millis(us float64) string {
+	if math.IsNaN(us) {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f ms", us/1e3)
 }
 
 // seconds formats a wall time to three significant digits.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -88,12 +89,55 @@ func TestTraces(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "| exact | 2 |") || !strings.Contains(out, "| two-level | 2 |") {
 		t.Errorf("traces -labels: %d %q %q", code, out, errs)
 	}
+	// -busy: samples every second, at half seconds after the runs' start;
+	// one saw other work, at 3.5 s. allreduce's steps of 200 ms that began
+	// before 4.5 s and ended after 2.5 s (13 to 23) are bracketed by it;
+	// a2sgd's file stops at 1.5 s, so only its steps ending by then (1 to 15)
+	// are known to be quiet.
+	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	busyFile := func(name string, last float64) string {
+		var lines []string
+		for x := -0.5; x <= last; x++ {
+			n := 0
+			if x == 3.5 {
+				n = 2
+			}
+			lines = append(lines, fmt.Sprintf("%.3f 0.5 %d", float64(start.UnixNano())/1e9+x, n))
+		}
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("# time load others\n"+strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	busyA, busyB := busyFile("busy-a.txt", 8.5), busyFile("busy-b.txt", 1.5)
+	code, out, errs = runCmd(t, "traces", "-o", dir, "-skip", "0", "-busy", busyA+","+busyB, a, b)
+	for _, want := range []string{
+		"| run | quiet steps | step time, quiet (median) | vs allreduce | sync time, quiet (median) | vs allreduce |",
+		"| allreduce | 29 of 40 | 200.0 ms | 1x | 100.0 ms | 1x |",
+		"| a2sgd | 15 of 40 | 100.0 ms | 2x | 10.0 ms | 10x |",
+	} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("traces -busy: exit %d, output lacks %q:\n%s%s", code, want, out, errs)
+		}
+	}
+	code, out, _ = runCmd(t, "traces", "-o", dir, "-skip", "0", "-busy", busyA, a, b) // one file for both
+	if want := "| a2sgd | 25 of 40 | 100.0 ms |"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("traces -busy FILE: exit %d, output lacks %q:\n%s", code, want, out)
+	}
+	bad := filepath.Join(dir, "bad.txt")
+	if err := os.WriteFile(bad, []byte("1735689600 0\nyesterday 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		code int
 		want string
 	}{
 		{[]string{"traces"}, 2, "want at least one trace file"},
+		{[]string{"traces", "-busy", busyA + "," + busyA + "," + busyA, a, b}, 2, "-busy has 3 files for 2 traces"},
+		{[]string{"traces", "-o", dir, "-busy", bad, a}, 1, "bad.txt:2: \"yesterday 3\""},
+		{[]string{"traces", "-o", dir, "-busy", filepath.Join(dir, "none.txt"), a}, 1, "none.txt"},
 		{[]string{"traces", "-labels", "x", a, b}, 2, "-labels has 1 names for 2 traces"},
 		{[]string{"traces", "-smooth", "-1", a}, 2, "-smooth -1"},
 		{[]string{"traces", filepath.Join(dir, "missing.h5")}, 1, "missing.h5"},
