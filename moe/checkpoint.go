@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,10 +19,12 @@ import (
 // CheckpointFormat is the value of a checkpoint's "format" attribute, and
 // CheckpointVersion of its "version" attribute.
 // Version 2 added the run id and lets a checkpoint resume on another number
-// of ranks; version 1 files are read (they have no run id).
+// of ranks; version 3 the shared expert and the per-rank state of the
+// data-parallel gradient sync (/sync). Versions 1 and 2 are read (version 1
+// files have no run id).
 const (
 	CheckpointFormat  = "goep-moe-checkpoint"
-	CheckpointVersion = 2
+	CheckpointVersion = 3
 )
 
 // Checkpoint is the whole state of a training run after Step updates: the
@@ -31,13 +34,16 @@ const (
 // attribute) catches damage to the data that HDF5 cannot see. The data of a
 // step depends on (seed, step, tokens x ranks) alone (see Batch), so there is
 // no random generator state to save. Since the experts are in global order,
-// a checkpoint resumes on any number of ranks that divides them.
+// a checkpoint resumes on any number of ranks that divides them. The
+// data-parallel parameters (gate, shared expert) in Model are rank 0's; a
+// grad sync with per-rank state adds each rank's (Sync).
 type Checkpoint struct {
 	CheckpointInfo
 	Model Params // all Experts experts
 	AdamT int64
 	AdamM Params
 	AdamV Params
+	Sync  *SyncState // nil unless Config.GradSync.PerRankState()
 }
 
 // CheckpointInfo is what a checkpoint's attributes say, read without its
@@ -53,7 +59,8 @@ type CheckpointInfo struct {
 }
 
 // paramNames are the dataset names of the Params arrays, in slices() order.
-var paramNames = []string{"gate", "w1", "b1", "w2", "b2"}
+// A checkpoint without a shared expert has no shared_* datasets.
+var paramNames = []string{"gate", "w1", "b1", "w2", "b2", "shared_w1", "shared_b1", "shared_w2", "shared_b2"}
 
 // groups are the checkpoint's parameter groups and their HDF5 group names.
 func (ck *Checkpoint) groups() []struct {
@@ -66,11 +73,15 @@ func (ck *Checkpoint) groups() []struct {
 	}{{"model", &ck.Model}, {"adam/m", &ck.AdamM}, {"adam/v", &ck.AdamV}}
 }
 
-// paramShapes are the shapes of the arrays of Params for n experts.
+// paramShapes are the shapes of the arrays of Params for n experts, in
+// slices() order.
 func paramShapes(c Config, n int) [][]int {
-	H, F, E := c.Hidden, c.FFN, c.Experts
-	return [][]int{{H, E}, {n, H, F}, {n, F}, {n, F, H}, {n, H}}
+	H, F, E, S := c.Hidden, c.FFN, c.Experts, c.SharedFFN
+	return [][]int{{H, E}, {n, H, F}, {n, F}, {n, F, H}, {n, H}, {H, S}, {S}, {S, H}, {H}}
 }
+
+// isSharedParam reports whether array i of slices() is the shared expert's.
+func isSharedParam(i int) bool { return i >= 5 }
 
 // WriteCheckpoint writes ck to path atomically (h5.WriteAtomic): a reader
 // finds the previous file or the new one, whole.
@@ -100,12 +111,15 @@ func WriteCheckpoint(path string, ck *Checkpoint) error {
 		shapes := paramShapes(ck.Config.Config, ck.Config.Experts)
 		for _, g := range ck.groups() {
 			for i, s := range g.p.slices() {
+				if isSharedParam(i) && ck.Config.SharedFFN == 0 {
+					continue
+				}
 				if err := f.WriteDataset(g.name+"/"+paramNames[i], shapes[i], s); err != nil {
 					return err
 				}
 			}
 		}
-		return nil
+		return ck.Sync.write(f, ck.WorldSize, ck.Config.DataParallelParams())
 	})
 }
 
@@ -131,8 +145,11 @@ func ReadCheckpoint(path string) (*Checkpoint, error) {
 	shapes := paramShapes(ck.Config.Config, ck.Config.Experts)
 	for _, g := range ck.groups() {
 		p := g.p
-		dst := []*[]float64{&p.Gate, &p.W1, &p.B1, &p.W2, &p.B2}
+		dst := []*[]float64{&p.Gate, &p.W1, &p.B1, &p.W2, &p.B2, &p.SharedW1, &p.SharedB1, &p.SharedW2, &p.SharedB2}
 		for i, name := range paramNames {
+			if isSharedParam(i) && ck.Config.SharedFFN == 0 {
+				continue
+			}
 			data, shape, err := f.ReadFloat64(g.name + "/" + name)
 			if err != nil {
 				return nil, bad("%v", err)
@@ -141,6 +158,11 @@ func ReadCheckpoint(path string) (*Checkpoint, error) {
 				return nil, bad("/%s/%s has shape %v, want %v for its configuration", g.name, name, shape, shapes[i])
 			}
 			*dst[i] = data
+		}
+	}
+	if ck.Config.GradSync.PerRankState() {
+		if ck.Sync, err = readSyncState(f, ck.Config.GradSync, ck.WorldSize, ck.Config.DataParallelParams()); err != nil {
+			return nil, bad("%v", err)
 		}
 	}
 	sum, err := f.AttrString("/", "checksum")
@@ -225,16 +247,20 @@ func openCheckpoint(path string) (_ *h5.File, _ *CheckpointInfo, err error) {
 }
 
 // checksumHex is the FNV-1a 64-bit hash of the bits of every array of ck, in
-// a fixed order, in hexadecimal.
+// a fixed order (the model, Adam's moments, then the sync state), in
+// hexadecimal.
 func checksumHex(ck *Checkpoint) string {
 	h := fnv.New64a()
 	var b [8]byte
+	arrays := [][]float64{}
 	for _, g := range ck.groups() {
-		for _, s := range g.p.slices() {
-			for _, v := range s {
-				binary.LittleEndian.PutUint64(b[:], math.Float64bits(v))
-				h.Write(b[:])
-			}
+		arrays = append(arrays, g.p.slices()...)
+	}
+	arrays = append(arrays, ck.Sync.arrays()...)
+	for _, s := range arrays {
+		for _, v := range s {
+			binary.LittleEndian.PutUint64(b[:], math.Float64bits(v))
+			h.Write(b[:])
 		}
 	}
 	return fmt.Sprintf("%016x", h.Sum64())
@@ -283,11 +309,13 @@ func fixedDiffs(a, b TrainConfig, inA, inB string) []string {
 	add("topk", a.TopK, b.TopK)
 	add("hidden", a.Hidden, b.Hidden)
 	add("ffn", a.FFN, b.FFN)
+	add("shared-ffn", a.SharedFFN, b.SharedFFN)
 	add("act", a.Act, b.Act)
 	add("seed", a.Seed, b.Seed)
 	add("teacher-seed", a.TeacherSeed, b.TeacherSeed)
 	add("lr", a.LR, b.LR)
 	add("aux", a.AuxCoef, b.AuxCoef)
+	add("grad-sync", a.GradSync, b.GradSync)
 	return diffs
 }
 
@@ -305,6 +333,14 @@ func (ck *CheckpointInfo) Changes(cfg TrainConfig, worldSize int) []string {
 	if ck.WorldSize != worldSize {
 		out = append(out, fmt.Sprintf("world size = %d ranks in the checkpoint, %d in this run: its %d experts are resharded, %d per rank",
 			ck.WorldSize, worldSize, a.Experts, a.Experts/max(worldSize, 1)))
+		if g := a.GradSync; g.PerRankState() {
+			s := fmt.Sprintf("grad sync %v: the %d ranks' error feedback (gradient not yet applied) does not map onto %d ranks: it is pooled and spread evenly, so that none of it is lost, though which rank holds what changes",
+				g, ck.WorldSize, worldSize)
+			if !g.Replicated() {
+				s += "; every rank starts from rank 0's copy of the gate and the shared expert and of their Adam moments (a2sgd lets the ranks' copies drift apart; the others are dropped)"
+			}
+			out = append(out, s)
+		}
 	}
 	if a.Mode != cfg.Mode {
 		out = append(out, fmt.Sprintf("mode = %v in the checkpoint, %v in this run", a.Mode, cfg.Mode))
@@ -333,6 +369,7 @@ func configAttrs(c TrainConfig) []struct {
 		{"experts", c.Experts}, {"topk", c.TopK}, {"hidden", c.Hidden}, {"ffn", c.FFN},
 		{"tokens", c.Tokens}, {"mode", c.Mode.String()}, {"dtype", c.DType.String()}, {"act", c.Act.String()},
 		{"seed", int64(c.Seed)}, {"teacher_seed", int64(c.TeacherSeed)}, {"lr", c.LR}, {"aux_coef", c.AuxCoef},
+		{"shared_ffn", c.SharedFFN}, {"grad_sync", c.GradSync.String()},
 	}
 }
 
@@ -387,6 +424,28 @@ func readConfigAttrs(f *h5.File, obj string) (TrainConfig, error) {
 	if c.Act, err = ParseActivation(strs["act"]); err != nil {
 		return c, err
 	}
+	// Added with checkpoint version 3 and trace version 2: absent, the run
+	// had no shared expert and summed its gate's gradient by allreduce.
+	names, err := f.AttrNames(obj)
+	if err != nil {
+		return c, err
+	}
+	if slices.Contains(names, "shared_ffn") {
+		v, err := f.AttrInt64(obj, "shared_ffn")
+		if err != nil {
+			return c, err
+		}
+		c.SharedFFN = int(v)
+	}
+	if slices.Contains(names, "grad_sync") {
+		v, err := f.AttrString(obj, "grad_sync")
+		if err != nil {
+			return c, err
+		}
+		if c.GradSync, err = ParseGradSync(v); err != nil {
+			return c, err
+		}
+	}
 	return c, nil
 }
 
@@ -414,15 +473,21 @@ func (tr *Trainer) SaveCheckpoint(path string) error {
 	if err := mpi.AllgatherSlice(tr.comm, mine, all); err != nil {
 		return fmt.Errorf("moe: checkpoint %s: gathering the experts: %w", path, err)
 	}
-	var err error
+	sync, err := tr.gatherSyncState()
+	if err != nil {
+		return fmt.Errorf("moe: checkpoint %s: %w", path, err)
+	}
 	if tr.comm.Rank() == 0 {
 		c := tr.cfg.Config
 		ck := &Checkpoint{CheckpointInfo: CheckpointInfo{Version: CheckpointVersion, RunID: tr.runID, Step: tr.step, WorldSize: R,
 			Config: tr.cfg, WrittenAt: time.Now()}, AdamT: tr.adam.T,
-			Model: newParams(c, c.Experts), AdamM: newParams(c, c.Experts), AdamV: newParams(c, c.Experts)}
-		copy(ck.Model.Gate, tr.layer.Params().Gate)
-		copy(ck.AdamM.Gate, tr.adam.M.Gate)
-		copy(ck.AdamV.Gate, tr.adam.V.Gate)
+			Model: newParams(c, c.Experts), AdamM: newParams(c, c.Experts), AdamV: newParams(c, c.Experts), Sync: sync}
+		for _, pair := range [][2]*Params{{&ck.Model, tr.layer.Params()}, {&ck.AdamM, &tr.adam.M}, {&ck.AdamV, &tr.adam.V}} {
+			ds, ss := pair[0].dataParallelSlices(), pair[1].dataParallelSlices()
+			for i := range ds {
+				copy(ds[i], ss[i])
+			}
+		}
 		global := append(append(ck.Model.expertSlices(), ck.AdamM.expertSlices()...), ck.AdamV.expertSlices()...)
 		for r := 0; r < R; r++ {
 			chunk := all[r*n : (r+1)*n]
@@ -437,11 +502,12 @@ func (tr *Trainer) SaveCheckpoint(path string) error {
 }
 
 // LoadCheckpoint restores the run from the checkpoint at path: rank 0 reads
-// and checks it (Compatible), then every rank takes the gate, its share of
-// the experts (the checkpoint holds them all in global order, so it may come
-// from any number of ranks), Adam's state, the step and the run id (a version
-// 1 checkpoint has none: the trainer keeps its own). Collective; every rank
-// returns the same outcome.
+// and checks it (Compatible), then every rank takes the gate and the shared
+// expert, its share of the experts (the checkpoint holds them all in global
+// order, so it may come from any number of ranks), Adam's state, the step,
+// the run id (a version 1 checkpoint has none: the trainer keeps its own)
+// and its state of the grad sync (see restoreSyncState). Collective; every
+// rank returns the same outcome.
 func (tr *Trainer) LoadCheckpoint(path string) error {
 	c := tr.cfg.Config
 	R, me := tr.comm.Size(), tr.comm.Rank()
@@ -458,7 +524,7 @@ func (tr *Trainer) LoadCheckpoint(path string) error {
 	if err := agree(tr.comm, err); err != nil {
 		return err
 	}
-	steps := []int64{ck.Step, ck.AdamT}
+	steps := []int64{ck.Step, ck.AdamT, int64(ck.WorldSize)}
 	if err := mpi.BcastSlice(tr.comm, steps, 0); err != nil {
 		return fmt.Errorf("moe: resume from %s: %w", path, err)
 	}
@@ -468,6 +534,9 @@ func (tr *Trainer) LoadCheckpoint(path string) error {
 	}
 	for _, p := range []*Params{&ck.Model, &ck.AdamM, &ck.AdamV} {
 		for _, s := range p.slices() {
+			if len(s) == 0 {
+				continue // no shared expert
+			}
 			if err := mpi.BcastSlice(tr.comm, s, 0); err != nil {
 				return fmt.Errorf("moe: resume from %s: %w", path, err)
 			}
@@ -476,12 +545,18 @@ func (tr *Trainer) LoadCheckpoint(path string) error {
 	first, L := tr.layer.FirstExpert(), tr.layer.LocalExperts()
 	for _, pair := range [][2]*Params{{tr.layer.Params(), &ck.Model}, {&tr.adam.M, &ck.AdamM}, {&tr.adam.V, &ck.AdamV}} {
 		dst, src := pair[0], pair[1]
-		copy(dst.Gate, src.Gate)
+		dd, sd := dst.dataParallelSlices(), src.dataParallelSlices()
+		for j := range dd {
+			copy(dd[j], sd[j])
+		}
 		ds, ss := dst.expertSlices(), src.expertSlices()
 		for j := range ds {
 			per := len(ds[j]) / L
 			copy(ds[j], ss[j][first*per:(first+L)*per])
 		}
+	}
+	if err := tr.restoreSyncState(ck, int(steps[2])); err != nil {
+		return fmt.Errorf("moe: resume from %s: %w", path, err)
 	}
 	tr.step, tr.adam.T = steps[0], steps[1]
 	if id != "" {

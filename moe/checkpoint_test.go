@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -30,21 +31,28 @@ func tempDir(t *testing.T, w *mpi.Comm) string {
 // paramsEqual reports whether two Params are bit for bit the same.
 func paramsEqual(a, b *moe.Params) bool {
 	return slices.Equal(a.Gate, b.Gate) && slices.Equal(a.W1, b.W1) && slices.Equal(a.B1, b.B1) &&
-		slices.Equal(a.W2, b.W2) && slices.Equal(a.B2, b.B2)
+		slices.Equal(a.W2, b.W2) && slices.Equal(a.B2, b.B2) &&
+		slices.Equal(a.SharedW1, b.SharedW1) && slices.Equal(a.SharedB1, b.SharedB1) &&
+		slices.Equal(a.SharedW2, b.SharedW2) && slices.Equal(a.SharedB2, b.SharedB2)
 }
 
 // A run of 2N steps and a run of N steps, a checkpoint, and N more steps in
-// a new trainer end with bit-identical parameters, Adam state and losses.
+// a new trainer end with bit-identical parameters, Adam state and losses:
+// in both modes, and with a shared expert under each grad sync, whose
+// per-rank error feedback (and, for A2SGD, each rank's own copy of the
+// data-parallel parameters) the checkpoint holds.
 func TestResumeIsBitIdentical(t *testing.T) {
 	w := mpitesting.World
 	const N = 12
-	for _, tc := range []struct {
-		mode  ep.Mode
-		dtype moe.DType
-	}{{ep.LowLatency, moe.Float32}, {ep.HighThroughput, moe.BFloat16}} {
-		t.Run(tc.mode.String()+"-"+tc.dtype.String(), func(t *testing.T) {
+	cases := []moe.TrainConfig{smallConfig(ep.LowLatency, moe.Float32), smallConfig(ep.HighThroughput, moe.BFloat16)}
+	cases = append(cases, syncConfigs()...)
+	for _, cfg := range cases {
+		name := cfg.Mode.String() + "-" + cfg.DType.String()
+		if cfg.SharedFFN > 0 {
+			name += fmt.Sprintf("-shared%d-%v", cfg.SharedFFN, cfg.GradSync)
+		}
+		t.Run(name, func(t *testing.T) {
 			defer mpitesting.Agree(t, w)
-			cfg := smallConfig(tc.mode, tc.dtype)
 			dir := tempDir(t, w)
 			path := filepath.Join(dir, "ckpt.h5")
 
@@ -83,6 +91,10 @@ func TestResumeIsBitIdentical(t *testing.T) {
 			assert.True(t, paramsEqual(&whole.Adam().M, &second.Adam().M), "Adam's first moments differ")
 			assert.True(t, paramsEqual(&whole.Adam().V, &second.Adam().V), "Adam's second moments differ")
 			assert.Equal(t, whole.Adam().T, second.Adam().T)
+			assert.Equal(t, whole.Layer().Syncer().Residual(), second.Layer().Syncer().Residual(), "error feedback differs")
+			if cfg.GradSync.PerRankState() {
+				assert.Positive(t, floatsNorm(second.Layer().Syncer().Residual()), "an error was kept")
+			}
 		})
 	}
 }
@@ -354,4 +366,101 @@ func TestCorruptCheckpoint(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `format attribute is "goep-moe-trace", want "goep-moe-checkpoint"`)
 	assert.True(t, paramsEqual(&before, tr.Layer().Params()), "a failed resume changed the parameters")
+}
+
+// A checkpoint of a grad sync with per-rank state, resumed on another
+// number of ranks: the ranks' error feedback is pooled, none of it lost (the
+// residuals of the new ranks sum to those of the old), and under A2SGD,
+// whose ranks' copies differ, every new rank starts from rank 0's copy (the
+// checkpoint's model). CheckpointInfo.Changes says so. On the same number of
+// ranks each rank gets its own row back. (On one rank, only the latter.)
+func TestSyncStateReshards(t *testing.T) {
+	w := mpitesting.World
+	R := w.Size()
+	resumeOn := []int{R}
+	if R > 1 {
+		resumeOn = []int{R / 2, R}
+	}
+	for _, cfg := range syncConfigs()[1:] {
+		t.Run(cfg.GradSync.String(), func(t *testing.T) {
+			defer mpitesting.Agree(t, w)
+			path := filepath.Join(tempDir(t, w), "ckpt.h5")
+			onRanks(t, w, R, func(c *mpi.Comm) {
+				tr, err := moe.NewTrainer(c, cfg)
+				require.NoError(t, err)
+				defer tr.Close()
+				for i := 0; i < 5; i++ {
+					_, err := tr.Step()
+					require.NoError(t, err)
+				}
+				require.NoError(t, tr.SaveCheckpoint(path))
+			})
+			var ck *moe.Checkpoint
+			if w.Rank() == 0 {
+				var err error
+				ck, err = moe.ReadCheckpoint(path)
+				require.NoError(t, err)
+				n := cfg.DataParallelParams()
+				require.NotNil(t, ck.Sync)
+				require.Len(t, ck.Sync.Residual, R*n)
+				if cfg.GradSync.Replicated() {
+					assert.Nil(t, ck.Sync.Model)
+				} else {
+					require.Len(t, ck.Sync.Model, R*n)
+					assert.Equal(t, ck.Model.Gate, ck.Sync.Model[:len(ck.Model.Gate)], "the model's gate is rank 0's")
+					if R > 1 {
+						assert.NotEqual(t, ck.Sync.Model[:n], ck.Sync.Model[n:2*n], "a2sgd: ranks 0 and 1 hold different copies")
+					}
+				}
+				changes := strings.Join(ck.Changes(cfg, 2*R), "\n")
+				assert.Contains(t, changes, fmt.Sprintf("grad sync %v: the %d ranks' error feedback", cfg.GradSync, R))
+				assert.Contains(t, changes, "pooled and spread evenly")
+				assert.Equal(t, !cfg.GradSync.Replicated(), strings.Contains(changes, "every rank starts from rank 0's copy"))
+				assert.Empty(t, ck.Changes(cfg, R), "same ranks: nothing changes")
+			}
+			for _, b := range resumeOn {
+				onRanks(t, w, b, func(c *mpi.Comm) {
+					cr := cfg
+					cr.Tokens = cfg.Tokens * R / b
+					tr, err := moe.NewTrainer(c, cr)
+					require.NoError(t, err)
+					defer tr.Close()
+					require.NoError(t, tr.LoadCheckpoint(path))
+					e := tr.Layer().Syncer().Residual()
+					all := make([]float64, len(e)*b)
+					require.NoError(t, mpi.AllgatherSlice(c, e, all))
+					p := tr.Layer().Params()
+					gate := slices.Clone(p.Gate)
+					gates := make([]float64, len(gate)*b)
+					require.NoError(t, mpi.AllgatherSlice(c, gate, gates))
+					if c.Rank() != 0 {
+						return
+					}
+					n := len(e)
+					if b == R { // each rank its own row
+						assert.Equal(t, ck.Sync.Residual, all, "residuals")
+						if !cfg.GradSync.Replicated() {
+							for r := 0; r < b; r++ {
+								assert.Equal(t, ck.Sync.Model[r*n:r*n+len(gate)], gates[r*len(gate):(r+1)*len(gate)], "rank %d's gate", r)
+							}
+						}
+						return
+					}
+					for i := 0; i < n; i++ {
+						was, now := 0.0, 0.0
+						for r := 0; r < R; r++ {
+							was += ck.Sync.Residual[r*n+i]
+						}
+						for r := 0; r < b; r++ {
+							now += all[r*n+i]
+						}
+						require.InDelta(t, was, now, 1e-12*(1+math.Abs(was)), "residual %d summed over ranks", i)
+					}
+					for r := 0; r < b; r++ {
+						assert.Equal(t, ck.Model.Gate, gates[r*len(gate):(r+1)*len(gate)], "rank %d starts from rank 0's gate", r)
+					}
+				})
+			}
+		})
+	}
 }

@@ -89,6 +89,15 @@ type Config struct {
 	Tokens  int        // most tokens one rank passes to Forward at once
 	Act     Activation // SiLU or GELU
 	Seed    uint64     // initial parameters (see Init)
+	// SharedFFN is the width of the shared expert's inner layer: a dense
+	// FFN (Hidden -> SharedFFN -> Hidden, activation Act) that every token
+	// passes through, replicated on every rank, whose output is added to the
+	// routed experts'. 0: none.
+	SharedFFN int
+	// GradSync is how the gradient of the data-parallel parameters (the gate
+	// and the shared expert) is summed over the ranks; the zero value is the
+	// exact allreduce.
+	GradSync GradSync
 	// Timeout bounds every wait for a peer inside ep; 0 means ep's default.
 	Timeout time.Duration
 }
@@ -115,10 +124,25 @@ func (c Config) Validate(size int) error {
 		return bad("ffn = %d, want > 0", c.FFN)
 	case c.Tokens <= 0:
 		return bad("tokens = %d, want > 0", c.Tokens)
+	case c.SharedFFN < 0:
+		return bad("shared ffn = %d, want >= 0 (0: no shared expert)", c.SharedFFN)
 	case c.Timeout < 0:
 		return bad("timeout = %v is negative", c.Timeout)
 	}
+	if err := c.GradSync.validate(c.DataParallelParams()); err != nil {
+		return bad("%v", err)
+	}
 	return nil
+}
+
+// DataParallelParams is the number of parameters every rank holds a copy
+// of: the gate's and the shared expert's.
+func (c Config) DataParallelParams() int {
+	n := c.Hidden * c.Experts
+	if c.SharedFFN > 0 {
+		n += 2*c.Hidden*c.SharedFFN + c.SharedFFN + c.Hidden
+	}
+	return n
 }
 
 // TrainConfig describes a training run of the synthetic task (see Trainer).

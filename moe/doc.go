@@ -3,8 +3,9 @@
 // with HDF5 traces and checkpoints. It is small enough to check by finite
 // differences and real enough to exercise ep as a training framework does:
 // forward and backward through both modes, the gradient of the routing
-// weights carried back by Combine's RowValues, a replicated gate trained
-// with data parallelism, and resumable runs.
+// weights carried back by Combine's RowValues, a gate and an optional shared
+// expert trained with data parallelism (their gradient summed exactly, or by
+// A2SGD or Top-K), and resumable runs.
 //
 // # The layer
 //
@@ -14,10 +15,13 @@
 //	p      = softmax(x · Gate)                    Gate [Hidden][Experts], replicated on every rank
 //	e_1..K = the K most probable experts           distinct; ties go to the lower index
 //	w_k    = p[e_k] / sum_j p[e_j]                 renormalised over the top k
-//	out    = sum_k w_k * expert_{e_k}(x)
+//	out    = sum_k w_k * expert_{e_k}(x) + shared(x)
 //	expert(u) = act(u · W1 + b1) · W2 + b2         Hidden -> FFN -> Hidden, act SiLU or GELU
+//	shared(u) = act(u · SW1 + sb1) · SW2 + sb2     Hidden -> SharedFFN -> Hidden; 0 if SharedFFN = 0
 //
-// Rank r owns experts [r*L, (r+1)*L), L = Experts/ranks, as in ep.
+// Rank r owns experts [r*L, (r+1)*L), L = Experts/ranks, as in ep. The
+// shared expert, as in DeepSeek-MoE and Qwen-MoE, is a dense FFN every token
+// passes through, on its own rank: like the gate, every rank holds a copy.
 // Parameters and expert compute are float64 (matrix products with gonum's
 // BLAS); tokens travel through ep as float32 or bfloat16 (Config.DType).
 //
@@ -54,12 +58,52 @@
 // in HT mode) and carries those weight gradients back to their (token, slot)
 // through RowValues and SlotValues. The router's backward (through the
 // renormalisation, the softmax and the aux loss) then gives the gate's
-// gradient and the rest of the input's. The gate is replicated, so its
-// gradient is summed over ranks with mpi.Allreduce: the loss is a sum of
-// per-rank terms (the global mean squared error is), so the sum is the
-// gradient of the global loss and every rank applies the same update.
-// TestGradients checks every gradient against central differences of the
-// global loss on one rank and, under mpirun, on several.
+// gradient and the rest of the input's; the shared expert's backward runs on
+// the rank's own tokens and adds to the input's. TestGradients checks every
+// gradient against central differences of the global loss on one rank and,
+// under mpirun, on several.
+//
+// # Data-parallel gradients
+//
+// The gate and the shared expert are data parallel: every rank holds a copy
+// and computes the gradient of its own tokens' share of the loss. The loss
+// is a sum of per-rank terms (the global mean squared error is), so the sum
+// over ranks of those gradients is the gradient of the global loss. A
+// Syncer computes it, once per Backward, over one vector (the gate's
+// gradient, then the shared expert's), as Config.GradSync chooses:
+//
+//   - allreduce (the default): mpi.Allreduce, exact; every rank applies the
+//     same update and the copies stay identical.
+//   - a2sgd: A2SGD's two-level gradient averaging (Bhattacharya, Yu,
+//     Chowdhury, "O(1) Communication for Distributed SGD through Two-Level
+//     Gradient Averaging", arXiv 2006.07405). Each rank adds its kept error
+//     to its gradient, condenses the whole vector to the mean of its
+//     positive entries and the mean of its negative ones, and the ranks
+//     average those two numbers (an allreduce of 16 bytes, whatever the
+//     model's size). Each rank then updates every entry by the global
+//     average of its sign (0 for a zero entry) and keeps the difference
+//     between what it had and what it applied as its error, added back at
+//     the next step. The signs are each rank's own, so the ranks' copies of
+//     the gate and shared expert drift apart (Replicated is false).
+//   - topk:K: Top-K sparsification with error feedback, the paper's
+//     baseline: each rank sends the K entries of its gradient plus error of
+//     largest magnitude (an allgather of K index-value pairs), keeps the
+//     rest as its error, and every rank sums what all sent, in rank order,
+//     so the copies stay identical.
+//
+// Choices where the paper is silent or could not be checked (it was not
+// available to read while this was written; docs/gradsync.md discusses
+// them): the two means are taken over the whole data-parallel vector, not per
+// tensor ("two local averages per worker"); the error is what the rank had
+// minus what it applied with the global averages, so that applied updates
+// plus the error always equal the sum of the raw gradients; an entry equal to
+// zero counts in neither mean and is updated by 0; a rank without positive
+// (or negative) entries contributes 0 to that average; the synced gradient
+// goes to Adam, the trainer's optimiser, where the paper uses SGD. Sync
+// returns a sum over ranks, like the exact sync: R times the rank's averaged
+// update. SyncStats counts the bytes each rank sends under the
+// bandwidth-optimal algorithms (2(R-1)/R of an allreduced vector, R-1 times
+// a rank's own part of an allgather) and the time the sync took.
 //
 // # The synthetic task
 //
@@ -88,6 +132,14 @@
 // step) and checkpoints (SaveCheckpoint: every rank's experts gathered to
 // rank 0 into one file, written atomically with h5.WriteAtomic).
 //
+// Each step's statistics include, per pair of ranks, how long one waited
+// for the other in the ep calls and the token rows it sent to and received
+// from it (StepStats.WaitUS, PeerSent, PeerRecv: each rank's ep.Group.Stats,
+// read and reset once per step, gathered). RunResult sums the waits over
+// the run, and FindStraggler names the rank the others waited for most when
+// it stands out (at least StragglerFactor times the mean for another rank,
+// and StragglerMinUS in all).
+//
 // A run has an identity, its run id (NewRunID), made when it starts from
 // scratch, written into its trace and every checkpoint, and kept by its
 // resumes. Before it changes any file, Run looks at what is at its trace
@@ -107,9 +159,14 @@
 // share), in either mode and element type, with any tokens per rank. It
 // refuses a checkpoint of another model or training configuration, naming
 // each field that differs and both values, and a truncated or damaged file
-// (a checksum covers the arrays). On the same ranks, mode and element type
-// a run of 2N steps and a run of N steps resumed for N more end
-// bit-identical; on another number of ranks with the same global batch the
+// (a checksum covers the arrays). A grad sync with error feedback keeps
+// per-rank state, which the checkpoint holds rank by rank (SyncState; for
+// A2SGD with each rank's own copy of the gate and shared expert and of
+// their Adam moments). On the same ranks, mode and element type a run of 2N
+// steps and a run of N steps resumed for N more end bit-identical, with any
+// grad sync; on another number of ranks the ranks' errors are pooled and
+// spread evenly (none is lost) and, under A2SGD, every rank starts from rank
+// 0's copy, and the run says so; on another number of ranks with the same global batch the
 // resumed run trains on the same tokens and follows the uninterrupted run's
 // loss within rounding (docs/trace-schema.md has the measured tolerance).
 // The file formats are in docs/trace-schema.md.

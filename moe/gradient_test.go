@@ -167,22 +167,28 @@ func randNormal(seed, stream uint64, n int, scale float64) []float64 {
 	return v
 }
 
-// TestGradients checks every kind of gradient (gate, each expert array of
-// every rank, inputs of every rank) against central finite differences of
-// the global loss, in both modes and with both activations. The wire type is
-// float32: the loss then has float32 rounding noise, well below the
-// differences taken.
+// TestGradients checks every kind of gradient (gate, shared expert, each
+// expert array of every rank, inputs of every rank) against central finite
+// differences of the global loss, in both modes, with both activations, with
+// and without a shared expert. The wire type is float32: the loss then has
+// float32 rounding noise, well below the differences taken.
 func TestGradients(t *testing.T) {
 	w := mpitesting.World
 	R, me := w.Size(), w.Rank()
 	for _, tc := range []struct {
-		mode ep.Mode
-		act  moe.Activation
-	}{{ep.LowLatency, moe.SiLU}, {ep.HighThroughput, moe.GELU}, {ep.LowLatency, moe.GELU}, {ep.HighThroughput, moe.SiLU}} {
-		t.Run(fmt.Sprintf("%v-%v", tc.mode, tc.act), func(t *testing.T) {
+		mode   ep.Mode
+		act    moe.Activation
+		shared int
+	}{{ep.LowLatency, moe.SiLU, 0}, {ep.HighThroughput, moe.GELU, 0}, {ep.LowLatency, moe.GELU, 0}, {ep.HighThroughput, moe.SiLU, 0},
+		{ep.LowLatency, moe.SiLU, 12}, {ep.HighThroughput, moe.GELU, 12}} {
+		name := fmt.Sprintf("%v-%v", tc.mode, tc.act)
+		if tc.shared > 0 {
+			name += fmt.Sprintf("-shared%d", tc.shared)
+		}
+		t.Run(name, func(t *testing.T) {
 			defer mpitesting.Agree(t, w)
 			cfg := moe.Config{Mode: tc.mode, DType: moe.Float32, Experts: 8, TopK: 3, Hidden: 6, FFN: 10,
-				Tokens: 8, Act: tc.act, Seed: 11}
+				Tokens: 8, Act: tc.act, Seed: 11, SharedFFN: tc.shared}
 			l, err := moe.NewLayer(w, cfg)
 			require.NoError(t, err)
 			defer l.Close()
@@ -204,6 +210,12 @@ func TestGradients(t *testing.T) {
 			}
 			sizes := []int{len(P.W1), len(P.B1), len(P.W2), len(P.B2)} // the same on every rank
 			add("gate", -1, func() []float64 { return P.Gate }, func() []float64 { return G.Gate }, len(P.Gate), 8, 1)
+			if tc.shared > 0 { // replicated, like the gate
+				add("shared_w1", -1, func() []float64 { return P.SharedW1 }, func() []float64 { return G.SharedW1 }, len(P.SharedW1), 4, 7)
+				add("shared_b1", -1, func() []float64 { return P.SharedB1 }, func() []float64 { return G.SharedB1 }, len(P.SharedB1), 3, 8)
+				add("shared_w2", -1, func() []float64 { return P.SharedW2 }, func() []float64 { return G.SharedW2 }, len(P.SharedW2), 4, 9)
+				add("shared_b2", -1, func() []float64 { return P.SharedB2 }, func() []float64 { return G.SharedB2 }, len(P.SharedB2), 3, 10)
+			}
 			for r := 0; r < R; r++ {
 				add("w1", r, func() []float64 { return P.W1 }, func() []float64 { return G.W1 }, sizes[0], 3, 2)
 				add("b1", r, func() []float64 { return P.B1 }, func() []float64 { return G.B1 }, sizes[1], 2, 3)

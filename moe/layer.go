@@ -9,11 +9,11 @@ import (
 	"github.com/goep/goep/mpi"
 )
 
-// Layer is a MoE layer spread over the ranks of a communicator: a gate
-// replicated on every rank and Experts two-layer MLPs, LocalExperts of them
-// on each rank (rank r owns experts [r*L, (r+1)*L), as in ep). Forward and
-// Backward are collective: every rank calls them in the same order, each with
-// its own tokens.
+// Layer is a MoE layer spread over the ranks of a communicator: a gate and
+// an optional shared expert held by every rank (data parallel), and Experts
+// two-layer MLPs, LocalExperts of them on each rank (rank r owns experts
+// [r*L, (r+1)*L), as in ep). Forward and Backward are collective: every rank
+// calls them in the same order, each with its own tokens.
 type Layer struct {
 	cfg        Config
 	comm       *mpi.Comm
@@ -34,7 +34,14 @@ type Layer struct {
 	meanP     []float64 // P_e = mean over all tokens of the router probability of e
 	aux       float64
 
-	scratch, dp, gGate []float64
+	shared mlpCache // the shared expert's forward over this rank's tokens
+
+	sync    Syncer    // sums the data-parallel gradient over the ranks
+	dpGrad  []float64 // this rank's data-parallel gradient: gate, then shared expert
+	syncDur time.Duration
+	syncB   int64
+
+	scratch, dp, du []float64
 }
 
 // CommStats is what one rank spent in ep calls.
@@ -50,6 +57,19 @@ type CommStats struct {
 	// dispatch); the experts' side returns one row per row received from
 	// another rank, twice (the forward combine and the backward one).
 	BytesSent int64
+	// Sync is the time in the data-parallel gradient sync (Config.GradSync)
+	// of the gate and the shared expert, computation included; SyncBytes
+	// what it sent (SyncStats.BytesSent).
+	Sync      time.Duration
+	SyncBytes int64
+	// Per peer rank (indexed by rank, this rank included), from the ep
+	// group's statistics (ep.Group.Stats): PeerWait is how long this rank
+	// waited for the peer in the ep calls (nil where the engine does not
+	// measure it); PeerSent and PeerRecv are the token rows sent to and
+	// received from it, in bytes, the rows a rank keeps for itself
+	// included (BytesSent is the sum of PeerSent over the other ranks).
+	PeerWait           []time.Duration
+	PeerSent, PeerRecv []int64
 }
 
 // NewLayer creates the layer's ep group (collective) and its parameters,
@@ -62,13 +82,21 @@ func NewLayer(comm *mpi.Comm, cfg Config) (*Layer, error) {
 	if err != nil {
 		return nil, err
 	}
+	sync, err := NewSyncer(comm, cfg.GradSync, cfg.DataParallelParams())
+	if err != nil {
+		return nil, errors.Join(err, w.close())
+	}
 	L := cfg.Experts / comm.Size()
-	l := &Layer{cfg: cfg, comm: comm, rank: comm.Rank(), size: comm.Size(), L: L, w: w,
+	l := &Layer{cfg: cfg, comm: comm, rank: comm.Rank(), size: comm.Size(), L: L, w: w, sync: sync,
 		p: newParams(cfg, L), g: newParams(cfg, L), caches: make([]mlpCache, L),
 		counts: make([]int64, cfg.Experts), frac: make([]float64, cfg.Experts), meanP: make([]float64, cfg.Experts)}
 	initParams(&l.p, cfg, cfg.Seed, l.FirstExpert(), studentInit)
 	return l, nil
 }
+
+// Syncer is the layer's data-parallel gradient sync (Config.GradSync): its
+// Residual is this rank's error feedback, which a checkpoint holds.
+func (l *Layer) Syncer() Syncer { return l.sync }
 
 // Close releases the ep group. Collective.
 func (l *Layer) Close() error { return l.w.close() }
@@ -82,8 +110,8 @@ func (l *Layer) LocalExperts() int { return l.L }
 // FirstExpert is the global index of this rank's first expert.
 func (l *Layer) FirstExpert() int { return l.rank * l.L }
 
-// Params returns the layer's parameters on this rank (the gate and the local
-// experts). The caller may change them between calls.
+// Params returns the layer's parameters on this rank (the gate, the shared
+// expert and the local experts). The caller may change them between calls.
 func (l *Layer) Params() *Params { return &l.p }
 
 // Grads returns the gradients that Backward accumulates, laid out like Params.
@@ -106,7 +134,10 @@ func (l *Layer) GlobalTokens() int { return l.tokens }
 // TakeCommStats returns this rank's ep time and bytes since the last call.
 func (l *Layer) TakeCommStats() CommStats {
 	s := l.w.takeStats()
-	return CommStats{Dispatch: s.dispatch, Combine: s.combine, BytesSent: s.bytesSent}
+	cs := CommStats{Dispatch: s.dispatch, Combine: s.combine, BytesSent: s.bytesSent, Sync: l.syncDur, SyncBytes: l.syncB,
+		PeerWait: s.peerWait, PeerSent: s.peerSent, PeerRecv: s.peerRecv}
+	l.syncDur, l.syncB = 0, 0
+	return cs
 }
 
 // Forward runs the layer on this rank's tokens x ([T][Hidden], T <=
@@ -182,18 +213,33 @@ func (l *Layer) Forward(x []float64) (out []float64, aux float64, err error) {
 	if err := l.w.combine(rt, l.y, out); err != nil {
 		return nil, 0, err
 	}
+	if c.SharedFFN > 0 {
+		sharedForward(l.p.shared(), c, l.r.x, T, &l.shared, out)
+	}
 	l.forwarded = true
 	return out, l.aux, nil
+}
+
+// sharedForward runs the shared expert on the T tokens x and adds its
+// outputs to out; c keeps the pass for the backward.
+func sharedForward(e expert, cfg Config, x []float64, T int, c *mlpCache, out []float64) {
+	c.n, c.u = T, x
+	mlpForward(e, cfg.Act, cfg.Hidden, cfg.SharedFFN, c)
+	for i, v := range c.o {
+		out[i] += v
+	}
 }
 
 // Backward takes the gradient of the loss with respect to the last
 // Forward's outputs on this rank (gradOut, [T][Hidden]) and with respect to
 // its load-balancing loss (auxGrad, the same on every rank: the loss's
-// coefficient of it), adds the gradients of the local experts and of the gate
-// to Grads, and returns the gradient with respect to this rank's inputs. The
-// gate's gradient is summed over ranks (an Allreduce), so it is the same on
-// every rank: the loss is taken to be a sum over ranks of per-rank terms, as
-// a global mean is. Collective; once per Forward.
+// coefficient of it), adds the gradients of the local experts, the gate and
+// the shared expert to Grads, and returns the gradient with respect to this
+// rank's inputs. The gradient of the data-parallel parameters (the gate and
+// the shared expert) is summed over ranks by Config.GradSync: exactly by the
+// default allreduce, so that it is the same on every rank (the loss is taken
+// to be a sum over ranks of per-rank terms, as a global mean is), or
+// approximately. Collective; once per Forward.
 func (l *Layer) Backward(gradOut []float64, auxGrad float64) (gradX []float64, err error) {
 	c := l.cfg
 	H, E, K, F := c.Hidden, c.Experts, c.TopK, c.FFN
@@ -247,15 +293,33 @@ func (l *Layer) Backward(gradOut []float64, auxGrad float64) (gradX []float64, e
 		}
 		gp[e] = auxGrad * float64(E) * l.frac[e] / float64(l.tokens)
 	}
-	l.gGate = grow(l.gGate, H*E)
-	clear(l.gGate)
-	l.r.backward(l.p.Gate, gw, gp, H, E, K, l.gGate, gradX, &l.dp)
-	sum := make([]float64, H*E)
-	if err := mpi.Allreduce(l.comm, mpi.OpSum, l.gGate, sum); err != nil {
-		return nil, fmt.Errorf("moe: Backward: gate gradient: %w", err)
+	// This rank's gradient of the data-parallel parameters, in the order of
+	// Params.dataParallelSlices: the gate's, then the shared expert's.
+	l.dpGrad = grow(l.dpGrad, c.DataParallelParams())
+	clear(l.dpGrad)
+	l.r.backward(l.p.Gate, gw, gp, H, E, K, l.dpGrad[:H*E], gradX, &l.dp)
+	if S := c.SharedFFN; S > 0 && T > 0 {
+		var g Params
+		g.SharedW1, g.SharedB1 = l.dpGrad[H*E:H*E+H*S], l.dpGrad[H*E+H*S:H*E+H*S+S]
+		g.SharedW2, g.SharedB2 = l.dpGrad[H*E+H*S+S:H*E+2*H*S+S], l.dpGrad[H*E+2*H*S+S:]
+		l.du = grow(l.du, T*H)
+		mlpBackward(l.p.shared(), g.shared(), c.Act, H, S, &l.shared, gradOut, l.du, &l.scratch)
+		for i, v := range l.du {
+			gradX[i] += v
+		}
 	}
-	for i, v := range sum {
-		l.g.Gate[i] += v
+	st, err := l.sync.Sync(l.dpGrad)
+	if err != nil {
+		return nil, fmt.Errorf("moe: Backward: data-parallel gradient: %w", err)
+	}
+	l.syncDur += st.Time
+	l.syncB += st.BytesSent
+	g := l.dpGrad
+	for _, s := range l.g.dataParallelSlices() {
+		for i, v := range g[:len(s)] {
+			s[i] += v
+		}
+		g = g[len(s):]
 	}
 	return gradX, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -403,4 +404,158 @@ func TestRunVersion1Files(t *testing.T) {
 		assert.Equal(t, res.RunID, ck.RunID)
 		assert.Equal(t, moe.CheckpointVersion, ck.Version)
 	}
+}
+
+// The trace records the data-parallel gradient sync of every step: each
+// rank's bytes (as SyncStats counts them) and time, and the step's time;
+// h5dump reads them, and the run's shared expert and grad sync are
+// attributes.
+func TestRunTracesTheSync(t *testing.T) {
+	mpitesting.RequireTool(t, "h5dump")
+	w := mpitesting.World
+	R := w.Size()
+	for _, cfg := range syncConfigs() {
+		t.Run(cfg.GradSync.String(), func(t *testing.T) {
+			defer mpitesting.Agree(t, w)
+			dir := tempDir(t, w)
+			o := moe.RunOptions{TrainConfig: cfg, Steps: 4, TracePath: filepath.Join(dir, "trace.h5")}
+			res, err := moe.Run(w, o)
+			require.NoError(t, err)
+			n := int64(cfg.DataParallelParams())
+			want := map[moe.SyncMethod]int64{moe.SyncAllreduce: 2 * int64(R-1) * 8 * n / int64(R),
+				moe.SyncA2SGD: 2 * int64(R-1) * 16 / int64(R), moe.SyncTopK: int64(R-1) * 12 * int64(cfg.GradSync.K)}[cfg.GradSync.Method]
+			assert.Equal(t, want, res.SyncBytes, "mean sync bytes per step")
+			assert.Positive(t, res.MeanSync)
+			if w.Rank() != 0 {
+				return
+			}
+			tr, err := moe.ReadTrace(o.TracePath)
+			require.NoError(t, err)
+			assert.Equal(t, cfg, tr.Config)
+			require.Len(t, tr.SyncBytes, 4*R)
+			for i, b := range tr.SyncBytes {
+				assert.Equal(t, want, b, "sync_bytes[%d][%d]", i/R, i%R)
+				assert.Positive(t, tr.SyncUS[i], "sync_us[%d][%d]", i/R, i%R)
+			}
+			for i, us := range tr.StepUS {
+				assert.Greater(t, us, tr.SyncUS[i*R], "step_us[%d] holds its sync", i)
+			}
+			dump, err := exec.Command("h5dump", "-d", "/trace/sync_bytes", o.TracePath).CombinedOutput()
+			require.NoError(t, err, "%s", dump)
+			assert.Contains(t, string(dump), fmt.Sprintf("(0,0): %d", want))
+			dump, err = exec.Command("h5dump", "-A", o.TracePath).CombinedOutput()
+			require.NoError(t, err, "%s", dump)
+			for _, s := range []string{`ATTRIBUTE "grad_sync"`, fmt.Sprintf("%q", cfg.GradSync.String()), `ATTRIBUTE "shared_ffn"`} {
+				assert.Contains(t, string(dump), s)
+			}
+		})
+	}
+}
+
+// Files of the previous versions (trace schema 2, checkpoint version 2,
+// written by the program before the shared expert and the grad sync;
+// testdata/v2) are read, with no shared expert, the allreduce sync, and
+// unknown sync statistics; a run resumes from them and continues the trace
+// in the current schema.
+func TestRunVersion2Files(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	cfg := moe.TrainConfig{Config: moe.Config{Mode: ep.LowLatency, DType: moe.Float32, Experts: 2, TopK: 1, Hidden: 4, FFN: 4,
+		Tokens: 4, Act: moe.SiLU, Seed: 1}, TeacherSeed: 2, LR: 0.01, AuxCoef: 0.01}
+	dir := tempDir(t, w)
+	onRanks(t, w, 1, func(c *mpi.Comm) {
+		tr, err := moe.ReadTrace("testdata/v2/trace.h5")
+		require.NoError(t, err)
+		assert.Equal(t, 2, tr.Version)
+		assert.Equal(t, cfg, tr.Config)
+		require.Len(t, tr.Step, 3)
+		assert.Equal(t, []int64{-1, -1, -1}, tr.SyncBytes)
+		assert.True(t, math.IsNaN(tr.SyncUS[0]) && math.IsNaN(tr.StepUS[2]), "unknown sync time")
+		ck, err := moe.ReadCheckpoint("testdata/v2/ckpt-000003.h5")
+		require.NoError(t, err)
+		assert.Equal(t, 2, ck.Version)
+		assert.Equal(t, cfg, ck.Config)
+		assert.Nil(t, ck.Sync)
+		assert.Empty(t, ck.Model.SharedW1)
+
+		for _, f := range []string{"trace.h5", "ckpt-000003.h5"} {
+			data, err := os.ReadFile(filepath.Join("testdata/v2", f))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, f), data, 0o644))
+		}
+		res, err := moe.Run(c, moe.RunOptions{TrainConfig: cfg, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
+			CheckpointDir: dir, Resume: moe.ResumeAuto})
+		require.NoError(t, err)
+		assert.Equal(t, tr.RunID, res.RunID)
+		assert.Equal(t, int64(3), res.StartStep)
+		now, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+		require.NoError(t, err)
+		assert.Equal(t, moe.TraceVersion, now.Version)
+		assert.Equal(t, tr.Loss, now.Loss[:3], "the old rows are kept")
+		assert.Equal(t, []int64{-1, -1, -1, 0, 0}, now.SyncBytes, "unknown for the old rows, none sent on one rank")
+		assert.Positive(t, now.StepUS[4])
+		// One rank: the per-peer matrices are 1x1, unknown in the old rows.
+		assert.True(t, math.IsNaN(now.WaitUS[2]) && !math.IsNaN(now.WaitUS[3]), "waits: %v", now.WaitUS)
+		assert.Equal(t, []int64{-1, -1, -1}, now.PeerSent[:3])
+		assert.Positive(t, now.PeerSent[4], "the rows rank 0 kept")
+		assert.Equal(t, now.PeerSent, now.PeerRecv)
+		ck, err = moe.ReadCheckpoint(moe.CheckpointPath(dir, 5))
+		require.NoError(t, err)
+		assert.Equal(t, moe.CheckpointVersion, ck.Version)
+	})
+}
+
+// A trace of schema version 3 (written by the program before the per-peer
+// statistics, on 2 ranks; testdata/v3) is read with unknown wait and
+// per-peer byte matrices, and a run resumed from its checkpoint continues
+// it in the current schema: the old rows stay unknown, the new ones are
+// measured.
+func TestRunVersion3Files(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	if w.Size() < 2 {
+		t.Log("one rank: only the reading (the resume needs the trace's 2 ranks)")
+	}
+	tr, err := moe.ReadTrace("testdata/v3/trace.h5")
+	require.NoError(t, err)
+	assert.Equal(t, 3, tr.Version)
+	require.Len(t, tr.Step, 3)
+	require.Equal(t, 2, tr.RankColumns)
+	require.Len(t, tr.WaitUS, 3*4)
+	for i := range tr.WaitUS {
+		assert.True(t, math.IsNaN(tr.WaitUS[i]), "wait_us unknown in a version 3 trace")
+		assert.Equal(t, int64(-1), tr.PeerSent[i])
+		assert.Equal(t, int64(-1), tr.PeerRecv[i])
+	}
+	assert.Positive(t, tr.SyncBytes[0], "version 3's own columns are read")
+	if w.Size() < 2 {
+		return
+	}
+	dir := tempDir(t, w)
+	onRanks(t, w, 2, func(c *mpi.Comm) {
+		if c.Rank() == 0 {
+			for _, f := range []string{"trace.h5", "ckpt-000003.h5"} {
+				data, err := os.ReadFile(filepath.Join("testdata/v3", f))
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(filepath.Join(dir, f), data, 0o644))
+			}
+		}
+		require.NoError(t, c.Barrier())
+		res, err := moe.Run(c, moe.RunOptions{TrainConfig: tr.Config, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
+			CheckpointDir: dir, Resume: moe.ResumeAuto})
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), res.StartStep)
+		if c.Rank() != 0 {
+			return
+		}
+		now, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+		require.NoError(t, err)
+		assert.Equal(t, moe.TraceVersion, now.Version)
+		require.Len(t, now.Step, 5)
+		assert.Equal(t, tr.Loss, now.Loss[:3], "the old rows are kept")
+		for i := 0; i < 5*4; i++ {
+			assert.Equal(t, i < 3*4, math.IsNaN(now.WaitUS[i]), "wait_us[%d][%d][%d]: unknown in the old rows only", i/4, i/2%2, i%2)
+			assert.Equal(t, i < 3*4, now.PeerSent[i] < 0, "peer_sent_bytes[%d][%d][%d]", i/4, i/2%2, i%2)
+		}
+	})
 }

@@ -11,6 +11,7 @@ type Teacher struct {
 	p      Params // all Experts experts
 	r      router
 	caches []mlpCache
+	shared mlpCache
 }
 
 // NewTeacher builds the teacher of cfg's shape from seed.
@@ -25,7 +26,8 @@ func (t *Teacher) Params() *Params { return &t.p }
 
 // Forward returns the teacher's outputs for x ([T][Hidden]): for each token,
 // sum over its top-k experts of the renormalised weight times the expert's
-// output, as the student computes it.
+// output, plus the shared expert's output if it has one, as the student
+// computes it.
 func (t *Teacher) Forward(x []float64) []float64 {
 	c := t.cfg
 	H, E, K, F := c.Hidden, c.Experts, c.TopK, c.FFN
@@ -53,6 +55,9 @@ func (t *Teacher) Forward(x []float64) []float64 {
 				out[tok*H+j] += w * v
 			}
 		}
+	}
+	if c.SharedFFN > 0 {
+		sharedForward(t.p.shared(), c, x, T, &t.shared, out)
 	}
 	return out
 }

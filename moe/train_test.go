@@ -144,3 +144,81 @@ func TestBytesSent(t *testing.T) {
 		}
 	}
 }
+
+// syncConfigs are the three grad syncs on the small setup with a shared
+// expert of width 32 (1200 data-parallel parameters; Top-K sends 5%).
+func syncConfigs() []moe.TrainConfig {
+	var out []moe.TrainConfig
+	for _, gs := range []moe.GradSync{{}, {Method: moe.SyncA2SGD}, {Method: moe.SyncTopK, K: 60}} {
+		c := smallConfig(ep.LowLatency, moe.Float32)
+		c.SharedFFN, c.GradSync = 32, gs
+		out = append(out, c)
+	}
+	return out
+}
+
+// trainTail trains cfg for lossFallSteps steps and returns the first loss
+// and the mean of the last 20, and the trainer (to close). With frozen, the
+// data-parallel parameters are put back to their initial values after every
+// step: only the routed experts learn.
+func trainTail(t *testing.T, w *mpi.Comm, cfg moe.TrainConfig, frozen bool) (first, tail float64, tr *moe.Trainer) {
+	tr, err := moe.NewTrainer(w, cfg)
+	require.NoError(t, err)
+	p := tr.Layer().Params()
+	init := p.Clone()
+	var losses []float64
+	for i := 0; i < lossFallSteps; i++ {
+		st, err := tr.Step()
+		require.NoError(t, err)
+		require.False(t, math.IsNaN(st.Loss), "step %d: loss is NaN", st.Step)
+		losses = append(losses, st.Loss)
+		if frozen {
+			for j, s := range [][]float64{p.Gate, p.SharedW1, p.SharedB1, p.SharedW2, p.SharedB2} {
+				copy(s, [][]float64{init.Gate, init.SharedW1, init.SharedB1, init.SharedW2, init.SharedB2}[j])
+			}
+		}
+	}
+	for _, l := range losses[len(losses)-20:] {
+		tail += l / 20
+	}
+	return losses[0], tail, tr
+}
+
+// With a shared expert, every grad sync trains the student: the loss falls
+// by lossFallFactor within lossFallSteps steps, and ends at least 10% below
+// the loss of a run that trains only the routed experts (the gate and the
+// shared expert frozen): the sync does train the data-parallel parameters.
+// Allreduce and Top-K keep them identical on every rank (every rank applies
+// the same sum); A2SGD's ranks apply their own signs, and their copies drift
+// apart (logged, not asserted).
+func TestGradSyncLossFalls(t *testing.T) {
+	w := mpitesting.World
+	_, frozenTail, tr := trainTail(t, w, syncConfigs()[0], true)
+	require.NoError(t, tr.Close())
+	for _, cfg := range syncConfigs() {
+		t.Run(cfg.GradSync.String(), func(t *testing.T) {
+			defer mpitesting.Agree(t, w)
+			first, tail, tr := trainTail(t, w, cfg, false)
+			defer tr.Close()
+			p := tr.Layer().Params()
+			dp := slices.Concat(p.Gate, p.SharedW1, p.SharedB1, p.SharedW2, p.SharedB2)
+			all := make([]float64, len(dp)*w.Size())
+			require.NoError(t, mpi.AllgatherSlice(w, dp, all))
+			spread := 0.0 // the largest difference between two ranks' copies
+			for r := 0; r < w.Size(); r++ {
+				for i, v := range all[r*len(dp) : (r+1)*len(dp)] {
+					spread = max(spread, math.Abs(v-dp[i]))
+				}
+			}
+			if w.Rank() == 0 {
+				t.Logf("%d ranks: loss %.4f at step 1, %.4f over steps %d-%d: %.1fx lower (%.4f with the gate and shared expert frozen); copies differ by up to %.2g",
+					w.Size(), first, tail, lossFallSteps-19, lossFallSteps, first/tail, frozenTail, spread)
+			}
+			assert.Less(t, tail*lossFallFactor, first, "the loss must fall %gx within %d steps", lossFallFactor, lossFallSteps)
+			assert.Less(t, tail, 0.9*frozenTail, "the loss must end 10%% below that of training the routed experts alone")
+			if cfg.GradSync.Replicated() {
+				assert.Zero(t, spread, "rank %d's gate or shared expert differs from another rank's", w.Rank())
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -371,9 +372,11 @@ func (f *figure) save(path string, w, h vg.Length) error {
 	ts.Font = plot.DefaultFont
 	ts.Font.Size = vg.Points(12)
 	titleH := vg.Length(0)
-	if f.title != "" {
-		titleH = vg.Points(22)
-		dc.FillText(ts, vg.Point{X: w / 2, Y: h - vg.Points(4)}, f.title)
+	if f.title != "" { // one line per line of the title
+		for i, line := range strings.Split(f.title, "\n") {
+			dc.FillText(ts, vg.Point{X: w / 2, Y: h - vg.Points(4) - vg.Length(i)*vg.Points(16)}, line)
+			titleH = vg.Points(22) + vg.Length(i)*vg.Points(16)
+		}
 	}
 	legendW := vg.Length(0)
 	if f.legend.Rectangle(dc).Size().X > 0 {

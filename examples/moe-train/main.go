@@ -11,6 +11,7 @@
 //	mpirun -np 4 bin/moe-train -steps 4000 -resume auto              # 2000 more, the same run and trace
 //	mpirun -np 2 bin/moe-train -steps 6000 -resume auto -tokens 128  # 2000 more on 2 ranks, the same data
 //	mpirun -np 4 bin/moe-train -steps 2000 -fresh                    # a new run; the old one's files are moved aside
+//	mpirun -np 4 bin/moe-train -hidden 1024 -shared-ffn 4096 -grad-sync a2sgd -fresh   # a shared expert, A2SGD
 //	h5ls -r out/trace.h5
 //
 // A run has an identity (a run id) kept by its resumes. A new run refuses to
@@ -27,6 +28,8 @@
 //	-topk K           experts per token (2)
 //	-hidden H         model width (32)
 //	-ffn F            width of each expert's inner layer (64)
+//	-shared-ffn S     width of the shared expert's inner layer: a dense FFN every
+//	                  token passes through, held by every rank (0: none) (0)
 //	-tokens T         tokens per rank per step (64)
 //	-steps S          the step to end at, counting those before a resume (1000)
 //	-mode ll|ht       low-latency or high-throughput dispatch (ll)
@@ -36,6 +39,10 @@
 //	-teacher-seed N   the teacher's parameters (2)
 //	-lr X             Adam's learning rate (0.01)
 //	-aux X            weight of the load-balancing loss (0.01)
+//	-grad-sync M      how the gate's and the shared expert's gradient is summed
+//	                  over ranks: allreduce (exact), a2sgd (A2SGD: two averages
+//	                  per rank) or topk:K (K entries per rank, error feedback)
+//	                  (allreduce)
 //	-trace PATH       the trace file ("" for none) (out/trace.h5)
 //	-ckpt-dir DIR     where checkpoints go ("" for none) (out)
 //	-ckpt-every N     a checkpoint every N steps, and one at the end (0: only at the end) (500)
@@ -49,7 +56,10 @@
 //	-timeout D        how long a rank waits for a peer before failing (60s)
 //
 // With the environment variable GOEP_MOE_PID_DIR set, every rank writes its
-// process id to DIR/rank-<r>.pid (for tests that kill one rank).
+// process id to DIR/rank-<r>.pid (for tests that kill one rank). With
+// GOEP_MOE_STRAGGLER=RANK:DURATION (e.g. 1:5ms), that rank sleeps DURATION
+// between each step's forward and backward: a straggler the others wait
+// for, for tests of the per-peer waits and the summary's slowest rank.
 package main
 
 import (
@@ -79,117 +89,153 @@ type options struct {
 	timeout       time.Duration
 }
 
-// parse reads the flags. It returns a non-negative exit code when the
-// program should stop (-h, or a bad flag, reported on stderr).
-func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
+// flagValues are the flags as given, before they are checked.
+type flagValues struct {
+	experts, topk, hidden, ffn, sharedFFN, tokens int
+	steps, ckptEvery, progressEvery               int64
+	mode, dtype, act, gradSync, progress          string
+	seed, teacherSeed                             uint64
+	lr, aux                                       float64
+	trace, ckptDir, resume                        string
+	fresh                                         bool
+	timeout                                       time.Duration
+}
+
+// newFlagSet defines the flags into v.
+func newFlagSet(stderr io.Writer, quiet bool, v *flagValues) *flag.FlagSet {
 	fs := flag.NewFlagSet("moe-train", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	if quiet {
 		fs.SetOutput(io.Discard)
-	} else {
-		fs.SetOutput(stderr)
 	}
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: mpirun -np N moe-train [flags]\n\nTrains a toy MoE layer over goep's expert-parallel dispatch and combine.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	experts := fs.Int("experts", 8, "experts in all, a multiple of the number of ranks")
-	topk := fs.Int("topk", 2, "experts per token")
-	hidden := fs.Int("hidden", 32, "model width")
-	ffn := fs.Int("ffn", 64, "width of each expert's inner layer")
-	tokens := fs.Int("tokens", 64, "tokens per rank per step")
-	steps := fs.Int64("steps", 1000, "the step to end at, counting the steps before a resume")
-	mode := fs.String("mode", "ll", "dispatch mode: ll (low-latency) or ht (high-throughput)")
-	dtype := fs.String("dtype", "f32", "element type on the wire: f32, bf16, or fp8 (bf16 tokens dispatched as FP8 e4m3 with per-128 scales)")
-	act := fs.String("act", "silu", "the experts' activation: silu or gelu")
-	seed := fs.Uint64("seed", 1, "seed of the student's initial parameters and of the data")
-	teacherSeed := fs.Uint64("teacher-seed", 2, "seed of the teacher's parameters")
-	lr := fs.Float64("lr", 0.01, "Adam's learning rate")
-	aux := fs.Float64("aux", 0.01, "weight of the load-balancing loss")
-	trace := fs.String("trace", "out/trace.h5", "the trace file (empty: none)")
-	ckptDir := fs.String("ckpt-dir", "out", "directory of the checkpoints (empty: none)")
-	ckptEvery := fs.Int64("ckpt-every", 500, "write a checkpoint every N steps, and one at the end (0: only at the end)")
-	resume := fs.String("resume", "", "continue from this checkpoint; \"auto\": from the newest checkpoint of the run in -ckpt-dir, or start one if none")
-	fresh := fs.Bool("fresh", false, "start a new run even where another run's trace or checkpoints are: they are moved aside to DIR/moved-aside/<time>/")
-	progressEvery := fs.Int64("progress-every", 100, "when the output is not a terminal, a progress line every N steps (0: none)")
-	progress := fs.String("progress", "auto", "progress display: auto, bar or lines")
-	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer before failing")
+	fs.IntVar(&v.experts, "experts", 8, "experts in all, a multiple of the number of ranks")
+	fs.IntVar(&v.topk, "topk", 2, "experts per token")
+	fs.IntVar(&v.hidden, "hidden", 32, "model width")
+	fs.IntVar(&v.ffn, "ffn", 64, "width of each expert's inner layer")
+	fs.IntVar(&v.sharedFFN, "shared-ffn", 0, "width of the shared expert's inner layer, a dense FFN every token passes through (0: none)")
+	fs.IntVar(&v.tokens, "tokens", 64, "tokens per rank per step")
+	fs.Int64Var(&v.steps, "steps", 1000, "the step to end at, counting the steps before a resume")
+	fs.StringVar(&v.mode, "mode", "ll", "dispatch mode: ll (low-latency) or ht (high-throughput)")
+	fs.StringVar(&v.dtype, "dtype", "f32", "element type on the wire: f32, bf16, or fp8 (bf16 tokens dispatched as FP8 e4m3 with per-128 scales)")
+	fs.StringVar(&v.act, "act", "silu", "the experts' activation: silu or gelu")
+	fs.StringVar(&v.gradSync, "grad-sync", "allreduce", "how the gate's and the shared expert's gradient is summed over ranks: allreduce (exact), a2sgd or topk:K")
+	fs.Uint64Var(&v.seed, "seed", 1, "seed of the student's initial parameters and of the data")
+	fs.Uint64Var(&v.teacherSeed, "teacher-seed", 2, "seed of the teacher's parameters")
+	fs.Float64Var(&v.lr, "lr", 0.01, "Adam's learning rate")
+	fs.Float64Var(&v.aux, "aux", 0.01, "weight of the load-balancing loss")
+	fs.StringVar(&v.trace, "trace", "out/trace.h5", "the trace file (empty: none)")
+	fs.StringVar(&v.ckptDir, "ckpt-dir", "out", "directory of the checkpoints (empty: none)")
+	fs.Int64Var(&v.ckptEvery, "ckpt-every", 500, "write a checkpoint every N steps, and one at the end (0: only at the end)")
+	fs.StringVar(&v.resume, "resume", "", "continue from this checkpoint; \"auto\": from the newest checkpoint of the run in -ckpt-dir, or start one if none")
+	fs.BoolVar(&v.fresh, "fresh", false, "start a new run even where another run's trace or checkpoints are: they are moved aside to DIR/moved-aside/<time>/")
+	fs.Int64Var(&v.progressEvery, "progress-every", 100, "when the output is not a terminal, a progress line every N steps (0: none)")
+	fs.StringVar(&v.progress, "progress", "auto", "progress display: auto, bar or lines")
+	fs.DurationVar(&v.timeout, "timeout", time.Minute, "how long a rank waits for a peer before failing")
+	return fs
+}
+
+// checkRanges refuses numbers out of range and flags that contradict each
+// other, naming the flag and its value.
+func (v *flagValues) checkRanges() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"experts", v.experts}, {"topk", v.topk}, {"hidden", v.hidden}, {"ffn", v.ffn}, {"tokens", v.tokens}} {
+		if f.v <= 0 {
+			return fmt.Errorf("-%s %d: want a positive integer", f.name, f.v)
+		}
+	}
+	switch {
+	case v.topk > v.experts:
+		return fmt.Errorf("-topk %d: more than the %d experts (-experts)", v.topk, v.experts)
+	case v.sharedFFN < 0:
+		return fmt.Errorf("-shared-ffn %d: want 0 (no shared expert) or a positive integer", v.sharedFFN)
+	case v.steps <= 0:
+		return fmt.Errorf("-steps %d: want a positive integer", v.steps)
+	case v.ckptEvery < 0:
+		return fmt.Errorf("-ckpt-every %d: want 0 (only at the end) or a positive integer", v.ckptEvery)
+	case v.progressEvery < 0:
+		return fmt.Errorf("-progress-every %d: want 0 (none) or a positive integer", v.progressEvery)
+	case !(v.lr > 0 && v.lr <= 1):
+		return fmt.Errorf("-lr %v: want 0 < lr <= 1", v.lr)
+	case !(v.aux >= 0 && v.aux <= 1000):
+		return fmt.Errorf("-aux %v: want 0 <= aux <= 1000", v.aux)
+	case v.fresh && v.resume != "":
+		return fmt.Errorf("-fresh starts a new run and -resume %q continues one: give one of them", v.resume)
+	case v.resume == moe.ResumeAuto && v.ckptDir == "":
+		return errors.New("-resume auto looks for checkpoints in -ckpt-dir, which is empty")
+	case v.timeout <= 0:
+		return fmt.Errorf("-timeout %v: want a positive duration", v.timeout)
+	}
+	return nil
+}
+
+// config reads the named choices and makes the run's configuration.
+func (v *flagValues) config() (moe.TrainConfig, error) {
+	m, err := ep.ParseMode(v.mode)
+	if err != nil {
+		return moe.TrainConfig{}, fmt.Errorf("-mode %q: want ll or ht", v.mode)
+	}
+	d, err := moe.ParseDType(v.dtype)
+	if err != nil {
+		return moe.TrainConfig{}, fmt.Errorf("-dtype %q: want f32, bf16 or fp8", v.dtype)
+	}
+	a, err := moe.ParseActivation(v.act)
+	if err != nil {
+		return moe.TrainConfig{}, fmt.Errorf("-act %q: want silu or gelu", v.act)
+	}
+	gs, err := moe.ParseGradSync(v.gradSync)
+	if err != nil {
+		return moe.TrainConfig{}, fmt.Errorf("-grad-sync %q: want allreduce, a2sgd or topk:K (K a positive integer)", v.gradSync)
+	}
+	c := moe.TrainConfig{
+		Config: moe.Config{Mode: m, DType: d, Experts: v.experts, TopK: v.topk, Hidden: v.hidden, FFN: v.ffn,
+			Tokens: v.tokens, Act: a, Seed: v.seed, Timeout: v.timeout, SharedFFN: v.sharedFFN, GradSync: gs},
+		TeacherSeed: v.teacherSeed, LR: v.lr, AuxCoef: v.aux,
+	}
+	if n := c.DataParallelParams(); gs.Method == moe.SyncTopK && gs.K > n {
+		return moe.TrainConfig{}, fmt.Errorf("-grad-sync %s: K = %d is more than the %d data-parallel parameters (gate %dx%d, shared expert of -shared-ffn %d)",
+			gs, gs.K, n, v.hidden, v.experts, v.sharedFFN)
+	}
+	return c, nil
+}
+
+// parse reads the flags. It returns a non-negative exit code when the
+// program should stop (-h, or a bad flag, reported on stderr).
+func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
+	var v flagValues
+	fs := newFlagSet(stderr, quiet, &v)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, 0
 		}
 		return nil, 2
 	}
-	bad := func(format string, a ...any) (*options, int) {
+	err := v.checkRanges()
+	if fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q (flags only; see -h)", fs.Arg(0))
+	}
+	var c moe.TrainConfig
+	if err == nil {
+		c, err = v.config()
+	}
+	if err == nil && v.progress != "auto" && v.progress != "bar" && v.progress != "lines" {
+		err = fmt.Errorf("-progress %q: want auto, bar or lines", v.progress)
+	}
+	if err != nil {
 		if !quiet {
-			fmt.Fprintf(stderr, "moe-train: "+format+"\n", a...)
+			fmt.Fprintln(stderr, "moe-train:", err)
 		}
 		return nil, 2
 	}
-	if fs.NArg() > 0 {
-		return bad("unexpected argument %q (flags only; see -h)", fs.Arg(0))
-	}
-	for _, f := range []struct {
-		name string
-		v    int
-	}{{"experts", *experts}, {"topk", *topk}, {"hidden", *hidden}, {"ffn", *ffn}, {"tokens", *tokens}} {
-		if f.v <= 0 {
-			return bad("-%s %d: want a positive integer", f.name, f.v)
-		}
-	}
-	if *topk > *experts {
-		return bad("-topk %d: more than the %d experts (-experts)", *topk, *experts)
-	}
-	if *steps <= 0 {
-		return bad("-steps %d: want a positive integer", *steps)
-	}
-	if *ckptEvery < 0 {
-		return bad("-ckpt-every %d: want 0 (only at the end) or a positive integer", *ckptEvery)
-	}
-	if *progressEvery < 0 {
-		return bad("-progress-every %d: want 0 (none) or a positive integer", *progressEvery)
-	}
-	if !(*lr > 0 && *lr <= 1) {
-		return bad("-lr %v: want 0 < lr <= 1", *lr)
-	}
-	if !(*aux >= 0 && *aux <= 1000) {
-		return bad("-aux %v: want 0 <= aux <= 1000", *aux)
-	}
-	if *fresh && *resume != "" {
-		return bad("-fresh starts a new run and -resume %q continues one: give one of them", *resume)
-	}
-	if *resume == moe.ResumeAuto && *ckptDir == "" {
-		return bad("-resume auto looks for checkpoints in -ckpt-dir, which is empty")
-	}
-	if *timeout <= 0 {
-		return bad("-timeout %v: want a positive duration", *timeout)
-	}
-	m, err := ep.ParseMode(*mode)
-	if err != nil {
-		return bad("-mode %q: want ll or ht", *mode)
-	}
-	d, err := moe.ParseDType(*dtype)
-	if err != nil {
-		return bad("-dtype %q: want f32, bf16 or fp8", *dtype)
-	}
-	a, err := moe.ParseActivation(*act)
-	if err != nil {
-		return bad("-act %q: want silu or gelu", *act)
-	}
-	switch *progress {
-	case "auto", "bar", "lines":
-	default:
-		return bad("-progress %q: want auto, bar or lines", *progress)
-	}
-	o := &options{progressEvery: *progressEvery, progress: *progress, timeout: *timeout}
-	o.run = moe.RunOptions{
-		TrainConfig: moe.TrainConfig{
-			Config: moe.Config{Mode: m, DType: d, Experts: *experts, TopK: *topk, Hidden: *hidden, FFN: *ffn,
-				Tokens: *tokens, Act: a, Seed: *seed, Timeout: *timeout},
-			TeacherSeed: *teacherSeed, LR: *lr, AuxCoef: *aux,
-		},
-		Steps: *steps, TracePath: *trace, CheckpointDir: *ckptDir, CheckpointEvery: *ckptEvery, Resume: *resume, Fresh: *fresh,
-		Command: strings.Join(append([]string{"moe-train"}, args...), " "),
-	}
+	o := &options{progressEvery: v.progressEvery, progress: v.progress, timeout: v.timeout}
+	o.run = moe.RunOptions{TrainConfig: c, Steps: v.steps, TracePath: v.trace, CheckpointDir: v.ckptDir,
+		CheckpointEvery: v.ckptEvery, Resume: v.resume, Fresh: v.fresh,
+		Command: strings.Join(append([]string{"moe-train"}, args...), " ")}
 	return o, -1
 }
 
@@ -233,6 +279,15 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 			return err
 		}
 	}
+	if v := os.Getenv("GOEP_MOE_STRAGGLER"); v != "" {
+		rank, delay, err := parseStraggler(v)
+		if err != nil {
+			return err
+		}
+		if rank == world.Rank() {
+			o.run.BetweenPasses = func(int64) { time.Sleep(delay) }
+		}
+	}
 	topo, err := world.Topology()
 	if err != nil {
 		return err
@@ -258,6 +313,21 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 		p.summary(res)
 	}
 	return nil
+}
+
+// parseStraggler reads GOEP_MOE_STRAGGLER's RANK:DURATION.
+func parseStraggler(v string) (rank int, delay time.Duration, err error) {
+	r, d, ok := strings.Cut(v, ":")
+	if ok {
+		rank, err = strconv.Atoi(r)
+		if err == nil {
+			delay, err = time.ParseDuration(d)
+		}
+	}
+	if !ok || err != nil || rank < 0 || delay < 0 {
+		return 0, 0, fmt.Errorf("GOEP_MOE_STRAGGLER=%q: want RANK:DURATION, such as 1:5ms", v)
+	}
+	return rank, delay, nil
 }
 
 func writePID(dir string, rank int) error {
@@ -290,14 +360,19 @@ type window struct {
 	tokens            int64
 	stepTime          time.Duration
 	dispatch, combine float64 // microseconds, mean over ranks, summed over steps
+	sync              float64
 }
 
 func newProgress(w io.Writer, o *options, ranks, nodes int) *progress {
 	bar := o.progress == "bar" || (o.progress == "auto" && isTerminal(w))
 	p := &progress{w: w, bar: bar, every: o.progressEvery, o: o, ranks: ranks, nodes: nodes, start: time.Now(), firstStep: -1}
 	c := o.run
-	fmt.Fprintf(w, "moe-train: %d ranks on %d node(s), %s/%s, %d experts top-%d, hidden %d, ffn %d, %d tokens per rank, to step %d\n",
-		ranks, nodes, c.Mode, c.DType, c.Experts, c.TopK, c.Hidden, c.FFN, c.Tokens, c.Steps)
+	shared := "no shared expert"
+	if c.SharedFFN > 0 {
+		shared = fmt.Sprintf("shared ffn %d", c.SharedFFN)
+	}
+	fmt.Fprintf(w, "moe-train: %d ranks on %d node(s), %s/%s, %d experts top-%d, hidden %d, ffn %d, %s, grad sync %v (%d data-parallel parameters), %d tokens per rank, to step %d\n",
+		ranks, nodes, c.Mode, c.DType, c.Experts, c.TopK, c.Hidden, c.FFN, shared, c.GradSync, c.DataParallelParams(), c.Tokens, c.Steps)
 	return p
 }
 
@@ -312,6 +387,7 @@ func (p *progress) step(st *moe.StepStats) {
 	for r := range st.DispatchUS {
 		p.win.dispatch += st.DispatchUS[r] / float64(len(st.DispatchUS))
 		p.win.combine += st.CombineUS[r] / float64(len(st.CombineUS))
+		p.win.sync += st.SyncUS[r] / float64(len(st.SyncUS))
 	}
 	last := st.Step == p.o.run.Steps
 	now := time.Now()
@@ -363,8 +439,8 @@ func (p *progress) line(st *moe.StepStats, now time.Time, bar bool) string {
 		full := int(float64(cells) * float64(st.Step) / float64(total))
 		fmt.Fprintf(&b, "[%s%s] ", strings.Repeat("#", full), strings.Repeat(".", cells-full))
 	}
-	fmt.Fprintf(&b, "loss %.4f aux %.4f | %s tok/s | dispatch %s combine %s | ETA %s",
-		st.Loss, st.AuxLoss, si(tps), micro(p.win.dispatch/n), micro(p.win.combine/n), clock(eta))
+	fmt.Fprintf(&b, "loss %.4f aux %.4f | %s tok/s | dispatch %s combine %s sync %s | ETA %s",
+		st.Loss, st.AuxLoss, si(tps), micro(p.win.dispatch/n), micro(p.win.combine/n), micro(p.win.sync/n), clock(eta))
 	return b.String()
 }
 
@@ -380,6 +456,11 @@ func (p *progress) summary(r *moe.RunResult) {
 	fmt.Fprintf(w, "  loss      %.4f -> %.4f (%.1fx lower); aux loss %.4f -> %.4f\n", r.First.Loss, r.Last.Loss, ratio, r.First.AuxLoss, r.Last.AuxLoss)
 	fmt.Fprintf(w, "  speed     %s tokens/s; per step: dispatch %s, combine %s (mean over ranks and steps)\n",
 		si(r.TokensPerSecond()), micro(float64(r.MeanDispatch.Nanoseconds())/1e3), micro(float64(r.MeanCombine.Nanoseconds())/1e3))
+	fmt.Fprintf(w, "  sync      %v: %s and %s sent per rank per step (the gate's and shared expert's gradient; mean over ranks and steps)\n",
+		c.GradSync, micro(float64(r.MeanSync.Nanoseconds())/1e3), bytesText(r.SyncBytes))
+	if line := stragglerLine(r); line != "" {
+		fmt.Fprintf(w, "  waits     %s\n", line)
+	}
 	var trace string
 	var ckpts []string
 	for _, f := range r.Files {
@@ -409,6 +490,37 @@ func si(v float64) string {
 		return fmt.Sprintf("%.1fk", v/1e3)
 	}
 	return fmt.Sprintf("%.0f", v)
+}
+
+// bytesText formats a byte count with a binary unit.
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// stragglerLine says which rank the others waited for most in ep calls and
+// where it ran, when one stands out (moe.FindStraggler), or that none did;
+// "" where the waits were not measured.
+func stragglerLine(r *moe.RunResult) string {
+	measured := false
+	for _, v := range r.WaitUS {
+		measured = measured || !math.IsNaN(v)
+	}
+	if !measured {
+		return ""
+	}
+	if s := r.Straggler; s != nil {
+		return fmt.Sprintf("slowest rank %d on host %s: the others waited %s for it, %.0f%% of all waiting between ranks (%.1fx the mean for another rank; see docs/trace-schema.md)",
+			s.Rank, s.Host, micro(s.WaitedUS), 100*s.Share, s.WaitedUS/max(s.OthersMeanUS, 1e-9))
+	}
+	R := len(r.Hosts)
+	s, _ := moe.FindStraggler(r.WaitUS, R)
+	return fmt.Sprintf("no rank stands out: the most waited for was rank %d, %s, %.0f%% of all waiting between ranks", s.Rank, micro(s.WaitedUS), 100*s.Share)
 }
 
 // micro formats microseconds.

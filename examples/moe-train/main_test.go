@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,15 +68,36 @@ func mpirun(t *testing.T, np int, limit time.Duration, args ...string) (string, 
 	return mpirunSim(t, np, 0, limit, args...)
 }
 
+// mpirunEnv is mpirun with the variables vars of this process's
+// environment passed to the ranks (-x).
+func mpirunEnv(t *testing.T, np int, limit time.Duration, vars []string, args ...string) (string, error) {
+	t.Helper()
+	var env []string
+	for _, v := range vars {
+		env = append(env, v+"="+os.Getenv(v))
+	}
+	return mpirunWith(t, np, 0, limit, vars, env, args...)
+}
+
 // mpirunSim is mpirun with simulated nodes of perNode ranks
 // (GOEP_RANKS_PER_NODE; 0: none).
 func mpirunSim(t *testing.T, np, perNode int, limit time.Duration, args ...string) (string, error) {
+	t.Helper()
+	return mpirunWith(t, np, perNode, limit, nil, nil, args...)
+}
+
+// mpirunWith is mpirunSim passing the variables vars, set to env, to the
+// ranks.
+func mpirunWith(t *testing.T, np, perNode int, limit time.Duration, vars, extra []string, args ...string) (string, error) {
 	t.Helper()
 	bin := buildMPI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	launch := mpitesting.MPIRunArgs(np)
-	env := mpitesting.LauncherFreeEnv()
+	env := append(mpitesting.LauncherFreeEnv(), extra...)
+	for _, v := range vars {
+		launch = append(launch, "-x", v)
+	}
 	if perNode > 0 {
 		launch = append(launch, "-x", "GOEP_RANKS_PER_NODE")
 		env = append(env, "GOEP_RANKS_PER_NODE="+strconv.Itoa(perNode))
@@ -304,6 +326,11 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"-fresh", "-resume", "auto"}, `-fresh starts a new run and -resume "auto" continues one`},
 		{[]string{"-resume", "auto", "-ckpt-dir", ""}, `-resume auto looks for checkpoints in -ckpt-dir`},
+		{[]string{"-shared-ffn", "-4"}, `-shared-ffn -4: want 0 (no shared expert) or a positive integer`},
+		{[]string{"-grad-sync", "qsgd"}, `-grad-sync "qsgd": want allreduce, a2sgd or topk:K`},
+		{[]string{"-grad-sync", "topk:0"}, `-grad-sync "topk:0": want allreduce, a2sgd or topk:K (K a positive integer)`},
+		{[]string{"-grad-sync", "topk:300", "-hidden", "4", "-experts", "8", "-shared-ffn", "4"},
+			`-grad-sync topk:300: K = 300 is more than the 72 data-parallel parameters (gate 4x8, shared expert of -shared-ffn 4)`},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(&stdout, &stderr, tc.args)
@@ -314,6 +341,46 @@ func TestBadFlags(t *testing.T) {
 	assert.Equal(t, 0, run(&stdout, &stderr, []string{"-h"}))
 	assert.Contains(t, stderr.String(), "usage: mpirun -np N moe-train")
 	assert.Contains(t, stderr.String(), "-ckpt-every")
+	assert.Contains(t, stderr.String(), "-grad-sync")
+}
+
+// Each grad sync trains a model with a shared expert under mpirun at 2 and
+// 4 ranks: the loss falls, the summary and the trace give the sync's bytes
+// per rank per step, as SyncStats counts them.
+func TestGradSyncTrains(t *testing.T) {
+	buildMPI(t)
+	// 16x8 gate + a shared expert 16 -> 24 -> 16: 128 + 2*16*24 + 24 + 16 = 936 parameters
+	const n = 936
+	for _, np := range []int{2, 4} {
+		for _, gs := range []string{"allreduce", "a2sgd", "topk:40"} {
+			t.Run(fmt.Sprintf("%d-ranks-%s", np, gs), func(t *testing.T) {
+				dir := t.TempDir()
+				trace := filepath.Join(dir, "trace.h5")
+				out, err := mpirun(t, np, 2*time.Minute, append(slices.Clone(small), "-shared-ffn", "24", "-grad-sync", gs,
+					"-steps", "80", "-ckpt-every", "0", "-ckpt-dir", dir, "-trace", trace, "-progress-every", "40")...)
+				require.NoError(t, err, "%s", out)
+				assert.Contains(t, out, fmt.Sprintf("shared ffn 24, grad sync %s (%d data-parallel parameters)", gs, n))
+				want := map[string]int64{"allreduce": 2 * int64(np-1) * 8 * n / int64(np), "a2sgd": 2 * int64(np-1) * 16 / int64(np),
+					"topk:40": int64(np-1) * 12 * 40}[gs]
+				assert.Contains(t, out, "sync      "+gs+": ")
+				assert.Contains(t, out, " and "+bytesText(want)+" sent per rank per step")
+				tr, err := moe.ReadTrace(trace)
+				require.NoError(t, err)
+				require.Len(t, tr.Loss, 80)
+				assert.Equal(t, gs, tr.Config.GradSync.String())
+				assert.Equal(t, 24, tr.Config.SharedFFN)
+				for i, b := range tr.SyncBytes {
+					require.Equal(t, want, b, "sync_bytes[%d][%d]", i/np, i%np)
+				}
+				first, last := tr.Loss[0], 0.0
+				for _, l := range tr.Loss[70:] {
+					last += l / 10
+				}
+				t.Logf("loss %.3f -> %.3f over the last 10 steps", first, last)
+				assert.Less(t, 2*last, first, "the loss halves within 80 steps")
+			})
+		}
+	}
 }
 
 // The summary's numbers are parsed back: the loss fell.
@@ -350,4 +417,41 @@ func TestFP8Trains(t *testing.T) {
 			assert.Equal(t, moe.FP8, tr.Segments[0].DType)
 		})
 	}
+}
+
+// A straggler (GOEP_MOE_STRAGGLER: rank 1 sleeps 5 ms between each step's
+// forward and backward) is the one the others wait for: the summary names
+// it and its host, and the trace's wait matrix, summed over the steps, says
+// the same (rank 0 waited for rank 1 more than twice as long as the other
+// way round). No bound on the times: the machine may be loaded.
+func TestSummaryNamesStraggler(t *testing.T) {
+	buildMPI(t)
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.h5")
+	t.Setenv("GOEP_MOE_STRAGGLER", "1:5ms")
+	out, err := mpirunEnv(t, 2, 2*time.Minute, []string{"GOEP_MOE_STRAGGLER"},
+		append(slices.Clone(small), "-steps", "200", "-ckpt-dir", dir, "-trace", trace, "-progress-every", "0")...)
+	require.NoError(t, err, "%s", out)
+	t.Logf("summary:\n%s", out)
+	host, herr := os.Hostname()
+	require.NoError(t, herr)
+	assert.Contains(t, out, "waits     slowest rank 1 on host "+host+": the others waited ")
+
+	tr, err := moe.ReadTrace(trace)
+	require.NoError(t, err)
+	require.Len(t, tr.Step, 200)
+	var for1, for0 float64 // rank 0's waits for rank 1, rank 1's for rank 0
+	for s := range tr.Step {
+		for0 += tr.WaitUS[s*4+1*2+0]
+		for1 += tr.WaitUS[s*4+0*2+1]
+	}
+	assert.Greater(t, for1, 2*for0, "rank 0 waited %.0f us for rank 1, rank 1 %.0f us for rank 0", for1, for0)
+	dump, err := exec.Command("h5dump", "-H", "-d", "/trace/wait_us", trace).CombinedOutput()
+	require.NoError(t, err, "%s", dump)
+	assert.Contains(t, string(dump), "SIMPLE { ( 200, 2, 2 ) / ( H5S_UNLIMITED, 2, 2 ) }")
+
+	t.Setenv("GOEP_MOE_STRAGGLER", "one:5ms")
+	out, err = mpirunEnv(t, 2, time.Minute, []string{"GOEP_MOE_STRAGGLER"}, append(slices.Clone(small), "-steps", "1")...)
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, out, `GOEP_MOE_STRAGGLER="one:5ms": want RANK:DURATION, such as 1:5ms`)
 }

@@ -16,6 +16,9 @@
 #                of 5). GOEP_CLUSTER_EP_HOSTS, GOEP_CLUSTER_MOE_HOSTS override.
 #   train        bin/moe-train, 300 steps on 2 hosts x 2 ranks (HT, bf16): exit 0; the trace read
 #                back with h5dump says nodes 2, world_size 4 and holds 300 loss rows; the loss fell
+#   straggler    bin/moe-train, 100 steps on 2 hosts x 2 ranks (LL), rank 3 sleeping 20 ms between
+#                each step's forward and backward (GOEP_MOE_STRAGGLER): the summary names rank 3
+#                on host goep-h2 the slowest; h5dump reads a 100 x 4 x 4 wait_us
 #   bench-ll     bin/ep-bench across 2 hosts x 2 ranks, LL, 128 tokens, hidden 7168, top-8,
 #   bench-ht     64 experts, bf16 (HT: 4096 tokens): ep against the hand-written alltoallv in the
 #                same run (its -validate compares the results); prints the speedup
@@ -141,6 +144,20 @@ errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"
   [ -s "$TRAIN/ckpt-000300.h5" ] || echo "no checkpoint ckpt-000300.h5;")
 result train "$t" "$errs"
 grep -E 'loss|tokens/s' "$LOGS/train.log" | tail -n 3 | sed 's/^/    /' || true
+
+# c2. a straggler across hosts: the others wait for it, and the summary names it and its host.
+t=$SECONDS; rc=0
+STRAG=$LOGS/straggler
+mkdir -p "$STRAG"
+GOEP_MOE_STRAGGLER=3:20ms timeout 300 "$MPIRUN" -np 4 --host goep-h1:2,goep-h2:2 -x GOEP_MOE_STRAGGLER bin/moe-train \
+  -steps 100 -mode ll -trace "$STRAG/trace.h5" -ckpt-dir "$STRAG" -progress-every 0 >"$LOGS/straggler.log" 2>&1 || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"
+  grep -q 'waits     slowest rank 3 on host goep-h2: ' "$LOGS/straggler.log" ||
+    echo "the summary does not name rank 3 on goep-h2 the slowest: $(grep 'waits  ' "$LOGS/straggler.log" | sed 's/^ *//');"
+  h5dump -H -d /trace/wait_us "$STRAG/trace.h5" 2>/dev/null | grep -q 'SIMPLE { ( 100, 4, 4 )' ||
+    echo "h5dump does not read a 100 x 4 x 4 /trace/wait_us;")
+result straggler "$t" "$errs"
+grep 'waits  ' "$LOGS/straggler.log" | sed 's/^/    /' || true
 
 # d. ep-bench across 2 hosts x 2 ranks: ep against the hand-written alltoallv, same run.
 bench() { # NAME MODE TOKENS

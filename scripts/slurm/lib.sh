@@ -3,7 +3,12 @@
 # Site settings, all from the environment (every script's header repeats the ones it reads):
 #   LAUNCHER=srun             srun: each job step is `srun --mpi=$GOEP_SRUN_MPI -N nodes -n ranks`;
 #                             mpirun: `$GOEP_MPIRUN -np ranks --host <nodes of the allocation>`
-#                             (inside an allocation only: sbatch or salloc)
+#                             (inside an allocation: sbatch or salloc; or outside Slurm with GOEP_HOSTS)
+#   GOEP_HOSTS=               with LAUNCHER=mpirun: the hosts to run on, comma-separated, instead of the
+#                             allocation's (and outside Slurm): e.g. localhost, or the emulated cluster's
+#                             goep-h1,goep-h2 with GOEP_MPIRUN=scripts/cluster/mpirun. A step on N nodes
+#                             takes the first N, each with the step's ranks per node (a :slots suffix is
+#                             ignored)
 #   GOEP_SRUN_MPI=pmix        srun's MPI plugin (Debian's Open MPI starts under srun only with pmix;
 #                             elsewhere pmix_v4, pmi2, ... as `srun --mpi=list` shows)
 #   GOEP_SRUN_FLAGS=          more srun options for every step (e.g. "--cpu-bind=cores")
@@ -44,7 +49,8 @@ goep_setup() {
     srun) command -v srun >/dev/null || goep_die "LAUNCHER=srun but there is no srun" ;;
     mpirun)
       command -v "$GOEP_MPIRUN" >/dev/null || goep_die "LAUNCHER=mpirun but there is no $GOEP_MPIRUN"
-      [ -n "${SLURM_JOB_ID:-}" ] || goep_die "LAUNCHER=mpirun runs inside an allocation: use sbatch or salloc"
+      [ -n "${SLURM_JOB_ID:-}" ] || [ -n "${GOEP_HOSTS:-}" ] ||
+        goep_die "LAUNCHER=mpirun runs inside an allocation (sbatch or salloc), or outside Slurm on the hosts of GOEP_HOSTS"
       ;;
     *) goep_die "LAUNCHER=$LAUNCHER: want srun or mpirun" ;;
   esac
@@ -110,9 +116,15 @@ goep_step() {
     cmd+=($GOEP_SRUN_FLAGS)
   else
     local hosts
-    hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n "$nodes" | sed "s/\$/:$ppn/" | paste -sd, -)
-    [ "$(echo "$hosts" | tr , '\n' | grep -c .)" = "$nodes" ] ||
-      goep_die "step $name: wants $nodes nodes, the allocation has $SLURM_JOB_NODELIST"
+    if [ -n "${GOEP_HOSTS:-}" ]; then # outside Slurm: the given hosts, with ppn slots each
+      hosts=$(echo "$GOEP_HOSTS" | tr , '\n' | grep . | head -n "$nodes" | sed "s/:.*//; s/\$/:$ppn/" | paste -sd, -)
+      [ "$(echo "$hosts" | tr , '\n' | grep -c .)" = "$nodes" ] ||
+        goep_die "step $name: wants $nodes nodes, GOEP_HOSTS has $GOEP_HOSTS"
+    else
+      hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n "$nodes" | sed "s/\$/:$ppn/" | paste -sd, -)
+      [ "$(echo "$hosts" | tr , '\n' | grep -c .)" = "$nodes" ] ||
+        goep_die "step $name: wants $nodes nodes, the allocation has $SLURM_JOB_NODELIST"
+    fi
     cmd+=("$GOEP_MPIRUN" -np "$ranks" --host "$hosts" --map-by "ppr:$ppn:node" --output-filename "$dir/$name.mpirun")
     if [ "$cpus" -gt 0 ] && [ "$ppn" -gt "$cpus" ]; then cmd+=(--oversubscribe); fi
     [ -z "${GOEP_RANKS_PER_NODE:-}" ] || cmd+=(-x GOEP_RANKS_PER_NODE)

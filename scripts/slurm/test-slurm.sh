@@ -30,6 +30,9 @@
 #   study-mpirun    study.sbatch with LAUNCHER=mpirun, layouts 1x2 2x4, LL f32: exit 0, 1 and 2 nodes
 #   study-fails     a sweep ep-bench refuses (6 experts on 4 ranks): the job fails (non-zero) and
 #                   prints the log of each of the 4 ranks
+#   gradsync-srun   sbatch --wait gradsync.sbatch, a tiny grad sync study on 2 nodes x 2 ranks
+#                   (allreduce, a2sgd, topk:K): exit 0, 3 traces of 2 nodes and 4 ranks with their
+#                   grad_sync, summary.md with a row per method, loss.png and cost.png
 #   go-readers      go test -run TestSlurmOutputs ./internal/study: the trace (3 segments) read by moe.ReadTrace,
 #                   the study by internal/study (2-node rows from 2-node steps only), the model
 #   no-daemons      after stop, no slurmctld, slurmd, slurmstepd (or munged it started) is left
@@ -323,6 +326,28 @@ errs=$( [ "$rc" != 0 ] && [ "$rc" != 124 ] || echo "exit status $rc, want a fail
   done
   grep -q "not a multiple of the 4 ranks" "$LOGS/study-fails.log" || echo "ep's error is not in the job's output;")
 result study-fails "$t" "$errs"
+
+# i2. the grad sync study on 2 nodes x 2 ranks, tiny.
+t=$SECONDS; rc=0
+GS=$LOGS/gradsync
+(export GOEP_OUT_DIR=$GS GOEP_STEP_TIMEOUT=$TMO GRADSYNC_RANKS=4 GRADSYNC_STEPS=20 GRADSYNC_HIDDEN=16 GRADSYNC_SHARED_FFN=32 \
+    GRADSYNC_FFN=16 GRADSYNC_TOKENS=16 GRADSYNC_LR=0.01 GRADSYNC_TOPK_DENSITY=0.05 GRADSYNC_NET="test cluster"
+  sbatch_wait gradsync-srun -N 2 --ntasks-per-node=2 scripts/slurm/gradsync.sbatch; exit "$rc") || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
+  n=0
+  for f in "$GS"/*/trace.h5; do
+    [ -s "$f" ] || continue
+    n=$((n + 1))
+    trace_errors "$f" 2 4 20
+    m=$(h5attr "$f" grad_sync)
+    grep -q "^| $m | 4 | 20 |" "$GS/summary.md" 2>/dev/null || echo "summary.md has no row of $m;"
+  done
+  [ "$n" = 3 ] || echo "$n traces, want 3 (allreduce, a2sgd, topk);"
+  for f in loss.png cost.png; do
+    [ "$(head -c 4 "$GS/$f" 2>/dev/null | tail -c 3)" = PNG ] || echo "$f is not a PNG file;"
+  done
+  grep -q "srun --mpi=pmix -N 2 -n 4" "$LOGS/gradsync-srun.log" || echo "no srun --mpi=pmix -N 2 -n 4 step;")
+result gradsync-srun "$t" "$errs"
 
 # j. the project's readers: moe.ReadTrace, internal/study.
 t=$SECONDS; rc=0
