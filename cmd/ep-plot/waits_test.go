@@ -96,7 +96,9 @@ func TestWaitsFromRealRun(t *testing.T) {
 		}
 		for j := 0; j < 2; j++ {
 			got, _ := strconv.ParseFloat(row[1+j], 64)
-			if d := got - want[i*2+j]/1e3; d > 0.0005 || d < -0.0005 {
+			// ep-plot prints 3 decimals of sums it adds in its own order:
+			// within one unit of the last decimal of h5dump's sum.
+			if d := got - want[i*2+j]/1e3; d > 0.001 || d < -0.001 {
 				t.Errorf("[%d][%d]: ep-plot printed %.3f ms, h5dump's sum is %.4f ms", i, j, got, want[i*2+j]/1e3)
 			}
 		}
