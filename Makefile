@@ -31,6 +31,9 @@ deps:
 deps-nvrtc:
 	@scripts/install-deps.sh --nvrtc
 
+bin/ep-plot: deps FORCE
+	$(GO) build -o $@ ./cmd/ep-plot
+
 bin/%: deps FORCE
 	$(GO) build -tags mpi -o $@ ./examples/$*
 
@@ -73,10 +76,10 @@ test-unit: deps deps-nvrtc
 	$(GO) test -count=1 ./...
 
 test-mpi: deps
-	$(GO) run ./internal/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
 	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes
-	$(GO) run ./internal/mpitest -np "" -sim 5/2,5/3 ./ep
-	$(GO) run ./internal/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep
+	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
 
 ## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that
 ## runs them: package gpu's (device, kernels, NCCL), the ep conformance suite on the CUDA backend (epgpu),

@@ -14,7 +14,7 @@ import (
 // experts, in place. Under mpirun every rank must run the same number of
 // iterations: use a count, e.g.
 //
-//	go run ./internal/mpitest -np 2 -sim "" -run '^$' -bench DispatchCombine -benchtime 20x ./ep
+//	go run ./internal/cmd/mpitest -np 2 -sim "" -run '^$' -bench DispatchCombine -benchtime 20x ./ep
 //
 // Bytes per op are this rank's rows: (token, expert) pairs (LL) or
 // (token, rank) pairs (HT) times the row size.
@@ -130,5 +130,84 @@ func BenchmarkLLLatency(b *testing.B) {
 	}
 	for i, name := range []string{"dispatch-send", "dispatch-wait", "combine-send", "combine-wait"} {
 		b.ReportMetric(float64(phase[i].Nanoseconds())/float64(b.N), name+"-ns/op")
+	}
+}
+
+// BenchmarkStatsCost measures what keeping the per-peer statistics costs
+// against a dispatch+combine round measured beside it, in the same
+// iterations: even iterations time a plain round; odd ones the same round
+// followed by Stats and ResetStats (what moe does once per step: read the
+// per-peer counters and start them anew). The bookkeeping every call does
+// for them (its rows to and from each rank, the bytes; the waits' clock is
+// read only in waits that are already late) is inside the plain round;
+// it is timed on its own too (CountStats, on the round's handle) and
+// reported against the round. Metrics: plain-ns/round, with-stats-ns/round,
+// take-ratio (with / plain), count-ns/round and count-share (count / plain).
+// Under mpirun every rank must run the same count:
+//
+//	go run ./internal/cmd/mpitest -np 2,4 -sim "" -run '^$' -bench StatsCost -benchtime 2000x ./ep
+func BenchmarkStatsCost(b *testing.B) {
+	w := mpitesting.World
+	R := w.Size()
+	for _, c := range []struct {
+		name                          string
+		mode                          ep.Mode
+		tokens, hidden, topk, experts int
+	}{
+		{"decode-ll", ep.LowLatency, 1, 128, 2, 4 * R},
+		{"small-ll", ep.LowLatency, 32, 1024, 4, 8 * R},
+		{"small-ht", ep.HighThroughput, 256, 1024, 4, 8 * R},
+	} {
+		b.Run(fmt.Sprintf("%s/%dtok/h%d/top%d", c.name, c.tokens, c.hidden, c.topk), func(b *testing.B) {
+			cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: c.tokens, Hidden: c.hidden, TopK: c.topk}
+			g, err := ep.NewGroup[ep.BF16](w, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer g.Close()
+			topk, weights := benchRouting(w.Rank(), c.tokens, c.topk, c.experts)
+			x := ep.Host(make([]ep.BF16, c.tokens*c.hidden))
+			out := ep.Host(make([]ep.BF16, c.tokens*c.hidden))
+			var plain, with, count time.Duration
+			var rounds [2]int
+			var h ep.Handle[ep.BF16]
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				h, err = g.Dispatch(x, topk, weights)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := g.Combine(h, h.Recv(), out, nil); err != nil {
+					b.Fatal(err)
+				}
+				if i%2 == 1 {
+					if s := g.Stats(); len(s.SentBytes) != R {
+						b.Fatalf("Stats: %d peers, want %d", len(s.SentBytes), R)
+					}
+					g.ResetStats()
+					with += time.Since(t0)
+				} else {
+					plain += time.Since(t0)
+				}
+				rounds[i%2]++
+			}
+			b.StopTimer()
+			t0 := time.Now()
+			for i := 0; i < b.N; i++ {
+				ep.CountStats(g, h)
+			}
+			count = time.Since(t0)
+			if rounds[0] == 0 || rounds[1] == 0 {
+				return // b.N = 1: nothing to compare
+			}
+			p, wi := float64(plain.Nanoseconds())/float64(rounds[0]), float64(with.Nanoseconds())/float64(rounds[1])
+			cn := float64(count.Nanoseconds()) / float64(b.N)
+			b.ReportMetric(p, "plain-ns/round")
+			b.ReportMetric(wi, "with-stats-ns/round")
+			b.ReportMetric(wi/p, "take-ratio")
+			b.ReportMetric(cn, "count-ns/round")
+			b.ReportMetric(cn/p, "count-share")
+		})
 	}
 }

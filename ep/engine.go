@@ -151,7 +151,10 @@ func openEngine(comm *mpi.Comm, spec Spec, oneSidedNet bool) (_ *engine, err err
 	// kernel would kill a rank half way, or MPI fail with MPI_ERR_INTERN),
 	// on every rank: a node that fits must not go on into the allocations.
 	f := Footprint{SharedPerRank: e.segSize, WindowPerRank: e.winSize, RanksPerNode: len(tr.nodeRanks)}
-	f.PerNode = f.RanksPerNode * (f.SharedPerRank + f.WindowPerRank)
+	if t.Nodes > 1 && !oneSidedNet {
+		f.CopiesPerRank = 2 * e.winSize
+	}
+	f.PerNode = f.RanksPerNode * f.perRank()
 	if err := mpi.AgreeOnError(comm, checkFits(spec, f, sysmem.Read(), R, t.Nodes, max(t.HostSize, f.RanksPerNode))); err != nil {
 		return nil, err
 	}

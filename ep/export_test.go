@@ -17,3 +17,12 @@ func UsePortableCast() (restore func()) {
 	quantImpl = 1
 	return func() { quantImpl = old }
 }
+
+// CountStats adds a completed dispatch's and its combine's traffic to the
+// group's statistics again: the bookkeeping every call pays for Stats
+// (BenchmarkStatsCost times it).
+func CountStats[E Element](g *Group[E], h Handle[E]) {
+	g.traffic(h.s)
+	g.count(h.s, false)
+	g.count(h.s, true)
+}

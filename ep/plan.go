@@ -9,16 +9,27 @@ import (
 // Footprint is the memory a CPU group holds, in bytes.
 type Footprint struct {
 	SharedPerRank int // each rank's MPI shared-memory segment (its node's ranks map it)
-	WindowPerRank int // each rank's one-sided staging window (0 when the group is on one node)
+	WindowPerRank int // each rank's staging memory for other nodes' rows (0 when the group is on one node)
+	// CopiesPerRank bounds the messages across nodes a rank holds at once
+	// (ep.CPU; 0 on one node and for ep.CPUOneSided): the packed copies
+	// of what it sends, and the message it receives, each at most its
+	// staging memory.
+	CopiesPerRank int
 	RanksPerNode  int // the most ranks on one node
 	PerNode       int // what the most loaded node holds in all
 }
+
+// perRank is what one rank holds in all.
+func (f Footprint) perRank() int { return f.SharedPerRank + f.WindowPerRank + f.CopiesPerRank }
 
 func (f Footprint) String() string {
 	s := fmt.Sprintf("%s per node (%d ranks x %s shared", sysmem.Bytes(int64(f.PerNode)), f.RanksPerNode,
 		sysmem.Bytes(int64(f.SharedPerRank)))
 	if f.WindowPerRank > 0 {
 		s += " + " + sysmem.Bytes(int64(f.WindowPerRank)) + " staging"
+	}
+	if f.CopiesPerRank > 0 {
+		s += " + " + sysmem.Bytes(int64(f.CopiesPerRank)) + " message copies"
 	}
 	return s + ")"
 }
@@ -59,8 +70,11 @@ func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 	f := Footprint{SharedPerRank: seg.n, RanksPerNode: ranksPerNode}
 	if nodes > 1 {
 		f.WindowPerRank = win.n
+		if s.Backend != CPUOneSided {
+			f.CopiesPerRank = 2 * win.n
+		}
 	}
-	f.PerNode = ranksPerNode * (f.SharedPerRank + f.WindowPerRank)
+	f.PerNode = ranksPerNode * f.perRank()
 	return f
 }
 
@@ -72,7 +86,7 @@ func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 // available and the knobs that shrink it.
 func checkFits(s Spec, f Footprint, avail sysmem.Avail, ranks, nodes, hostRanks int) error {
 	shared := int64(hostRanks) * int64(f.SharedPerRank)
-	need, free := int64(hostRanks)*int64(f.SharedPerRank+f.WindowPerRank), avail.Memory()
+	need, free := int64(hostRanks)*int64(f.perRank()), avail.Memory()
 	short := free != sysmem.Unknown && need > free
 	if sh := avail.Shared(); sh != sysmem.Unknown && shared > sh {
 		short, free = true, min(free, sh)

@@ -27,8 +27,13 @@ func TestBufferPlanIsWhatAGroupHolds(t *testing.T) {
 			if R%g.Nodes() == 0 { // the plan assumes nodes as equal as can be
 				assert.Equal(t, g.BufferBytes(), f.SharedPerRank+f.WindowPerRank, "%v %v: %v", mode, wire, f)
 			}
-			assert.Equal(t, f.RanksPerNode*(f.SharedPerRank+f.WindowPerRank), f.PerNode)
+			assert.Equal(t, f.RanksPerNode*(f.SharedPerRank+f.WindowPerRank+f.CopiesPerRank), f.PerNode)
 			assert.Equal(t, g.Nodes() > 1, f.WindowPerRank > 0)
+			assert.Equal(t, 2*f.WindowPerRank, f.CopiesPerRank, "messages across nodes: a send copy and a receive buffer")
+			cfg.Backend = ep.CPUOneSided
+			one, err := ep.BufferPlan(cfg, ep.BFloat16, R, g.Nodes())
+			require.NoError(t, err)
+			assert.Zero(t, one.CopiesPerRank, "one-sided puts copy nothing")
 			require.NoError(t, g.Close())
 		}
 	}

@@ -256,7 +256,10 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 
 // poll is waitAll with the group's timeout, charging the time waited to
 // the rank waited for last. Across nodes it polls in slices and lets MPI
-// make progress between them.
+// make progress between them; a wait that took more than one slice is
+// charged whole, from its start: the Progress calls and the pauses between
+// slices are time spent waiting too (charging only each slice's own clock
+// missed most of a long wait across nodes).
 func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited {
 	if t.net == nil {
 		w := waitAll(flags, aborts, target, t.timeout, t.spin, t.maskStalled)
@@ -264,17 +267,27 @@ func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited
 		return w
 	}
 	start := time.Now()
+	late := -1 // the flag a slice that ran out was still waiting for
 	for {
 		if err := t.net.Progress(); err != nil {
 			return waited{missing: -1, refused: -1, ahead: -1, err: err}
 		}
 		w := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice), t.maskStalled)
-		t.waits[peers[w.late]] += w.time
 		if w.missing < 0 {
+			switch {
+			case late < 0: // within one slice
+				t.waits[peers[w.late]] += w.time
+			case w.time > 0: // the last slice waited too: for w.late last
+				t.waits[peers[w.late]] += time.Since(start)
+			default: // the last slice found every flag at once
+				t.waits[peers[late]] += time.Since(start)
+			}
 			return w
 		}
+		late = w.missing
 		waited := time.Since(start)
 		if waited > t.timeout {
+			t.waits[peers[late]] += waited
 			return w
 		}
 		if waited > 5*time.Millisecond { // as waitAll backs off

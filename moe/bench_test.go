@@ -16,7 +16,7 @@ import (
 // experts, shared FFN 4096). Under mpirun every rank must run the same
 // iterations:
 //
-//	go run ./internal/mpitest -np 4 -sim "" -run '^$' -bench Sync -benchtime 10x ./moe
+//	go run ./internal/cmd/mpitest -np 4 -sim "" -run '^$' -bench Sync -benchtime 10x ./moe
 //
 // Bytes per op are what the rank sends (SyncStats.BytesSent); ns/op is rank
 // 0's time, computation included. Top-K sends 0.1% of the entries.

@@ -132,6 +132,14 @@
 // step) and checkpoints (SaveCheckpoint: every rank's experts gathered to
 // rank 0 into one file, written atomically with h5.WriteAtomic).
 //
+// Each step's statistics include, per pair of ranks, how long one waited
+// for the other in the ep calls and the token rows it sent to and received
+// from it (StepStats.WaitUS, PeerSent, PeerRecv: each rank's ep.Group.Stats,
+// read and reset once per step, gathered). RunResult sums the waits over
+// the run, and FindStraggler names the rank the others waited for most when
+// it stands out (at least StragglerFactor times the mean for another rank,
+// and StragglerMinUS in all).
+//
 // A run has an identity, its run id (NewRunID), made when it starts from
 // scratch, written into its trace and every checkpoint, and kept by its
 // resumes. Before it changes any file, Run looks at what is at its trace

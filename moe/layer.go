@@ -62,6 +62,14 @@ type CommStats struct {
 	// what it sent (SyncStats.BytesSent).
 	Sync      time.Duration
 	SyncBytes int64
+	// Per peer rank (indexed by rank, this rank included), from the ep
+	// group's statistics (ep.Group.Stats): PeerWait is how long this rank
+	// waited for the peer in the ep calls (nil where the engine does not
+	// measure it); PeerSent and PeerRecv are the token rows sent to and
+	// received from it, in bytes, the rows a rank keeps for itself
+	// included (BytesSent is the sum of PeerSent over the other ranks).
+	PeerWait           []time.Duration
+	PeerSent, PeerRecv []int64
 }
 
 // NewLayer creates the layer's ep group (collective) and its parameters,
@@ -126,7 +134,8 @@ func (l *Layer) GlobalTokens() int { return l.tokens }
 // TakeCommStats returns this rank's ep time and bytes since the last call.
 func (l *Layer) TakeCommStats() CommStats {
 	s := l.w.takeStats()
-	cs := CommStats{Dispatch: s.dispatch, Combine: s.combine, BytesSent: s.bytesSent, Sync: l.syncDur, SyncBytes: l.syncB}
+	cs := CommStats{Dispatch: s.dispatch, Combine: s.combine, BytesSent: s.bytesSent, Sync: l.syncDur, SyncBytes: l.syncB,
+		PeerWait: s.peerWait, PeerSent: s.peerSent, PeerRecv: s.peerRecv}
 	l.syncDur, l.syncB = 0, 0
 	return cs
 }

@@ -50,6 +50,9 @@ type RunOptions struct {
 	// OnStep, if set, is called on every rank after each step (after the
 	// step's trace row and checkpoint are written).
 	OnStep func(*StepStats)
+	// BetweenPasses, if set, is called on this rank between each step's
+	// forward and backward (Trainer.SetBetweenPasses).
+	BetweenPasses func(step int64)
 }
 
 // RunResult sums up a run; it is the same on every rank except for Files,
@@ -67,9 +70,17 @@ type RunResult struct {
 	MeanCombine  time.Duration
 	MeanSync     time.Duration // per step, mean over ranks and steps: the data-parallel gradient sync
 	SyncBytes    int64         // per step, mean over ranks and steps: bytes the sync sent
-	Files        []string      // trace and checkpoints written
-	Notes        []string      // what OnNote was told
-	DroppedRows  int64         // trace rows after the checkpoint's step that the resume dropped
+	// WaitUS is, [ranks][ranks] row-major, how long rank i waited for rank j
+	// in ep calls over the run's steps, in microseconds (NaN where the
+	// engine does not measure it); Hosts the host of each rank; Straggler
+	// the rank the others waited for most, when one stands out
+	// (FindStraggler), or nil.
+	WaitUS      []float64
+	Hosts       []string
+	Straggler   *Straggler
+	Files       []string // trace and checkpoints written
+	Notes       []string // what OnNote was told
+	DroppedRows int64    // trace rows after the checkpoint's step that the resume dropped
 }
 
 // TokensPerSecond is the training throughput: tokens over all ranks per
@@ -123,6 +134,7 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	if err != nil {
 		return nil, err
 	}
+	tr.SetBetweenPasses(o.BetweenPasses)
 	defer func() {
 		// Close is collective: skip it after an error that may be on this
 		// rank alone (the caller aborts the job).
@@ -134,13 +146,13 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 			err = cerr
 		}
 	}()
-	hosts, err := gatherHosts(comm)
+	hostList, hosts, err := gatherHosts(comm)
 	if err != nil {
 		return nil, err
 	}
 	start := time.Now()
 	rank0 := comm.Rank() == 0
-	res := &RunResult{}
+	res := &RunResult{Hosts: hostList}
 	note := func(s string) {
 		res.Notes = append(res.Notes, s)
 		if o.OnNote != nil {
@@ -225,6 +237,12 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 		res.Steps++
 		res.Tokens += int64(st.Tokens)
 		res.StepTime += st.Elapsed
+		if res.WaitUS == nil {
+			res.WaitUS = make([]float64, len(st.WaitUS))
+		}
+		for i, v := range st.WaitUS {
+			res.WaitUS[i] += v
+		}
 		for r := range st.DispatchUS {
 			R := float64(len(st.DispatchUS))
 			dispatchUS += st.DispatchUS[r] / R
@@ -260,6 +278,10 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	res.MeanCombine = time.Duration(combineUS / float64(res.Steps) * 1e3)
 	res.MeanSync = time.Duration(syncUS / float64(res.Steps) * 1e3)
 	res.SyncBytes = int64(math.Round(syncBytes / float64(res.Steps)))
+	if s, ok := FindStraggler(res.WaitUS, comm.Size()); ok {
+		s.Host = hostList[s.Rank]
+		res.Straggler = &s
+	}
 	return res, nil
 }
 
@@ -306,20 +328,20 @@ func openRunFiles(o RunOptions, plan *runPlan, tr *Trainer, ranks int, hosts str
 	return trace, nil
 }
 
-// gatherHosts names the host of every rank, as "host:ranks,host:ranks" in
-// rank order; under Slurm a host is SLURMD_NODENAME@host, since one machine
-// may run several Slurm nodes. Collective.
-func gatherHosts(comm *mpi.Comm) (string, error) {
+// gatherHosts names the host of every rank, in rank order and as
+// "host:ranks,host:ranks"; under Slurm a host is SLURMD_NODENAME@host, since
+// one machine may run several Slurm nodes. Collective.
+func gatherHosts(comm *mpi.Comm) ([]string, string, error) {
 	host, err := mpi.ProcessorName()
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	if s := os.Getenv("SLURMD_NODENAME"); s != "" {
 		host = s + "@" + host
 	}
 	all, err := gatherStrings(comm, host, 256)
 	if err != nil {
-		return "", fmt.Errorf("moe: gathering host names: %w", err)
+		return nil, "", fmt.Errorf("moe: gathering host names: %w", err)
 	}
 	var parts []string
 	for i := 0; i < len(all); {
@@ -330,7 +352,7 @@ func gatherHosts(comm *mpi.Comm) (string, error) {
 		parts = append(parts, fmt.Sprintf("%s:%d", all[i], j-i))
 		i = j
 	}
-	return strings.Join(parts, ","), nil
+	return all, strings.Join(parts, ","), nil
 }
 
 // prepareFiles creates the directories of the run's files.

@@ -494,8 +494,68 @@ func TestRunVersion2Files(t *testing.T) {
 		assert.Equal(t, tr.Loss, now.Loss[:3], "the old rows are kept")
 		assert.Equal(t, []int64{-1, -1, -1, 0, 0}, now.SyncBytes, "unknown for the old rows, none sent on one rank")
 		assert.Positive(t, now.StepUS[4])
+		// One rank: the per-peer matrices are 1x1, unknown in the old rows.
+		assert.True(t, math.IsNaN(now.WaitUS[2]) && !math.IsNaN(now.WaitUS[3]), "waits: %v", now.WaitUS)
+		assert.Equal(t, []int64{-1, -1, -1}, now.PeerSent[:3])
+		assert.Positive(t, now.PeerSent[4], "the rows rank 0 kept")
+		assert.Equal(t, now.PeerSent, now.PeerRecv)
 		ck, err = moe.ReadCheckpoint(moe.CheckpointPath(dir, 5))
 		require.NoError(t, err)
 		assert.Equal(t, moe.CheckpointVersion, ck.Version)
+	})
+}
+
+// A trace of schema version 3 (written by the program before the per-peer
+// statistics, on 2 ranks; testdata/v3) is read with unknown wait and
+// per-peer byte matrices, and a run resumed from its checkpoint continues
+// it in the current schema: the old rows stay unknown, the new ones are
+// measured.
+func TestRunVersion3Files(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	if w.Size() < 2 {
+		t.Log("one rank: only the reading (the resume needs the trace's 2 ranks)")
+	}
+	tr, err := moe.ReadTrace("testdata/v3/trace.h5")
+	require.NoError(t, err)
+	assert.Equal(t, 3, tr.Version)
+	require.Len(t, tr.Step, 3)
+	require.Equal(t, 2, tr.RankColumns)
+	require.Len(t, tr.WaitUS, 3*4)
+	for i := range tr.WaitUS {
+		assert.True(t, math.IsNaN(tr.WaitUS[i]), "wait_us unknown in a version 3 trace")
+		assert.Equal(t, int64(-1), tr.PeerSent[i])
+		assert.Equal(t, int64(-1), tr.PeerRecv[i])
+	}
+	assert.Positive(t, tr.SyncBytes[0], "version 3's own columns are read")
+	if w.Size() < 2 {
+		return
+	}
+	dir := tempDir(t, w)
+	onRanks(t, w, 2, func(c *mpi.Comm) {
+		if c.Rank() == 0 {
+			for _, f := range []string{"trace.h5", "ckpt-000003.h5"} {
+				data, err := os.ReadFile(filepath.Join("testdata/v3", f))
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(filepath.Join(dir, f), data, 0o644))
+			}
+		}
+		require.NoError(t, c.Barrier())
+		res, err := moe.Run(c, moe.RunOptions{TrainConfig: tr.Config, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
+			CheckpointDir: dir, Resume: moe.ResumeAuto})
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), res.StartStep)
+		if c.Rank() != 0 {
+			return
+		}
+		now, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+		require.NoError(t, err)
+		assert.Equal(t, moe.TraceVersion, now.Version)
+		require.Len(t, now.Step, 5)
+		assert.Equal(t, tr.Loss, now.Loss[:3], "the old rows are kept")
+		for i := 0; i < 5*4; i++ {
+			assert.Equal(t, i < 3*4, math.IsNaN(now.WaitUS[i]), "wait_us[%d][%d][%d]: unknown in the old rows only", i/4, i/2%2, i%2)
+			assert.Equal(t, i < 3*4, now.PeerSent[i] < 0, "peer_sent_bytes[%d][%d][%d]", i/4, i/2%2, i%2)
+		}
 	})
 }

@@ -18,9 +18,10 @@ import (
 // the schema in docs/trace-schema.md. Version 2 added the run id, the
 // segments and per-rank tables as wide as the largest world size of the
 // run; version 3 the data-parallel gradient sync (the tables sync_us,
-// sync_bytes and step_us, the attributes shared_ffn and grad_sync).
-// ReadTrace reads versions 1 and 2 too.
-const TraceVersion = 3
+// sync_bytes and step_us, the attributes shared_ffn and grad_sync); version
+// 4 the per-peer statistics (wait_us, peer_sent_bytes, peer_recv_bytes:
+// one ranks x ranks matrix per step). ReadTrace reads versions 1 to 3 too.
+const TraceVersion = 4
 
 // TraceFormat is the value of a trace's "format" attribute.
 const TraceFormat = "goep-moe-trace"
@@ -78,8 +79,8 @@ type Trace struct {
 }
 
 // traceTables are the trace's tables: name, element type, row shape
-// ("experts", "ranks" or scalar), meaning and the schema version that added
-// it.
+// ("experts", "ranks", "ranks x ranks" or scalar), meaning and the schema
+// version that added it.
 var traceTables = []struct {
 	name  string
 	dtype h5.DType
@@ -98,6 +99,9 @@ var traceTables = []struct {
 	{"sync_us", h5.Float64, "ranks", "microseconds each rank spent in the data-parallel gradient sync of the gate and the shared expert (grad_sync), its computation included; NaN past the step's world size and in rows from schema version 2", 3},
 	{"sync_bytes", h5.Int64, "ranks", "bytes each rank sent in the data-parallel gradient sync: 2(R-1)/R of the allreduced payload (allreduce: 8 per parameter; a2sgd: 16), (R-1) times its own part of an allgather (topk:K: 12*K); -1 past the step's world size and in rows from schema version 2", 3},
 	{"step_us", h5.Float64, "", "microseconds rank 0 spent in the step: forward, backward, sync, update and statistics, not the trace or checkpoints; NaN in rows from schema version 2", 3},
+	{"wait_us", h5.Float64, "ranks x ranks", "[i][j]: microseconds rank i waited for rank j in the step's ep calls (ep.Stats.Wait); NaN where not measured, past the step's world size and in rows from schema versions before 4", 4},
+	{"peer_sent_bytes", h5.Int64, "ranks x ranks", "[i][j]: token-row bytes rank i sent to rank j in the step's four ep calls, [i][i] the rows it kept (ep.Stats.SentBytes); -1 past the step's world size and in rows from schema versions before 4", 4},
+	{"peer_recv_bytes", h5.Int64, "ranks x ranks", "[i][j]: token-row bytes rank i received from rank j in the step's four ep calls (ep.Stats.RecvBytes); -1 past the step's world size and in rows from schema versions before 4", 4},
 }
 
 // CreateTrace creates (or truncates) the trace file at path for a run whose
@@ -232,6 +236,8 @@ func writeTraceHeader(f *h5.File, info TraceInfo, segments []Segment, width int)
 			row = []int{info.Config.Experts}
 		case "ranks":
 			row = []int{width}
+		case "ranks x ranks":
+			row = []int{width, width}
 		}
 		tab, err := f.CreateTable("trace/"+tt.name, tt.dtype, row, traceChunkRows)
 		if err != nil {
@@ -323,13 +329,19 @@ func (t *Trace) Append(s *StepStats, end time.Time) error {
 	if len(s.SyncUS) != t.ranks || len(s.SyncBytes) != t.ranks {
 		return fmt.Errorf("moe: trace %s: step %d has sync statistics of %d ranks, this segment has %d", t.Path(), s.Step, len(s.SyncUS), t.ranks)
 	}
+	if R2 := t.ranks * t.ranks; len(s.WaitUS) != R2 || len(s.PeerSent) != R2 || len(s.PeerRecv) != R2 {
+		return fmt.Errorf("moe: trace %s: step %d has per-peer statistics of %d, %d and %d values, this segment's %d ranks want %d", t.Path(), s.Step, len(s.WaitUS), len(s.PeerSent), len(s.PeerRecv), t.ranks, R2)
+	}
 	rows := map[string]any{
 		"step": []int64{s.Step}, "loss": []float64{s.Loss}, "aux_loss": []float64{s.AuxLoss},
 		"tokens_per_expert": s.TokensPerExpert, "dispatch_us": padFloats(s.DispatchUS, t.width),
 		"combine_us": padFloats(s.CombineUS, t.width), "bytes_sent": padInts(s.BytesSent, t.width),
 		"wall_time": []float64{end.Sub(t.start).Seconds()},
 		"sync_us":   padFloats(s.SyncUS, t.width), "sync_bytes": padInts(s.SyncBytes, t.width),
-		"step_us": []float64{float64(s.Elapsed.Nanoseconds()) / 1e3},
+		"step_us":         []float64{float64(s.Elapsed.Nanoseconds()) / 1e3},
+		"wait_us":         padMatrix(s.WaitUS, t.ranks, t.width, math.NaN()),
+		"peer_sent_bytes": padMatrix(s.PeerSent, t.ranks, t.width, -1),
+		"peer_recv_bytes": padMatrix(s.PeerRecv, t.ranks, t.width, -1),
 	}
 	for _, tt := range traceTables {
 		if err := t.tables[tt.name].Append(rows[tt.name]); err != nil {
@@ -361,6 +373,9 @@ func (t *Trace) appendRows(d *TraceData, n int) error {
 		"step": d.Step[:n], "loss": d.Loss[:n], "aux_loss": d.AuxLoss[:n], "tokens_per_expert": d.TokensPerExpert[:n*E],
 		"dispatch_us": widen(d.DispatchUS), "combine_us": widen(d.CombineUS), "bytes_sent": widenInts(d.BytesSent), "wall_time": d.WallTime[:n],
 		"sync_us": widen(d.SyncUS), "sync_bytes": widenInts(d.SyncBytes), "step_us": d.StepUS[:n],
+		"wait_us":         widenMatrices(d.WaitUS, n, W, t.width, math.NaN()),
+		"peer_sent_bytes": widenMatrices(d.PeerSent, n, W, t.width, -1),
+		"peer_recv_bytes": widenMatrices(d.PeerRecv, n, W, t.width, -1),
 	}
 	for _, tt := range traceTables {
 		if err := t.tables[tt.name].Append(rows[tt.name]); err != nil {
@@ -390,6 +405,32 @@ func padInts(v []int64, n int) []int64 {
 	out := append(make([]int64, 0, n), v...)
 	for len(out) < n {
 		out = append(out, -1)
+	}
+	return out
+}
+
+// padMatrix returns the n x n matrix m (row-major) as a w x w one, filled
+// out with fill (m itself if n == w).
+func padMatrix[T any](m []T, n, w int, fill T) []T {
+	if n == w {
+		return m
+	}
+	out := make([]T, w*w)
+	for i := range out {
+		out[i] = fill
+	}
+	for i := 0; i < n; i++ {
+		copy(out[i*w:i*w+n], m[i*n:(i+1)*n])
+	}
+	return out
+}
+
+// widenMatrices returns the first rows of v, each an n x n matrix, as w x w
+// ones filled out with fill.
+func widenMatrices[T any](v []T, rows, n, w int, fill T) []T {
+	out := make([]T, 0, rows*w*w)
+	for i := 0; i < rows; i++ {
+		out = append(out, padMatrix(v[i*n*n:(i+1)*n*n], n, w, fill)...)
 	}
 	return out
 }
@@ -433,6 +474,12 @@ type TraceData struct {
 	SyncUS    []float64 // [steps][RankColumns]
 	SyncBytes []int64   // [steps][RankColumns]
 	StepUS    []float64 // [steps]: rank 0's time in the step
+	// Per pair of ranks (schema version 4; NaN, and -1 in the bytes, in rows
+	// read from older files), [steps][RankColumns][RankColumns], [i][j] for
+	// rank i and its peer j: the microseconds i waited for j in the step's
+	// ep calls, and the token-row bytes i sent to and received from j.
+	WaitUS             []float64
+	PeerSent, PeerRecv []int64
 }
 
 // RowsUpTo is the number of leading rows of steps up to step.
@@ -456,7 +503,7 @@ func (d *TraceData) SegmentOf(i int) int {
 	return seg
 }
 
-// ReadTrace reads a trace file (schema version 1 or 2). A file cut short by
+// ReadTrace reads a trace file (schema version 1 to 4). A file cut short by
 // a killed writer reads up to its last flush; tables of unequal length (a
 // kill between two appends) are cut to the shortest.
 func ReadTrace(path string) (*TraceData, error) {
@@ -506,9 +553,9 @@ func ReadTrace(path string) (*TraceData, error) {
 		d.Segments = []Segment{s}
 	}
 	f64 := map[string]*[]float64{"loss": &d.Loss, "aux_loss": &d.AuxLoss, "dispatch_us": &d.DispatchUS,
-		"combine_us": &d.CombineUS, "wall_time": &d.WallTime, "sync_us": &d.SyncUS, "step_us": &d.StepUS}
+		"combine_us": &d.CombineUS, "wall_time": &d.WallTime, "sync_us": &d.SyncUS, "step_us": &d.StepUS, "wait_us": &d.WaitUS}
 	i64 := map[string]*[]int64{"step": &d.Step, "tokens_per_expert": &d.TokensPerExpert, "bytes_sent": &d.BytesSent,
-		"sync_bytes": &d.SyncBytes}
+		"sync_bytes": &d.SyncBytes, "peer_sent_bytes": &d.PeerSent, "peer_recv_bytes": &d.PeerRecv}
 	rows := -1
 	for _, tt := range traceTables {
 		if tt.since > d.Version {
@@ -523,9 +570,10 @@ func ReadTrace(path string) (*TraceData, error) {
 		if err != nil {
 			return nil, bad(err)
 		}
-		want := map[string]int{"experts": d.Config.Experts, "ranks": d.RankColumns}[tt.row]
-		if (tt.row == "" && len(shape) != 1) || (tt.row != "" && (len(shape) != 2 || shape[1] != want)) {
-			return nil, bad(fmt.Errorf("/trace/%s has shape %v, want [rows] or [rows, %d]", tt.name, shape, want))
+		want := map[string][]int{"": {}, "experts": {d.Config.Experts}, "ranks": {d.RankColumns},
+			"ranks x ranks": {d.RankColumns, d.RankColumns}}[tt.row]
+		if len(shape) != 1+len(want) || !slices.Equal(shape[1:], want) {
+			return nil, bad(fmt.Errorf("/trace/%s has shape %v, want [rows %s]", tt.name, shape, strings.Trim(fmt.Sprint(want), "[]")))
 		}
 		if rows < 0 || shape[0] < rows {
 			rows = shape[0]
@@ -541,10 +589,17 @@ func ReadTrace(path string) (*TraceData, error) {
 			d.StepUS[i] = math.NaN()
 		}
 	}
+	if d.Version < 4 { // no per-peer statistics: unknown
+		d.WaitUS, d.PeerSent, d.PeerRecv = make([]float64, rows*W*W), make([]int64, rows*W*W), make([]int64, rows*W*W)
+		for i := range d.WaitUS {
+			d.WaitUS[i], d.PeerSent[i], d.PeerRecv[i] = math.NaN(), -1, -1
+		}
+	}
 	d.Step, d.Loss, d.AuxLoss, d.WallTime = d.Step[:rows], d.Loss[:rows], d.AuxLoss[:rows], d.WallTime[:rows]
 	d.TokensPerExpert = d.TokensPerExpert[:rows*E]
 	d.DispatchUS, d.CombineUS, d.BytesSent = d.DispatchUS[:rows*W], d.CombineUS[:rows*W], d.BytesSent[:rows*W]
 	d.SyncUS, d.SyncBytes, d.StepUS = d.SyncUS[:rows*W], d.SyncBytes[:rows*W], d.StepUS[:rows]
+	d.WaitUS, d.PeerSent, d.PeerRecv = d.WaitUS[:rows*W*W], d.PeerSent[:rows*W*W], d.PeerRecv[:rows*W*W]
 	return d, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/goep/goep/mpi"
@@ -26,6 +27,9 @@ type Trainer struct {
 	adam    *Adam
 	step    int64
 	runID   string
+	// betweenPasses, if set, is called between each step's forward and
+	// backward (SetBetweenPasses).
+	betweenPasses func(step int64)
 }
 
 // StepStats is what one training step measured. The per-rank slices are
@@ -40,8 +44,15 @@ type StepStats struct {
 	BytesSent       []int64   // [ranks]: payload bytes sent to other ranks (see CommStats)
 	SyncUS          []float64 // [ranks]: microseconds in the data-parallel gradient sync
 	SyncBytes       []int64   // [ranks]: bytes the data-parallel gradient sync sent (see SyncStats)
-	Tokens          int       // tokens over all ranks
-	Elapsed         time.Duration
+	// Per pair of ranks, [ranks][ranks] row-major, row i for rank i and
+	// column j for its peer j (see CommStats): WaitUS, the microseconds rank
+	// i waited for rank j in the step's ep calls (NaN where the engine does
+	// not measure waits); PeerSent and PeerRecv, the token-row bytes rank i
+	// sent to and received from rank j (the diagonal: rows a rank kept).
+	WaitUS             []float64
+	PeerSent, PeerRecv []int64
+	Tokens             int // tokens over all ranks
+	Elapsed            time.Duration
 }
 
 // NewTrainer creates the student layer (collective), the teacher and Adam,
@@ -103,6 +114,13 @@ func (tr *Trainer) Adam() *Adam { return tr.adam }
 // checkpoint a run resumed from.
 func (tr *Trainer) StepsDone() int64 { return tr.step }
 
+// SetBetweenPasses sets f to be called on this rank between each step's
+// forward and backward, with the step's number (nil: nothing): time spent
+// in it delays this rank's backward, and the other ranks wait for it in
+// the backward's first ep call, as for a rank whose experts compute slowly
+// (tests of the per-peer waits use it). Not collective.
+func (tr *Trainer) SetBetweenPasses(f func(step int64)) { tr.betweenPasses = f }
+
 // Step runs one training step: the batch of step StepsDone()+1 (see Batch:
 // this rank's share of the step's global batch), forward, backward and an
 // Adam update.
@@ -124,6 +142,9 @@ func (tr *Trainer) Step() (*StepStats, error) {
 		sse += d * d
 		grad[i] = 2 * d * scale
 	}
+	if tr.betweenPasses != nil {
+		tr.betweenPasses(s)
+	}
 	l.ZeroGrad()
 	if _, err := l.Backward(grad, tr.cfg.AuxCoef); err != nil {
 		return nil, fmt.Errorf("moe: step %d: %w", s, err)
@@ -132,22 +153,35 @@ func (tr *Trainer) Step() (*StepStats, error) {
 	tr.step = s
 
 	cs := l.TakeCommStats()
+	R := tr.comm.Size()
 	mine := []float64{sse, float64(cs.Dispatch.Nanoseconds()) / 1e3, float64(cs.Combine.Nanoseconds()) / 1e3, float64(cs.BytesSent),
 		float64(cs.Sync.Nanoseconds()) / 1e3, float64(cs.SyncBytes)}
-	R := tr.comm.Size()
+	const scalars = 6
+	for p := 0; p < R; p++ { // per peer: wait (NaN: not measured), bytes sent and received (exact below 2^53)
+		wait := math.NaN()
+		if cs.PeerWait != nil {
+			wait = float64(cs.PeerWait[p].Nanoseconds()) / 1e3
+		}
+		mine = append(mine, wait, float64(cs.PeerSent[p]), float64(cs.PeerRecv[p]))
+	}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(tr.comm, mine, all); err != nil {
 		return nil, fmt.Errorf("moe: step %d: gathering statistics: %w", s, err)
 	}
 	st := &StepStats{Step: s, AuxLoss: aux, TokensPerExpert: l.TokensPerExpert(), Tokens: N,
 		DispatchUS: make([]float64, R), CombineUS: make([]float64, R), BytesSent: make([]int64, R),
-		SyncUS: make([]float64, R), SyncBytes: make([]int64, R)}
+		SyncUS: make([]float64, R), SyncBytes: make([]int64, R),
+		WaitUS: make([]float64, R*R), PeerSent: make([]int64, R*R), PeerRecv: make([]int64, R*R)}
 	total := 0.0
 	for r := 0; r < R; r++ { // in rank order: the same sum on every rank
 		v := all[r*len(mine) : (r+1)*len(mine)]
 		total += v[0]
 		st.DispatchUS[r], st.CombineUS[r], st.BytesSent[r] = v[1], v[2], int64(v[3])
 		st.SyncUS[r], st.SyncBytes[r] = v[4], int64(v[5])
+		for p := 0; p < R; p++ {
+			pv := v[scalars+3*p:]
+			st.WaitUS[r*R+p], st.PeerSent[r*R+p], st.PeerRecv[r*R+p] = pv[0], int64(pv[1]), int64(pv[2])
+		}
 	}
 	st.Loss = total * scale
 	st.Elapsed = time.Since(start)

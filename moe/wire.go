@@ -52,6 +52,11 @@ type wire interface {
 type commStats struct {
 	dispatch, combine time.Duration
 	bytesSent         int64
+	// Per peer rank, from the group's statistics (ep.Stats): how long this
+	// rank waited for it (nil where the engine does not measure waits), and
+	// the row payload sent to and received from it, itself included.
+	peerWait           []time.Duration
+	peerSent, peerRecv []int64
 }
 
 func newWire(comm *mpi.Comm, c Config) (wire, error) {
@@ -104,6 +109,9 @@ func (w *epWire[E]) close() error { return w.g.Close() }
 func (w *epWire[E]) takeStats() commStats {
 	s := w.stats
 	w.stats = commStats{}
+	gs := w.g.Stats()
+	w.g.ResetStats()
+	s.peerWait, s.peerSent, s.peerRecv = gs.Wait, gs.SentBytes, gs.RecvBytes
 	return s
 }
 

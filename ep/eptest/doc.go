@@ -40,7 +40,7 @@
 //     (Suite.Refusals); per-peer statistics; a stalled rank masked and back
 //     (Suite.Masking).
 //
-// A backend's own test runs it under mpirun (internal/mpitest) at several
+// A backend's own test runs it under mpirun (internal/cmd/mpitest) at several
 // rank counts and on simulated nodes:
 //
 //	func TestConformance(t *testing.T) {

@@ -531,7 +531,7 @@ func (b *bench[E]) validate() error {
 
 // summarize gathers every rank's medians: times are the slowest rank's,
 // bandwidths the mean over ranks of bytes over time.
-func (b *bench[E]) summarize(s *samples) (*Result, error) {
+func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 	R := b.world.Size()
 	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes,
 		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy), median(s.nativeDispatch), median(s.nativeCombine), b.nbytes}
@@ -570,6 +570,11 @@ func (b *bench[E]) summarize(s *samples) (*Result, error) {
 		res.AlltoallvDispatchGBps, res.AlltoallvCombineGBps = bw(2), bwOf(3, combineBytes)
 		res.Speedup = (res.AlltoallvDispatchUS + res.AlltoallvCombineUS) / (res.DispatchUS + res.CombineUS)
 	}
+	if b.base != nil && res.Nodes > 1 {
+		if res.NetworkBytesPerCall, res.FlatNetworkBytesPerCall, err = b.networkBytes(); err != nil {
+			return nil, err
+		}
+	}
 	if b.native != nil {
 		res.BF16DispatchUS, res.BF16CombineUS, res.BF16BytesPerRank = slices.Max(col(9)), slices.Max(col(10)), mean(col(11))
 		res.FP8DispatchSpeedup = res.BF16DispatchUS / res.DispatchUS
@@ -585,6 +590,28 @@ func (b *bench[E]) summarize(s *samples) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// networkBytes is, per dispatch and combine and over all ranks, the bytes
+// ep put across nodes and those the baseline sent to and received from
+// ranks of other nodes (a flat exchange's), from the groups' Stats.
+func (b *bench[E]) networkBytes() (ep, flat float64, err error) {
+	st, base := b.g.Stats(), b.base.Stats()
+	if st.Dispatches == 0 || base.Dispatches == 0 {
+		return 0, 0, nil
+	}
+	var cross int64
+	for p, n := range base.SentBytes {
+		if b.g.NodeOf(p) != b.g.Node() {
+			cross += n
+		}
+	}
+	mine := []float64{float64(st.NetworkBytes) / float64(st.Dispatches), float64(cross) / float64(base.Dispatches)}
+	sum := make([]float64, 2)
+	if err := mpi.Allreduce(b.world, mpi.OpSum, mine, sum); err != nil {
+		return 0, 0, err
+	}
+	return sum[0], sum[1], nil
 }
 
 // timeRound times a dispatch and then a combine, each started right after a
@@ -640,6 +667,10 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "alltoallv by hand", r.AlltoallvDispatchUS, r.AlltoallvDispatchGBps,
 			r.AlltoallvCombineUS, r.AlltoallvCombineGBps, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
 		fmt.Fprintf(w, "  speedup over alltoallv: %.2fx\n", r.Speedup)
+	}
+	if r.FlatNetworkBytesPerCall > 0 {
+		fmt.Fprintf(w, "  across nodes per dispatch+combine, all ranks: ep %.1f MB, a flat exchange (alltoallv) %.1f MB (%.2fx)\n",
+			r.NetworkBytesPerCall/1e6, r.FlatNetworkBytesPerCall/1e6, r.NetworkBytesPerCall/r.FlatNetworkBytesPerCall)
 	}
 	if r.BF16DispatchUS > 0 {
 		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep, bf16 on the wire", r.BF16DispatchUS,

@@ -56,7 +56,10 @@
 //	-timeout D        how long a rank waits for a peer before failing (60s)
 //
 // With the environment variable GOEP_MOE_PID_DIR set, every rank writes its
-// process id to DIR/rank-<r>.pid (for tests that kill one rank).
+// process id to DIR/rank-<r>.pid (for tests that kill one rank). With
+// GOEP_MOE_STRAGGLER=RANK:DURATION (e.g. 1:5ms), that rank sleeps DURATION
+// between each step's forward and backward: a straggler the others wait
+// for, for tests of the per-peer waits and the summary's slowest rank.
 package main
 
 import (
@@ -276,6 +279,15 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 			return err
 		}
 	}
+	if v := os.Getenv("GOEP_MOE_STRAGGLER"); v != "" {
+		rank, delay, err := parseStraggler(v)
+		if err != nil {
+			return err
+		}
+		if rank == world.Rank() {
+			o.run.BetweenPasses = func(int64) { time.Sleep(delay) }
+		}
+	}
 	topo, err := world.Topology()
 	if err != nil {
 		return err
@@ -301,6 +313,21 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 		p.summary(res)
 	}
 	return nil
+}
+
+// parseStraggler reads GOEP_MOE_STRAGGLER's RANK:DURATION.
+func parseStraggler(v string) (rank int, delay time.Duration, err error) {
+	r, d, ok := strings.Cut(v, ":")
+	if ok {
+		rank, err = strconv.Atoi(r)
+		if err == nil {
+			delay, err = time.ParseDuration(d)
+		}
+	}
+	if !ok || err != nil || rank < 0 || delay < 0 {
+		return 0, 0, fmt.Errorf("GOEP_MOE_STRAGGLER=%q: want RANK:DURATION, such as 1:5ms", v)
+	}
+	return rank, delay, nil
 }
 
 func writePID(dir string, rank int) error {
@@ -431,6 +458,9 @@ func (p *progress) summary(r *moe.RunResult) {
 		si(r.TokensPerSecond()), micro(float64(r.MeanDispatch.Nanoseconds())/1e3), micro(float64(r.MeanCombine.Nanoseconds())/1e3))
 	fmt.Fprintf(w, "  sync      %v: %s and %s sent per rank per step (the gate's and shared expert's gradient; mean over ranks and steps)\n",
 		c.GradSync, micro(float64(r.MeanSync.Nanoseconds())/1e3), bytesText(r.SyncBytes))
+	if line := stragglerLine(r); line != "" {
+		fmt.Fprintf(w, "  waits     %s\n", line)
+	}
 	var trace string
 	var ckpts []string
 	for _, f := range r.Files {
@@ -471,6 +501,26 @@ func bytesText(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// stragglerLine says which rank the others waited for most in ep calls and
+// where it ran, when one stands out (moe.FindStraggler), or that none did;
+// "" where the waits were not measured.
+func stragglerLine(r *moe.RunResult) string {
+	measured := false
+	for _, v := range r.WaitUS {
+		measured = measured || !math.IsNaN(v)
+	}
+	if !measured {
+		return ""
+	}
+	if s := r.Straggler; s != nil {
+		return fmt.Sprintf("slowest rank %d on host %s: the others waited %s for it, %.0f%% of all waiting between ranks (%.1fx the mean for another rank; see docs/trace-schema.md)",
+			s.Rank, s.Host, micro(s.WaitedUS), 100*s.Share, s.WaitedUS/max(s.OthersMeanUS, 1e-9))
+	}
+	R := len(r.Hosts)
+	s, _ := moe.FindStraggler(r.WaitUS, R)
+	return fmt.Sprintf("no rank stands out: the most waited for was rank %d, %s, %.0f%% of all waiting between ranks", s.Rank, micro(s.WaitedUS), 100*s.Share)
 }
 
 // micro formats microseconds.

@@ -68,15 +68,36 @@ func mpirun(t *testing.T, np int, limit time.Duration, args ...string) (string, 
 	return mpirunSim(t, np, 0, limit, args...)
 }
 
+// mpirunEnv is mpirun with the variables vars of this process's
+// environment passed to the ranks (-x).
+func mpirunEnv(t *testing.T, np int, limit time.Duration, vars []string, args ...string) (string, error) {
+	t.Helper()
+	var env []string
+	for _, v := range vars {
+		env = append(env, v+"="+os.Getenv(v))
+	}
+	return mpirunWith(t, np, 0, limit, vars, env, args...)
+}
+
 // mpirunSim is mpirun with simulated nodes of perNode ranks
 // (GOEP_RANKS_PER_NODE; 0: none).
 func mpirunSim(t *testing.T, np, perNode int, limit time.Duration, args ...string) (string, error) {
+	t.Helper()
+	return mpirunWith(t, np, perNode, limit, nil, nil, args...)
+}
+
+// mpirunWith is mpirunSim passing the variables vars, set to env, to the
+// ranks.
+func mpirunWith(t *testing.T, np, perNode int, limit time.Duration, vars, extra []string, args ...string) (string, error) {
 	t.Helper()
 	bin := buildMPI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	launch := mpitesting.MPIRunArgs(np)
-	env := mpitesting.LauncherFreeEnv()
+	env := append(mpitesting.LauncherFreeEnv(), extra...)
+	for _, v := range vars {
+		launch = append(launch, "-x", v)
+	}
 	if perNode > 0 {
 		launch = append(launch, "-x", "GOEP_RANKS_PER_NODE")
 		env = append(env, "GOEP_RANKS_PER_NODE="+strconv.Itoa(perNode))
@@ -396,4 +417,41 @@ func TestFP8Trains(t *testing.T) {
 			assert.Equal(t, moe.FP8, tr.Segments[0].DType)
 		})
 	}
+}
+
+// A straggler (GOEP_MOE_STRAGGLER: rank 1 sleeps 5 ms between each step's
+// forward and backward) is the one the others wait for: the summary names
+// it and its host, and the trace's wait matrix, summed over the steps, says
+// the same (rank 0 waited for rank 1 more than twice as long as the other
+// way round). No bound on the times: the machine may be loaded.
+func TestSummaryNamesStraggler(t *testing.T) {
+	buildMPI(t)
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.h5")
+	t.Setenv("GOEP_MOE_STRAGGLER", "1:5ms")
+	out, err := mpirunEnv(t, 2, 2*time.Minute, []string{"GOEP_MOE_STRAGGLER"},
+		append(slices.Clone(small), "-steps", "200", "-ckpt-dir", dir, "-trace", trace, "-progress-every", "0")...)
+	require.NoError(t, err, "%s", out)
+	t.Logf("summary:\n%s", out)
+	host, herr := os.Hostname()
+	require.NoError(t, herr)
+	assert.Contains(t, out, "waits     slowest rank 1 on host "+host+": the others waited ")
+
+	tr, err := moe.ReadTrace(trace)
+	require.NoError(t, err)
+	require.Len(t, tr.Step, 200)
+	var for1, for0 float64 // rank 0's waits for rank 1, rank 1's for rank 0
+	for s := range tr.Step {
+		for0 += tr.WaitUS[s*4+1*2+0]
+		for1 += tr.WaitUS[s*4+0*2+1]
+	}
+	assert.Greater(t, for1, 2*for0, "rank 0 waited %.0f us for rank 1, rank 1 %.0f us for rank 0", for1, for0)
+	dump, err := exec.Command("h5dump", "-H", "-d", "/trace/wait_us", trace).CombinedOutput()
+	require.NoError(t, err, "%s", dump)
+	assert.Contains(t, string(dump), "SIMPLE { ( 200, 2, 2 ) / ( H5S_UNLIMITED, 2, 2 ) }")
+
+	t.Setenv("GOEP_MOE_STRAGGLER", "one:5ms")
+	out, err = mpirunEnv(t, 2, time.Minute, []string{"GOEP_MOE_STRAGGLER"}, append(slices.Clone(small), "-steps", "1")...)
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, out, `GOEP_MOE_STRAGGLER="one:5ms": want RANK:DURATION, such as 1:5ms`)
 }

@@ -34,6 +34,14 @@ type Record struct {
 	AlltoallvCombineGBps  float64 `json:"alltoallv_combine_gbps,omitempty"`
 	Speedup               float64 `json:"speedup_vs_alltoallv,omitempty"` // alltoallv (dispatch+combine) / ep (dispatch+combine)
 
+	// Across nodes: the bytes of one dispatch and combine that crossed
+	// nodes, over all ranks: ep's (its rows, counts and flags: Stats'
+	// NetworkBytes) and the flat exchange's (the baseline's rows to and
+	// from ranks of other nodes: what an alltoallv sends); absent on one
+	// node or without the baseline.
+	NetworkBytesPerCall     float64 `json:"network_bytes_per_call,omitempty"`
+	FlatNetworkBytesPerCall float64 `json:"flat_network_bytes_per_call,omitempty"`
+
 	// With DType fp8: the same dispatch and combine in bf16 by the same
 	// backend, timed in the same rounds, its bytes, and bf16's dispatch
 	// time over fp8's; absent otherwise.

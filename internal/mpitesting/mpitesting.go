@@ -99,7 +99,7 @@ func LauncherFreeEnv() []string {
 }
 
 // HostLayout is the number of ranks on each host, in rank order, as the
-// harness placed them (internal/mpitest -hosts passes GOEP_TEST_HOSTS, e.g.
+// harness placed them (internal/cmd/mpitest -hosts passes GOEP_TEST_HOSTS, e.g.
 // "2,2,1"); without it, one host holds all size ranks.
 func HostLayout(size int) ([]int, error) {
 	s := os.Getenv("GOEP_TEST_HOSTS")

@@ -17,10 +17,16 @@ import (
 //	train/trace.h5    one run in three jobs of train.sbatch: srun on 2 nodes x 2 ranks
 //	                  to step 200, mpirun on 2 x 2 to 300, srun on 1 node x 2 to 400
 //	study/study.h5    study.sbatch, srun, layouts on 1 and 2 nodes
+//
+// GOEP_SLURM_FIRST_NODE names the first node (default n1).
 func TestSlurmOutputs(t *testing.T) {
 	dir := os.Getenv("GOEP_SLURM_OUTPUTS")
 	if dir == "" {
 		t.Skip("GOEP_SLURM_OUTPUTS is not set: run by make test-slurm")
+	}
+	n1 := os.Getenv("GOEP_SLURM_FIRST_NODE") // the first node's name: n1, or goep-h1 on hosts of their own
+	if n1 == "" {
+		n1 = "n1"
 	}
 	path := filepath.Join(dir, "train", "trace.h5")
 	tr, err := moe.ReadTrace(path)
@@ -35,7 +41,7 @@ func TestSlurmOutputs(t *testing.T) {
 		ranks, nodes  int
 		resumed       string
 		command, host string
-	}{{0, 4, 2, "", "", "n1@"}, {200, 4, 2, "ckpt-000200.h5", "", ""}, {300, 2, 1, "ckpt-000300.h5", "-resume auto", "n1@"}} {
+	}{{0, 4, 2, "", "", n1 + "@"}, {200, 4, 2, "ckpt-000200.h5", "", ""}, {300, 2, 1, "ckpt-000300.h5", "-resume auto", n1 + "@"}} {
 		if i >= len(tr.Segments) {
 			t.Fatalf("%s: %d segments, want 3", path, len(tr.Segments))
 		}

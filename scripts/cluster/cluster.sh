@@ -37,6 +37,7 @@ set -euo pipefail
 NAME=${GOEP_CLUSTER_NAME:-goep}
 [[ "$NAME" =~ ^[a-z][a-z0-9]{0,11}$ ]] || { echo "cluster.sh: GOEP_CLUSTER_NAME=$NAME: want a lower-case letter, then up to 11 letters or digits" >&2; exit 2; }
 DIR=${GOEP_CLUSTER_DIR:-/run/$NAME-cluster}
+PROJECT=$(cd "$(dirname "$0")/../.." && pwd)  # the checkout these scripts are in
 NET=10.213.0          # the private test subnet, /24 (each cluster has its own bridge)
 PREFIX=$NAME          # namespaces NAME-br, NAME-h1..
 HOSTNAME_PREFIX=goep  # host names goep-h1.., in every cluster
@@ -196,6 +197,7 @@ up() {
     # namespace bound to a file, so that every process started in the host shares it).
     install -d -m 1777 "$DIR/h$i/tmp" "$DIR/h$i/shm"
     mkdir -p "$DIR/h$i/cgroup"   # where the machine's cgroups wait while /sys is remounted
+    mkdir -p "$DIR/h$i/cwd"      # where the project, if under /tmp, waits while /tmp is bound
     # A boot id of its own: UCX takes the kernel's boot id for the machine's identity, and with
     # the same one on every host it moves "remote" one-sided data through shared memory and
     # cross-memory attach (the hosts share the PID namespace), never through the network.
@@ -206,7 +208,13 @@ up() {
   writeenv
   echo "$want" >"$DIR/settings"   # as asked for: what up compares with the next time
   echo "hosts=$n rate=$rate delay=$delay slots=$slots" >"$DIR/effective"
-  healthy "$n" || die "the hosts cannot reach each other (ping over $NET.0/24 failed)"
+  # A loaded machine may take a moment before the new links carry a first ping.
+  local try
+  for try in $(seq 10); do
+    healthy "$n" && break
+    [ "$try" = 10 ] && die "the hosts cannot reach each other (ping over $NET.0/24 failed 10 times, 1 s apart)"
+    sleep 1
+  done
   trap - EXIT
   local lat=""
   [ "$delay" = 0 ] || lat=" and $delay"
@@ -272,7 +280,11 @@ inhost_argv() {
   shift
   ARGV=(nsenter --net="/run/netns/$(host_ns "$i")" --uts="$DIR/ns/h$i.uts"
     unshare --mount --propagation private /bin/sh -ec '
+      # The project stays visible where it is, also in a clone under /tmp: every host sees
+      # it (the programs mpirun starts), and only the rest of /tmp is the host'"'"'s own.
+      case "$4" in /tmp/?*) mount --bind "$4" "$1/h$2/cwd" ;; esac
       mount --bind "$1/h$2/tmp" /tmp
+      case "$4" in /tmp/?*) mkdir -p "$4" && mount --bind "$1/h$2/cwd" "$4" ;; esac
       mount --bind "$1/h$2/shm" /dev/shm
       if mountpoint -q /sys/fs/cgroup; then mount --rbind /sys/fs/cgroup "$1/h$2/cgroup"; fi
       mount -t sysfs "goep-h$2-sys" /sys
@@ -280,8 +292,8 @@ inhost_argv() {
       mount --bind "$1/hosts" /etc/hosts
       mount --bind "$1/h$2/boot_id" /proc/sys/kernel/random/boot_id
       cd "$3"
-      shift 3
-      exec "$@"' inhost "$DIR" "$i" "$PWD" "$@")
+      shift 4
+      exec "$@"' inhost "$DIR" "$i" "$PWD" "$PROJECT" "$@")
 }
 
 # writeenv: the Open MPI settings every launch across the hosts needs, as export lines.

@@ -7,7 +7,7 @@
 #                and Open MPI's one-sided components chosen by goep (sm,ucx) with no setting
 #   tests-mpi    the mpi package's test binary (go test -c -tags mpi) under mpirun across
 #                2 hosts x 2 ranks, 4 hosts x 1 rank and 3 hosts of 2+2+1 ranks
-#                (internal/mpitest -hosts, which also checks every rank's topology against the
+#                (internal/cmd/mpitest -hosts, which also checks every rank's topology against the
 #                placement and that host names differ exactly between hosts)
 #   tests-ep     the ep test binary, the same way, at 2+2+1 (three nodes, one of a single rank,
 #                nodes of unequal size: the conformance suite of every backend, the lifecycle and
@@ -16,6 +16,9 @@
 #                of 5). GOEP_CLUSTER_EP_HOSTS, GOEP_CLUSTER_MOE_HOSTS override.
 #   train        bin/moe-train, 300 steps on 2 hosts x 2 ranks (HT, bf16): exit 0; the trace read
 #                back with h5dump says nodes 2, world_size 4 and holds 300 loss rows; the loss fell
+#   straggler    bin/moe-train, 100 steps on 2 hosts x 2 ranks (LL), rank 3 sleeping 20 ms between
+#                each step's forward and backward (GOEP_MOE_STRAGGLER): the summary names rank 3
+#                on host goep-h2 the slowest; h5dump reads a 100 x 4 x 4 wait_us
 #   bench-ll     bin/ep-bench across 2 hosts x 2 ranks, LL, 128 tokens, hidden 7168, top-8,
 #   bench-ht     64 experts, bf16 (HT: 4096 tokens): ep against the hand-written alltoallv in the
 #                same run (its -validate compares the results); prints the speedup
@@ -29,7 +32,7 @@
 #
 # Env: GO (the go command); GOEP_CLUSTER_TEST_LOGS (default out/test-cluster); GOEP_CLUSTER_RATE
 # (default 10gbit) for the link caps; GOEP_CLUSTER_NAME (default gc<pid>: a cluster of its own); GOEP_CLUSTER_MPI_HOSTS, GOEP_CLUSTER_EP_HOSTS,
-# GOEP_CLUSTER_MOE_HOSTS (layouts for internal/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
+# GOEP_CLUSTER_MOE_HOSTS (layouts for internal/cmd/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -99,12 +102,12 @@ errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"
 result hello "$t" "$errs"
 if [ -z "$errs" ]; then sed -n '/^goep mpi-hello/,$p' "$LOGS/hello.log" | sed 's/^/    /'; fi
 
-# b. the packages' tests under mpirun across hosts (internal/mpitest).
+# b. the packages' tests under mpirun across hosts (internal/cmd/mpitest).
 mpitest() { # NAME LAYOUTS PACKAGE...
   local name=$1 layouts=$2 rc=0
   shift 2
   t=$SECONDS
-  "$GO" run ./internal/mpitest -np "" -sim "" -hosts "$layouts" -hostfile "$CDIR/hostfile" \
+  "$GO" run ./internal/cmd/mpitest -np "" -sim "" -hosts "$layouts" -hostfile "$CDIR/hostfile" \
     -mpirun "$MPIRUN" -workdir "$LOGS/mpitest" -timeout 5m "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
   result "$name" "$t" "$( [ "$rc" = 0 ] || echo "mpitest exit status $rc;")"
   grep -E '^(ok|FAIL) ' "$LOGS/$name.log" | sed 's/^/    /' || true
@@ -141,6 +144,20 @@ errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"
   [ -s "$TRAIN/ckpt-000300.h5" ] || echo "no checkpoint ckpt-000300.h5;")
 result train "$t" "$errs"
 grep -E 'loss|tokens/s' "$LOGS/train.log" | tail -n 3 | sed 's/^/    /' || true
+
+# c2. a straggler across hosts: the others wait for it, and the summary names it and its host.
+t=$SECONDS; rc=0
+STRAG=$LOGS/straggler
+mkdir -p "$STRAG"
+GOEP_MOE_STRAGGLER=3:20ms timeout 300 "$MPIRUN" -np 4 --host goep-h1:2,goep-h2:2 -x GOEP_MOE_STRAGGLER bin/moe-train \
+  -steps 100 -mode ll -trace "$STRAG/trace.h5" -ckpt-dir "$STRAG" -progress-every 0 >"$LOGS/straggler.log" 2>&1 || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"
+  grep -q 'waits     slowest rank 3 on host goep-h2: ' "$LOGS/straggler.log" ||
+    echo "the summary does not name rank 3 on goep-h2 the slowest: $(grep 'waits  ' "$LOGS/straggler.log" | sed 's/^ *//');"
+  h5dump -H -d /trace/wait_us "$STRAG/trace.h5" 2>/dev/null | grep -q 'SIMPLE { ( 100, 4, 4 )' ||
+    echo "h5dump does not read a 100 x 4 x 4 /trace/wait_us;")
+result straggler "$t" "$errs"
+grep 'waits  ' "$LOGS/straggler.log" | sed 's/^/    /' || true
 
 # d. ep-bench across 2 hosts x 2 ranks: ep against the hand-written alltoallv, same run.
 bench() { # NAME MODE TOKENS

@@ -90,7 +90,7 @@ daemons() {
 before=$(daemons)   # daemons of someone else's, running before this test: not ours to judge
 echo "test-slurm: building bin/mpi-hello bin/moe-train bin/ep-bench bin/ep-plot"
 for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
-"$GO" build -o bin/ep-plot ./examples/ep-plot
+"$GO" build -o bin/ep-plot ./cmd/ep-plot
 
 trap '"$CLUSTER" stop "${MODE[@]}"' EXIT
 t=$SECONDS
@@ -257,7 +257,7 @@ errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   [ "$got" = "2 2 1" ] || echo "segments' nodes \"$got\", want \"2 2 1\";"
   got=$(h5attr "$TRAIN/trace.h5" segments/0002/tokens)
   [ "$got" = 128 ] || echo "segment 2: tokens \"$got\", want 128 (256 per step on 2 ranks);"
-  [[ "$(h5attr "$TRAIN/trace.h5" segments/0000/hosts)" =~ ^n1@.+:2,n2@.+:2$ ]] || echo "segment 0: hosts are not n1@...:2,n2@...:2;"
+  [[ "$(h5attr "$TRAIN/trace.h5" segments/0000/hosts)" =~ ^$N1@.+:2,$N2@.+:2$ ]] || echo "segment 0: hosts are not $N1@...:2,$N2@...:2;"
   grep -q "run $train_run: resuming (newest checkpoint) from .*ckpt-000300.h5 at step 300" "$LOGS/train-resubmit.log" ||
     echo "no \"run $train_run: resuming (newest checkpoint) from ckpt-000300.h5\" in the output;"
   grep -q "world size = 4 ranks in the checkpoint, 2 in this run" "$LOGS/train-resubmit.log" || echo "the new world size is not said;"
@@ -351,7 +351,7 @@ result gradsync-srun "$t" "$errs"
 
 # j. the project's readers: moe.ReadTrace, internal/study.
 t=$SECONDS; rc=0
-GOEP_SLURM_OUTPUTS=$LOGS "$GO" test -count=1 -run TestSlurmOutputs -v ./internal/study >"$LOGS/go-readers.log" 2>&1 || rc=$?
+GOEP_SLURM_OUTPUTS=$LOGS GOEP_SLURM_FIRST_NODE=$N1 "$GO" test -count=1 -run TestSlurmOutputs -v ./internal/study >"$LOGS/go-readers.log" 2>&1 || rc=$?
 errs=$( [ "$rc" = 0 ] || echo "go test exit status $rc;"
   grep -q -- "--- PASS: TestSlurmOutputs" "$LOGS/go-readers.log" || echo "TestSlurmOutputs did not pass (skipped?);")
 result go-readers "$t" "$errs"

@@ -4,11 +4,11 @@
 //
 // Usage:
 //
-//	go run ./internal/mpitest [flags] ./pkg1 ./pkg2 ...
+//	go run ./internal/cmd/mpitest [flags] ./pkg1 ./pkg2 ...
 //
 // For example, every rank count and a simulated 2-node split of 4 ranks:
 //
-//	go run ./internal/mpitest -np 1,2,4,8 -sim 4/2 ./mpi ./ep
+//	go run ./internal/cmd/mpitest -np 1,2,4,8 -sim 4/2 ./mpi ./ep
 //
 // Across hosts (the emulated cluster of scripts/cluster, or a real one): -hosts
 // lists layouts, each the ranks on every host (2x2 = 2 hosts of 2 ranks;
@@ -16,7 +16,7 @@
 // -hostfile with mpirun --host; -mpirun names the launcher, and -workdir a
 // directory every host sees (the test binaries and logs go there):
 //
-//	go run ./internal/mpitest -np "" -sim "" -hosts 2x2,4x1,2+2+1 \
+//	go run ./internal/cmd/mpitest -np "" -sim "" -hosts 2x2,4x1,2+2+1 \
 //		-hostfile /run/goep-cluster/hostfile -mpirun scripts/cluster/mpirun -workdir out/mpitest ./mpi
 //
 // The ranks learn the layout from GOEP_TEST_HOSTS (ranks per host, e.g. 2,2,1),

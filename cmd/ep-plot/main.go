@@ -7,6 +7,7 @@
 //	ep-plot charts [-o DIR] out/study.h5
 //	ep-plot model [-holdout-ranks N] [-net 50GB/s] [-ranks-per-node 8] [-write] [-md FILE] [-png FILE] out/study.h5
 //	ep-plot traces [-o DIR] [-labels a,b,c] [-md FILE] [-smooth N] [-skip N] [-title T] [-busy F,...] TRACE.h5...
+//	ep-plot waits [-o DIR] [-skip N] [-title T] TRACE.h5
 //
 // collect reads the JSON lines of ep-bench -json, one file per job step, and
 // appends them to the study file's /results tables, creating it if missing
@@ -42,6 +43,13 @@
 // of the other work on the machine, as gradsync.sbatch takes them) a second
 // table gives the median times of the quiet steps alone: on a shared machine,
 // what a step costs when it has the cores to itself.
+//
+// waits reads a moe-train trace's wait matrix (schema version 4: wait_us,
+// how long each rank waited for each other rank in ep calls), sums it over
+// the steps, prints it in milliseconds with each rank's total waited for
+// and the slowest rank and its host when one stands out (moe.FindStraggler),
+// and draws it as a heat map, waits.png: the rank waited for across, the
+// waiting rank up.
 package main
 
 import (
@@ -61,11 +69,13 @@ func main() { os.Exit(run(os.Stdout, os.Stderr, os.Args[1:])) }
 
 const usage = `usage: ep-plot collect|check|charts|model [flags] STUDY.h5 ...
        ep-plot traces [flags] TRACE.h5 ...
+       ep-plot waits [flags] TRACE.h5
   collect  add ep-bench -json output (one file per job step) to a study file
   check    read a study file back, summarise it, check what it holds
   charts   write PNG charts of a study
   model    fit the latency-bandwidth model, validate it, predict larger clusters
   traces   compare moe-train traces: loss against step and wall time, bytes and time per step
+  waits    a moe-train trace's wait matrix (who waited for whom in ep calls) as a table and a heat map
 ep-plot CMD -h shows a command's flags.`
 
 func run(stdout, stderr io.Writer, args []string) int {
@@ -85,6 +95,8 @@ func run(stdout, stderr io.Writer, args []string) int {
 		err = model(stdout, stderr, args[1:])
 	case "traces":
 		err = traces(stdout, stderr, args[1:])
+	case "waits":
+		err = waits(stdout, stderr, args[1:])
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return 0

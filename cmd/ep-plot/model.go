@@ -130,21 +130,61 @@ func model(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 
+	r := modelRun{path: fs.Arg(0), records: len(s.Records), opt: opt, full: full, rows: rows, fullRows: fullRows,
+		holdout: *holdout, tableDType: *tableDType, allTokens: *allTokens}
+	b, err := r.report(study.Cluster{RanksPerNode: *rpn, NetGBps: net, ShmGBps: shm}, predRanks, llShape.Shape, htShape.Shape)
+	if err != nil {
+		return err
+	}
+	if _, err := stdout.Write(b.Bytes()); err != nil {
+		return err
+	}
+	if *md != "" {
+		if err := os.WriteFile(*md, b.Bytes(), 0o644); err != nil {
+			return err
+		}
+	}
+	if *png != "" {
+		if err := validationChart(*png, rows, *holdout); err != nil {
+			return err
+		}
+	}
+	if *write {
+		return study.WriteModel(fs.Arg(0), full, r.fitErrors())
+	}
+	return nil
+}
+
+// modelRun is a fitted model and its validation, for the report.
+type modelRun struct {
+	path           string
+	records        int
+	opt            study.FitOptions
+	full           *study.Model
+	rows, fullRows []study.Row
+	holdout        int
+	tableDType     string
+	allTokens      bool
+}
+
+// report is the Markdown report: the parameters, predicted against measured
+// with the errors, and the predictions for the cluster cl.
+func (r modelRun) report(cl study.Cluster, predRanks []int, ll, ht study.Shape) (bytes.Buffer, error) {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "# ep latency-bandwidth model: %s\n\n", fs.Arg(0))
+	fmt.Fprintf(&b, "# ep latency-bandwidth model: %s\n\n", r.path)
 	fmt.Fprintf(&b, "t = f * (alpha + per_peer*(R-1) + B/shm + [N>1] * (net_alpha + net_per_peer*(R-P) + X/net)) + (f-1) * (over_alpha + B/over), "+
 		"f = max(1, ranks per host / %d CPUs)%s; R ranks, P per node, N nodes; B bytes sent per rank, X of them across nodes. "+
 		"Times in us, bandwidths in GB/s per rank; inf: no cost per byte found. See docs/scaling.md.\n\n",
-		opt.CPUs, map[bool]string{true: " (every node of a run on one host)", false: ""}[opt.SharedHost])
-	fmt.Fprintf(&b, "## Fitted on every run (%d)\n\n", len(s.Records))
-	paramsTable(&b, full)
+		r.opt.CPUs, map[bool]string{true: " (every node of a run on one host)", false: ""}[r.opt.SharedHost])
+	fmt.Fprintf(&b, "## Fitted on every run (%d)\n\n", r.records)
+	paramsTable(&b, r.full)
 	fmt.Fprintf(&b, "\n## Predicted against measured\n\n")
-	if *holdout > 0 {
-		fmt.Fprintf(&b, "Fitted on the runs with fewer than %d ranks; the runs with %d or more (held out) are predictions.\n\n", *holdout, *holdout)
+	if r.holdout > 0 {
+		fmt.Fprintf(&b, "Fitted on the runs with fewer than %d ranks; the runs with %d or more (held out) are predictions.\n\n", r.holdout, r.holdout)
 	} else {
 		fmt.Fprintf(&b, "Fitted on every run (nothing held out).\n\n")
 	}
-	validationTable(&b, rows, *tableDType, *allTokens)
+	validationTable(&b, r.rows, r.tableDType, r.allTokens)
 	fmt.Fprintln(&b)
 	errLine := func(name string, rs []study.Row, keep func(*study.Row) bool) {
 		for _, mode := range study.ModeLabels {
@@ -161,55 +201,42 @@ func model(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	fmt.Fprintf(&b, "Relative error |predicted - measured| / measured:\n\n")
-	if *holdout > 0 {
-		errLine(fmt.Sprintf("held out (%d+ ranks)", *holdout), rows, func(r *study.Row) bool { return r.Held })
-		errLine("fitted runs", rows, func(r *study.Row) bool { return !r.Held })
+	if r.holdout > 0 {
+		errLine(fmt.Sprintf("held out (%d+ ranks)", r.holdout), r.rows, func(r *study.Row) bool { return r.Held })
+		errLine("fitted runs", r.rows, func(r *study.Row) bool { return !r.Held })
 	}
-	errLine("all runs, model fitted on all", fullRows, nil)
+	errLine("all runs, model fitted on all", r.fullRows, nil)
 
-	cl := study.Cluster{RanksPerNode: *rpn, NetGBps: net, ShmGBps: shm}
+	net := cl.NetGBps
 	netText := fmt.Sprintf("network %.4g GB/s per node (%.4g Gb/s)", net, 8*net)
 	if net == 0 {
 		netText = "the network fitted on the simulated nodes"
 	}
-	for _, sh := range []study.Shape{llShape.Shape, htShape.Shape} {
+	for _, sh := range []study.Shape{ll, ht} {
 		fmt.Fprintf(&b, "\n## Predicted: %s, %d tokens per rank, hidden %d, top-%d, %s; %d ranks per node, %s\n\n",
-			strings.ToUpper(sh.Mode), sh.Tokens, sh.Hidden, sh.TopK, dtypeName(sh.ElemBytes), *rpn, netText)
-		if err := predictTable(&b, full, sh, predRanks, cl); err != nil {
+			strings.ToUpper(sh.Mode), sh.Tokens, sh.Hidden, sh.TopK, dtypeName(sh.ElemBytes), cl.RanksPerNode, netText)
+		if err := predictTable(&b, r.full, sh, predRanks, cl); err != nil {
 			fmt.Fprintf(&b, "(no prediction: %v)\n", err)
 		}
 	}
-	if _, err := stdout.Write(b.Bytes()); err != nil {
-		return err
-	}
-	if *md != "" {
-		if err := os.WriteFile(*md, b.Bytes(), 0o644); err != nil {
-			return err
-		}
-	}
-	if *png != "" {
-		if err := validationChart(*png, rows, *holdout); err != nil {
-			return err
-		}
-	}
-	if *write {
-		extra := map[string]any{"fit_runs": len(s.Records), "holdout_ranks": *holdout}
-		for _, mode := range study.ModeLabels {
-			for _, ph := range study.Phases {
-				keep := func(r *study.Row) bool { return r.Rec.Mode == mode && r.Phase == ph }
-				if st := study.Stats(fullRows, keep); st.N > 0 {
-					extra["median_abs_err_"+mode+"_"+ph] = st.MedianAbs
-				}
-				if st := study.Stats(rows, func(r *study.Row) bool { return keep(r) && r.Held }); st.N > 0 {
-					extra["heldout_median_abs_err_"+mode+"_"+ph] = st.MedianAbs
-				}
+	return b, nil
+}
+
+// fitErrors are the model's median errors, stored with it (-write).
+func (r modelRun) fitErrors() map[string]any {
+	extra := map[string]any{"fit_runs": r.records, "holdout_ranks": r.holdout}
+	for _, mode := range study.ModeLabels {
+		for _, ph := range study.Phases {
+			keep := func(row *study.Row) bool { return row.Rec.Mode == mode && row.Phase == ph }
+			if st := study.Stats(r.fullRows, keep); st.N > 0 {
+				extra["median_abs_err_"+mode+"_"+ph] = st.MedianAbs
+			}
+			if st := study.Stats(r.rows, func(row *study.Row) bool { return keep(row) && row.Held }); st.N > 0 {
+				extra["heldout_median_abs_err_"+mode+"_"+ph] = st.MedianAbs
 			}
 		}
-		if err := study.WriteModel(fs.Arg(0), full, extra); err != nil {
-			return err
-		}
 	}
-	return nil
+	return extra
 }
 
 func dtypeName(elemBytes int) string {

@@ -29,6 +29,7 @@ func writeTrace(t *testing.T, path string, gs moe.GradSync, steps int, stepMS, s
 		st := &moe.StepStats{Step: int64(s), Loss: 4 / float64(int(1)<<(s/10)), TokensPerExpert: []int64{2, 2, 2, 2},
 			DispatchUS: []float64{10, 10}, CombineUS: []float64{10, 10}, BytesSent: []int64{100, 300},
 			SyncUS: []float64{syncMS * 1e3, syncMS * 1e3}, SyncBytes: []int64{syncBytes, syncBytes},
+			WaitUS: []float64{0, 5, 1, 0}, PeerSent: []int64{40, 100, 300, 60}, PeerRecv: []int64{40, 300, 100, 60},
 			Elapsed: time.Duration(stepMS * float64(time.Millisecond))}
 		if err := tr.Append(st, start.Add(time.Duration(float64(s)*stepMS*float64(time.Millisecond)))); err != nil {
 			t.Fatal(err)
@@ -70,6 +71,20 @@ func TestTraces(t *testing.T) {
 	for _, f := range []string{"loss.png", "cost.png"} {
 		checkPNG(t, filepath.Join(dir, f))
 	}
+	// The written matrices: rank 0 waited 5 us a step for rank 1, rank 1 1
+	// us for rank 0; 40 steps are 0.2 and 0.04 ms, under FindStraggler's
+	// 1 ms floor.
+	code, out, errs = runCmd(t, "waits", "-o", dir, a)
+	if code != 0 {
+		t.Fatalf("waits: %d %q %q", code, out, errs)
+	}
+	for _, want := range []string{"r0             0.000     0.200\n", "r1             0.040     0.000\n", "waited for     0.040     0.200\n",
+		"no rank stands out: the most waited for was rank 1, 0.200 ms, 83% of all waiting between ranks", "ep-plot waits: " + filepath.Join(dir, "waits.png")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("waits output lacks %q:\n%s", want, out)
+		}
+	}
+	checkPNG(t, filepath.Join(dir, "waits.png"))
 	code, out, errs = runCmd(t, "traces", "-o", dir, "-labels", "exact,two-level", a, b)
 	if code != 0 || !strings.Contains(out, "| exact | 2 |") || !strings.Contains(out, "| two-level | 2 |") {
 		t.Errorf("traces -labels: %d %q %q", code, out, errs)
