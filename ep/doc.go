@@ -2,7 +2,8 @@
 // layers over MPI: the Go counterpart of NCCL EP's ncclEpDispatch and
 // ncclEpCombine. It states one contract, the Group, and runs it on
 // interchangeable backends: CPU (the default: MPI shared memory inside a
-// node, one-sided MPI across nodes), Alltoallv (two-sided MPI, the
+// node, messages across nodes), CPUOneSided (the same with one-sided puts
+// across nodes, for RDMA fabrics), Alltoallv (two-sided MPI, the
 // baseline), and the GPU backend of package epgpu.
 //
 // A Group is created collectively from an MPI communicator and a Config.

@@ -15,9 +15,9 @@ import (
 // Inside a node every rank maps every other rank's buffers (an MPI-3
 // shared-memory window), so a dispatched row is copied once, from the
 // sender's tensor into its slot in the receiver's buffer, and combine reads
-// the expert outputs in place; across nodes rows go by MPI one-sided puts
-// by message into a staging memory of the receiver (mpi.Mailbox), which
-// applies them while it waits. See docs/ep.md.
+// the expert outputs in place; across nodes rows go by message, one per
+// destination rank per step, into a staging memory of the receiver
+// (mpi.Mailbox), which applies them while it waits. See docs/ep.md.
 var CPU Backend = cpuBackend{}
 
 // CPUOneSided is CPU with rows across nodes put by one-sided MPI (MPI_Put
