@@ -10,6 +10,29 @@ import (
 	"github.com/goep/goep/internal/mpitesting"
 )
 
+// benchCase is one configuration of the benchmarks.
+type benchCase struct {
+	name                          string
+	mode                          ep.Mode
+	tokens, hidden, topk, experts int
+}
+
+// openBench makes c's group on the world, with the same routing on every
+// run and zeroed tokens and outputs in host memory.
+func openBench(b *testing.B, c benchCase) (g *ep.Group[ep.BF16], topk []int32, weights []float32, x, out ep.Tensor[ep.BF16]) {
+	b.Helper()
+	w := mpitesting.World
+	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: c.tokens, Hidden: c.hidden, TopK: c.topk}
+	g, err := ep.NewGroup[ep.BF16](w, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	topk, weights = benchRouting(w.Rank(), c.tokens, c.topk, c.experts)
+	x = ep.Host(make([]ep.BF16, c.tokens*c.hidden))
+	out = ep.Host(make([]ep.BF16, c.tokens*c.hidden))
+	return g, topk, weights, x, out
+}
+
 // BenchmarkDispatchCombine times a dispatch+combine round with identity
 // experts, in place. Under mpirun every rank must run the same number of
 // iterations: use a count, e.g.
@@ -21,11 +44,7 @@ import (
 func BenchmarkDispatchCombine(b *testing.B) {
 	w := mpitesting.World
 	R := w.Size()
-	for _, c := range []struct {
-		name                          string
-		mode                          ep.Mode
-		tokens, hidden, topk, experts int
-	}{
+	for _, c := range []benchCase{
 		{"decode-ll", ep.LowLatency, 128, 7168, 8, 64},
 		{"small-ll", ep.LowLatency, 32, 1024, 4, 8 * R},
 		{"prefill-ht", ep.HighThroughput, 1024, 7168, 8, 64},
@@ -35,15 +54,8 @@ func BenchmarkDispatchCombine(b *testing.B) {
 			continue
 		}
 		b.Run(fmt.Sprintf("%s/%dtok/h%d/top%d", c.name, c.tokens, c.hidden, c.topk), func(b *testing.B) {
-			cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: c.tokens, Hidden: c.hidden, TopK: c.topk}
-			g, err := ep.NewGroup[ep.BF16](w, cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
+			g, topk, weights, x, out := openBench(b, c)
 			defer g.Close()
-			topk, weights := benchRouting(w.Rank(), c.tokens, c.topk, c.experts)
-			x := ep.Host(make([]ep.BF16, c.tokens*c.hidden))
-			out := ep.Host(make([]ep.BF16, c.tokens*c.hidden))
 			lay, err := g.Layout(topk)
 			if err != nil {
 				b.Fatal(err)
@@ -149,28 +161,18 @@ func BenchmarkLLLatency(b *testing.B) {
 func BenchmarkStatsCost(b *testing.B) {
 	w := mpitesting.World
 	R := w.Size()
-	for _, c := range []struct {
-		name                          string
-		mode                          ep.Mode
-		tokens, hidden, topk, experts int
-	}{
+	for _, c := range []benchCase{
 		{"decode-ll", ep.LowLatency, 1, 128, 2, 4 * R},
 		{"small-ll", ep.LowLatency, 32, 1024, 4, 8 * R},
 		{"small-ht", ep.HighThroughput, 256, 1024, 4, 8 * R},
 	} {
 		b.Run(fmt.Sprintf("%s/%dtok/h%d/top%d", c.name, c.tokens, c.hidden, c.topk), func(b *testing.B) {
-			cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: c.tokens, Hidden: c.hidden, TopK: c.topk}
-			g, err := ep.NewGroup[ep.BF16](w, cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
+			g, topk, weights, x, out := openBench(b, c)
 			defer g.Close()
-			topk, weights := benchRouting(w.Rank(), c.tokens, c.topk, c.experts)
-			x := ep.Host(make([]ep.BF16, c.tokens*c.hidden))
-			out := ep.Host(make([]ep.BF16, c.tokens*c.hidden))
 			var plain, with, count time.Duration
 			var rounds [2]int
 			var h ep.Handle[ep.BF16]
+			var err error
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
