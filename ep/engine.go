@@ -132,11 +132,7 @@ func openEngine(comm *mpi.Comm, spec Spec, oneSidedNet bool) (_ *engine, err err
 		tr.spin = spinWhenAlone
 	}
 
-	countLen := spec.NumExperts // LL: pairs per expert
-	if spec.Mode == HighThroughput {
-		countLen = R + t.Nodes // HT: tokens per rank, then per node
-	}
-	tr.in = newInbox(R, countLen)
+	tr.in = inboxFor(spec, R, t.Nodes)
 	seg, win := areas{n: tr.in.size}, areas{n: tr.in.size}
 	if spec.Mode == LowLatency {
 		e.mode = newLL(e, &seg, &win)
@@ -272,7 +268,7 @@ func (e *engine) outcome(q uint64, op string, err error) error {
 // call's own flags are never touched.
 func (e *engine) endRefused(op string, q uint64, origin int) error {
 	t := &e.t
-	if err := t.raise(t.liveOthers, flagAborted, 0, t.me, q, refusedBy(origin)); err != nil {
+	if err := t.raise(t.liveOthers, flagAborted, 0, t.me, q, refusedBy(origin), nil); err != nil {
 		return err
 	}
 	return t.wait(op, "the end of a refused call", flagAborted, 0, t.live, nil, q, false)
@@ -327,7 +323,7 @@ func (e *engine) SetMask(masked []bool, calls, dispatches uint64) (uint64, uint6
 	if err := t.writeNoteBytes(rec); err != nil {
 		return 0, 0, err
 	}
-	if err := t.raise(t.liveOthers, flagMask, 0, t.me, t.epoch, 0); err != nil {
+	if err := t.raise(t.liveOthers, flagMask, 0, t.me, t.epoch, 0, nil); err != nil {
 		return 0, 0, err
 	}
 	stalled := t.maskStalled

@@ -4,6 +4,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/goep/goep/internal/memorder"
 )
 
 // Flags between ranks. A flag is a 64-bit word in shared (or RMA window)
@@ -11,16 +13,21 @@ import (
 // finished, in its high 32 bits, and a payload in its low 32 (flagWord):
 // waits compare with q<<32, so the payload never makes a flag look newer or
 // older than its call. The writer stores the data first, then the flag (signal); the
-// reader waits for the flag (waitAll) and only then reads the data. Go's
-// atomic store and load are sequentially consistent, stronger than the
-// release and acquire this needs, so the reader sees every byte written
-// before the flag. They run in Go, not C: a flag costs a few instructions,
-// and a cgo call would cost more than the flag.
+// reader waits for the flag (waitAll) and only then reads the data: a
+// release store (memorder.StoreRelease) and acquire loads
+// (atomic.LoadUint64), so the reader sees every byte written before the
+// flag. They run in Go, not C: a flag costs a few instructions, and a cgo
+// call would cost more than the flag.
 
-// signal stores v into every flag.
+// signal stores v into every flag, with release order. A raise needs no
+// more: waits spin until they see the flag, and no protocol decides from a
+// load right after a store whether another rank saw that store.
+// (atomic.StoreUint64, sequentially consistent, is an XCHG on amd64, which
+// stalls until the store owns the peer's cache line: most of the cost of a
+// flag raised at a node peer.)
 func signal(flags []ptr, v uint64) {
 	for _, f := range flags {
-		atomic.StoreUint64((*uint64)(f), v)
+		memorder.StoreRelease((*uint64)(f), v)
 	}
 }
 

@@ -236,7 +236,7 @@ func (m *htMode) send(d *Dispatch) error {
 		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*m.K), t.lsa(dst, m.w+4*first*m.K),
 			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst)
 	}
-	if err := t.raise(t.nodeRanks, flagData, 0, me, q, 0); err != nil {
+	if err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil); err != nil {
 		return err
 	}
 	return m.sendAcross(d)
@@ -258,7 +258,7 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing) e
 		if s == me {
 			copy(st.n[s*stride:(s+1)*stride], m.mine)
 		} else {
-			copy(st.n[s*stride:(s+1)*stride], t.counts(0, s))
+			copy(st.n[s*stride:(s+1)*stride], t.counts(flagCounts, 0, s))
 		}
 	}
 	for dst := 0; dst < R; dst++ {
@@ -345,7 +345,7 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	return t.raise(m.myRails, flagStaged, 0, t.me, d.Op, 0)
+	return t.raise(m.myRails, flagStaged, 0, t.me, d.Op, 0, nil)
 }
 
 // castAcross casts this rank's tokens for other nodes into the outbox,
@@ -456,7 +456,7 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*K), t.lsa(dst, m.w+4*first*K),
 			perDst[dst], tok, topk, w, K, m.L, dst)
 	}
-	return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0)
+	return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0, nil)
 }
 
 // recvOffAt is where rows from source s start among rank dst's rows.
@@ -529,7 +529,7 @@ func (m *htMode) combineSend(c *Combine) error {
 		copy(hostTensor[float32](e, m.vals, c.RowValues.Len()).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
-	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op, uint32(ysrc))
+	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op, uint32(ysrc), nil)
 }
 
 func (m *htMode) combineWait(c *Combine) error {
@@ -628,7 +628,7 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 			}
 		}
 	}
-	if err := t.raise(m.senderRanks, flagSums, 0, t.me, c.Op, 0); err != nil {
+	if err := t.raise(m.senderRanks, flagSums, 0, t.me, c.Op, 0, nil); err != nil {
 		return err
 	}
 	return t.await(op, "the sums of its node", flagSums, 0, m.myRails, nil, c.Op)

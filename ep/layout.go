@@ -60,7 +60,9 @@ func f32p(s []float32) *C.float {
 }
 
 // compute runs the layout kernel on the T tokens of topk ([T][K]) into r,
-// reusing r's storage; op names the call in errors.
+// reusing r's storage; op names the call in errors. A small batch (at most
+// smallLayout pairs, a decode step) is laid out in Go: a cgo call costs more
+// than the whole layout of a few tokens.
 func (r *Routing) compute(op string, sh shape, topk []int32, T int) error {
 	if len(topk) != T*sh.K {
 		return inputErrorf(op, "len(topk) = %d, want tokens*TopK = %d*%d", len(topk), T, sh.K)
@@ -72,9 +74,12 @@ func (r *Routing) compute(op string, sh shape, topk []int32, T int) error {
 	r.PairOrd = growTo(r.PairOrd, T*sh.K)
 	r.TokRankOrd = growTo(r.TokRankOrd, T*sh.R)
 	r.TokNodeOrd = growTo(r.TokNodeOrd, T*sh.nodes)
-	bad := int64(C.ep_layout(i32p(topk), C.int64_t(T), C.int(sh.K), C.int(sh.E), C.int(sh.L), C.int(sh.R),
-		i32p(sh.nodeOf), C.int(sh.nodes), i32p(r.PerExpert), i32p(r.PerRank), i32p(r.PerNode),
-		i32p(r.PairOrd), i32p(r.TokRankOrd), i32p(r.TokNodeOrd)))
+	var bad int64
+	if len(topk) <= smallLayout {
+		bad = r.layoutGo(sh, topk)
+	} else {
+		bad = r.layoutC(sh, topk)
+	}
 	if bad >= 0 {
 		kind, i := bad%4, bad/4
 		t, k := int(i)/sh.K, int(i)%sh.K
@@ -84,6 +89,62 @@ func (r *Routing) compute(op string, sh shape, topk []int32, T int) error {
 		return inputErrorf(op, "token %d names expert %d twice (top-k slot %d repeats an earlier slot)", t, topk[i], k)
 	}
 	return nil
+}
+
+// smallLayout is the most (token, expert) pairs laid out in Go.
+const smallLayout = 256
+
+// layoutC is the layout kernel (ep_layout): it fills r's counts and
+// places, sized for the T tokens of topk, and returns ep_layout's code.
+func (r *Routing) layoutC(sh shape, topk []int32) int64 {
+	return int64(C.ep_layout(i32p(topk), C.int64_t(r.T), C.int(sh.K), C.int(sh.E), C.int(sh.L), C.int(sh.R),
+		i32p(sh.nodeOf), C.int(sh.nodes), i32p(r.PerExpert), i32p(r.PerRank), i32p(r.PerNode),
+		i32p(r.PairOrd), i32p(r.TokRankOrd), i32p(r.TokNodeOrd)))
+}
+
+// layoutGo is ep_layout written in Go, for small batches: the same results
+// and the same code for the first bad entry (4*(t*K+k) + 1 for an id out of
+// range, + 2 for a repeated one), -1 when every id is good.
+func (r *Routing) layoutGo(sh shape, topk []int32) int64 {
+	K, L, R, N := sh.K, int32(sh.L), sh.R, sh.nodes
+	clear(r.PerExpert)
+	clear(r.PerRank)
+	clear(r.PerNode)
+	for t := 0; t < r.T; t++ {
+		ids := topk[t*K : (t+1)*K]
+		ranks, nodes := r.TokRankOrd[t*R:(t+1)*R], r.TokNodeOrd[t*N:(t+1)*N]
+		for i := range ranks {
+			ranks[i] = -1
+		}
+		for i := range nodes {
+			nodes[i] = -1
+		}
+		for k, e := range ids {
+			if e == -1 {
+				r.PairOrd[t*K+k] = -1
+				continue
+			}
+			if e < -1 || int(e) >= sh.E {
+				return int64(4*(t*K+k) + 1)
+			}
+			for _, prev := range ids[:k] {
+				if prev == e {
+					return int64(4*(t*K+k) + 2)
+				}
+			}
+			r.PairOrd[t*K+k] = r.PerExpert[e]
+			r.PerExpert[e]++
+			if rk := e / L; ranks[rk] < 0 { // the token's first pair on this rank
+				ranks[rk] = r.PerRank[rk]
+				r.PerRank[rk]++
+				if n := sh.nodeOf[rk]; nodes[n] < 0 {
+					nodes[n] = r.PerNode[n]
+					r.PerNode[n]++
+				}
+			}
+		}
+	}
+	return -1
 }
 
 // copyFrom makes r a copy of src, reusing r's storage.

@@ -11,7 +11,7 @@ import (
 )
 
 // referenceRouting is the layout computed the obvious way, to check the C
-// kernel against.
+// kernel and its Go version for small batches against.
 func referenceRouting(sh shape, topk []int32, T int) (*Routing, string) {
 	r := &Routing{T: T, PerExpert: make([]int32, sh.E), PerRank: make([]int32, sh.R), PerNode: make([]int32, sh.nodes),
 		PairOrd: make([]int32, T*sh.K), TokRankOrd: make([]int32, T*sh.R), TokNodeOrd: make([]int32, T*sh.nodes)}
@@ -74,17 +74,31 @@ func layoutCase(ids []int32, k, ranks, local, PerNode uint8) (shape, []int32, in
 	return sh, ids[:T*K], T
 }
 
+// checkLayoutCase checks compute against the reference, and the C kernel
+// and the Go layout against each other: the same code for the first bad
+// entry, or the same routing (compute takes only one of them for a batch).
 func checkLayoutCase(t *testing.T, sh shape, topk []int32, T int) {
 	got := &Routing{}
 	err := got.compute("test", sh, topk, T)
 	want, wantErr := referenceRouting(sh, topk, T)
+	fromC, fromGo := &Routing{}, &Routing{}
+	require.NoError(t, fromC.compute("test", sh, nil, 0)) // sizes the outputs
+	require.NoError(t, fromGo.compute("test", sh, nil, 0))
+	for _, r := range []*Routing{fromC, fromGo} {
+		r.T, r.PairOrd, r.TokRankOrd, r.TokNodeOrd = T, make([]int32, T*sh.K), make([]int32, T*sh.R), make([]int32, T*sh.nodes)
+	}
+	badC, badGo := fromC.layoutC(sh, topk), fromGo.layoutGo(sh, topk)
+	require.Equal(t, badC, badGo, "the C and Go layouts' first bad entry: %v: %v", sh, topk)
 	if wantErr != "" {
+		require.GreaterOrEqual(t, badC, int64(0), "%v: %v", sh, topk)
 		require.Error(t, err, "%v: %v", sh, topk)
 		require.Contains(t, err.Error(), wantErr)
 		return
 	}
 	require.NoError(t, err, "%v: %v", sh, topk)
 	require.Equal(t, want, got, "%v: %v", sh, topk)
+	require.Equal(t, want, fromC, "the C layout: %v: %v", sh, topk)
+	require.Equal(t, want, fromGo, "the Go layout: %v: %v", sh, topk)
 }
 
 // A property test over many random cases, valid and not.

@@ -4,6 +4,8 @@ import (
 	"math"
 	"slices"
 	"unsafe"
+
+	"github.com/goep/goep/internal/dtype"
 )
 
 // Low-latency protocols, for a call with sequence number q on buffer set b.
@@ -68,10 +70,6 @@ type llMode struct {
 	// and weight; exposed outputs [M*K] with values.
 	stage, stageTok, stageW, cstage, cvals [2]int
 	cap                                    int
-	// Slot protocol, per buffer set: where each source's rows of each local
-	// expert ended up, [R][L] (segment), and the same exposed by each expert
-	// rank to this one, [R][L] (staging).
-	packed, cpacked [2]int
 
 	meta  []byte    // packed token and weight words of this rank's pairs, by expert
 	spos  []int32   // [E]: stagedPos of this rank's pairs
@@ -121,8 +119,6 @@ func layoutLL(s Spec, R, nodes int, seg, win *areas) *llMode {
 		m.outboxScl = seg.take(m.M * m.K * m.sclBytes)
 	}
 	for b := 0; b < 2; b++ {
-		m.packed[b] = seg.take(4 * R * m.L)
-		m.cpacked[b] = win.take(4 * R * m.L)
 		m.recv[b] = seg.take(rows * m.wireBytes)
 		if m.fp8 {
 			m.scl[b] = seg.take(rows * m.sclBytes)
@@ -180,9 +176,6 @@ func (m *llMode) send(d *Dispatch) error {
 	}
 	st.dropped = st.dropped[:0]
 	if m.slots { // counts ride on the data flag; rows go to this rank's slots
-		if err := t.putCounts(b, rt.PerExpert); err != nil {
-			return err
-		}
 		copy(st.cnt[me*m.E:], rt.PerExpert)
 		for x := 0; x < m.E; x++ {
 			st.off[me*m.E+x] = int32(me * m.M)
@@ -226,7 +219,7 @@ func (m *llMode) gatherCounts(op string, st *llState, b int, q uint64, lo, hi in
 	}
 	for s := lo; s < hi; s++ {
 		if s != t.me {
-			copy(st.cnt[s*m.E:(s+1)*m.E], t.counts(b, s))
+			copy(st.cnt[s*m.E:(s+1)*m.E], t.counts(flagCounts, b, s))
 		}
 	}
 	return nil
@@ -294,7 +287,11 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	return t.raise(t.live, flagData, b, me, d.Op, 0)
+	var counts []byte // with slots, the counts ride on the data flag
+	if m.slots {
+		counts = dtype.Bytes(rt.PerExpert)
+	}
+	return t.raise(t.live, flagData, b, me, d.Op, 0, counts)
 }
 
 // outboxBases places, in the outbox, this rank's rows for each rank of
@@ -342,7 +339,7 @@ func (m *llMode) wait(d *Dispatch) error {
 			case t.masked[s]: // a masked rank sent nothing
 				clear(st.cnt[s*m.E : (s+1)*m.E])
 			case s != me:
-				copy(st.cnt[s*m.E:(s+1)*m.E], t.counts(b, s))
+				copy(st.cnt[s*m.E:(s+1)*m.E], t.counts(flagData, b, s))
 			}
 		}
 		m.packOffsets(st)
@@ -391,8 +388,7 @@ func (m *llMode) packOffsets(st *llState) {
 
 // settleRows puts every received row in its packed place: rows staged by
 // other nodes land there; with slots, a node peer's rows move down from
-// their slot (in source order, so no block overwrites one not yet moved),
-// and the packed offsets are published for the node's ranks.
+// their slot (in source order, so no block overwrites one not yet moved).
 func (m *llMode) settleRows(b int, st *llState) {
 	t, me := &m.e.t, m.e.t.me
 	clear(st.expert)
@@ -417,12 +413,6 @@ func (m *llMode) settleRows(b int, st *llState) {
 		}
 	}
 	t.flushLands()
-	if m.slots {
-		packed := unsafe.Slice((*int32)(t.lsa(me, m.packed[b])), m.R*m.L)
-		for s := 0; s < m.R; s++ {
-			copy(packed[s*m.L:(s+1)*m.L], st.off[s*m.E+me*m.L:s*m.E+(me+1)*m.L])
-		}
-	}
 }
 
 // Where a rank's expert outputs are: the payload of its combine-ready flag.
@@ -458,14 +448,10 @@ func (m *llMode) combineSend(c *Combine) error {
 		copy(hostTensor[float32](e, m.vals[b], m.L*m.span).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
-	// Expose each token rank's rows, in its own pair order (and, with slots,
-	// where they were packed).
+	// Expose each token rank's rows, in its own pair order.
 	for s := 0; s < m.R; s++ {
 		if t.masked[s] {
 			continue
-		}
-		if m.slots {
-			t.expose(s, m.packed[b]+4*s*m.L, m.cpacked[b]+4*me*m.L, 4*m.L)
 		}
 		pos := 0
 		for x := 0; x < m.E; x++ {
@@ -483,7 +469,18 @@ func (m *llMode) combineSend(c *Combine) error {
 	if err := t.flush(t.segBytes); err != nil {
 		return err
 	}
-	return t.raise(t.live, flagReady, b, me, c.Op, uint32(ysrc))
+	if !m.slots {
+		return t.raise(t.live, flagReady, b, me, c.Op, uint32(ysrc), nil)
+	}
+	// With slots, each token rank's combine-ready carries where this rank
+	// packed its rows of each local expert.
+	for _, s := range t.live {
+		packed := st.off[s*m.E+me*m.L : s*m.E+(me+1)*m.L]
+		if err := t.raise(t.just(s), flagReady, b, me, c.Op, uint32(ysrc), dtype.Bytes(packed)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (m *llMode) combineWait(c *Combine) error {
@@ -504,7 +501,7 @@ func (m *llMode) combineWait(c *Combine) error {
 		}
 		m.where[r] = t.flagPayload(flagReady, b, r, r)
 		if m.slots { // where this rank's rows ended up in r's blocks: r packed them
-			packed := unsafe.Slice((*int32)(t.exposed(r, m.packed[b]+4*me*L, m.cpacked[b]+4*r*L)), L)
+			packed := unsafe.Slice((*int32)(t.attached(flagReady, b, r, r)), L)
 			copy(st.off[me*m.E+r*L:me*m.E+(r+1)*L], packed)
 		}
 	}

@@ -56,11 +56,7 @@ func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
 
 // footprint lays the CPU engine's memories out as openEngine does.
 func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
-	countLen := s.NumExperts
-	if s.Mode == HighThroughput {
-		countLen = ranks + nodes
-	}
-	in := newInbox(ranks, countLen)
+	in := inboxFor(s, ranks, nodes)
 	seg, win := areas{n: in.size}, areas{n: in.size}
 	if s.Mode == LowLatency {
 		layoutLL(s, ranks, nodes, &seg, &win)

@@ -33,7 +33,8 @@ import (
 // same offsets at the start of its segment (written by node peers) and of
 // its staging window (written by other nodes).
 
-// flagSlot is the stride of flags: one cache line each.
+// flagSlot is the alignment of flags: a flag and what it carries start a
+// cache line of their own.
 const flagSlot = 64
 
 // flagKind says what a flag announces. Every kind has one flag per buffer
@@ -54,32 +55,57 @@ const (
 	numFlagKinds
 )
 
-// inbox places the flags, count vectors and refusal notes at the start of
-// both memories.
+// inbox places the flags and refusal notes at the start of both memories.
+// A flag may carry words (raise's attach): they sit right after its 64-bit
+// word, in the same cache line as far as they fit, and are written before
+// it, so that the rank that sees the flag has them at the cost of the one
+// transfer that brought the flag: a count vector beside the flag that says
+// the counts are there, where it used to be read from the sender's memory
+// after the flag, a second transfer between cores that waited for the
+// first.
 type inbox struct {
 	ranks    int
-	countLen int // int32s in one rank's count vector
+	countLen int               // int32s in one rank's count vector
+	slot     [numFlagKinds]int // bytes per flag of each kind: its word and what it carries, whole cache lines
+	base     [numFlagKinds]int // where each kind's flags start
+	carries  [numFlagKinds]int // bytes each kind's flags can carry
 	size     int
 }
 
 // noteLen is the room for a refusing rank's reason (longer ones are cut).
 const noteLen = 512
 
-func newInbox(ranks, countLen int) inbox {
+// newInbox lays out the inbox of a group of ranks whose count vectors are
+// countLen int32s long (carried by flagCounts and flagData) and whose
+// combine-ready flags carry readyLen int32s.
+func newInbox(ranks, countLen, readyLen int) inbox {
 	in := inbox{ranks: ranks, countLen: countLen}
-	in.size = in.noteOff(ranks)
+	in.carries[flagCounts], in.carries[flagData], in.carries[flagReady] = 4*countLen, 4*countLen, 4*readyLen
+	for k := range in.slot {
+		in.slot[k] = (8 + in.carries[k] + flagSlot - 1) / flagSlot * flagSlot
+		in.base[k] = in.size
+		in.size += 2 * ranks * in.slot[k]
+	}
+	in.size += ranks * noteLen
 	return in
 }
 
+// inboxFor is the inbox of s's group of ranks on nodes nodes: count
+// vectors of pairs per expert (LL) or of tokens per rank, then per node
+// (HT); LL's combine-ready flags carry where the receiver packed each
+// source's rows of its local experts (the slot protocol).
+func inboxFor(s Spec, ranks, nodes int) inbox {
+	if s.Mode == HighThroughput {
+		return newInbox(ranks, ranks+nodes, 0)
+	}
+	return newInbox(ranks, s.NumExperts, s.NumExperts/ranks)
+}
+
 func (in inbox) flagOff(k flagKind, set, src int) int {
-	return ((int(k)*2+set)*in.ranks + src) * flagSlot
+	return in.base[k] + (set*in.ranks+src)*in.slot[k]
 }
 
-func (in inbox) countsOff(set, src int) int {
-	return int(numFlagKinds)*2*in.ranks*flagSlot + 4*(set*in.ranks+src)*in.countLen
-}
-
-func (in inbox) noteOff(src int) int { return in.countsOff(2, 0) + src*noteLen }
+func (in inbox) noteOff(src int) int { return in.size - (in.ranks-src)*noteLen }
 
 // transport reaches the other ranks of a group.
 type transport struct {
@@ -121,7 +147,8 @@ type transport struct {
 	landSrc       addrTable
 	landLens      []int64
 	blocks, flagB []mpi.Block
-	countB        []mpi.Block
+	attachB       []mpi.Block
+	one           [1]int
 	word          []byte // 8 bytes of their own: cgo checks the whole object an argument points into
 }
 
@@ -167,22 +194,35 @@ func (t *transport) inboxOf(via, off int) ptr {
 // raise sets this rank's flag of kind k and set to call q with payload p at
 // every rank of to (on behalf of rank of: this rank, or a rank whose rows
 // this one forwarded). Data written before raise is visible to a rank that
-// sees the flag.
-func (t *transport) raise(to []int, k flagKind, set, of int, q uint64, p uint32) error {
+// sees the flag. attach (nil: nothing), at most what the kind carries, lands
+// beside the flag at every rank of to, before the flag: attached reads it.
+func (t *transport) raise(to []int, k flagKind, set, of int, q uint64, p uint32, attach []byte) error {
 	v := flagWord(q, p)
 	off := t.in.flagOff(k, set, of)
-	local, blocks := t.flags[:0], t.flagB[:0]
+	local, blocks, attached := t.flags[:0], t.flagB[:0], t.attachB[:0]
 	for _, d := range to {
 		if t.local[d] {
+			if len(attach) > 0 {
+				copy(unsafe.Slice((*byte)(t.lsa(d, off+8)), len(attach)), attach)
+			}
 			local = append(local, t.lsa(d, off))
-		} else {
-			blocks = append(blocks, mpi.Block{Len: 8, Target: d, DstOffset: off})
+			continue
+		}
+		blocks = append(blocks, mpi.Block{Len: 8, Target: d, DstOffset: off})
+		if len(attach) > 0 {
+			attached = append(attached, mpi.Block{Len: len(attach), Target: d, DstOffset: off + 8})
 		}
 	}
-	t.flags, t.flagB = local, blocks
+	t.flags, t.flagB, t.attachB = local, blocks, attached
 	signal(local, v)
 	if len(blocks) == 0 {
 		return nil
+	}
+	if len(attached) > 0 { // a put of its own: a network keeps the order of puts, not of one put's blocks
+		t.netBytes += int64(len(attach) * len(attached))
+		if err := t.net.PutBlocks(attach, attached); err != nil {
+			return err
+		}
 	}
 	if t.word == nil {
 		t.word = make([]byte, 8)
@@ -190,6 +230,18 @@ func (t *transport) raise(to []int, k flagKind, set, of int, q uint64, p uint32)
 	*(*uint64)(unsafe.Pointer(&t.word[0])) = v
 	t.netBytes += int64(8 * len(blocks))
 	return t.net.PutBlocks(t.word, blocks)
+}
+
+// just is the list of one rank, r, for raise (reused from call to call).
+func (t *transport) just(r int) []int {
+	t.one[0] = r
+	return t.one[:]
+}
+
+// attached is where the words that rank of's flag (k, set), raised by via,
+// carried land in this rank's inbox.
+func (t *transport) attached(k flagKind, set, of, via int) ptr {
+	return t.inboxOf(via, t.in.flagOff(k, set, of)+8)
 }
 
 // await waits until flag (k, set, from[i]) holds call q for every i, as
@@ -243,7 +295,7 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 			p := peers[w.missing]
 			t.setMasked(p, true)
 			// Tell it, for when it comes back: it must not write any more.
-			if err := t.raise([]int{p}, flagYouAreMasked, 0, t.me, t.epoch+1, 1); err != nil {
+			if err := t.raise([]int{p}, flagYouAreMasked, 0, t.me, t.epoch+1, 1, nil); err != nil {
 				return err
 			}
 			continue
@@ -375,41 +427,17 @@ func (t *transport) noteBytes(origin int) []byte {
 	return unsafe.Slice((*byte)(p), noteLen)
 }
 
-// shareCounts makes vec this rank's count vector of set b and raises
-// flagCounts at every other rank: node peers read it in this rank's segment,
-// other nodes get it put into their inbox.
+// shareCounts raises flagCounts of set b at every other rank, carrying vec,
+// this rank's count vector: counts reads it there.
 func (t *transport) shareCounts(b int, q uint64, vec []int32) error {
-	if err := t.putCounts(b, vec); err != nil {
-		return err
-	}
-	return t.raise(t.liveOthers, flagCounts, b, t.me, q, 0)
+	return t.raise(t.liveOthers, flagCounts, b, t.me, q, 0, dtype.Bytes(vec))
 }
 
-// putCounts is shareCounts without the flag, for a protocol whose counts
-// ride on a later flag (any flag raised after it covers them).
-func (t *transport) putCounts(b int, vec []int32) error {
-	off := t.in.countsOff(b, t.me)
-	copy(unsafe.Slice((*int32)(t.lsa(t.me, off)), len(vec)), vec)
-	blocks := t.countB[:0]
-	for _, d := range t.liveRemote {
-		blocks = append(blocks, mpi.Block{Len: 4 * len(vec), Target: d, DstOffset: off})
-	}
-	t.countB = blocks
-	if len(blocks) > 0 {
-		t.netBytes += int64(4 * len(vec) * len(blocks))
-		return t.net.PutBlocks(dtype.Bytes(vec), blocks)
-	}
-	return nil
-}
-
-// counts is rank s's count vector of set b, once its flagCounts arrived.
-func (t *transport) counts(b, s int) []int32 {
-	off := t.in.countsOff(b, s)
-	p := t.staged(off)
-	if t.local[s] {
-		p = t.lsa(s, off)
-	}
-	return unsafe.Slice((*int32)(p), t.in.countLen)
+// counts is the count vector rank s's flag (k, b) carried to this rank,
+// once the flag arrived: flagCounts (shareCounts), or flagData where the
+// counts ride on the data.
+func (t *transport) counts(k flagKind, b, s int) []int32 {
+	return unsafe.Slice((*int32)(t.attached(k, b, s, s)), t.in.countLen)
 }
 
 // post queues n bytes at srcOff of the batch's origin for rank d: to
@@ -502,5 +530,5 @@ func (t *transport) awaitReaders(op string, b int, last uint64) error {
 // releaseReaders tells the ranks whose buffers of set b this rank read in
 // place (its node peers) that combine q is over.
 func (t *transport) releaseReaders(b int, q uint64) error {
-	return t.raise(t.liveNode, flagDone, b, t.me, q, 0)
+	return t.raise(t.liveNode, flagDone, b, t.me, q, 0, nil)
 }
