@@ -66,9 +66,10 @@ func (g *Group[E]) CombineSend(h Handle[E], y, out Tensor[E], opts *CombineOptio
 		weights = s.weights
 	}
 	g.op++
-	s.c = Combine{Op: g.op, Dispatch: &s.d, Y: AsBytes(y), YIn: where, Out: AsBytes(out), Weights: weights,
-		RowValues: o.RowValues, SlotValues: o.SlotValues, State: s.c.State}
-	if err := g.engineError(g.eng.CombineSend(&s.c)); err != nil {
+	c := &s.c // field by field, as a dispatch's
+	c.Op, c.Dispatch, c.Y, c.YIn, c.Out, c.Weights = g.op, &s.d, AsBytes(y), where, AsBytes(out), weights
+	c.RowValues, c.SlotValues = o.RowValues, o.SlotValues
+	if err := g.engineError(g.eng.CombineSend(c)); err != nil {
 		return CombineRequest[E]{}, err
 	}
 	s.inComb = true

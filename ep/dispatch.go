@@ -104,9 +104,10 @@ func (g *Group[E]) send(op string, s *handleState[E], x Tensor[E], from *Dispatc
 	}
 	g.op++
 	g.dispatches++
-	s.d = Dispatch{Op: g.op, Set: b, From: from, X: AsBytes(x), TopK: s.topk, Weights: s.weights, Route: &s.rt,
-		State: s.d.State}
-	if err := g.engineError(g.eng.DispatchSend(&s.d)); err != nil {
+	d := &s.d // field by field: a new Dispatch would copy the whole record, Recv and all
+	d.Op, d.Set, d.From, d.X, d.TopK, d.Weights, d.Route = g.op, b, from, AsBytes(x), s.topk, s.weights, &s.rt
+	d.Recv = Received{}
+	if err := g.engineError(g.eng.DispatchSend(d)); err != nil {
 		s.d.From = nil
 		return DispatchRequest[E]{}, err
 	}

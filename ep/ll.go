@@ -70,6 +70,13 @@ type llMode struct {
 	// and weight; exposed outputs [M*K] with values.
 	stage, stageTok, stageW, cstage, cvals [2]int
 	cap                                    int
+	// Per expert: its owner and its block's first row in the owner's
+	// receive buffer (tables, not x/L and x%L: a division is tens of cycles,
+	// paid per pair).
+	ownerOf []int
+	blockOf []int
+
+	recvViews [2]Received // views
 
 	meta  []byte    // packed token and weight words of this rank's pairs, by expert
 	spos  []int32   // [E]: stagedPos of this rank's pairs
@@ -112,6 +119,10 @@ func layoutLL(s Spec, R, nodes int, seg, win *areas) *llMode {
 		m.sclBytes = 4 * ScaleGroups(m.H)
 	}
 	rows := m.L * m.span
+	m.ownerOf, m.blockOf = make([]int, m.E), make([]int, m.E)
+	for x := range m.ownerOf {
+		m.ownerOf[x], m.blockOf[x] = x/m.L, x%m.L*m.span
+	}
 	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
 	m.slots = m.cap*(m.wireBytes+m.sclBytes) <= slotProtocolMax || s.MaskStalledRanks
 	if m.fp8 && nodes > 1 {
@@ -154,11 +165,12 @@ func (m *llMode) state(d *Dispatch) *llState {
 // stagedPos sets pos[x], for every expert x, to where rank s's pairs of x
 // start among its pairs for x's owner: the owner's earlier experts first.
 func (m *llMode) stagedPos(st *llState, s int, pos []int32) {
-	for x := 0; x < m.E; x++ {
-		if x%m.L == 0 {
-			pos[x] = 0
-		} else {
-			pos[x] = pos[x-1] + st.cnt[s*m.E+x-1]
+	cnt := st.cnt[s*m.E : (s+1)*m.E]
+	for x0 := 0; x0 < m.E; x0 += m.L {
+		var p int32
+		for x := x0; x < x0+m.L; x++ {
+			pos[x] = p
+			p += cnt[x]
 		}
 	}
 }
@@ -229,7 +241,7 @@ func (m *llMode) gatherCounts(op string, st *llState, b int, q uint64, lo, hi in
 // weight of each, and raises the data flag.
 func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	t := &m.e.t
-	b, me, rt, K, L := d.Set, t.me, d.Route, m.K, m.L
+	b, me, rt, K := d.Set, t.me, d.Route, m.K
 	// Words: per expert, the pairs' tokens then their weights, at the pairs'
 	// places in this rank's order (st.pos), so that each expert's are one
 	// block at the owner.
@@ -247,18 +259,19 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 			if x < 0 {
 				continue
 			}
-			if t.masked[x/L] { // its owner is masked: the pair is dropped
+			owner := m.ownerOf[x]
+			if t.masked[owner] { // its owner is masked: the pair is dropped
 				st.dropped = append(st.dropped, int32(tk*K+k))
 				continue
 			}
 			i := int(st.pos[x] + rt.PairOrd[tk*K+k])
 			toks[i] = int32(tk)
 			toks[n+i] = int32(math.Float32bits(d.Weights[tk*K+k]))
-			row := x%L*m.span + int(st.off[me*m.E+x]+rt.PairOrd[tk*K+k])
+			row := m.blockOf[x] + int(st.off[me*m.E+x]+rt.PairOrd[tk*K+k])
 			staged := me*m.cap + int(m.spos[x]+rt.PairOrd[tk*K+k])
 			if !m.fp8 {
-				t.post(x/L, m.recv[b]+row*m.rowBytes, m.stage[b]+staged*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
-			} else if owner := x / L; t.local[owner] { // cast straight into its slot
+				t.post(owner, m.recv[b]+row*m.rowBytes, m.stage[b]+staged*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
+			} else if t.local[owner] { // cast straight into its slot
 				m.cq.add(t.lsa(owner, m.recv[b]+row*m.wireBytes), t.lsa(owner, m.scl[b]+row*m.sclBytes), int64(tk*m.rowBytes))
 			} else { // cast into the outbox, in the owner's staged order
 				o := m.obase[owner] + staged - me*m.cap
@@ -275,14 +288,14 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 		}
 	}
 	for x := 0; x < m.E; x++ {
-		c := int(st.cnt[me*m.E+x])
-		if c == 0 || t.masked[x/L] {
+		c, owner := int(st.cnt[me*m.E+x]), m.ownerOf[x]
+		if c == 0 || t.masked[owner] {
 			continue
 		}
-		row := x%L*m.span + int(st.off[me*m.E+x])
+		row := m.blockOf[x] + int(st.off[me*m.E+x])
 		staged := me*m.cap + int(m.spos[x])
-		t.post(x/L, m.tok[b]+4*row, m.stageTok[b]+4*staged, int64(4*st.pos[x]), 4*c)
-		t.post(x/L, m.w[b]+4*row, m.stageW[b]+4*staged, int64(4*(n+int(st.pos[x]))), 4*c)
+		t.post(owner, m.tok[b]+4*row, m.stageTok[b]+4*staged, int64(4*st.pos[x]), 4*c)
+		t.post(owner, m.w[b]+4*row, m.stageW[b]+4*staged, int64(4*(n+int(st.pos[x]))), 4*c)
 	}
 	if err := t.flush(m.meta); err != nil {
 		return err
@@ -355,29 +368,38 @@ func (m *llMode) wait(d *Dispatch) error {
 		}
 	}
 	m.settleRows(b, st)
-	rows := m.L * m.span
-	d.Recv = Received{
-		Rows:         hostTensor[byte](e, m.recv[b], rows*m.wireBytes),
-		Outputs:      hostTensor[byte](e, m.comb[b], rows*m.rowBytes),
-		Weights:      hostTensor[float32](e, m.w[b], rows),
-		Tokens:       hostTensor[int32](e, m.tok[b], rows),
-		ExpertCounts: st.expert,
-		SourceCounts: st.source,
-		Dropped:      st.dropped,
-	}
-	if m.fp8 {
-		d.Recv.Scales = hostTensor[float32](e, m.scl[b], rows*m.sclBytes/4)
-	}
+	d.Recv = *m.views(b)
+	d.Recv.ExpertCounts, d.Recv.SourceCounts, d.Recv.Dropped = st.expert, st.source, st.dropped
 	for _, c := range st.expert {
 		d.Recv.NumRecv += c
 	}
 	return nil
 }
 
-// packOffsets sets, for every source and expert, where the source's rows
-// start in the expert's block once packed: after the lower sources' rows.
+// views is what a dispatch on buffer set b receives into, as tensors over
+// the segment: made once per set, copied into every dispatch's Received.
+func (m *llMode) views(b int) *Received {
+	v := &m.recvViews[b]
+	if !v.Rows.IsZero() {
+		return v
+	}
+	e, rows := m.e, m.L*m.span
+	v.Rows = hostTensor[byte](e, m.recv[b], rows*m.wireBytes)
+	v.Outputs = hostTensor[byte](e, m.comb[b], rows*m.rowBytes)
+	v.Weights = hostTensor[float32](e, m.w[b], rows)
+	v.Tokens = hostTensor[int32](e, m.tok[b], rows)
+	if m.fp8 {
+		v.Scales = hostTensor[float32](e, m.scl[b], rows*m.sclBytes/4)
+	}
+	return v
+}
+
+// packOffsets sets, for every source and each of this rank's experts, where
+// the source's rows start in the expert's block once packed: after the
+// lower sources' rows. (Where this rank's own rows went at the other
+// experts is known already, or comes with combine-ready.)
 func (m *llMode) packOffsets(st *llState) {
-	for x := 0; x < m.E; x++ {
+	for x := m.e.t.me * m.L; x < (m.e.t.me+1)*m.L; x++ {
 		st.off[x] = 0
 		for s := 1; s < m.R; s++ {
 			st.off[s*m.E+x] = st.off[(s-1)*m.E+x] + st.cnt[(s-1)*m.E+x]
@@ -448,16 +470,18 @@ func (m *llMode) combineSend(c *Combine) error {
 		copy(hostTensor[float32](e, m.vals[b], m.L*m.span).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
-	// Expose each token rank's rows, in its own pair order.
-	for s := 0; s < m.R; s++ {
-		if t.masked[s] {
-			continue
+	// Expose each token rank of another node its rows, in its own pair
+	// order (node peers read them in place).
+	for _, s := range t.liveRemote {
+		pos := 0 // where s's pairs of this rank's experts start among all its pairs
+		for x := 0; x < me*m.L; x++ {
+			pos += int(st.cnt[s*m.E+x])
 		}
-		pos := 0
-		for x := 0; x < m.E; x++ {
+		for l := 0; l < m.L; l++ {
+			x := me*m.L + l
 			n := int(st.cnt[s*m.E+x])
-			if x/m.L == me && n > 0 {
-				first := x%m.L*m.span + int(st.off[s*m.E+x])
+			if n > 0 {
+				first := l*m.span + int(st.off[s*m.E+x])
 				t.expose(s, area+first*m.rowBytes, m.cstage[b]+pos*m.rowBytes, n*m.rowBytes)
 				if ysrc&ySrcValues != 0 {
 					t.expose(s, m.vals[b]+4*first, m.cvals[b]+4*pos, 4*n)
@@ -517,7 +541,7 @@ func (m *llMode) combineWait(c *Combine) error {
 			if x < 0 {
 				continue
 			}
-			owner, ord := x/L, rt.PairOrd[tk*K+k]
+			owner, ord := m.ownerOf[x], rt.PairOrd[tk*K+k]
 			if t.masked[owner] { // its outputs never came: the pair contributes nothing
 				if !slices.Contains(st.dropped, int32(tk*K+k)) {
 					st.dropped = append(st.dropped, int32(tk*K+k))
@@ -529,7 +553,7 @@ func (m *llMode) combineWait(c *Combine) error {
 			if where&ySrcComb == 0 {
 				area = m.recv[b]
 			}
-			row := x%L*m.span + int(st.off[me*m.E+x]+ord)
+			row := m.blockOf[x] + int(st.off[me*m.E+x]+ord)
 			pos := int(st.pos[x] + ord)
 			src.add(t.exposed(owner, area+row*m.rowBytes, m.cstage[b]+pos*m.rowBytes))
 			wts = append(wts, c.Weights[tk*K+k])

@@ -137,23 +137,23 @@ func (t Tensor[T]) String() string {
 
 // AsBytes is t viewed as bytes (no copy).
 func AsBytes[T Scalar](t Tensor[T]) Tensor[byte] {
-	if !t.set {
-		return Tensor[byte]{}
+	var z T
+	size := int(unsafe.Sizeof(z)) // not dtype's generic helpers: a call through a dictionary, on every ep call
+	if t.mem != nil || !t.set {
+		return Tensor[byte]{mem: t.mem, addr: t.addr, n: t.n * size, set: t.set}
 	}
-	if t.mem == nil {
-		b := dtype.Bytes(t.host)
-		if b == nil {
-			b = []byte{}
-		}
-		return Host(b)
+	n := len(t.host) * size
+	if n == 0 {
+		return Host([]byte{})
 	}
-	return Tensor[byte]{mem: t.mem, addr: t.addr, n: t.n * dtype.SizeOf[T](), set: true}
+	return Tensor[byte]{host: unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(t.host))), n), n: n, set: true}
 }
 
 // FromBytes is b viewed as elements of T; b's length must be a multiple of
 // T's size.
 func FromBytes[T Scalar](b Tensor[byte]) (Tensor[T], error) {
-	size := dtype.SizeOf[T]()
+	var z T
+	size := int(unsafe.Sizeof(z))
 	if b.n%size != 0 {
 		return Tensor[T]{}, fmt.Errorf("ep: FromBytes: %d bytes is not a whole number of %d-byte elements", b.n, size)
 	}
