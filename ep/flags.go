@@ -44,8 +44,11 @@ const refusedBit = 1 << 31
 // refusedBy is the payload of an abort word for a call rank r refused.
 func refusedBy(r int) uint32 { return refusedBit | uint32(r)&0xffffff }
 
-// clockAfter is how many sweeps a wait makes before it reads the clock.
-const clockAfter = 64
+// clockAfter is how many sweeps a spinning wait makes before it reads the
+// clock: a microsecond or two. A decode step's waits are shorter, and a
+// clock read (tens of nanoseconds in a VM) each would be a good part of
+// them; such waits are not counted in the statistics.
+const clockAfter = 512
 
 // waited is the outcome of waitAll.
 type waited struct {

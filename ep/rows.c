@@ -121,12 +121,14 @@ HOT void ep_reduce_rows(void *out, int out_dtype, const uintptr_t *src, const fl
       if (j0 == j1) memset(a, 0, sizeof(float) * (size_t)m);
       for (int32_t j = j0; j < j1; j++) {
         const char *x = (const char *)src[j] + (size_t)c * es;  // src[j]: an address
-        // Ask early for this source's next chunk, or the next row's first.
+        // Ask early for this source's next chunk, or the next row's first
+        // (only its bytes: a short row is not a whole chunk).
         const char *next = NULL;
-        if (c + CHUNK < hidden) next = x + CHUNK * es;
-        else if (i + 1 < n && j - j0 < start[i + 2] - start[i + 1]) next = (const char *)src[start[i + 1] + (j - j0)];
+        int64_t ahead = 0;
+        if (c + CHUNK < hidden) next = x + CHUNK * es, ahead = hidden - c - CHUNK;
+        else if (i + 1 < n && j - j0 < start[i + 2] - start[i + 1]) next = (const char *)src[start[i + 1] + (j - j0)], ahead = hidden;
         if (next)
-          for (size_t p = 0; p < CHUNK * es; p += 64) __builtin_prefetch(next + p);
+          for (size_t p = 0; p < (size_t)(ahead < CHUNK ? ahead : CHUNK) * es; p += 64) __builtin_prefetch(next + p);
         float wj = w ? w[j] : 1.0f;
         if (dtype == GOEP_ELEM_F32) add_f32(a, (const float *)x, wj, m, j == j0);
         else add_bf16(a, (const uint16_t *)x, wj, m, j == j0);

@@ -153,3 +153,40 @@ func TestBenchEmulatedDevice(t *testing.T) {
 		assert.Contains(t, string(out), want)
 	}
 }
+
+// -latency sweeps 1, 2, 4 ... tokens up to -tokens, with the flag round
+// trip measured beside: every configuration's line carries it, ep's and the
+// baseline's time per round back to back, and the barrier-timed halves; the
+// table says how many floors a round is.
+func TestLatencySweep(t *testing.T) {
+	mpitesting.RequireTool(t, "mpirun")
+	bin := filepath.Join(t.TempDir(), "ep-bench")
+	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	args := append(mpitesting.MPIRunArgs(2), bin, "-latency", "-tokens", "4", "-hidden", "32", "-topk", "2",
+		"-experts", "4", "-iters", "3", "-warmup", "1")
+	out, err = exec.Command("mpirun", append(args, "-json")...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var tokens []float64
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		assert.Equal(t, "ll", r["mode"], line)
+		tokens = append(tokens, r["tokens"].(float64))
+		for _, k := range []string{"flag_round_trip_us", "steady_round_us", "alltoallv_steady_round_us", "dispatch_us", "combine_us"} {
+			require.Contains(t, r, k, line)
+			assert.Greater(t, r[k].(float64), 0.0, "%s in %s", k, line)
+		}
+	}
+	assert.Equal(t, []float64{1, 2, 4}, tokens, "the sweep's token counts in:\n%s", out)
+	out, err = exec.Command("mpirun", args...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, want := range []string{"flag round trip between two ranks of a node", "round us", "x floor", "alltoallv"} {
+		assert.Contains(t, string(out), want)
+	}
+}

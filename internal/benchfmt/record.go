@@ -54,6 +54,12 @@ type Record struct {
 	// of a node, measured in the same run (ep-bench -latency); absent when
 	// not measured.
 	FlagRoundTripUS float64 `json:"flag_round_trip_us,omitempty"`
+	// With -latency: rounds back to back, as a decode loop runs them (no
+	// barrier between them, as the flag round trip is measured): the time
+	// of one dispatch+combine, the slowest rank's mean over a burst of
+	// rounds, the median over bursts; ep's and the baseline's.
+	SteadyRoundUS          float64 `json:"steady_round_us,omitempty"`
+	AlltoallvSteadyRoundUS float64 `json:"alltoallv_steady_round_us,omitempty"`
 
 	MemcpyGBps         float64 `json:"memcpy_gbps"`          // glibc memcpy of the same bytes, per rank, all ranks at once
 	DispatchOfMemcpy   float64 `json:"dispatch_memcpy_frac"` // DispatchGBps / MemcpyGBps
