@@ -8,6 +8,7 @@
 //	ep-plot model [-holdout-ranks N] [-net 50GB/s] [-ranks-per-node 8] [-write] [-md FILE] [-png FILE] out/study.h5
 //	ep-plot traces [-o DIR] [-labels a,b,c] [-md FILE] [-smooth N] [-skip N] [-title T] [-busy F,...] TRACE.h5...
 //	ep-plot waits [-o DIR] [-skip N] [-title T] TRACE.h5
+//	ep-plot latency [-o FILE] [-target X] SWEEP.jsonl
 //
 // collect reads the JSON lines of ep-bench -json, one file per job step, and
 // appends them to the study file's /results tables, creating it if missing
@@ -50,6 +51,13 @@
 // and the slowest rank and its host when one stands out (moe.FindStraggler),
 // and draws it as a heat map, waits.png: the rank waited for across, the
 // waiting rank up.
+//
+// latency reads an ep-bench -latency -json sweep (tokens per rank 1, 2, 4,
+// ... on one group of ranks) and prints, per size, ep's decode round (one
+// dispatch+combine back to back, the slowest rank's mean), the hand-written
+// MPI_Alltoallv version's and the flag round trip measured in the same run,
+// as a Markdown table, and draws them as a chart (ll-round.png) with the
+// target, -target times the flag round trip, as a line.
 package main
 
 import (
@@ -70,12 +78,14 @@ func main() { os.Exit(run(os.Stdout, os.Stderr, os.Args[1:])) }
 const usage = `usage: ep-plot collect|check|charts|model [flags] STUDY.h5 ...
        ep-plot traces [flags] TRACE.h5 ...
        ep-plot waits [flags] TRACE.h5
+       ep-plot latency [flags] SWEEP.jsonl
   collect  add ep-bench -json output (one file per job step) to a study file
   check    read a study file back, summarise it, check what it holds
   charts   write PNG charts of a study
   model    fit the latency-bandwidth model, validate it, predict larger clusters
   traces   compare moe-train traces: loss against step and wall time, bytes and time per step
   waits    a moe-train trace's wait matrix (who waited for whom in ep calls) as a table and a heat map
+  latency  an ep-bench -latency sweep: the LL decode round against tokens per rank, beside the flag round trip
 ep-plot CMD -h shows a command's flags.`
 
 func run(stdout, stderr io.Writer, args []string) int {
@@ -97,6 +107,8 @@ func run(stdout, stderr io.Writer, args []string) int {
 		err = traces(stdout, stderr, args[1:])
 	case "waits":
 		err = waits(stdout, stderr, args[1:])
+	case "latency":
+		err = latency(stdout, stderr, args[1:])
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return 0

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"slices"
+
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/goep/goep/internal/study"
+)
+
+// latency reads the JSON lines of an ep-bench -latency -json sweep and
+// prints, per tokens per rank, ep's round (one dispatch+combine back to
+// back, as a decode loop runs them), the baseline's and the flag round
+// trip measured beside them, as a Markdown table; it draws the same as a
+// chart with the target (a multiple of the flag round trip) as a line.
+func latency(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("latency", stderr, "[flags] SWEEP.jsonl")
+	out := fs.String("o", "ll-round.png", "the chart (PNG)")
+	target := fs.Float64("target", 3, "the target, as a multiple of the flag round trip (0: none)")
+	width := fs.Float64("width", 7, "chart width, inches (at 96 dpi)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usagef("want one ep-bench -latency -json output, got %d arguments", fs.NArg())
+	}
+	if *target < 0 {
+		return usagef("-target %g is negative", *target)
+	}
+	f, err := os.Open(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	recs, err := study.ParseJSONL(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", fs.Arg(0), err)
+	}
+	recs = filter(recs, func(r *study.Record) bool { return r.Mode == "ll" && r.SteadyRoundUS > 0 })
+	if len(recs) == 0 {
+		return fmt.Errorf("%s: no LL rows with a steady round (steady_round_us): was it ep-bench -latency -json?", fs.Arg(0))
+	}
+	recs, shape := sameShape(recs)
+	slices.SortFunc(recs, func(a, b study.Record) int { return a.Tokens - b.Tokens })
+	latencyTable(stdout, recs)
+	fig, err := latencyChart(recs, shape, *target)
+	if err != nil {
+		return err
+	}
+	if err := fig.save(*out, vg.Length(*width)*vg.Inch, vg.Length(*width)*vg.Inch*0.62); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "ep-plot latency: wrote %s\n", *out)
+	return nil
+}
+
+// latencyTable prints the sweep as a Markdown table.
+func latencyTable(w io.Writer, recs []study.Record) {
+	fmt.Fprintln(w, "| tokens per rank | ep round (us) | x flag round trip | alltoallv round (us) | ep speedup | flag round trip (us) |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- |")
+	for _, r := range recs {
+		floor, base := "-", "-"
+		if r.FlagRoundTripUS > 0 {
+			floor = fmt.Sprintf("%.2fx", r.SteadyRoundUS/r.FlagRoundTripUS)
+		}
+		speedup := "-"
+		if r.AlltoallvSteadyRoundUS > 0 {
+			base = fmt.Sprintf("%.2f", r.AlltoallvSteadyRoundUS)
+			speedup = fmt.Sprintf("%.2fx", r.AlltoallvSteadyRoundUS/r.SteadyRoundUS)
+		}
+		trip := "-"
+		if r.FlagRoundTripUS > 0 {
+			trip = fmt.Sprintf("%.2f", r.FlagRoundTripUS)
+		}
+		fmt.Fprintf(w, "| %d | %.2f | %s | %s | %s | %s |\n", r.Tokens, r.SteadyRoundUS, floor, base, speedup, trip)
+	}
+}
+
+// latencyChart draws ep's and the baseline's round against tokens per
+// rank, with the flag round trip and the target as lines.
+func latencyChart(recs []study.Record, shape string, target float64) (*figure, error) {
+	r0 := recs[0]
+	fig := newFigure(fmt.Sprintf("LL decode round (dispatch+combine): %d rank(s) on %d node(s), %s", r0.Ranks, r0.Nodes, shape))
+	p := newPlot("", "tokens per rank", "time per round (us)", true, true)
+	tok := func(r *study.Record) float64 { return float64(r.Tokens) }
+	trip := func(r *study.Record) float64 { return r.FlagRoundTripUS }
+	lines := []struct {
+		name   string
+		xy     plotter.XYs
+		dashes []vg.Length
+	}{
+		{"ep", series(recs, tok, func(r *study.Record) float64 { return r.SteadyRoundUS }), dashEP},
+		{"alltoallv by hand", series(recs, tok, func(r *study.Record) float64 { return r.AlltoallvSteadyRoundUS }), dashA2AV},
+		{"flag round trip", series(recs, tok, trip), dashMemcpy},
+	}
+	if target > 0 {
+		lines = append(lines, struct {
+			name   string
+			xy     plotter.XYs
+			dashes []vg.Length
+		}{fmt.Sprintf("%g x flag round trip (target)", target), series(recs, tok, func(r *study.Record) float64 { return target * r.FlagRoundTripUS }), dashA2AV})
+	}
+	for i, l := range lines {
+		if err := addLine(p, &fig.legend, l.xy, l.name, palette[i%len(palette)], l.dashes); err != nil {
+			return nil, err
+		}
+	}
+	decades(&p.Y)
+	fig.panels = append(fig.panels, p)
+	return fig, nil
+}
