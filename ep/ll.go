@@ -183,8 +183,10 @@ func (m *llMode) send(d *Dispatch) error {
 	if err := e.checkMasked(op); err != nil {
 		return err
 	}
-	if err := t.awaitReaders(op, b, e.last[b]); err != nil {
-		return err
+	if !m.readersDone(b) {
+		if err := t.awaitReaders(op, b, e.last[b]); err != nil {
+			return err
+		}
 	}
 	st.dropped = st.dropped[:0]
 	if m.slots { // counts ride on the data flag; rows go to this rank's slots
@@ -304,7 +306,42 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	if m.slots {
 		counts = dtype.Bytes(rt.PerExpert)
 	}
-	return t.raise(t.live, flagData, b, me, d.Op, 0, counts)
+	return t.raise(t.live, flagData, b, me, d.Op, m.doneWord(b^1), counts)
+}
+
+// doneWord is the payload of this rank's data flag on set b^1: the last
+// combine on set c = b^1 that it finished, after which it released the
+// node's buffers of set c (releaseReaders). The next dispatch, on set c,
+// reads it (readersDone).
+func (m *llMode) doneWord(c int) uint32 {
+	if last := m.e.last[c]; last <= math.MaxUint32 {
+		return uint32(last)
+	}
+	return 0 // too large for a payload: the next dispatch waits for flagDone
+}
+
+// readersDone says whether every node peer is known to have finished
+// reading this rank's buffers of set b in the set's last combine, from
+// the payloads of their data flags of the last dispatch on the other set
+// (doneWord): they raised them after that combine's flagDone, and this
+// rank read them in that dispatch's wait, so a decode loop's dispatch
+// need not fetch the flagDone lines from its peers' caches. When they do
+// not tell, the dispatch waits for flagDone (awaitReaders).
+func (m *llMode) readersDone(b int) bool {
+	e, t := m.e, &m.e.t
+	last := e.last[b]
+	if last == 0 {
+		return true
+	}
+	if last > math.MaxUint32 {
+		return false
+	}
+	for _, p := range t.liveNode {
+		if p != t.me && t.flagPayload(flagData, b^1, p, p) < uint32(last) {
+			return false
+		}
+	}
+	return true
 }
 
 // outboxBases places, in the outbox, this rank's rows for each rank of
@@ -452,9 +489,9 @@ func (m *llMode) combineSend(c *Combine) error {
 	if err := e.checkMasked(e.names.combine); err != nil {
 		return err
 	}
-	if err := t.awaitReaders(e.names.combine, b, e.last[b]); err != nil {
-		return err
-	}
+	// No wait for the node's readers of set b: this dispatch's send waited
+	// for them, and a set holds one dispatch at a time, so the set's last
+	// combine is the same one.
 	ysrc, area := ySrcComb, m.comb[b]
 	switch c.YIn {
 	case YInRows:
