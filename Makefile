@@ -78,7 +78,7 @@ test-unit: deps deps-nvrtc
 test-mpi: deps
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
 	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes
-	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep ./moe
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
 
 ## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that

@@ -187,7 +187,7 @@ func TestGradients(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			defer mpitesting.Agree(t, w)
-			cfg := moe.Config{Mode: tc.mode, DType: moe.Float32, Experts: 8, TopK: 3, Hidden: 6, FFN: 10,
+			cfg := moe.Config{Mode: tc.mode, DType: moe.Float32, Experts: testExperts(), TopK: 3, Hidden: 6, FFN: 10,
 				Tokens: 8, Act: tc.act, Seed: 11, SharedFFN: tc.shared}
 			l, err := moe.NewLayer(w, cfg)
 			require.NoError(t, err)

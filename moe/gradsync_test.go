@@ -45,11 +45,12 @@ func TestParseGradSync(t *testing.T) {
 // A configuration whose grad sync cannot work is refused, naming the value.
 func TestGradSyncConfigRefused(t *testing.T) {
 	cfg := smallConfig(ep.LowLatency, moe.Float32).Config
-	cfg.SharedFFN = 4 // 16*8 + 2*16*4 + 4 + 16 = 276 data-parallel parameters
-	assert.Equal(t, 276, cfg.DataParallelParams())
-	cfg.GradSync = moe.GradSync{Method: moe.SyncTopK, K: 277}
-	assert.ErrorContains(t, cfg.Validate(1), "grad sync topk:277: K must be 1..276")
-	cfg.GradSync.K = 276
+	cfg.SharedFFN = 4 // the gate 16*E, the shared expert 2*16*4 + 4 + 16 data-parallel parameters
+	n := 16*cfg.Experts + 2*16*4 + 4 + 16
+	assert.Equal(t, n, cfg.DataParallelParams())
+	cfg.GradSync = moe.GradSync{Method: moe.SyncTopK, K: n + 1}
+	assert.ErrorContains(t, cfg.Validate(1), fmt.Sprintf("grad sync topk:%d: K must be 1..%d", n+1, n))
+	cfg.GradSync.K = n
 	assert.NoError(t, cfg.Validate(1))
 	cfg.SharedFFN = -1
 	assert.ErrorContains(t, cfg.Validate(1), "shared ffn = -1, want >= 0")
@@ -86,9 +87,10 @@ func refA2SGD(gs, es [][]float64) [][]float64 {
 			}
 			return t / float64(len(s))
 		}
-		pos += mean(p) / float64(R)
-		neg += mean(n) / float64(R)
+		pos += mean(p) // summed over ranks, then divided, as the sync's allreduce
+		neg += mean(n)
 	}
+	pos, neg = pos/float64(R), neg/float64(R)
 	out := make([][]float64, R)
 	for r, v := range vs {
 		out[r] = make([]float64, len(v))

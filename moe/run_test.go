@@ -35,6 +35,7 @@ func TestRunTraceCheckpointsResume(t *testing.T) {
 	o := moe.RunOptions{TrainConfig: smallConfig(ep.HighThroughput, moe.Float32), Steps: 2 * N,
 		TracePath: filepath.Join(dir, "a", "trace.h5"), CheckpointDir: filepath.Join(dir, "a"), CheckpointEvery: N,
 		Nodes: 1, Command: "test"}
+	E := o.Config.Experts
 	calls := 0
 	o.OnStep = func(*moe.StepStats) { calls++ }
 	res, err := moe.Run(w, o)
@@ -68,7 +69,7 @@ func TestRunTraceCheckpointsResume(t *testing.T) {
 	for i := range tr.Step {
 		assert.Equal(t, int64(i+1), tr.Step[i])
 		sum := int64(0)
-		for _, c := range tr.TokensPerExpert[i*8 : (i+1)*8] {
+		for _, c := range tr.TokensPerExpert[i*E : (i+1)*E] {
 			sum += c
 		}
 		assert.Equal(t, int64(32*R*2), sum, "step %d: pairs over experts", i+1)
@@ -94,7 +95,7 @@ func TestRunTraceCheckpointsResume(t *testing.T) {
 	assert.Equal(t, b.Resume, trB.ResumedFrom)
 	assert.Equal(t, tr.Step[N:], trB.Step)
 	assert.Equal(t, tr.Loss[N:], trB.Loss, "losses after the resume")
-	assert.Equal(t, tr.TokensPerExpert[N*8:], trB.TokensPerExpert)
+	assert.Equal(t, tr.TokensPerExpert[N*E:], trB.TokensPerExpert)
 
 	ckA, err := moe.ReadCheckpoint(moe.CheckpointPath(o.CheckpointDir, 2*N))
 	require.NoError(t, err)

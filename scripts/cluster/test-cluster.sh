@@ -12,8 +12,12 @@
 #   tests-ep     the ep test binary, the same way, at 2+2+1 (three nodes, one of a single rank,
 #                nodes of unequal size: the conformance suite of every backend, the lifecycle and
 #                stalled-rank checks included)
-#   tests-moe    the moe test binary at 2x2 (its tests use 8 experts, a multiple of 4 ranks, not
-#                of 5). GOEP_CLUSTER_EP_HOSTS, GOEP_CLUSTER_MOE_HOSTS override.
+#   tests-ep-core  the CPU backend's dispatch and combine checks of that suite (against the
+#                reference, both buffer sets in turn, FP8) at 2x2 and 4x1: the whole suite at
+#                each layout would add some 5 minutes
+#   tests-moe    the moe test binary at 2x2, 4x1 and 2+2+1 (10 experts there: the tests take the
+#                least multiple of the ranks from 8). GOEP_CLUSTER_EP_HOSTS, GOEP_CLUSTER_EP_CORE_HOSTS,
+#                GOEP_CLUSTER_MOE_HOSTS override.
 #   train        bin/moe-train, 300 steps on 2 hosts x 2 ranks (HT, bf16): exit 0; the trace read
 #                back with h5dump says nodes 2, world_size 4 and holds 300 loss rows; the loss fell
 #   straggler    bin/moe-train, 100 steps on 2 hosts x 2 ranks (LL), rank 3 sleeping 20 ms between
@@ -32,7 +36,7 @@
 #
 # Env: GO (the go command); GOEP_CLUSTER_TEST_LOGS (default out/test-cluster); GOEP_CLUSTER_RATE
 # (default 10gbit) for the link caps; GOEP_CLUSTER_NAME (default gc<pid>: a cluster of its own); GOEP_CLUSTER_MPI_HOSTS, GOEP_CLUSTER_EP_HOSTS,
-# GOEP_CLUSTER_MOE_HOSTS (layouts for internal/cmd/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
+# GOEP_CLUSTER_EP_CORE_HOSTS, GOEP_CLUSTER_MOE_HOSTS (layouts for internal/cmd/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -41,7 +45,9 @@ LOGS=${GOEP_CLUSTER_TEST_LOGS:-$ROOT/out/test-cluster}
 RATE=${GOEP_CLUSTER_RATE:-10gbit}
 MPI_HOSTS=${GOEP_CLUSTER_MPI_HOSTS:-2x2,4x1,2+2+1}
 EP_HOSTS=${GOEP_CLUSTER_EP_HOSTS:-2+2+1}
-MOE_HOSTS=${GOEP_CLUSTER_MOE_HOSTS:-2x2}
+EP_CORE_HOSTS=${GOEP_CLUSTER_EP_CORE_HOSTS:-2x2,4x1}
+EP_CORE_RUN='^TestConformanceCPU$/^(DispatchCombine|ConsecutiveCallsBothBuffers|MatchesReference|FP8Dispatch)$'
+MOE_HOSTS=${GOEP_CLUSTER_MOE_HOSTS:-2x2,4x1,2+2+1}
 ITERS=${GOEP_CLUSTER_BENCH_ITERS:-10}
 CLUSTER=$ROOT/scripts/cluster/cluster.sh
 MPIRUN=$ROOT/scripts/cluster/mpirun
@@ -114,6 +120,7 @@ mpitest() { # NAME LAYOUTS PACKAGE...
 }
 mpitest tests-mpi "$MPI_HOSTS" ./mpi
 mpitest tests-ep "$EP_HOSTS" ./ep
+mpitest tests-ep-core "$EP_CORE_HOSTS" -run "$EP_CORE_RUN" ./ep
 mpitest tests-moe "$MOE_HOSTS" ./moe
 
 # h5attr FILE NAME: a root attribute as h5dump prints it. h5rows FILE DATASET: its rows (h5ls).
