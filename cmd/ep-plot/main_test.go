@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/png"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,6 +180,49 @@ func TestParseBandwidth(t *testing.T) {
 	for _, in := range []string{"", "-1GB/s", "fast", "NaN"} {
 		if _, err := parseBandwidth(in); err == nil {
 			t.Errorf("parseBandwidth(%q): no error", in)
+		}
+	}
+}
+
+// TestCommittedStudies reads the studies in docs/scaling back and refits
+// them, as docs/scaling.md says: both ran on one real host (the emulated
+// hosts of the net study included), and the model stored in each file is the
+// one fitted on every run.
+func TestCommittedStudies(t *testing.T) {
+	for _, c := range []struct {
+		path           string
+		runs, emulated int
+		llDispatchNet  float64 // net per remote peer (us), as documented
+	}{
+		{"../../docs/scaling/study.h5", 96, 0, 25.52},
+		{"../../docs/scaling/net/study.h5", 108, 4, 331.40},
+	} {
+		s, err := study.Read(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Records) != c.runs || s.AttrInt("alloc_hosts", 0) != 1 || s.AttrInt("emulated_hosts", 0) != c.emulated {
+			t.Errorf("%s: %d runs, alloc_hosts %q, emulated_hosts %q; want %d, 1, %d", c.path, len(s.Records),
+				s.AttrString("alloc_hosts"), s.AttrString("emulated_hosts"), c.runs, c.emulated)
+		}
+		code, out, errs := runCmd(t, "model", c.path)
+		if code != 0 {
+			t.Fatalf("model %s: %d %q", c.path, code, errs)
+		}
+		if want := "(every node of a run on one host)"; !strings.Contains(out, want) {
+			t.Errorf("model %s: output lacks %q", c.path, want)
+		}
+		stored, err := study.ReadModel(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := stored.Params["ll/dispatch"]
+		if !stored.SharedHost || math.Abs(p.NetPerPeer-c.llDispatchNet) > 0.01 {
+			t.Errorf("%s: stored model: shared host %v, ll/dispatch net per peer %.2f us; want true, %.2f",
+				c.path, stored.SharedHost, p.NetPerPeer, c.llDispatchNet)
+		}
+		if !strings.Contains(out, fmt.Sprintf("| %.2f |", c.llDispatchNet)) {
+			t.Errorf("model %s: the refit's ll/dispatch lacks net per peer %.2f", c.path, c.llDispatchNet)
 		}
 	}
 }

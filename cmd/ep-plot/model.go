@@ -43,7 +43,7 @@ func parseBandwidth(s string) (float64, error) {
 func model(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("model", stderr, "[flags] STUDY.h5")
 	holdout := fs.Int("holdout-ranks", -1, "validate on the runs with at least this many ranks, left out of the fit (-1: the largest rank count; 0: none)")
-	netFlag := fs.String("net", "50GB/s", "network bandwidth per node for the predictions (GB/s, or Gb/s: 400Gb/s); 0: the one fitted on the simulated nodes")
+	netFlag := fs.String("net", "50GB/s", "network bandwidth per node for the predictions (GB/s, or Gb/s: 400Gb/s); 0: the fitted one per rank")
 	shmFlag := fs.String("shm", "0", "shared-memory bandwidth per rank for the predictions (GB/s); 0: the fitted one")
 	rpn := fs.Int("ranks-per-node", 8, "ranks per node for the predictions")
 	ranksFlag := fs.String("ranks", "8,16,32,64,128,256,512,1024", "rank counts to predict")

@@ -44,7 +44,9 @@
 // (slurm_job_id, slurm_job_nodelist, slurm_job_num_nodes, slurm_cluster_name,
 // slurm_job_partition, from the environment), date and finished, alloc_hosts
 // (distinct real hosts behind the allocation's nodes: 1 on a one-machine test
-// cluster), launcher, srun_mpi, ompi_mca_osc, the sweep (sweep_layouts,
+// cluster, emulated hosts included), emulated_hosts (nodes that are hosts
+// emulated on that one machine, scripts/slurm/cluster.sh --net; 0 otherwise),
+// launcher, srun_mpi, ompi_mca_osc, the sweep (sweep_layouts,
 // sweep_modes, sweep_dtypes, sweep_tokens_ll, sweep_tokens_ht, sweep_hidden,
 // sweep_topk, sweep_experts, sweep_iters, sweep_warmup), skipped_layouts and
 // failed_steps ("none" when none). A fitted model is stored as attributes of

@@ -222,8 +222,10 @@ EOF
   nodes="NodeName=n[1-$nn] NodeHostname=localhost Port=[$((PORT_BASE + 1))-$((PORT_BASE + nn))] CPUs=$CPUS RealMemory=1000 State=UNKNOWN"
   if [ "$NET" = 1 ]; then
     ctld="goep-h1(10.213.0.1)" tmpfs="TmpFS=/tmp" prolog="" where="on hosts of their own (10.213.0.0/24)"
+    # Feature goep_emulated: the hosts are namespaces of this one machine and share its cores
+    # (study.sbatch then counts one real host, for the model's cost of sharing cores).
     nodes=$(for i in $(seq "$nn"); do
-      echo "NodeName=goep-h$i NodeAddr=10.213.0.$i NodeHostname=goep-h$i CPUs=$CPUS RealMemory=1000 State=UNKNOWN"
+      echo "NodeName=goep-h$i NodeAddr=10.213.0.$i NodeHostname=goep-h$i CPUs=$CPUS RealMemory=1000 Features=goep_emulated State=UNKNOWN"
     done)
   fi
   cat > "$CONF.tmp" <<EOF
