@@ -106,8 +106,8 @@ test-slurm:
 
 ## test-cluster: goep across emulated hosts with their own network (root): scripts/cluster/cluster.sh brings
 ## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); mpi-hello and the mpi test
-## binary run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host, the ep test binary across 2+2+1,
-## moe's across 2x2, a short training and ep-bench LL and HT against alltoallv across 2 hosts; then it
+## binary run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host, the ep test binary across 2+2+1
+## (its dispatch and combine checks across 2x2 and 4x1 too), moe's across all three, a short training and ep-bench LL and HT against alltoallv across 2 hosts; then it
 ## comes down and nothing may be left.
 test-cluster: deps
 	GO=$(GO) scripts/cluster/test-cluster.sh

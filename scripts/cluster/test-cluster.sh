@@ -13,8 +13,9 @@
 #                nodes of unequal size: the conformance suite of every backend, the lifecycle and
 #                stalled-rank checks included)
 #   tests-ep-core  the CPU backend's dispatch and combine checks of that suite (against the
-#                reference, both buffer sets in turn, FP8) at 2x2 and 4x1: the whole suite at
-#                each layout would add some 5 minutes
+#                reference, scaled experts, both buffer sets in turn, backward, row values,
+#                statistics, FP8) at 2x2 and 4x1: the whole suite at each layout would add some
+#                5 minutes (its lifecycle, refusal and stalled-rank checks run at 2+2+1)
 #   tests-moe    the moe test binary at 2x2, 4x1 and 2+2+1 (10 experts there: the tests take the
 #                least multiple of the ranks from 8). GOEP_CLUSTER_EP_HOSTS, GOEP_CLUSTER_EP_CORE_HOSTS,
 #                GOEP_CLUSTER_MOE_HOSTS override.
@@ -46,7 +47,7 @@ RATE=${GOEP_CLUSTER_RATE:-10gbit}
 MPI_HOSTS=${GOEP_CLUSTER_MPI_HOSTS:-2x2,4x1,2+2+1}
 EP_HOSTS=${GOEP_CLUSTER_EP_HOSTS:-2+2+1}
 EP_CORE_HOSTS=${GOEP_CLUSTER_EP_CORE_HOSTS:-2x2,4x1}
-EP_CORE_RUN='^TestConformanceCPU$/^(DispatchCombine|ConsecutiveCallsBothBuffers|MatchesReference|FP8Dispatch)$'
+EP_CORE_RUN='^TestConformanceCPU$/^(DispatchCombine|ScaledExperts|ConsecutiveCallsBothBuffers|BackwardIsTranspose|RowValuesReturnToSlots|StatsCountTraffic|FP8Dispatch|MatchesReference)$'
 MOE_HOSTS=${GOEP_CLUSTER_MOE_HOSTS:-2x2,4x1,2+2+1}
 ITERS=${GOEP_CLUSTER_BENCH_ITERS:-10}
 CLUSTER=$ROOT/scripts/cluster/cluster.sh
