@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep/goep/ep"
 	"github.com/goep/goep/mpi"
 )
 
@@ -21,29 +20,11 @@ func (s Suite) testStats(t *testing.T) {
 			defer s.agree(t)
 			sc := scenarios(R)[0]
 			g := newGroup[float32](t, s, s.Backend, sc.config(mode))
-			H, K, L := sc.hidden, sc.topk, sc.experts/R
+			H := sc.hidden
 			ins := allInputs(sc, R)
 			in := ins[me]
 			rowBytes := int64(4 * H)
-			// rows[s][d]: rows rank s sends rank d in a dispatch
-			rows := make([][]int64, R)
-			for src, sin := range ins {
-				rows[src] = make([]int64, R)
-				for tk := 0; tk < sin.T; tk++ {
-					hit := make([]bool, R)
-					for k := 0; k < K; k++ {
-						if e := sin.topk[tk*K+k]; e >= 0 {
-							d := int(e) / L
-							if mode == ep.LowLatency {
-								rows[src][d]++
-							} else if !hit[d] {
-								hit[d] = true
-								rows[src][d]++
-							}
-						}
-					}
-				}
-			}
+			rows := rowsBetween(sc, ins, mode, R) // rows[s][d]: rows rank s sends rank d in a dispatch
 			x := upload(t, g, payload[float32](me, in.T, H))
 			out := zeros[float32](t, g, in.T*H)
 			g.ResetStats()
