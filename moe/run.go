@@ -121,14 +121,8 @@ func CheckpointPath(dir string, step int64) string {
 // set, runs until step o.Steps, and writes the trace and the checkpoints.
 // Every refusal happens before any file is changed. Collective.
 func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
-	if err := o.Validate(comm.Size()); err != nil {
+	if err := checkRun(o, comm.Size()); err != nil {
 		return nil, collective(err)
-	}
-	if o.Steps <= 0 || o.CheckpointEvery < 0 || o.FlushEvery < 0 {
-		return nil, collective(fmt.Errorf("moe: invalid run: steps = %d, checkpoint every %d, flush every %d", o.Steps, o.CheckpointEvery, o.FlushEvery))
-	}
-	if o.Fresh && o.Resume != "" {
-		return nil, collective(fmt.Errorf("moe: invalid run: fresh (start a new run) and resume %q (continue one) contradict each other", o.Resume))
 	}
 	tr, err := NewTrainer(comm, o.TrainConfig)
 	if err != nil {
@@ -168,32 +162,19 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	if err := agree(comm, err); err != nil {
 		return nil, collective(err)
 	}
-	var resume string
-	flags := []int64{0}
-	if rank0 {
-		if plan.resume != nil {
-			resume = plan.resume.Path
-		}
-		if plan.nothingToDo {
-			flags[0] = 1
-			res.RunID = plan.runID
-		}
-	}
-	if resume, err = bcastString(comm, resume, 0); err != nil {
+	resume, nothing, err := sharePlan(comm, plan, res)
+	if err != nil {
 		return nil, err
 	}
-	if err := mpi.BcastSlice(comm, flags, 0); err != nil {
-		return nil, err
-	}
-	if flags[0] == 1 {
-		if res.RunID, err = bcastString(comm, res.RunID, 0); err != nil {
-			return nil, err
-		}
+	planNotes := func() {
 		if rank0 {
 			for _, n := range plan.notes {
 				note(n)
 			}
 		}
+	}
+	if nothing {
+		planNotes()
 		res.NothingToDo = true
 		return res, nil
 	}
@@ -206,11 +187,9 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	res.RunID, res.StartStep = tr.RunID(), tr.StepsDone()
 
 	// Now rank 0 changes files: moves others aside, opens the trace.
+	planNotes()
 	var trace *Trace
 	if rank0 {
-		for _, n := range plan.notes {
-			note(n)
-		}
 		trace, err = openRunFiles(o, plan, tr, comm.Size(), hosts, start, res, note)
 	}
 	if err := agree(comm, err); err != nil {
@@ -223,66 +202,135 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 			}
 		}()
 	}
-	flushEvery := max(o.FlushEvery, 1)
-	var dispatchUS, combineUS, syncUS, syncBytes float64
+	var sums stepSums
 	for tr.StepsDone() < o.Steps {
 		st, err := tr.Step()
 		if err != nil {
 			return nil, err
 		}
-		if res.First == nil {
-			res.First = st
-		}
-		res.Last = st
-		res.Steps++
-		res.Tokens += int64(st.Tokens)
-		res.StepTime += st.Elapsed
-		if res.WaitUS == nil {
-			res.WaitUS = make([]float64, len(st.WaitUS))
-		}
-		for i, v := range st.WaitUS {
-			res.WaitUS[i] += v
-		}
-		for r := range st.DispatchUS {
-			R := float64(len(st.DispatchUS))
-			dispatchUS += st.DispatchUS[r] / R
-			combineUS += st.CombineUS[r] / R
-			syncUS += st.SyncUS[r] / R
-			syncBytes += float64(st.SyncBytes[r]) / R
-		}
-		ckpt := o.CheckpointDir != "" && (st.Step == o.Steps || (o.CheckpointEvery > 0 && st.Step%o.CheckpointEvery == 0))
-		if trace != nil {
-			if err := trace.Append(st, time.Now()); err != nil {
-				return nil, err
-			}
-			if st.Step%flushEvery == 0 || ckpt || st.Step == o.Steps {
-				if err := trace.Flush(); err != nil {
-					return nil, err
-				}
-			}
-		}
-		if ckpt {
-			path := CheckpointPath(o.CheckpointDir, st.Step)
-			if err := tr.SaveCheckpoint(path); err != nil {
-				return nil, collective(err)
-			}
-			if rank0 {
-				res.Files = append(res.Files, path)
-			}
+		sums.add(res, st)
+		if err := recordStep(o, tr, trace, st, rank0, res); err != nil {
+			return nil, err
 		}
 		if o.OnStep != nil {
 			o.OnStep(st)
 		}
 	}
-	res.MeanDispatch = time.Duration(dispatchUS / float64(res.Steps) * 1e3)
-	res.MeanCombine = time.Duration(combineUS / float64(res.Steps) * 1e3)
-	res.MeanSync = time.Duration(syncUS / float64(res.Steps) * 1e3)
-	res.SyncBytes = int64(math.Round(syncBytes / float64(res.Steps)))
-	if s, ok := FindStraggler(res.WaitUS, comm.Size()); ok {
-		s.Host = hostList[s.Rank]
-		res.Straggler = &s
-	}
+	sums.summarize(res, comm.Size())
 	return res, nil
+}
+
+// checkRun refuses options that no run can follow.
+func checkRun(o RunOptions, ranks int) error {
+	if err := o.Validate(ranks); err != nil {
+		return err
+	}
+	if o.Steps <= 0 || o.CheckpointEvery < 0 || o.FlushEvery < 0 {
+		return fmt.Errorf("moe: invalid run: steps = %d, checkpoint every %d, flush every %d", o.Steps, o.CheckpointEvery, o.FlushEvery)
+	}
+	if o.Fresh && o.Resume != "" {
+		return fmt.Errorf("moe: invalid run: fresh (start a new run) and resume %q (continue one) contradict each other", o.Resume)
+	}
+	return nil
+}
+
+// sharePlan gives every rank what rank 0's plan (nil on the other ranks)
+// decided: the checkpoint to resume from ("" for none), and whether the
+// run has nothing left to do, in which case res.RunID is the plan's.
+func sharePlan(comm *mpi.Comm, plan *runPlan, res *RunResult) (resume string, nothing bool, err error) {
+	flags := []int64{0}
+	if plan != nil {
+		if plan.resume != nil {
+			resume = plan.resume.Path
+		}
+		if plan.nothingToDo {
+			flags[0] = 1
+			res.RunID = plan.runID
+		}
+	}
+	if resume, err = bcastString(comm, resume, 0); err != nil {
+		return "", false, err
+	}
+	if err := mpi.BcastSlice(comm, flags, 0); err != nil {
+		return "", false, err
+	}
+	if flags[0] == 0 {
+		return resume, false, nil
+	}
+	if res.RunID, err = bcastString(comm, res.RunID, 0); err != nil {
+		return "", false, err
+	}
+	return resume, true, nil
+}
+
+// recordStep writes step st where the options ask: a trace row (rank 0's
+// trace, flushed every FlushEvery steps, at a checkpoint and at the end)
+// and, every CheckpointEvery steps and at the last, a checkpoint, which
+// every rank takes part in.
+func recordStep(o RunOptions, tr *Trainer, trace *Trace, st *StepStats, rank0 bool, res *RunResult) error {
+	ckpt := o.CheckpointDir != "" && (st.Step == o.Steps || (o.CheckpointEvery > 0 && st.Step%o.CheckpointEvery == 0))
+	if trace != nil {
+		if err := trace.Append(st, time.Now()); err != nil {
+			return err
+		}
+		if st.Step%max(o.FlushEvery, 1) == 0 || ckpt || st.Step == o.Steps {
+			if err := trace.Flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if !ckpt {
+		return nil
+	}
+	path := CheckpointPath(o.CheckpointDir, st.Step)
+	if err := tr.SaveCheckpoint(path); err != nil {
+		return collective(err)
+	}
+	if rank0 {
+		res.Files = append(res.Files, path)
+	}
+	return nil
+}
+
+// stepSums accumulates, over a run's steps, the per-step means over ranks
+// that the result reports as means over steps.
+type stepSums struct{ dispatchUS, combineUS, syncUS, syncBytes float64 }
+
+// add counts step st into the result and the sums.
+func (s *stepSums) add(res *RunResult, st *StepStats) {
+	if res.First == nil {
+		res.First = st
+	}
+	res.Last = st
+	res.Steps++
+	res.Tokens += int64(st.Tokens)
+	res.StepTime += st.Elapsed
+	if res.WaitUS == nil {
+		res.WaitUS = make([]float64, len(st.WaitUS))
+	}
+	for i, v := range st.WaitUS {
+		res.WaitUS[i] += v
+	}
+	for r := range st.DispatchUS {
+		R := float64(len(st.DispatchUS))
+		s.dispatchUS += st.DispatchUS[r] / R
+		s.combineUS += st.CombineUS[r] / R
+		s.syncUS += st.SyncUS[r] / R
+		s.syncBytes += float64(st.SyncBytes[r]) / R
+	}
+}
+
+// summarize sets the result's means over steps and its straggler.
+func (s *stepSums) summarize(res *RunResult, ranks int) {
+	n := float64(res.Steps)
+	res.MeanDispatch = time.Duration(s.dispatchUS / n * 1e3)
+	res.MeanCombine = time.Duration(s.combineUS / n * 1e3)
+	res.MeanSync = time.Duration(s.syncUS / n * 1e3)
+	res.SyncBytes = int64(math.Round(s.syncBytes / n))
+	if st, ok := FindStraggler(res.WaitUS, ranks); ok {
+		st.Host = res.Hosts[st.Rank]
+		res.Straggler = &st
+	}
 }
 
 // openRunFiles carries out rank 0's plan: it creates the directories, moves
