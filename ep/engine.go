@@ -231,7 +231,7 @@ func (e *engine) CombineWait(c *Combine) error {
 // of the call marked refused, so that the other ranks' same call fails at
 // once with this rank's reason.
 func (e *engine) Refuse(r *Refusal) error {
-	if err := e.t.writeNote(r.Reason); err != nil {
+	if err := e.t.writeNote(r.Op, r.Reason); err != nil {
 		return err
 	}
 	op := e.names.dispatch
@@ -252,7 +252,7 @@ func (e *engine) outcome(q uint64, op string, err error) error {
 	if !errors.As(err, &r) {
 		return err
 	}
-	reason := e.t.note(r.origin) // before the rendezvous: the origin may write another note after it
+	reason := e.t.note(r.origin, q) // before the rendezvous: the origin may write another note after it
 	if err := e.endRefused(op, q, r.origin); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package ep
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -385,12 +386,16 @@ func (t *transport) flagPayload(k flagKind, set, of, via int) uint32 {
 	return uint32(loadFlag(t.inboxOf(via, t.in.flagOff(k, set, of))))
 }
 
-// writeNote makes reason this rank's refusal note: in its segment for the
-// node's ranks, put into the other nodes' inboxes. It precedes the refused
-// flags, which make it visible.
-func (t *transport) writeNote(reason string) error {
+// writeNote makes reason this rank's refusal note of call q: in its segment
+// for the node's ranks, put into the other nodes' inboxes. It precedes the
+// refused flags, which make it visible, and names its call (its first 8
+// bytes), so that a rank that learns of the refusal from a third rank's
+// abort word, which may come before the note across nodes, knows whether
+// the note it holds is this call's (note).
+func (t *transport) writeNote(q uint64, reason string) error {
 	note := make([]byte, noteLen) // a refused call is no hot path
-	copy(note[:noteLen-1], reason)
+	binary.LittleEndian.PutUint64(note, q)
+	copy(note[8:noteLen-1], reason)
 	return t.writeNoteBytes(note)
 }
 
@@ -408,9 +413,23 @@ func (t *transport) writeNoteBytes(note []byte) error {
 	return t.net.PutBlocks(note, blocks)
 }
 
-// note is rank origin's refusal note.
-func (t *transport) note(origin int) string {
+// note is rank origin's refusal note of call q. Across nodes it lets the
+// network progress until the note is call q's: the abort word that ended
+// the call may have come from a rank other than origin, before origin's
+// note. A note that does not come within the timeout leaves the reason
+// unknown, not the call hanging.
+func (t *transport) note(origin int, q uint64) string {
 	b := t.noteBytes(origin)
+	start := time.Now()
+	for binary.LittleEndian.Uint64(b) != q {
+		if t.net == nil || time.Since(start) > t.timeout {
+			return fmt.Sprintf("(rank %d's reason did not arrive within %v)", origin, t.timeout)
+		}
+		if err := t.net.Progress(); err != nil {
+			return fmt.Sprintf("(rank %d's reason did not arrive: %v)", origin, err)
+		}
+	}
+	b = b[8:]
 	if i := bytes.IndexByte(b, 0); i >= 0 {
 		b = b[:i]
 	}
