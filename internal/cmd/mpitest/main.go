@@ -20,7 +20,8 @@
 //		-hostfile /run/goep-cluster/hostfile -mpirun scripts/cluster/mpirun -workdir out/mpitest ./mpi
 //
 // The ranks learn the layout from GOEP_TEST_HOSTS (ranks per host, e.g. 2,2,1),
-// so that tests can check the topology they see against it.
+// so that tests can check the topology they see against it. -run and -skip
+// choose tests as go test's flags of those names do.
 package main
 
 import (
@@ -67,6 +68,7 @@ func run(stdout, stderr io.Writer, args []string) int {
 	timeout := fs.Duration("timeout", 10*time.Minute, "limit for one mpirun")
 	collTimeout := fs.String("coll-timeout", "60s", "GOEP_MPI_TIMEOUT for the ranks")
 	runExpr := fs.String("run", "", "only tests matching this regexp (go test -run)")
+	skipExpr := fs.String("skip", "", "not the tests matching this regexp (go test -skip)")
 	bench := fs.String("bench", "", "also run benchmarks matching this regexp (go test -bench)")
 	benchtime := fs.String("benchtime", "10x", "iterations of each benchmark: must be a count (Nx), the same on every rank")
 	hosts := fs.String("hosts", "", "comma-separated layouts across hosts: HxR (H hosts of R ranks) or R1+R2+... (ranks per host); needs -hostfile")
@@ -150,7 +152,7 @@ func run(stdout, stderr io.Writer, args []string) int {
 		defer os.RemoveAll(dir)
 	}
 	run := runner{mpirun: launcher, hosts: hostNames, timeout: *timeout, collTimeout: *collTimeout,
-		runExpr: *runExpr, bench: *bench, benchtime: *benchtime}
+		runExpr: *runExpr, skipExpr: *skipExpr, bench: *bench, benchtime: *benchtime}
 
 	failed := 0
 	for _, pkg := range pkgs {
@@ -296,10 +298,10 @@ type rankLog struct {
 
 // runner holds what every mpirun of a harness run shares.
 type runner struct {
-	mpirun                                 string   // the launcher, an absolute path
-	hosts                                  []string // for host layouts
-	timeout                                time.Duration
-	collTimeout, runExpr, bench, benchtime string
+	mpirun                                           string   // the launcher, an absolute path
+	hosts                                            []string // for host layouts
+	timeout                                          time.Duration
+	collTimeout, runExpr, skipExpr, bench, benchtime string
 }
 
 func (rn runner) one(pkg, bin, dir, name string, cfg config) result {
@@ -329,6 +331,9 @@ func (rn runner) one(pkg, bin, dir, name string, cfg config) result {
 	args = append(args, bin, "-test.v", "-test.timeout", rn.timeout.String())
 	if rn.runExpr != "" {
 		args = append(args, "-test.run", rn.runExpr)
+	}
+	if rn.skipExpr != "" {
+		args = append(args, "-test.skip", rn.skipExpr)
 	}
 	if rn.bench != "" {
 		args = append(args, "-test.bench", rn.bench, "-test.benchmem", "-test.benchtime", rn.benchtime)
