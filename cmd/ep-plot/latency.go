@@ -6,7 +6,6 @@ import (
 	"os"
 	"slices"
 
-	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
 	"github.com/goep/goep/internal/study"
@@ -58,23 +57,18 @@ func latency(stdout, stderr io.Writer, args []string) error {
 	return nil
 }
 
-// latencyTable prints the sweep as a Markdown table.
+// latencyTable prints the sweep as a Markdown table ("-" where a run did
+// not measure the flag round trip or the baseline).
 func latencyTable(w io.Writer, recs []study.Record) {
 	fmt.Fprintln(w, "| tokens per rank | ep round (us) | x flag round trip | alltoallv round (us) | ep speedup | flag round trip (us) |")
 	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- |")
 	for _, r := range recs {
-		floor, base := "-", "-"
+		floor, trip, base, speedup := "-", "-", "-", "-"
 		if r.FlagRoundTripUS > 0 {
-			floor = fmt.Sprintf("%.2fx", r.SteadyRoundUS/r.FlagRoundTripUS)
+			floor, trip = fmt.Sprintf("%.2fx", r.SteadyRoundUS/r.FlagRoundTripUS), fmt.Sprintf("%.2f", r.FlagRoundTripUS)
 		}
-		speedup := "-"
 		if r.AlltoallvSteadyRoundUS > 0 {
-			base = fmt.Sprintf("%.2f", r.AlltoallvSteadyRoundUS)
-			speedup = fmt.Sprintf("%.2fx", r.AlltoallvSteadyRoundUS/r.SteadyRoundUS)
-		}
-		trip := "-"
-		if r.FlagRoundTripUS > 0 {
-			trip = fmt.Sprintf("%.2f", r.FlagRoundTripUS)
+			base, speedup = fmt.Sprintf("%.2f", r.AlltoallvSteadyRoundUS), fmt.Sprintf("%.2fx", r.AlltoallvSteadyRoundUS/r.SteadyRoundUS)
 		}
 		fmt.Fprintf(w, "| %d | %.2f | %s | %s | %s | %s |\n", r.Tokens, r.SteadyRoundUS, floor, base, speedup, trip)
 	}
@@ -87,25 +81,22 @@ func latencyChart(recs []study.Record, shape string, target float64) (*figure, e
 	fig := newFigure(fmt.Sprintf("LL decode round (dispatch+combine): %d rank(s) on %d node(s), %s", r0.Ranks, r0.Nodes, shape))
 	p := newPlot("", "tokens per rank", "time per round (us)", true, true)
 	tok := func(r *study.Record) float64 { return float64(r.Tokens) }
-	trip := func(r *study.Record) float64 { return r.FlagRoundTripUS }
-	lines := []struct {
+	type line struct {
 		name   string
-		xy     plotter.XYs
+		y      func(*study.Record) float64
 		dashes []vg.Length
-	}{
-		{"ep", series(recs, tok, func(r *study.Record) float64 { return r.SteadyRoundUS }), dashEP},
-		{"alltoallv by hand", series(recs, tok, func(r *study.Record) float64 { return r.AlltoallvSteadyRoundUS }), dashA2AV},
-		{"flag round trip", series(recs, tok, trip), dashMemcpy},
+	}
+	lines := []line{
+		{"ep", func(r *study.Record) float64 { return r.SteadyRoundUS }, dashEP},
+		{"alltoallv by hand", func(r *study.Record) float64 { return r.AlltoallvSteadyRoundUS }, dashA2AV},
+		{"flag round trip", func(r *study.Record) float64 { return r.FlagRoundTripUS }, dashMemcpy},
 	}
 	if target > 0 {
-		lines = append(lines, struct {
-			name   string
-			xy     plotter.XYs
-			dashes []vg.Length
-		}{fmt.Sprintf("%g x flag round trip (target)", target), series(recs, tok, func(r *study.Record) float64 { return target * r.FlagRoundTripUS }), dashA2AV})
+		lines = append(lines, line{fmt.Sprintf("%g x flag round trip (target)", target),
+			func(r *study.Record) float64 { return target * r.FlagRoundTripUS }, dashA2AV})
 	}
 	for i, l := range lines {
-		if err := addLine(p, &fig.legend, l.xy, l.name, palette[i%len(palette)], l.dashes); err != nil {
+		if err := addLine(p, &fig.legend, series(recs, tok, l.y), l.name, palette[i%len(palette)], l.dashes); err != nil {
 			return nil, err
 		}
 	}
