@@ -260,7 +260,15 @@ func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result,
 			return nil, err
 		}
 	}
-	return b.summarize(s)
+	res, err := b.summarize(s)
+	if err != nil || !o.latency || c.dtype != "bf16" {
+		return res, err
+	}
+	// The floor of moving the same rows: this rank's rows for the other of
+	// ranks 0 and 1, a sample about 10 ms long.
+	iters := max(500, 20000/max(1, b.peerRows*c.hidden*2/1024))
+	res.DataRoundTripUS, err = dataRoundTrip(world, b.peerRows, c.hidden, 7, iters)
+	return res, err
 }
 
 // bench is one configuration set up: ep's group on the device measured,
@@ -277,6 +285,7 @@ type bench[E ep.Element] struct {
 	topk         []int32
 	weights      []float32
 	bytes        float64         // bytes of the rows this rank sends
+	peerRows     int             // LL: the rows this rank sends to the other of ranks 0 and 1 (-latency's data floor)
 	src, dst     []byte          // memcpy of the same bytes
 	dsrc, ddst   ep.Tensor[byte] // device copy of the same bytes (with a device)
 	native       *ep.Group[E]    // -dtype fp8: the same dispatch in bf16, timed in the same rounds
@@ -341,6 +350,12 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	}
 	for _, n := range per {
 		pairs += n
+	}
+	if peer := 1 - world.Rank(); c.mode == ep.LowLatency && peer >= 0 && peer < world.Size() {
+		L := c.experts / world.Size()
+		for _, n := range layout.TokensPerExpert[peer*L : (peer+1)*L] {
+			b.peerRows += n
+		}
 	}
 	b.bytes = float64(pairs * c.hidden * ep.DTypeOf[E]().Size())
 	if c.wire().FP8() { // codes and scales
@@ -746,26 +761,29 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 }
 
 // printLatency is the -latency sweep as one table: ep's LL dispatch and
-// combine against the flag round trip measured in the same run. "round"
-// is a dispatch+combine back to back with the others (a decode loop), which
-// is how the round trip is measured too, and what "x floor" compares; the
-// dispatch and combine columns are each timed from a barrier.
+// combine against the two floors measured in the same run, the flag round
+// trip and the data round trip of the same rows. "round" is a
+// dispatch+combine back to back with the others (a decode loop), which is
+// how the floors are measured too, and what "x flag" and "x data" compare;
+// the dispatch and combine columns are each timed from a barrier.
 func printLatency(w io.Writer, results []*Result, floor float64) {
 	fmt.Fprintf(w, "LL latency, flag round trip between two ranks of a node: %.2f us\n", floor)
-	fmt.Fprintf(w, "  %8s %8s %10s %10s %10s | %12s %11s | %14s %10s\n", "tokens", "hidden", "round us", "x floor", "alltoallv",
-		"dispatch us", "combine us", "alltoallv d+c", "speedup")
-	for _, r := range results {
-		ratio, speedup := 0.0, 0.0
-		if floor > 0 {
-			ratio = r.SteadyRoundUS / floor
+	fmt.Fprintf(w, "  %8s %8s %10s %8s %10s %8s %10s | %12s %11s | %14s %10s\n", "tokens", "hidden", "round us", "x flag",
+		"data us", "x data", "alltoallv", "dispatch us", "combine us", "alltoallv d+c", "speedup")
+	ratio := func(a, b float64) float64 {
+		if b > 0 {
+			return a / b
 		}
-		if r.SteadyRoundUS > 0 {
-			speedup = r.AlltoallvSteadyRoundUS / r.SteadyRoundUS
-		}
-		fmt.Fprintf(w, "  %8d %8d %10.2f %10.2f %10.2f | %12.2f %11.2f | %14.2f %9.2fx\n", r.Tokens, r.Hidden, r.SteadyRoundUS, ratio,
-			r.AlltoallvSteadyRoundUS, r.DispatchUS, r.CombineUS, r.AlltoallvDispatchUS+r.AlltoallvCombineUS, speedup)
+		return 0
 	}
-	fmt.Fprintf(w, "  round: one dispatch+combine back to back (a decode loop), the slowest rank's mean over %d; x floor = round / flag round trip;\n", burst)
+	for _, r := range results {
+		fmt.Fprintf(w, "  %8d %8d %10.2f %8.2f %10.2f %8.2f %10.2f | %12.2f %11.2f | %14.2f %9.2fx\n", r.Tokens, r.Hidden,
+			r.SteadyRoundUS, ratio(r.SteadyRoundUS, floor), r.DataRoundTripUS, ratio(r.SteadyRoundUS, r.DataRoundTripUS),
+			r.AlltoallvSteadyRoundUS, r.DispatchUS, r.CombineUS, r.AlltoallvDispatchUS+r.AlltoallvCombineUS,
+			ratio(r.AlltoallvSteadyRoundUS, r.SteadyRoundUS))
+	}
+	fmt.Fprintf(w, "  round: one dispatch+combine back to back (a decode loop), the slowest rank's mean over %d;\n", burst)
+	fmt.Fprintln(w, "  x flag = round / flag round trip; data: the same rows moved and summed by the least code that can (C), x data = round / data;")
 	fmt.Fprintln(w, "  dispatch, combine: each from a barrier, medians, slowest rank; speedup = alltoallv's round / ep's")
 }
 

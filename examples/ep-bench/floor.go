@@ -3,6 +3,7 @@ package main
 /*
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 // bench_pingpong is the physical floor of a flag exchange between two ranks
@@ -24,6 +25,48 @@ static double bench_pingpong(uint64_t *mine, uint64_t *peer, int64_t iters, int 
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   if (!first) return 0;
+  return ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / (double)iters;
+}
+
+// bench_exchange is the floor of a decode round that moves data: `iters`
+// rounds between two ranks of a node, each the least an LL dispatch and
+// combine of `rows` bfloat16 rows of `hidden` elements can do through an
+// MPI-3 shared window. Dispatch: copy the rows into the peer's segment,
+// release-store the peer's data flag, acquire-spin on one's own. Combine:
+// release-store the peer's ready flag, spin on one's own, then read the
+// rows back from the peer (the experts' outputs, in place) and sum them in
+// float32 into out, rounded to bfloat16. Both ranks do the same; each
+// returns its mean round in nanoseconds. mine and peer are the two
+// segments: flags at bytes 0 and 64, rows from 128 (rows*hidden*2 bytes).
+static double bench_exchange(char *mine, char *peer, const uint16_t *src, uint16_t *out, float *acc,
+                             int64_t iters, int64_t rows, int64_t hidden) {
+  _Atomic uint64_t *data_mine = (_Atomic uint64_t *)mine, *data_peer = (_Atomic uint64_t *)peer;
+  _Atomic uint64_t *ready_mine = (_Atomic uint64_t *)(mine + 64), *ready_peer = (_Atomic uint64_t *)(peer + 64);
+  const uint16_t *back = (const uint16_t *)(peer + 128);
+  size_t bytes = (size_t)(rows * hidden * 2);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int64_t i = 1; i <= iters; i++) {
+    memcpy(peer + 128, src, bytes);
+    atomic_store_explicit(data_peer, (uint64_t)i, memory_order_release);
+    while (atomic_load_explicit(data_mine, memory_order_acquire) < (uint64_t)i) {}
+    atomic_store_explicit(ready_peer, (uint64_t)i, memory_order_release);
+    while (atomic_load_explicit(ready_mine, memory_order_acquire) < (uint64_t)i) {}
+    for (int64_t h = 0; h < hidden; h++) acc[h] = 0;
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t h = 0; h < hidden; h++) {
+        uint32_t u = (uint32_t)back[r * hidden + h] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        acc[h] += f;
+      }
+    for (int64_t h = 0; h < hidden; h++) {
+      uint32_t u;
+      memcpy(&u, &acc[h], 4);
+      out[h] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
   return ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / (double)iters;
 }
 */
@@ -80,4 +123,58 @@ func flagRoundTrip(world *mpi.Comm, rounds, iters int) (float64, error) {
 		v[0] = median(samples)
 	}
 	return v[0], mpi.BcastSlice(world, v, 0)
+}
+
+// dataRoundTrip measures the floor of a decode round that moves rows
+// (bench_exchange) between ranks 0 and 1, rows bfloat16 rows of hidden
+// elements each way, in microseconds: the median over rounds of the slower
+// of the two ranks' means. 0 on every rank when rank 1 is absent or on
+// another node. It is collective.
+func dataRoundTrip(world *mpi.Comm, rows, hidden, rounds, iters int) (float64, error) {
+	topo, err := world.Topology()
+	if err != nil {
+		return 0, err
+	}
+	defer topo.Free()
+	if world.Size() < 2 || topo.NodeOf[1] != topo.NodeOf[0] {
+		return 0, nil
+	}
+	most := []int32{int32(rows)} // the peer's rows land in this rank's segment
+	if err := mpi.Allreduce(world, mpi.OpMax, []int32{int32(rows)}, most); err != nil {
+		return 0, err
+	}
+	win, err := topo.NodeComm.AllocateShared(128 + 2*int(most[0])*hidden)
+	if err != nil {
+		return 0, err
+	}
+	defer win.Free()
+	me := world.Rank()
+	src, out, acc := make([]uint16, max(1, rows)*hidden), make([]uint16, hidden), make([]float32, hidden)
+	for i := range src {
+		src[i] = uint16(0x3f80 + i%64) // bfloat16 values near 1
+	}
+	var samples []float64
+	for r := 0; r < rounds; r++ {
+		ns := []float64{0}
+		if me <= 1 {
+			peer, err := win.Peer(topo.LocalRankOf[1-me])
+			if err != nil {
+				return 0, err
+			}
+			clear(win.Local()[:128])
+			if err := world.Barrier(); err != nil {
+				return 0, err
+			}
+			ns[0] = float64(C.bench_exchange((*C.char)(unsafe.Pointer(&win.Local()[0])), (*C.char)(unsafe.Pointer(&peer[0])),
+				(*C.uint16_t)(&src[0]), (*C.uint16_t)(&out[0]), (*C.float)(&acc[0]), C.int64_t(iters), C.int64_t(rows), C.int64_t(hidden)))
+		} else if err := world.Barrier(); err != nil {
+			return 0, err
+		}
+		slowest := []float64{0}
+		if err := mpi.Allreduce(world, mpi.OpMax, ns, slowest); err != nil {
+			return 0, err
+		}
+		samples = append(samples, slowest[0]/1e3)
+	}
+	return median(samples), nil
 }

@@ -155,9 +155,10 @@ func TestBenchEmulatedDevice(t *testing.T) {
 }
 
 // -latency sweeps 1, 2, 4 ... tokens up to -tokens, with the flag round
-// trip measured beside: every configuration's line carries it, ep's and the
-// baseline's time per round back to back, and the barrier-timed halves; the
-// table says how many floors a round is.
+// trip and the data round trip of the same rows measured beside: every
+// configuration's line carries them, ep's and the baseline's time per
+// round back to back, and the barrier-timed halves; the table says how
+// many of each floor a round is.
 func TestLatencySweep(t *testing.T) {
 	mpitesting.RequireTool(t, "mpirun")
 	bin := filepath.Join(t.TempDir(), "ep-bench")
@@ -178,7 +179,7 @@ func TestLatencySweep(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
 		assert.Equal(t, "ll", r["mode"], line)
 		tokens = append(tokens, r["tokens"].(float64))
-		for _, k := range []string{"flag_round_trip_us", "steady_round_us", "alltoallv_steady_round_us", "dispatch_us", "combine_us"} {
+		for _, k := range []string{"flag_round_trip_us", "data_round_trip_us", "steady_round_us", "alltoallv_steady_round_us", "dispatch_us", "combine_us"} {
 			require.Contains(t, r, k, line)
 			assert.Greater(t, r[k].(float64), 0.0, "%s in %s", k, line)
 		}
@@ -186,7 +187,7 @@ func TestLatencySweep(t *testing.T) {
 	assert.Equal(t, []float64{1, 2, 4}, tokens, "the sweep's token counts in:\n%s", out)
 	out, err = exec.Command("mpirun", args...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	for _, want := range []string{"flag round trip between two ranks of a node", "round us", "x floor", "alltoallv"} {
+	for _, want := range []string{"flag round trip between two ranks of a node", "round us", "x flag", "data us", "x data", "alltoallv"} {
 		assert.Contains(t, string(out), want)
 	}
 }

@@ -54,6 +54,14 @@ type Record struct {
 	// of a node, measured in the same run (ep-bench -latency); absent when
 	// not measured.
 	FlagRoundTripUS float64 `json:"flag_round_trip_us,omitempty"`
+	// DataRoundTripUS is the floor of a decode round that moves this
+	// configuration's rows: ranks 0 and 1 each copy the rows they send the
+	// other into its segment and raise a flag, wait for the other's, raise
+	// a second flag, wait again, and read their rows back and sum them
+	// (ep-bench's bench_exchange, in C), the slower rank's mean round;
+	// measured in the same run with -latency, bfloat16 rows on one node
+	// only, absent otherwise.
+	DataRoundTripUS float64 `json:"data_round_trip_us,omitempty"`
 	// With -latency: rounds back to back, as a decode loop runs them (no
 	// barrier between them, as the flag round trip is measured): the time
 	// of one dispatch+combine, the slowest rank's mean over a burst of
