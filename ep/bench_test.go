@@ -3,6 +3,7 @@ package ep_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -227,4 +228,62 @@ func BenchmarkStatsCost(b *testing.B) {
 			b.ReportMetric(cn/p, "count-share")
 		})
 	}
+}
+
+// BenchmarkLLDirectPath measures what LL's direct path (one node, slot
+// protocol: rows stored straight into their slots) saves over the general
+// path on the same group, in the same run: bursts of 2000 decode rounds
+// (1 token, hidden 128, top-2, 4 experts per rank) alternate between the
+// two, and the medians of each are reported (general-ns/round,
+// direct-ns/round and their ratio), which a noisy machine shifts alike.
+// Every rank must run the same count:
+//
+//	go run ./internal/cmd/mpitest -np 2 -sim "" -run '^$' -bench LLDirectPath -benchtime 60x ./ep
+func BenchmarkLLDirectPath(b *testing.B) {
+	w := mpitesting.World
+	R := w.Size()
+	g, err := ep.NewGroup[ep.BF16](w, ep.Config{Mode: ep.LowLatency, NumExperts: 4 * R, MaxTokensPerRank: 1, Hidden: 128, TopK: 2})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Close()
+	topk, weights := benchRouting(w.Rank(), 1, 2, 4*R)
+	x, out := ep.Host(make([]ep.BF16, 128)), ep.Host(make([]ep.BF16, 128))
+	const rounds = 2000
+	var perRound [2][]float64 // general, direct
+	for i := 0; i < b.N; i++ {
+		path := i % 2
+		restore := func() {}
+		if path == 0 {
+			restore = ep.UseGeneralLL()
+		}
+		if err := w.Barrier(); err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		for r := 0; r < rounds; r++ {
+			h, err := g.Dispatch(x, topk, weights)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := g.Combine(h, h.Recv(), out, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		perRound[path] = append(perRound[path], float64(time.Since(t0).Nanoseconds())/rounds)
+		restore()
+	}
+	if len(perRound[1]) == 0 {
+		return // b.N = 1: nothing to compare
+	}
+	general, direct := median(perRound[0]), median(perRound[1])
+	b.ReportMetric(general, "general-ns/round")
+	b.ReportMetric(direct, "direct-ns/round")
+	b.ReportMetric(direct/general, "direct/general")
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

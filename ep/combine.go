@@ -108,7 +108,7 @@ func (r CombineRequest[E]) Wait() error {
 func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], o CombineOptions) (YPlace, error) {
 	H, K := g.spec.Hidden, g.spec.TopK
 	T := s.rt.T
-	recv := s.d.Recv
+	recv := &s.d.Recv
 	rows := recv.Rows.Len() / g.spec.WireRowBytes
 	rowValues := recv.Weights.Len()
 	if s.inComb {

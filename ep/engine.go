@@ -277,6 +277,9 @@ func (e *engine) endRefused(op string, q uint64, origin int) error {
 // Close frees the windows and the node communicator. It is collective.
 func (e *engine) Close() error {
 	var errs []error
+	if m, ok := e.mode.(*llMode); ok {
+		m.free()
+	}
 	if e.t.net != nil {
 		errs = append(errs, e.t.net.Free())
 		e.t.net = nil

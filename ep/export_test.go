@@ -26,3 +26,12 @@ func CountStats[E Element](g *Group[E], h Handle[E]) {
 	g.count(h.s, false)
 	g.count(h.s, true)
 }
+
+// UseGeneralLL makes LL dispatches take the general path where they would
+// take the direct one (one node, slot protocol), and returns a function
+// that restores it: the tests run the conformance suite on both.
+func UseGeneralLL() (restore func()) {
+	old := llDirect
+	llDirect = false
+	return func() { llDirect = old }
+}

@@ -78,13 +78,11 @@ type llMode struct {
 
 	recvViews [2]Received // views
 
-	meta  []byte    // packed token and weight words of this rank's pairs, by expert
-	spos  []int32   // [E]: stagedPos of this rank's pairs
-	start []int32   // reduce: per token, its first source
-	src   addrTable // reduce: source rows
-	wts   []float32 // reduce: their weights
-	vp    addrTable // slot values: source of each (token, slot)
-	where []uint32  // combine: where each rank's outputs are
+	meta   []byte        // packed token and weight words of this rank's pairs, by expert
+	spos   []int32       // [E]: stagedPos of this rank's pairs
+	tables *reduceTables // combine: the source rows of each token, and their weights (C memory: free)
+	vp     addrTable     // slot values: source of each (token, slot)
+	where  []uint32      // combine: where each rank's outputs are
 }
 
 // slotProtocolMax is the largest message (the most bytes one rank sends:
@@ -107,8 +105,12 @@ type llState struct {
 func newLL(e *engine, seg, win *areas) *llMode {
 	m := layoutLL(e.spec, e.t.size, e.nodes, seg, win)
 	m.e = e
+	m.tables = newReduceTables(m.M*m.K, m.M)
 	return m
 }
+
+// free releases what the mode holds outside Go's memory.
+func (m *llMode) free() { m.tables.free() }
 
 // layoutLL places LL's areas for a group of R ranks on nodes nodes: what
 // newLL does but for the engine, which BufferPlan needs too.
@@ -187,6 +189,9 @@ func (m *llMode) send(d *Dispatch) error {
 		if err := t.awaitReaders(op, b, e.last[b]); err != nil {
 			return err
 		}
+	}
+	if m.directOK() {
+		return m.sendDirect(d, st)
 	}
 	st.dropped = st.dropped[:0]
 	if m.slots { // counts ride on the data flag; rows go to this rank's slots
@@ -380,7 +385,12 @@ func (m *llMode) wait(d *Dispatch) error {
 	op := e.names.dispatch
 	b, q, me := d.Set, d.Op, t.me
 	st := d.State.(*llState)
-	if m.slots {
+	switch {
+	case m.directOK():
+		if err := m.waitDirect(d, st); err != nil {
+			return err
+		}
+	case m.slots:
 		if err := t.await(op, "its rows", flagData, b, t.live, nil, q); err != nil {
 			return err
 		}
@@ -393,7 +403,8 @@ func (m *llMode) wait(d *Dispatch) error {
 			}
 		}
 		m.packOffsets(st)
-	} else {
+		m.settleRows(b, st)
+	default:
 		if !st.complete {
 			if err := m.gatherCounts(op, st, b, q, me+1, m.R); err != nil {
 				return err
@@ -403,8 +414,8 @@ func (m *llMode) wait(d *Dispatch) error {
 		if err := t.await(op, "its rows", flagData, b, t.live, nil, q); err != nil {
 			return err
 		}
+		m.settleRows(b, st)
 	}
-	m.settleRows(b, st)
 	d.Recv = *m.views(b)
 	d.Recv.ExpertCounts, d.Recv.SourceCounts, d.Recv.Dropped = st.expert, st.source, st.dropped
 	for _, c := range st.expert {
@@ -566,13 +577,12 @@ func (m *llMode) combineWait(c *Combine) error {
 			copy(st.off[me*m.E+r*L:me*m.E+(r+1)*L], packed)
 		}
 	}
-	start, src, wts := growTo(m.start, rt.T+1), &m.src, m.wts[:0]
-	src.reset()
+	tab, n := m.tables, 0
 	if withValues {
 		m.vp.grow(rt.T * K)
 	}
 	for tk := 0; tk < rt.T; tk++ {
-		start[tk] = int32(src.len())
+		tab.start[tk] = int32(n)
 		for k := 0; k < K; k++ {
 			x := int(d.TopK[tk*K+k])
 			if x < 0 {
@@ -592,8 +602,8 @@ func (m *llMode) combineWait(c *Combine) error {
 			}
 			row := m.blockOf[x] + int(st.off[me*m.E+x]+ord)
 			pos := int(st.pos[x] + ord)
-			src.add(t.exposed(owner, area+row*m.rowBytes, m.cstage[b]+pos*m.rowBytes))
-			wts = append(wts, c.Weights[tk*K+k])
+			tab.src[n], tab.w[n] = uintptr(t.exposed(owner, area+row*m.rowBytes, m.cstage[b]+pos*m.rowBytes)), c.Weights[tk*K+k]
+			n++
 			if withValues {
 				if where&ySrcValues == 0 {
 					missing = owner
@@ -602,9 +612,8 @@ func (m *llMode) combineWait(c *Combine) error {
 			}
 		}
 	}
-	start[rt.T] = int32(src.len())
-	m.start, m.wts = start, wts
-	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, wts, start, rt.T, m.H, e.spec.Elem)
+	tab.start[rt.T] = int32(n)
+	tab.reduce(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H, e.spec.Elem)
 	if withValues && missing < 0 {
 		gatherValues(c.SlotValues.Host(), &m.vp)
 	}

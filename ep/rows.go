@@ -1,6 +1,7 @@
 package ep
 
 /*
+#include <stdlib.h>
 #include "kernels.h"
 */
 import "C"
@@ -96,6 +97,45 @@ func reduceRows(out ptr, outType DType, src *addrTable, w []float32, start []int
 		return
 	}
 	C.ep_reduce_rows(out, C.int(outType), src.c(), f32p(w), i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+}
+
+// reduceTables are reduceRows's tables (sources, weights and each row's
+// first source) for up to pairs sources and rows rows, in C memory: a
+// small reduction's cgo call then passes one Go pointer (its output), not
+// four, and cgo checks each Go pointer it is passed (tens of ns apiece, a
+// good part of a decode step's reduction). free releases them.
+type reduceTables struct {
+	mem   ptr
+	src   []uintptr
+	w     []float32
+	start []int32
+}
+
+func newReduceTables(pairs, rows int) *reduceTables {
+	n := 8*pairs + 4*pairs + 4*(rows+1)
+	mem := C.calloc(C.size_t(n), 1)
+	if mem == nil {
+		panic("ep: out of C memory for the reduction's tables") // calloc of a few KB
+	}
+	return &reduceTables{mem: mem, src: unsafe.Slice((*uintptr)(mem), pairs),
+		w:     unsafe.Slice((*float32)(unsafe.Add(mem, 8*pairs)), pairs),
+		start: unsafe.Slice((*int32)(unsafe.Add(mem, 12*pairs)), rows+1)}
+}
+
+func (r *reduceTables) free() {
+	if r != nil && r.mem != nil {
+		C.free(r.mem)
+		r.mem, r.src, r.w, r.start = nil, nil, nil, nil
+	}
+}
+
+// reduce is reduceRows over the tables' first n rows.
+func (r *reduceTables) reduce(out ptr, outType DType, n, hidden int, inType DType) {
+	if n == 0 {
+		return
+	}
+	C.ep_reduce_rows(out, C.int(outType), (*C.uintptr_t)(r.mem), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.w))),
+		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.start))), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
 }
 
 // gatherValues sets out[i] = *src[i] (0 where src[i] is nil).

@@ -102,11 +102,11 @@ func inboxFor(s Spec, ranks, nodes int) inbox {
 	return newInbox(ranks, s.NumExperts, s.NumExperts/ranks)
 }
 
-func (in inbox) flagOff(k flagKind, set, src int) int {
+func (in *inbox) flagOff(k flagKind, set, src int) int {
 	return in.base[k] + (set*in.ranks+src)*in.slot[k]
 }
 
-func (in inbox) noteOff(src int) int { return in.size - (in.ranks-src)*noteLen }
+func (in *inbox) noteOff(src int) int { return in.size - (in.ranks-src)*noteLen }
 
 // transport reaches the other ranks of a group.
 type transport struct {

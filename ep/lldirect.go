@@ -1,0 +1,92 @@
+package ep
+
+import (
+	"unsafe"
+
+	"github.com/goep/goep/internal/dtype"
+)
+
+// The direct path: LL's slot protocol when every rank is on this node, the
+// wire is the element type and no rank is masked, which is a decode step on
+// one node. It is the same protocol as llMode.send and llMode.wait (the
+// same slots, flags and payloads, so ranks may take either), done with
+// stores instead of queued transfers: a pair's row, token and weight go
+// straight to the owner's slot, and the wait compacts the blocks in place.
+// A decode round is short enough that the queueing of the general path, its
+// per-expert passes and its tables were a good part of it.
+
+// directOK says whether a dispatch on this rank can take the direct path.
+func (m *llMode) directOK() bool {
+	t := &m.e.t
+	return llDirect && m.slots && !m.fp8 && t.net == nil && !t.maskStalled
+}
+
+// llDirect turns the direct path on; the tests turn it off to run the
+// general path on one node too.
+var llDirect = true
+
+// sendDirect is send's slot protocol by stores: each pair's row, token and
+// weight into its slot at the expert's owner, then the data flag, carrying
+// the counts, at every rank.
+func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
+	t := &m.e.t
+	b, me, rt, K, rb := d.Set, t.me, d.Route, m.K, m.rowBytes
+	st.dropped, st.complete = st.dropped[:0], false
+	copy(st.cnt[me*m.E:(me+1)*m.E], rt.PerExpert)
+	x := hostBytes(d.X)
+	recv, tok, w, base := m.recv[b], m.tok[b], m.w[b], me*m.M
+	for tk := 0; tk < rt.T; tk++ {
+		row := x[tk*rb : (tk+1)*rb]
+		for k := tk * K; k < (tk+1)*K; k++ {
+			id := d.TopK[k]
+			if id < 0 {
+				continue
+			}
+			seg, slot := t.seg[m.ownerOf[id]], m.blockOf[id]+base+int(rt.PairOrd[k])
+			copy(unsafe.Slice((*byte)(unsafe.Add(seg, recv+slot*rb)), rb), row)
+			*(*int32)(unsafe.Add(seg, tok+4*slot)) = int32(tk)
+			*(*float32)(unsafe.Add(seg, w+4*slot)) = d.Weights[k]
+		}
+	}
+	return t.raise(t.live, flagData, b, me, d.Op, m.doneWord(b^1), dtype.Bytes(rt.PerExpert))
+}
+
+// waitDirect is wait's slot protocol on one node: the counts from the data
+// flags, then each local expert's block compacted in place, sources in
+// order (a source's rows move down, over no block not yet moved).
+func (m *llMode) waitDirect(d *Dispatch, st *llState) error {
+	t := &m.e.t
+	b, me, E, L := d.Set, t.me, m.E, m.L
+	if err := t.await(m.e.names.dispatch, "its rows", flagData, b, t.live, nil, d.Op); err != nil {
+		return err
+	}
+	for s := 0; s < m.R; s++ {
+		if s != me {
+			copy(st.cnt[s*E:(s+1)*E], t.counts(flagData, b, s))
+		}
+	}
+	m.packOffsets(st)
+	seg, wb := t.seg[me], m.wireBytes
+	clear(st.expert)
+	for l := 0; l < L; l++ {
+		x := me*L + l
+		for s := 0; s < m.R; s++ {
+			c := int(st.cnt[s*E+x])
+			st.source[s*L+l] = c
+			st.expert[l] += c
+			row, slot := l*m.span+int(st.off[s*E+x]), l*m.span+s*m.M
+			if c == 0 || row == slot {
+				continue
+			}
+			moveWithin(seg, m.recv[b]+row*wb, m.recv[b]+slot*wb, c*wb)
+			moveWithin(seg, m.tok[b]+4*row, m.tok[b]+4*slot, 4*c)
+			moveWithin(seg, m.w[b]+4*row, m.w[b]+4*slot, 4*c)
+		}
+	}
+	return nil
+}
+
+// moveWithin moves n bytes at src of memory seg to dst, as memmove does.
+func moveWithin(seg ptr, dst, src, n int) {
+	copy(unsafe.Slice((*byte)(unsafe.Add(seg, dst)), n), unsafe.Slice((*byte)(unsafe.Add(seg, src)), n))
+}
