@@ -139,6 +139,10 @@ type transport struct {
 	waits    []time.Duration
 	netBytes int64
 
+	// What a wait for every live rank's flag (k, set) polls (liveWatch),
+	// made at the first such wait and again after the mask changes.
+	watches [numFlagKinds][2]*watch
+
 	// Reused from call to call.
 	flags, aborts []ptr
 	peers         []int
@@ -264,20 +268,26 @@ func (t *transport) await(op, what string, k flagKind, set int, from, via []int,
 func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, q uint64, watchAborts bool) error {
 	target := flagWord(q, 0)
 	for {
-		flags, aborts, peers := t.flags[:0], t.aborts[:0], t.peers[:0]
-		for i, s := range from {
-			v := s
-			if via != nil {
-				v = via[i]
+		var flags, aborts []ptr
+		var peers []int
+		if w := t.liveWatch(k, set, from, via); w != nil {
+			flags, aborts, peers = w.flags, w.aborts, w.peers
+		} else {
+			flags, aborts, peers = t.flags[:0], t.aborts[:0], t.peers[:0]
+			for i, s := range from {
+				v := s
+				if via != nil {
+					v = via[i]
+				}
+				if v == t.me && via == nil || t.masked[v] {
+					continue
+				}
+				flags = append(flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
+				aborts = append(aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
+				peers = append(peers, v)
 			}
-			if v == t.me && via == nil || t.masked[v] {
-				continue
-			}
-			flags = append(flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
-			aborts = append(aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
-			peers = append(peers, v)
+			t.flags, t.aborts, t.peers = flags, aborts, peers
 		}
-		t.flags, t.aborts, t.peers = flags, aborts, peers
 		if len(flags) == 0 {
 			return nil
 		}
@@ -349,10 +359,40 @@ func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited
 	}
 }
 
+// watch is what a wait polls: the flags, the abort words of the ranks
+// that raise them, and those ranks.
+type watch struct {
+	flags, aborts []ptr
+	peers         []int
+}
+
+// liveWatch is the watch of a wait for flag (k, set) of every live rank
+// but this one, each raised by itself (from is t.live, via nil), kept from
+// call to call; nil for any other wait, which makes its lists itself.
+func (t *transport) liveWatch(k flagKind, set int, from, via []int) *watch {
+	if via != nil || len(from) == 0 || len(from) != len(t.live) || &from[0] != &t.live[0] {
+		return nil
+	}
+	w := t.watches[k][set]
+	if w == nil {
+		w = &watch{}
+		for _, v := range t.live {
+			if v != t.me {
+				w.flags = append(w.flags, t.inboxOf(v, t.in.flagOff(k, set, v)))
+				w.aborts = append(w.aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
+				w.peers = append(w.peers, v)
+			}
+		}
+		t.watches[k][set] = w
+	}
+	return w
+}
+
 // setMasked masks rank r (or unmasks it) and recomputes the lists of the
 // ranks that take part.
 func (t *transport) setMasked(r int, masked bool) {
 	t.masked[r] = masked
+	t.watches = [numFlagKinds][2]*watch{} // the live ranks change
 	t.live, t.liveOthers, t.liveNode, t.liveRemote = t.live[:0], t.liveOthers[:0], t.liveNode[:0], t.liveRemote[:0]
 	for _, p := range t.all {
 		if t.masked[p] {
