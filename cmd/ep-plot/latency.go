@@ -13,9 +13,10 @@ import (
 
 // latency reads the JSON lines of an ep-bench -latency -json sweep and
 // prints, per tokens per rank, ep's round (one dispatch+combine back to
-// back, as a decode loop runs them), the baseline's and the flag round
-// trip measured beside them, as a Markdown table; it draws the same as a
-// chart with the target (a multiple of the flag round trip) as a line.
+// back, as a decode loop runs them), the baseline's and the two floors
+// measured beside them (the flag round trip, and the data round trip of
+// the same rows), as a Markdown table; it draws the same as a chart with
+// the target (a multiple of the flag round trip) as a line.
 func latency(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("latency", stderr, "[flags] SWEEP.jsonl")
 	out := fs.String("o", "ll-round.png", "the chart (PNG)")
@@ -58,19 +59,25 @@ func latency(stdout, stderr io.Writer, args []string) error {
 }
 
 // latencyTable prints the sweep as a Markdown table ("-" where a run did
-// not measure the flag round trip or the baseline).
+// not measure a floor or the baseline).
 func latencyTable(w io.Writer, recs []study.Record) {
-	fmt.Fprintln(w, "| tokens per rank | ep round (us) | x flag round trip | alltoallv round (us) | ep speedup | flag round trip (us) |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- |")
+	fmt.Fprintln(w, "| tokens per rank | ep round (us) | x flag round trip | x data round trip | alltoallv round (us) | ep speedup | flag round trip (us) | data round trip (us) |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, r := range recs {
-		floor, trip, base, speedup := "-", "-", "-", "-"
-		if r.FlagRoundTripUS > 0 {
-			floor, trip = fmt.Sprintf("%.2fx", r.SteadyRoundUS/r.FlagRoundTripUS), fmt.Sprintf("%.2f", r.FlagRoundTripUS)
+		// of is ep's round as a multiple of floor t, and t ("-" twice where t was not measured).
+		of := func(t float64) (string, string) {
+			if t <= 0 {
+				return "-", "-"
+			}
+			return fmt.Sprintf("%.2fx", r.SteadyRoundUS/t), fmt.Sprintf("%.2f", t)
 		}
+		flagX, flag := of(r.FlagRoundTripUS)
+		dataX, data := of(r.DataRoundTripUS)
+		base, speedup := "-", "-"
 		if r.AlltoallvSteadyRoundUS > 0 {
 			base, speedup = fmt.Sprintf("%.2f", r.AlltoallvSteadyRoundUS), fmt.Sprintf("%.2fx", r.AlltoallvSteadyRoundUS/r.SteadyRoundUS)
 		}
-		fmt.Fprintf(w, "| %d | %.2f | %s | %s | %s | %s |\n", r.Tokens, r.SteadyRoundUS, floor, base, speedup, trip)
+		fmt.Fprintf(w, "| %d | %.2f | %s | %s | %s | %s | %s | %s |\n", r.Tokens, r.SteadyRoundUS, flagX, dataX, base, speedup, flag, data)
 	}
 }
 
@@ -90,6 +97,9 @@ func latencyChart(recs []study.Record, shape string, target float64) (*figure, e
 		{"ep", func(r *study.Record) float64 { return r.SteadyRoundUS }, dashEP},
 		{"alltoallv by hand", func(r *study.Record) float64 { return r.AlltoallvSteadyRoundUS }, dashA2AV},
 		{"flag round trip", func(r *study.Record) float64 { return r.FlagRoundTripUS }, dashMemcpy},
+	}
+	if r0.DataRoundTripUS > 0 {
+		lines = append(lines, line{"data round trip of the same rows", func(r *study.Record) float64 { return r.DataRoundTripUS }, dashMemcpy})
 	}
 	if target > 0 {
 		lines = append(lines, line{fmt.Sprintf("%g x flag round trip (target)", target),

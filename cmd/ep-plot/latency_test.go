@@ -32,12 +32,14 @@ func TestLatency(t *testing.T) {
 			SteadyRoundUS          float64 `json:"steady_round_us"`
 			AlltoallvSteadyRoundUS float64 `json:"alltoallv_steady_round_us"`
 			FlagRoundTripUS        float64 `json:"flag_round_trip_us"`
+			DataRoundTripUS        float64 `json:"data_round_trip_us"`
 		}
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatal(err)
 		}
-		want := fmt.Sprintf("| %d | %.2f | %.2fx | %.2f | %.2fx | %.2f |", r.Tokens, r.SteadyRoundUS, r.SteadyRoundUS/r.FlagRoundTripUS,
-			r.AlltoallvSteadyRoundUS, r.AlltoallvSteadyRoundUS/r.SteadyRoundUS, r.FlagRoundTripUS)
+		want := fmt.Sprintf("| %d | %.2f | %.2fx | %.2fx | %.2f | %.2fx | %.2f | %.2f |", r.Tokens, r.SteadyRoundUS,
+			r.SteadyRoundUS/r.FlagRoundTripUS, r.SteadyRoundUS/r.DataRoundTripUS, r.AlltoallvSteadyRoundUS,
+			r.AlltoallvSteadyRoundUS/r.SteadyRoundUS, r.FlagRoundTripUS, r.DataRoundTripUS)
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("no row %q in\n%s", want, out)
 		}
