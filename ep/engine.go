@@ -134,8 +134,9 @@ func openEngine(comm *mpi.Comm, spec Spec, oneSidedNet bool) (_ *engine, err err
 
 	tr.in = inboxFor(spec, R, t.Nodes)
 	seg, win := areas{n: tr.in.size}, areas{n: tr.in.size}
+	var modeErr error // agreed on below, with the footprint: every rank fails at the same step
 	if spec.Mode == LowLatency {
-		e.mode = newLL(e, &seg, &win)
+		e.mode, modeErr = newLL(e, &seg, &win)
 	} else {
 		e.mode = newHT(e, &seg, &win)
 	}
@@ -151,7 +152,7 @@ func openEngine(comm *mpi.Comm, spec Spec, oneSidedNet bool) (_ *engine, err err
 		f.CopiesPerRank = 2 * e.winSize
 	}
 	f.PerNode = f.RanksPerNode * f.perRank()
-	if err := mpi.AgreeOnError(comm, checkFits(spec, f, sysmem.Read(), R, t.Nodes, max(t.HostSize, f.RanksPerNode))); err != nil {
+	if err := mpi.AgreeOnError(comm, errors.Join(modeErr, checkFits(spec, f, sysmem.Read(), R, t.Nodes, max(t.HostSize, f.RanksPerNode)))); err != nil {
 		return nil, err
 	}
 	if e.shm, err = t.NodeComm.AllocateShared(e.segSize); err != nil {

@@ -102,11 +102,12 @@ type llState struct {
 	dropped  []int32 // pairs (t*K+k) whose owner was masked
 }
 
-func newLL(e *engine, seg, win *areas) *llMode {
+func newLL(e *engine, seg, win *areas) (*llMode, error) {
 	m := layoutLL(e.spec, e.t.size, e.nodes, seg, win)
 	m.e = e
-	m.tables = newReduceTables(m.M*m.K, m.M)
-	return m
+	var err error
+	m.tables, err = newReduceTables(m.M*m.K, m.M)
+	return m, err
 }
 
 // free releases what the mode holds outside Go's memory.

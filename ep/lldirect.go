@@ -27,7 +27,8 @@ var llDirect = true
 
 // sendDirect is send's slot protocol by stores: each pair's row, token and
 // weight into its slot at the expert's owner, then the data flag, carrying
-// the counts, at every rank.
+// the counts, at every rank. st.pos, the pairs' order in the staging of
+// other nodes, stays unset: there are none.
 func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
 	t := &m.e.t
 	b, me, rt, K, rb := d.Set, t.me, d.Route, m.K, m.rowBytes

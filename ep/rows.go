@@ -6,7 +6,10 @@ package ep
 */
 import "C"
 
-import "unsafe"
+import (
+	"fmt"
+	"unsafe"
+)
 
 // The wrappers below are every call into the C kernels of rows.c and
 // sync.c: one cgo call per batch, never per row. Small batches of copies
@@ -111,15 +114,15 @@ type reduceTables struct {
 	start []int32
 }
 
-func newReduceTables(pairs, rows int) *reduceTables {
+func newReduceTables(pairs, rows int) (*reduceTables, error) {
 	n := 8*pairs + 4*pairs + 4*(rows+1)
 	mem := C.calloc(C.size_t(n), 1)
 	if mem == nil {
-		panic("ep: out of C memory for the reduction's tables") // calloc of a few KB
+		return nil, fmt.Errorf("allocating %d bytes for the combine's tables: out of memory", n)
 	}
 	return &reduceTables{mem: mem, src: unsafe.Slice((*uintptr)(mem), pairs),
 		w:     unsafe.Slice((*float32)(unsafe.Add(mem, 8*pairs)), pairs),
-		start: unsafe.Slice((*int32)(unsafe.Add(mem, 12*pairs)), rows+1)}
+		start: unsafe.Slice((*int32)(unsafe.Add(mem, 12*pairs)), rows+1)}, nil
 }
 
 func (r *reduceTables) free() {
