@@ -265,9 +265,8 @@ func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result,
 		return res, err
 	}
 	// The floor of moving the same rows: this rank's rows for the other of
-	// ranks 0 and 1, a sample about 10 ms long.
-	iters := max(500, 20000/max(1, b.peerRows*c.hidden*2/1024))
-	res.DataRoundTripUS, err = dataRoundTrip(world, b.peerRows, c.hidden, 7, iters)
+	// ranks 0 and 1.
+	res.DataRoundTripUS, err = dataRoundTrip(world, b.peerRows, c.hidden, 7)
 	return res, err
 }
 

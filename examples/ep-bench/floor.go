@@ -127,10 +127,11 @@ func flagRoundTrip(world *mpi.Comm, rounds, iters int) (float64, error) {
 
 // dataRoundTrip measures the floor of a decode round that moves rows
 // (bench_exchange) between ranks 0 and 1, rows bfloat16 rows of hidden
-// elements each way, in microseconds: the median over rounds of the slower
-// of the two ranks' means. 0 on every rank when rank 1 is absent or on
-// another node. It is collective.
-func dataRoundTrip(world *mpi.Comm, rows, hidden, rounds, iters int) (float64, error) {
+// elements from this rank to the other, in microseconds: the median over
+// rounds of the slower of the two ranks' means, each mean over a burst of
+// about 10 ms. 0 on every rank when rank 1 is absent or on another node.
+// It is collective.
+func dataRoundTrip(world *mpi.Comm, rows, hidden, rounds int) (float64, error) {
 	topo, err := world.Topology()
 	if err != nil {
 		return 0, err
@@ -143,6 +144,8 @@ func dataRoundTrip(world *mpi.Comm, rows, hidden, rounds, iters int) (float64, e
 	if err := mpi.Allreduce(world, mpi.OpMax, []int32{int32(rows)}, most); err != nil {
 		return 0, err
 	}
+	// The two ranks run the same rounds in lockstep: the same count on both.
+	iters := max(500, 20000/max(1, int(most[0])*hidden*2/1024))
 	win, err := topo.NodeComm.AllocateShared(128 + 2*int(most[0])*hidden)
 	if err != nil {
 		return 0, err
