@@ -29,7 +29,7 @@ func CountStats[E Element](g *Group[E], h Handle[E]) {
 
 // UseGeneralLL makes LL dispatches take the general path where they would
 // take the direct one (one node, slot protocol), and returns a function
-// that restores it: the tests run the conformance suite on both.
+// that restores it: BenchmarkLLDirectPath compares the two in one run.
 func UseGeneralLL() (restore func()) {
 	old := llDirect
 	llDirect = false

@@ -21,8 +21,8 @@ func (m *llMode) directOK() bool {
 	return llDirect && m.slots && !m.fp8 && t.net == nil && !t.maskStalled
 }
 
-// llDirect turns the direct path on; the tests turn it off to run the
-// general path on one node too.
+// llDirect turns the direct path on; BenchmarkLLDirectPath turns it off in
+// turns, to compare the two paths on one node.
 var llDirect = true
 
 // sendDirect is send's slot protocol by stores: each pair's row, token and
