@@ -83,46 +83,14 @@ import (
 // when there are fewer than 2 ranks or rank 1 is on another node. It is
 // collective.
 func flagRoundTrip(world *mpi.Comm, rounds, iters int) (float64, error) {
-	topo, err := world.Topology()
-	if err != nil {
+	samples, err := pairRounds(world, 128, rounds, func(mine, peer []byte) float64 {
+		return float64(C.bench_pingpong((*C.uint64_t)(unsafe.Pointer(&mine[0])), (*C.uint64_t)(unsafe.Pointer(&peer[0])),
+			C.int64_t(iters), C.int(1-world.Rank())))
+	})
+	if err != nil || samples == nil {
 		return 0, err
 	}
-	defer topo.Free()
-	if world.Size() < 2 || topo.NodeOf[1] != topo.NodeOf[0] {
-		return 0, nil
-	}
-	win, err := topo.NodeComm.AllocateShared(128)
-	if err != nil {
-		return 0, err
-	}
-	defer win.Free()
-	me := world.Rank()
-	var samples []float64
-	for r := 0; r < rounds; r++ {
-		if me <= 1 {
-			peer, err := win.Peer(topo.LocalRankOf[1-me])
-			if err != nil {
-				return 0, err
-			}
-			clear(win.Local()[:64])
-			if err := world.Barrier(); err != nil {
-				return 0, err
-			}
-			ns := C.bench_pingpong((*C.uint64_t)(unsafe.Pointer(&win.Local()[0])), (*C.uint64_t)(unsafe.Pointer(&peer[0])),
-				C.int64_t(iters), C.int(1-me))
-			samples = append(samples, float64(ns)/1e3)
-		} else if err := world.Barrier(); err != nil {
-			return 0, err
-		}
-		if err := world.Barrier(); err != nil {
-			return 0, err
-		}
-	}
-	v := []float64{0}
-	if me == 0 {
-		v[0] = median(samples)
-	}
-	return v[0], mpi.BcastSlice(world, v, 0)
+	return median(samples), nil
 }
 
 // dataRoundTrip measures the floor of a decode round that moves rows
@@ -132,52 +100,69 @@ func flagRoundTrip(world *mpi.Comm, rounds, iters int) (float64, error) {
 // about 10 ms. 0 on every rank when rank 1 is absent or on another node.
 // It is collective.
 func dataRoundTrip(world *mpi.Comm, rows, hidden, rounds int) (float64, error) {
-	topo, err := world.Topology()
-	if err != nil {
-		return 0, err
-	}
-	defer topo.Free()
-	if world.Size() < 2 || topo.NodeOf[1] != topo.NodeOf[0] {
-		return 0, nil
-	}
-	most := []int32{int32(rows)} // the peer's rows land in this rank's segment
+	most := []int32{0} // the peer's rows land in this rank's segment
 	if err := mpi.Allreduce(world, mpi.OpMax, []int32{int32(rows)}, most); err != nil {
 		return 0, err
 	}
 	// The two ranks run the same rounds in lockstep: the same count on both.
 	iters := max(500, 20000/max(1, int(most[0])*hidden*2/1024))
-	win, err := topo.NodeComm.AllocateShared(128 + 2*int(most[0])*hidden)
-	if err != nil {
-		return 0, err
-	}
-	defer win.Free()
-	me := world.Rank()
 	src, out, acc := make([]uint16, max(1, rows)*hidden), make([]uint16, hidden), make([]float32, hidden)
 	for i := range src {
 		src[i] = uint16(0x3f80 + i%64) // bfloat16 values near 1
 	}
-	var samples []float64
-	for r := 0; r < rounds; r++ {
+	samples, err := pairRounds(world, 128+2*int(most[0])*hidden, rounds, func(mine, peer []byte) float64 {
+		return float64(C.bench_exchange((*C.char)(unsafe.Pointer(&mine[0])), (*C.char)(unsafe.Pointer(&peer[0])),
+			(*C.uint16_t)(&src[0]), (*C.uint16_t)(&out[0]), (*C.float)(&acc[0]), C.int64_t(iters), C.int64_t(rows), C.int64_t(hidden)))
+	})
+	if err != nil || samples == nil {
+		return 0, err
+	}
+	return median(samples), nil
+}
+
+// pairRounds runs rounds timed samples between ranks 0 and 1 of a node over
+// a shared window of size bytes per rank, whose first 128 bytes hold the
+// flags: each round clears this rank's flags, meets every rank at a
+// barrier, and on ranks 0 and 1 runs sample on this rank's window and the
+// other's, which returns nanoseconds. It returns, on every rank, the
+// slower of the two ranks' times per round in microseconds; nil when there
+// are fewer than 2 ranks or rank 1 is on another node. It is collective.
+func pairRounds(world *mpi.Comm, size, rounds int, sample func(mine, peer []byte) float64) ([]float64, error) {
+	topo, err := world.Topology()
+	if err != nil {
+		return nil, err
+	}
+	defer topo.Free()
+	if world.Size() < 2 || topo.NodeOf[1] != topo.NodeOf[0] {
+		return nil, nil
+	}
+	win, err := topo.NodeComm.AllocateShared(size)
+	if err != nil {
+		return nil, err
+	}
+	defer win.Free()
+	me := world.Rank()
+	samples := make([]float64, rounds)
+	for r := range samples {
 		ns := []float64{0}
 		if me <= 1 {
 			peer, err := win.Peer(topo.LocalRankOf[1-me])
 			if err != nil {
-				return 0, err
+				return nil, err
 			}
 			clear(win.Local()[:128])
 			if err := world.Barrier(); err != nil {
-				return 0, err
+				return nil, err
 			}
-			ns[0] = float64(C.bench_exchange((*C.char)(unsafe.Pointer(&win.Local()[0])), (*C.char)(unsafe.Pointer(&peer[0])),
-				(*C.uint16_t)(&src[0]), (*C.uint16_t)(&out[0]), (*C.float)(&acc[0]), C.int64_t(iters), C.int64_t(rows), C.int64_t(hidden)))
+			ns[0] = sample(win.Local(), peer)
 		} else if err := world.Barrier(); err != nil {
-			return 0, err
+			return nil, err
 		}
-		slowest := []float64{0}
+		slowest := []float64{0} // also keeps a rank from clearing its flags while the other still reads them
 		if err := mpi.Allreduce(world, mpi.OpMax, ns, slowest); err != nil {
-			return 0, err
+			return nil, err
 		}
-		samples = append(samples, slowest[0]/1e3)
+		samples[r] = slowest[0] / 1e3
 	}
-	return median(samples), nil
+	return samples, nil
 }
