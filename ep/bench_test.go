@@ -98,6 +98,12 @@ func benchRouting(rank, T, K, E int) ([]int32, []float32) {
 	return topk, w
 }
 
+// decodeStep is the smallest decode step: 1 token, hidden 128, top-2, 4
+// experts per rank.
+func decodeStep() benchCase {
+	return benchCase{"decode-step", ep.LowLatency, 1, 128, 2, 4 * mpitesting.World.Size()}
+}
+
 // BenchmarkLLLatency is one decode step at the smallest size: 1 token,
 // hidden 128, top-2, 8 experts on every rank, dispatch then combine with
 // identity experts, back to back as a decode loop runs them. ns/op is the
@@ -108,16 +114,8 @@ func benchRouting(rank, T, K, E int) ([]int32, []float32) {
 //
 //	go run ./internal/cmd/mpitest -np 1,2 -sim "" -run '^$' -bench LLLatency -benchtime 200000x ./ep
 func BenchmarkLLLatency(b *testing.B) {
-	w := mpitesting.World
-	R := w.Size()
-	cfg := ep.Config{Mode: ep.LowLatency, NumExperts: 4 * R, MaxTokensPerRank: 1, Hidden: 128, TopK: 2}
-	g, err := ep.NewGroup[ep.BF16](w, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	g, topk, weights, x, out := openBench(b, decodeStep())
 	defer g.Close()
-	topk, weights := benchRouting(w.Rank(), 1, 2, 4*R)
-	x, out := ep.Host(make([]ep.BF16, 128)), ep.Host(make([]ep.BF16, 128))
 	const every = 16
 	var phase [4]time.Duration
 	var at [5]time.Time
@@ -241,14 +239,8 @@ func BenchmarkStatsCost(b *testing.B) {
 //	go run ./internal/cmd/mpitest -np 2 -sim "" -run '^$' -bench LLDirectPath -benchtime 60x ./ep
 func BenchmarkLLDirectPath(b *testing.B) {
 	w := mpitesting.World
-	R := w.Size()
-	g, err := ep.NewGroup[ep.BF16](w, ep.Config{Mode: ep.LowLatency, NumExperts: 4 * R, MaxTokensPerRank: 1, Hidden: 128, TopK: 2})
-	if err != nil {
-		b.Fatal(err)
-	}
+	g, topk, weights, x, out := openBench(b, decodeStep())
 	defer g.Close()
-	topk, weights := benchRouting(w.Rank(), 1, 2, 4*R)
-	x, out := ep.Host(make([]ep.BF16, 128)), ep.Host(make([]ep.BF16, 128))
 	const rounds = 2000
 	var perRound [2][]float64 // general, direct
 	for i := 0; i < b.N; i++ {

@@ -386,12 +386,7 @@ func (m *llMode) wait(d *Dispatch) error {
 	op := e.names.dispatch
 	b, q, me := d.Set, d.Op, t.me
 	st := d.State.(*llState)
-	switch {
-	case m.directOK():
-		if err := m.waitDirect(d, st); err != nil {
-			return err
-		}
-	case m.slots:
+	if m.slots {
 		if err := t.await(op, "its rows", flagData, b, t.live, nil, q); err != nil {
 			return err
 		}
@@ -404,8 +399,12 @@ func (m *llMode) wait(d *Dispatch) error {
 			}
 		}
 		m.packOffsets(st)
-		m.settleRows(b, st)
-	default:
+		if m.directOK() {
+			m.compactDirect(b, st)
+		} else {
+			m.settleRows(b, st)
+		}
+	} else {
 		if !st.complete {
 			if err := m.gatherCounts(op, st, b, q, me+1, m.R); err != nil {
 				return err

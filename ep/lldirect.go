@@ -11,7 +11,8 @@ import (
 // one node. It is the same protocol as llMode.send and llMode.wait (the
 // same slots, flags and payloads, so ranks may take either), done with
 // stores instead of queued transfers: a pair's row, token and weight go
-// straight to the owner's slot, and the wait compacts the blocks in place.
+// straight to the owner's slot, and the wait, once it has the counts as
+// the general path does, compacts the blocks in place.
 // A decode round is short enough that the queueing of the general path, its
 // per-expert passes and its tables were a good part of it.
 
@@ -52,22 +53,11 @@ func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
 	return t.raise(t.live, flagData, b, me, d.Op, m.doneWord(b^1), dtype.Bytes(rt.PerExpert))
 }
 
-// waitDirect is wait's slot protocol on one node: the counts from the data
-// flags, then each local expert's block compacted in place, sources in
-// order (a source's rows move down, over no block not yet moved).
-func (m *llMode) waitDirect(d *Dispatch, st *llState) error {
-	t := &m.e.t
-	b, me, E, L := d.Set, t.me, m.E, m.L
-	if err := t.await(m.e.names.dispatch, "its rows", flagData, b, t.live, nil, d.Op); err != nil {
-		return err
-	}
-	for s := 0; s < m.R; s++ {
-		if s != me {
-			copy(st.cnt[s*E:(s+1)*E], t.counts(flagData, b, s))
-		}
-	}
-	m.packOffsets(st)
-	seg, wb := t.seg[me], m.wireBytes
+// compactDirect is wait's slot protocol on one node, once the counts are
+// in: each local expert's block compacted in place, sources in order (a
+// source's rows move down, over no block not yet moved).
+func (m *llMode) compactDirect(b int, st *llState) {
+	seg, me, E, L, wb := m.e.t.seg[m.e.t.me], m.e.t.me, m.E, m.L, m.wireBytes
 	clear(st.expert)
 	for l := 0; l < L; l++ {
 		x := me*L + l
@@ -84,7 +74,6 @@ func (m *llMode) waitDirect(d *Dispatch, st *llState) error {
 			moveWithin(seg, m.w[b]+4*row, m.w[b]+4*slot, 4*c)
 		}
 	}
-	return nil
 }
 
 // moveWithin moves n bytes at src of memory seg to dst, as memmove does.
