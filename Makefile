@@ -68,12 +68,13 @@ lint: deps
 	$(GO) vet ./...
 	$(GO) vet -tags mpi ./...
 	@# staticcheck once per build configuration, merged, so that code used in one only is not "unused"
-	@mkdir -p bin/lint && for tags in none mpi gpu,ci mpi,gpu; do \
+	@mkdir -p bin/lint && for tags in none mpi gpu,ci mpi,gpu purego; do \
 	  $(GO) run $(STATICCHECK) -f binary -tags $$tags ./... > bin/lint/$$tags.bin || exit 1; done
 	$(GO) run $(STATICCHECK) -merge bin/lint/*.bin
 
 test-unit: deps deps-nvrtc
 	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -tags purego ./internal/rowsum # the Go loops that stand in for the assembly
 
 test-mpi: deps
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)

@@ -5,6 +5,7 @@ go 1.24.0
 require (
 	github.com/emer/empi/v2 v2.0.0-dev0.0.5
 	github.com/stretchr/testify v1.12.1
+	golang.org/x/sys v0.38.0
 	gonum.org/v1/gonum v0.17.0
 	gonum.org/v1/plot v0.17.0
 )

@@ -602,7 +602,7 @@ func (m *llMode) combineWait(c *Combine) error {
 			}
 			row := m.blockOf[x] + int(st.off[me*m.E+x]+ord)
 			pos := int(st.pos[x] + ord)
-			tab.src[n], tab.w[n] = uintptr(t.exposed(owner, area+row*m.rowBytes, m.cstage[b]+pos*m.rowBytes)), c.Weights[tk*K+k]
+			tab.src[n], tab.w[n] = t.exposed(owner, area+row*m.rowBytes, m.cstage[b]+pos*m.rowBytes), c.Weights[tk*K+k]
 			n++
 			if withValues {
 				if where&ySrcValues == 0 {

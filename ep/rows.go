@@ -9,6 +9,8 @@ import "C"
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/goep/goep/internal/rowsum"
 )
 
 // The wrappers below are every call into the C kernels of rows.c and
@@ -106,10 +108,11 @@ func reduceRows(out ptr, outType DType, src *addrTable, w []float32, start []int
 // first source) for up to pairs sources and rows rows, in C memory: a
 // small reduction's cgo call then passes one Go pointer (its output), not
 // four, and cgo checks each Go pointer it is passed (tens of ns apiece, a
-// good part of a decode step's reduction). free releases them.
+// good part of a decode step's reduction). The sources are addresses of
+// shared or window memory, never of Go memory. free releases them.
 type reduceTables struct {
 	mem   ptr
-	src   []uintptr
+	src   []ptr
 	w     []float32
 	start []int32
 }
@@ -120,7 +123,7 @@ func newReduceTables(pairs, rows int) (*reduceTables, error) {
 	if mem == nil {
 		return nil, fmt.Errorf("allocating %d bytes for the combine's tables: out of memory", n)
 	}
-	return &reduceTables{mem: mem, src: unsafe.Slice((*uintptr)(mem), pairs),
+	return &reduceTables{mem: mem, src: unsafe.Slice((*ptr)(mem), pairs),
 		w:     unsafe.Slice((*float32)(unsafe.Add(mem, 8*pairs)), pairs),
 		start: unsafe.Slice((*int32)(unsafe.Add(mem, 12*pairs)), rows+1)}, nil
 }
@@ -132,9 +135,24 @@ func (r *reduceTables) free() {
 	}
 }
 
+// smallReduce is the most elements of output that reduceTables.reduce sums
+// in Go assembly (package rowsum) rather than with a cgo call to
+// ep_reduce_rows: the same result, bit for bit, without the call's cost,
+// which is most of a decode step's reduction. Larger outputs go to the C
+// kernel, whose prefetches and streaming stores serve them better.
+const smallReduce = 1 << 15
+
 // reduce is reduceRows over the tables' first n rows.
 func (r *reduceTables) reduce(out ptr, outType DType, n, hidden int, inType DType) {
 	if n == 0 {
+		return
+	}
+	if outType == BFloat16 && inType == BFloat16 && rowsum.Assembly && n*hidden <= smallReduce {
+		rows := unsafe.Slice((*uint16)(out), n*hidden)
+		for i := range n {
+			j0, j1 := r.start[i], r.start[i+1]
+			rowsum.BF16(rows[i*hidden:(i+1)*hidden], r.src[j0:j1], r.w[j0:j1])
+		}
 		return
 	}
 	C.ep_reduce_rows(out, C.int(outType), (*C.uintptr_t)(r.mem), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.w))),

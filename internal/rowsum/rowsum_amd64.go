@@ -1,0 +1,34 @@
+//go:build amd64 && !purego
+
+package rowsum
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+// Assembly is whether BF16 runs in assembly on this machine.
+var Assembly = cpu.X86.HasAVX2
+
+// sumBF16 is sumBF16Go over the first len(dst) &^ 15 elements in
+// assembly (with AVX2), and in Go over the rest.
+func sumBF16(dst []uint16, src []unsafe.Pointer, w []float32) {
+	n := len(dst) &^ 15
+	if !Assembly || n == 0 {
+		sumBF16Go(dst, src, w, 0)
+		return
+	}
+	var wp *float32
+	if w != nil {
+		wp = &w[0]
+	}
+	sumBF16AVX2(&dst[0], n, &src[0], wp, len(src))
+	sumBF16Go(dst, src, w, n)
+}
+
+// sumBF16AVX2 is sumBF16Go over n elements (a multiple of 16, > 0) of
+// k >= 1 sources; w nil means weights of 1.
+//
+//go:noescape
+func sumBF16AVX2(dst *uint16, n int, src *unsafe.Pointer, w *float32, k int)

@@ -1,0 +1,10 @@
+//go:build !amd64 || purego
+
+package rowsum
+
+import "unsafe"
+
+// Assembly is whether BF16 runs in assembly on this machine.
+const Assembly = false
+
+func sumBF16(dst []uint16, src []unsafe.Pointer, w []float32) { sumBF16Go(dst, src, w, 0) }
