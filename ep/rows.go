@@ -147,16 +147,26 @@ func (r *reduceTables) reduce(out ptr, outType DType, n, hidden int, inType DTyp
 	if n == 0 {
 		return
 	}
-	if outType == BFloat16 && inType == BFloat16 && rowsum.Assembly && n*hidden <= smallReduce {
-		rows := unsafe.Slice((*uint16)(out), n*hidden)
-		for i := range n {
-			j0, j1 := r.start[i], r.start[i+1]
-			rowsum.BF16(rows[i*hidden:(i+1)*hidden], r.src[j0:j1], r.w[j0:j1])
+	if rowsum.Assembly && outType == inType && n*hidden <= smallReduce {
+		switch outType {
+		case BFloat16:
+			reduceEach(r, unsafe.Slice((*uint16)(out), n*hidden), n, hidden, rowsum.BF16)
+			return
+		case Float32:
+			reduceEach(r, unsafe.Slice((*float32)(out), n*hidden), n, hidden, rowsum.F32)
+			return
 		}
-		return
 	}
 	C.ep_reduce_rows(out, C.int(outType), (*C.uintptr_t)(r.mem), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.w))),
 		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.start))), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+}
+
+// reduceEach sums each of the tables' first n rows into out with sum.
+func reduceEach[T uint16 | float32](r *reduceTables, out []T, n, hidden int, sum func([]T, []ptr, []float32)) {
+	for i := range n {
+		j0, j1 := r.start[i], r.start[i+1]
+		sum(out[i*hidden:(i+1)*hidden], r.src[j0:j1], r.w[j0:j1])
+	}
 }
 
 // gatherValues sets out[i] = *src[i] (0 where src[i] is nil).

@@ -25,20 +25,52 @@ func BF16(dst []uint16, src []unsafe.Pointer, w []float32) {
 	}
 }
 
+// F32 sets dst[e] = w[0]*x0[e] + w[1]*x1[e] + ... for e < len(dst), where
+// xj is the float32 row of len(dst) elements at src[j], as BF16 does but
+// with no final rounding.
+func F32(dst []float32, src []unsafe.Pointer, w []float32) {
+	if w != nil && len(w) != len(src) {
+		panic(fmt.Sprintf("rowsum: %d weights for %d sources", len(w), len(src)))
+	}
+	switch {
+	case len(dst) == 0:
+	case len(src) == 0:
+		clear(dst)
+	case len(src) == 1 && (w == nil || w[0] == 1):
+		copy(dst, unsafe.Slice((*float32)(src[0]), len(dst)))
+	default:
+		sumF32(dst, src, w)
+	}
+}
+
+// sumF32Go is the reference loop that sumF32 runs in assembly where it
+// can, over the elements of dst from first on: len(src) >= 1.
+func sumF32Go(dst []float32, src []unsafe.Pointer, w []float32, first int) {
+	x := func(j, e int) float32 { return *(*float32)(unsafe.Add(src[j], 4*e)) }
+	for e := first; e < len(dst); e++ {
+		a := float32(weightOf(w, 0) * x(0, e))
+		for j := 1; j < len(src); j++ {
+			a += float32(weightOf(w, j) * x(j, e)) // the conversion keeps the product from being fused into the sum
+		}
+		dst[e] = a
+	}
+}
+
+func weightOf(w []float32, j int) float32 {
+	if w == nil {
+		return 1
+	}
+	return w[j]
+}
+
 // sumBF16Go is the reference loop that sumBF16 runs in assembly where it
 // can, over the elements of dst from first on: len(src) >= 1.
 func sumBF16Go(dst []uint16, src []unsafe.Pointer, w []float32, first int) {
-	weight := func(j int) float32 {
-		if w == nil {
-			return 1
-		}
-		return w[j]
-	}
 	x := func(j, e int) float32 { return fromBF16(*(*uint16)(unsafe.Add(src[j], 2*e))) }
 	for e := first; e < len(dst); e++ {
-		a := float32(weight(0) * x(0, e))
+		a := float32(weightOf(w, 0) * x(0, e))
 		for j := 1; j < len(src); j++ {
-			a += float32(weight(j) * x(j, e)) // the conversion keeps the product from being fused into the sum
+			a += float32(weightOf(w, j) * x(j, e)) // the conversion keeps the product from being fused into the sum
 		}
 		dst[e] = toBF16(a)
 	}

@@ -99,3 +99,57 @@ round:
 	JLT  block
 	VZEROUPPER
 	RET
+
+// func sumF32AVX2(dst *float32, n int, src *unsafe.Pointer, w *float32, k int)
+//
+// 8 elements at a time: each source's 8 float32 are multiplied by its
+// weight and added to the sum (VMULPS then VADDPS: never fused).
+TEXT ·sumF32AVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ n+8(FP), BX
+	SHLQ $2, BX                // bytes
+	MOVQ src+16(FP), SI
+	MOVQ w+24(FP), DX
+	MOVQ k+32(FP), R8
+
+	VPCMPEQD Y15, Y15, Y15
+	VPSRLD   $25, Y15, Y9
+	VPSLLD   $23, Y9, Y9       // 1.0f, the weight when w is nil
+
+	XORQ AX, AX                // byte offset of the block
+
+f32block:
+	MOVQ    (SI), R9
+	VMOVUPS (R9)(AX*1), Y0
+	VMOVAPS Y9, Y2
+	TESTQ   DX, DX
+	JZ      f32first
+	VBROADCASTSS (DX), Y2
+
+f32first:
+	VMULPS Y2, Y0, Y0
+	MOVQ   $1, R10
+
+f32source:
+	CMPQ    R10, R8
+	JGE     f32store
+	MOVQ    (SI)(R10*8), R9
+	VMOVUPS (R9)(AX*1), Y3
+	VMOVAPS Y9, Y2
+	TESTQ   DX, DX
+	JZ      f32add
+	VBROADCASTSS (DX)(R10*4), Y2
+
+f32add:
+	VMULPS Y2, Y3, Y3
+	VADDPS Y3, Y0, Y0
+	INCQ   R10
+	JMP    f32source
+
+f32store:
+	VMOVUPS Y0, (DI)(AX*1)
+	ADDQ    $32, AX
+	CMPQ    AX, BX
+	JLT     f32block
+	VZEROUPPER
+	RET

@@ -8,3 +8,5 @@ import "unsafe"
 const Assembly = false
 
 func sumBF16(dst []uint16, src []unsafe.Pointer, w []float32) { sumBF16Go(dst, src, w, 0) }
+
+func sumF32(dst []float32, src []unsafe.Pointer, w []float32) { sumF32Go(dst, src, w, 0) }

@@ -64,22 +64,53 @@ func sameBits(a, b uint16) bool {
 	return a == b || nan(a) && nan(b)
 }
 
-// TestBF16MatchesReference sums random rows, special values among them,
-// with the kernel BF16 runs and with the Go reference loop, and requires
-// the same bits, and that nothing outside dst is written: dst sits between
-// guard bands, and the sources are checked against copies.
-func TestBF16MatchesReference(t *testing.T) {
-	t.Logf("assembly: %v", Assembly)
+// sameF32 is sameBits for float32.
+func sameF32(a, b float32) bool {
+	return math.Float32bits(a) == math.Float32bits(b) || a != a && b != b
+}
+
+// randomF32Row is n float32 of a normal distribution, one in four of them
+// replaced by a special value (the bfloat16 specials widened) or any bit
+// pattern.
+func randomF32Row(rng *rand.Rand, n int) []float32 {
+	row := make([]float32, n)
+	for i := range row {
+		switch rng.IntN(8) {
+		case 0:
+			row[i] = math.Float32frombits(uint32(specialValues[rng.IntN(len(specialValues))]) << 16)
+		case 1:
+			row[i] = math.Float32frombits(rng.Uint32())
+		default:
+			row[i] = float32(rng.NormFloat64())
+		}
+	}
+	return row
+}
+
+// kernelCase is one of the package's sums, with what its test needs.
+type kernelCase[T uint16 | float32] struct {
+	sum       func(dst []T, src []unsafe.Pointer, w []float32)
+	reference func(dst []T, src []unsafe.Pointer, w []float32, first int)
+	row       func(rng *rand.Rand, n int) []T
+	same      func(a, b T) bool
+}
+
+// checkKernel sums random rows, special values among them, with the
+// kernel the sum runs and with the Go reference loop, and requires the
+// same bits, and that nothing outside dst is written: dst sits between
+// guard bands.
+func checkKernel[T uint16 | float32](t *testing.T, c kernelCase[T]) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	const guard = 16
-	for _, n := range []int{0, 1, 7, 15, 16, 17, 32, 100, 128, 130, 7168} {
+	guardValue := T(0xdead)
+	for _, n := range []int{0, 1, 7, 8, 15, 16, 17, 32, 100, 128, 130, 7168} {
 		for _, k := range []int{0, 1, 2, 3, 8} {
 			for _, weights := range []string{"nil", "random", "ones"} {
 				t.Run(fmt.Sprintf("n=%d/k=%d/w=%s", n, k, weights), func(t *testing.T) {
-					rows := make([][]uint16, k)
+					rows := make([][]T, k)
 					src := make([]unsafe.Pointer, k)
 					for j := range rows {
-						rows[j] = randomRow(rng, n+1, true) // one more element, never read: n may be 0
+						rows[j] = c.row(rng, n+1) // one more element, never read: n may be 0
 						src[j] = unsafe.Pointer(&rows[j][0])
 					}
 					var w []float32
@@ -92,34 +123,45 @@ func TestBF16MatchesReference(t *testing.T) {
 							w[j] = 1
 						}
 					}
-					buf := make([]uint16, n+2*guard)
+					buf := make([]T, n+2*guard)
 					for i := range buf {
-						buf[i] = 0xdead
+						buf[i] = guardValue
 					}
 					dst := buf[guard : guard+n]
-					BF16(dst, src, w)
+					c.sum(dst, src, w)
 
-					want := make([]uint16, n)
+					want := make([]T, n)
 					switch {
 					case k == 0: // zeros
 					case k == 1 && (w == nil || w[0] == 1):
 						copy(want, rows[0])
 					default:
-						sumBF16Go(want, src, w, 0)
+						c.reference(want, src, w, 0)
 					}
 					for e := range want {
-						if !sameBits(dst[e], want[e]) {
-							t.Fatalf("element %d: %#04x, want %#04x", e, dst[e], want[e])
+						if !c.same(dst[e], want[e]) {
+							t.Fatalf("element %d: %v, want %v", e, dst[e], want[e])
 						}
 					}
 					for i := range guard {
-						require.Equal(t, uint16(0xdead), buf[i], "guard before dst")
-						require.Equal(t, uint16(0xdead), buf[guard+n+i], "guard after dst")
+						require.Equal(t, guardValue, buf[i], "guard before dst")
+						require.Equal(t, guardValue, buf[guard+n+i], "guard after dst")
 					}
 				})
 			}
 		}
 	}
+}
+
+func TestBF16MatchesReference(t *testing.T) {
+	t.Logf("assembly: %v", Assembly)
+	checkKernel(t, kernelCase[uint16]{sum: BF16, reference: sumBF16Go, same: sameBits,
+		row: func(rng *rand.Rand, n int) []uint16 { return randomRow(rng, n, true) }})
+}
+
+func TestF32MatchesReference(t *testing.T) {
+	t.Logf("assembly: %v", Assembly)
+	checkKernel(t, kernelCase[float32]{sum: F32, reference: sumF32Go, same: sameF32, row: randomF32Row})
 }
 
 // TestReferenceRounding checks the reference loop against sums worked out
@@ -165,11 +207,11 @@ func TestReferenceRounding(t *testing.T) {
 	}
 }
 
-func TestBF16RejectsWeightCount(t *testing.T) {
-	x := make([]uint16, 16)
-	require.PanicsWithValue(t, "rowsum: 1 weights for 2 sources", func() {
-		BF16(make([]uint16, 16), []unsafe.Pointer{unsafe.Pointer(&x[0]), unsafe.Pointer(&x[0])}, []float32{1})
-	})
+func TestRejectsWeightCount(t *testing.T) {
+	x := make([]float32, 16)
+	src := []unsafe.Pointer{unsafe.Pointer(&x[0]), unsafe.Pointer(&x[0])}
+	require.PanicsWithValue(t, "rowsum: 1 weights for 2 sources", func() { BF16(make([]uint16, 16), src, []float32{1}) })
+	require.PanicsWithValue(t, "rowsum: 3 weights for 2 sources", func() { F32(make([]float32, 16), src, []float32{1, 2, 3}) })
 }
 
 func benchmarkBF16(b *testing.B, n, k int, kernel func([]uint16, []unsafe.Pointer, []float32)) {
