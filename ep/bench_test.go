@@ -230,24 +230,41 @@ func BenchmarkStatsCost(b *testing.B) {
 
 // BenchmarkLLDirectPath measures what LL's direct path (one node, slot
 // protocol: rows stored straight into their slots) saves over the general
-// path on the same group, in the same run: bursts of 2000 decode rounds
-// (1 token, hidden 128, top-2, 4 experts per rank) alternate between the
-// two, and the medians of each are reported (general-ns/round,
-// direct-ns/round and their ratio), which a noisy machine shifts alike.
-// Every rank must run the same count:
+// path on the same group, in the same run (see alternateRounds):
+// general-ns/round, direct-ns/round and their ratio. Every rank must run
+// the same count:
 //
 //	go run ./internal/cmd/mpitest -np 2 -sim "" -run '^$' -bench LLDirectPath -benchtime 60x ./ep
 func BenchmarkLLDirectPath(b *testing.B) {
+	alternateRounds(b, "general", "direct", ep.UseGeneralLL)
+}
+
+// BenchmarkLLReduceKernel measures what summing the combine's rows in Go
+// assembly (package rowsum) saves over the cgo call to the C kernel, in a
+// decode round, in the same run (see alternateRounds): cgo-ns/round,
+// assembly-ns/round and their ratio. Every rank must run the same count:
+//
+//	go run ./internal/cmd/mpitest -np 2 -sim "" -run '^$' -bench LLReduceKernel -benchtime 60x ./ep
+func BenchmarkLLReduceKernel(b *testing.B) {
+	alternateRounds(b, "cgo", "assembly", ep.UseReduceKernelC)
+}
+
+// alternateRounds times bursts of 2000 decode rounds (1 token, hidden 128,
+// top-2, 4 experts per rank) on one group, alternating between the code
+// that off turns on until its restore (named old) and the default (new),
+// and reports the medians of each and their ratio, which a noisy machine
+// shifts alike.
+func alternateRounds(b *testing.B, old, new string, off func() (restore func())) {
 	w := mpitesting.World
 	g, topk, weights, x, out := openBench(b, decodeStep())
 	defer g.Close()
 	const rounds = 2000
-	var perRound [2][]float64 // general, direct
+	var perRound [2][]float64 // old, new
 	for i := 0; i < b.N; i++ {
 		path := i % 2
 		restore := func() {}
 		if path == 0 {
-			restore = ep.UseGeneralLL()
+			restore = off()
 		}
 		if err := w.Barrier(); err != nil {
 			b.Fatal(err)
@@ -268,10 +285,10 @@ func BenchmarkLLDirectPath(b *testing.B) {
 	if len(perRound[1]) == 0 {
 		return // b.N = 1: nothing to compare
 	}
-	general, direct := median(perRound[0]), median(perRound[1])
-	b.ReportMetric(general, "general-ns/round")
-	b.ReportMetric(direct, "direct-ns/round")
-	b.ReportMetric(direct/general, "direct/general")
+	before, after := median(perRound[0]), median(perRound[1])
+	b.ReportMetric(before, old+"-ns/round")
+	b.ReportMetric(after, new+"-ns/round")
+	b.ReportMetric(after/before, new+"/"+old)
 }
 
 func median(v []float64) float64 {

@@ -35,3 +35,12 @@ func UseGeneralLL() (restore func()) {
 	llDirect = false
 	return func() { llDirect = old }
 }
+
+// UseReduceKernelC makes the combine's small reductions call the C kernel
+// where they would run in Go assembly, and returns a function that
+// restores it: BenchmarkLLReduceKernel compares the two in one run.
+func UseReduceKernelC() (restore func()) {
+	old := reduceInGo
+	reduceInGo = false
+	return func() { reduceInGo = old }
+}

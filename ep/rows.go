@@ -142,12 +142,16 @@ func (r *reduceTables) free() {
 // kernel, whose prefetches and streaming stores serve them better.
 const smallReduce = 1 << 15
 
+// reduceInGo turns the assembly reduction on; BenchmarkLLReduceKernel turns
+// it off in turns, to compare it with the cgo call.
+var reduceInGo = true
+
 // reduce is reduceRows over the tables' first n rows.
 func (r *reduceTables) reduce(out ptr, outType DType, n, hidden int, inType DType) {
 	if n == 0 {
 		return
 	}
-	if rowsum.Assembly && outType == inType && n*hidden <= smallReduce {
+	if reduceInGo && rowsum.Assembly && outType == inType && n*hidden <= smallReduce {
 		switch outType {
 		case BFloat16:
 			reduceEach(r, unsafe.Slice((*uint16)(out), n*hidden), n, hidden, rowsum.BF16)
