@@ -10,25 +10,16 @@ import (
 // where xj is the bfloat16 row of len(dst) elements at src[j] and w nil
 // means weights of 1 (see the package doc for the rounding). len(w) must
 // be len(src) when w is not nil.
-func BF16(dst []uint16, src []unsafe.Pointer, w []float32) {
-	if w != nil && len(w) != len(src) {
-		panic(fmt.Sprintf("rowsum: %d weights for %d sources", len(w), len(src)))
-	}
-	switch {
-	case len(dst) == 0:
-	case len(src) == 0:
-		clear(dst)
-	case len(src) == 1 && (w == nil || w[0] == 1):
-		copy(dst, unsafe.Slice((*uint16)(src[0]), len(dst)))
-	default:
-		sumBF16(dst, src, w)
-	}
-}
+func BF16(dst []uint16, src []unsafe.Pointer, w []float32) { rowSum(dst, src, w, sumBF16) }
 
 // F32 sets dst[e] = w[0]*x0[e] + w[1]*x1[e] + ... for e < len(dst), where
 // xj is the float32 row of len(dst) elements at src[j], as BF16 does but
 // with no final rounding.
-func F32(dst []float32, src []unsafe.Pointer, w []float32) {
+func F32(dst []float32, src []unsafe.Pointer, w []float32) { rowSum(dst, src, w, sumF32) }
+
+// rowSum is BF16 and F32 for rows of T; sum computes a sum of one source
+// or more.
+func rowSum[T uint16 | float32](dst []T, src []unsafe.Pointer, w []float32, sum func([]T, []unsafe.Pointer, []float32)) {
 	if w != nil && len(w) != len(src) {
 		panic(fmt.Sprintf("rowsum: %d weights for %d sources", len(w), len(src)))
 	}
@@ -37,9 +28,9 @@ func F32(dst []float32, src []unsafe.Pointer, w []float32) {
 	case len(src) == 0:
 		clear(dst)
 	case len(src) == 1 && (w == nil || w[0] == 1):
-		copy(dst, unsafe.Slice((*float32)(src[0]), len(dst)))
+		copy(dst, unsafe.Slice((*T)(src[0]), len(dst)))
 	default:
-		sumF32(dst, src, w)
+		sum(dst, src, w)
 	}
 }
 

@@ -8,39 +8,33 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
-// Assembly is whether BF16 runs in assembly on this machine.
+// Assembly is whether BF16 and F32 run in assembly on this machine.
 var Assembly = cpu.X86.HasAVX2
 
-// sumBF16 is sumBF16Go over the first len(dst) &^ 15 elements in
-// assembly (with AVX2), and in Go over the rest.
 func sumBF16(dst []uint16, src []unsafe.Pointer, w []float32) {
-	n := len(dst) &^ 15
-	if !Assembly || n == 0 {
-		sumBF16Go(dst, src, w, 0)
-		return
-	}
-	var wp *float32
-	if w != nil {
-		wp = &w[0]
-	}
-	sumBF16AVX2(&dst[0], n, &src[0], wp, len(src))
-	sumBF16Go(dst, src, w, n)
+	viaAssembly(dst, src, w, 16, sumBF16AVX2, sumBF16Go)
 }
 
-// sumF32 is sumF32Go over the first len(dst) &^ 7 elements in assembly
-// (with AVX2), and in Go over the rest.
 func sumF32(dst []float32, src []unsafe.Pointer, w []float32) {
-	n := len(dst) &^ 7
+	viaAssembly(dst, src, w, 8, sumF32AVX2, sumF32Go)
+}
+
+// viaAssembly runs the kernel asm (with AVX2) over the first elements of
+// dst, in blocks of block, and the reference loop ref over the rest (all
+// of dst without AVX2).
+func viaAssembly[T uint16 | float32](dst []T, src []unsafe.Pointer, w []float32, block int,
+	asm func(dst *T, n int, src *unsafe.Pointer, w *float32, k int), ref func([]T, []unsafe.Pointer, []float32, int)) {
+	n := len(dst) / block * block
 	if !Assembly || n == 0 {
-		sumF32Go(dst, src, w, 0)
+		ref(dst, src, w, 0)
 		return
 	}
 	var wp *float32
 	if w != nil {
 		wp = &w[0]
 	}
-	sumF32AVX2(&dst[0], n, &src[0], wp, len(src))
-	sumF32Go(dst, src, w, n)
+	asm(&dst[0], n, &src[0], wp, len(src))
+	ref(dst, src, w, n)
 }
 
 // sumBF16AVX2 is sumBF16Go over n elements (a multiple of 16, > 0) of

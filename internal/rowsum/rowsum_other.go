@@ -4,7 +4,7 @@ package rowsum
 
 import "unsafe"
 
-// Assembly is whether BF16 runs in assembly on this machine.
+// Assembly is whether BF16 and F32 run in assembly on this machine.
 const Assembly = false
 
 func sumBF16(dst []uint16, src []unsafe.Pointer, w []float32) { sumBF16Go(dst, src, w, 0) }
