@@ -72,7 +72,11 @@ func TestTooLargeIsRefusedBeforeAllocating(t *testing.T) {
 		one, err := ep.BufferPlan(cfg, ep.BFloat16, R, 1)
 		require.NoError(t, err)
 		target := 0.7 * float64(sysmem.Read().Memory())
-		cfg.MaxTokensPerRank = int(target / float64(one.SharedPerRank))
+		// Each rank reads the memory available at its own moment: they
+		// agree on the least, or NewGroup refuses the differing configs.
+		tokens := []int64{0}
+		require.NoError(t, mpi.Allreduce(w, mpi.OpMin, []int64{int64(target / float64(one.SharedPerRank))}, tokens))
+		cfg.MaxTokensPerRank = int(tokens[0])
 		_, err = ep.NewGroup[ep.BF16](w, cfg)
 		require.Error(t, err, "%d ranks of about %.1f GB on one host", hostSize, target/1e9)
 		assert.Contains(t, err.Error(), "the buffers need")
