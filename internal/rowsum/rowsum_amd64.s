@@ -2,6 +2,9 @@
 
 #include "textflag.h"
 
+// Neither kernel touches X15 or R14, which Go's internal ABI keeps as zero
+// and the goroutine pointer.
+
 // func sumBF16AVX2(dst *uint16, n int, src *unsafe.Pointer, w *float32, k int)
 //
 // 16 elements at a time: each source's 16 bfloat16 become two vectors of 8
@@ -17,14 +20,14 @@ TEXT ·sumBF16AVX2(SB), NOSPLIT, $0-40
 	MOVQ w+24(FP), DX
 	MOVQ k+32(FP), R8
 
-	VPCMPEQD  Y15, Y15, Y15    // 0xffffffff
-	VPSRLD    $1, Y15, Y14     // 0x7fffffff: |u|
-	VPSRLD    $17, Y15, Y13    // 0x00007fff
-	VPSRLD    $31, Y15, Y12    // 1
+	VPCMPEQD  Y8, Y8, Y8       // 0xffffffff
+	VPSRLD    $1, Y8, Y14      // 0x7fffffff: |u|
+	VPSRLD    $17, Y8, Y13     // 0x00007fff
+	VPSRLD    $31, Y8, Y12     // 1
 	VPSLLD    $6, Y12, Y11     // 0x40: the quiet bit of a bfloat16 NaN
-	VPSRLD    $24, Y15, Y10
+	VPSRLD    $24, Y8, Y10
 	VPSLLD    $23, Y10, Y10    // 0x7f800000: infinity
-	VPSRLD    $25, Y15, Y9
+	VPSRLD    $25, Y8, Y9
 	VPSLLD    $23, Y9, Y9      // 1.0f, the weight when w is nil
 
 	XORQ AX, AX                // byte offset of the block
@@ -112,8 +115,8 @@ TEXT ·sumF32AVX2(SB), NOSPLIT, $0-40
 	MOVQ w+24(FP), DX
 	MOVQ k+32(FP), R8
 
-	VPCMPEQD Y15, Y15, Y15
-	VPSRLD   $25, Y15, Y9
+	VPCMPEQD Y8, Y8, Y8
+	VPSRLD   $25, Y8, Y9
 	VPSLLD   $23, Y9, Y9       // 1.0f, the weight when w is nil
 
 	XORQ AX, AX                // byte offset of the block
