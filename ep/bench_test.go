@@ -251,10 +251,10 @@ func BenchmarkLLReduceKernel(b *testing.B) {
 
 // alternateRounds times bursts of 2000 decode rounds (1 token, hidden 128,
 // top-2, 4 experts per rank) on one group, alternating between the code
-// that off turns on until its restore (named old) and the default (new),
-// and reports the medians of each and their ratio, which a noisy machine
-// shifts alike.
-func alternateRounds(b *testing.B, old, new string, off func() (restore func())) {
+// that off turns on until its restore (named oldName) and the default
+// (newName), and reports the medians of each and their ratio, which a
+// noisy machine shifts alike.
+func alternateRounds(b *testing.B, oldName, newName string, off func() (restore func())) {
 	w := mpitesting.World
 	g, topk, weights, x, out := openBench(b, decodeStep())
 	defer g.Close()
@@ -286,9 +286,9 @@ func alternateRounds(b *testing.B, old, new string, off func() (restore func()))
 		return // b.N = 1: nothing to compare
 	}
 	before, after := median(perRound[0]), median(perRound[1])
-	b.ReportMetric(before, old+"-ns/round")
-	b.ReportMetric(after, new+"-ns/round")
-	b.ReportMetric(after/before, new+"/"+old)
+	b.ReportMetric(before, oldName+"-ns/round")
+	b.ReportMetric(after, newName+"-ns/round")
+	b.ReportMetric(after/before, newName+"/"+oldName)
 }
 
 func median(v []float64) float64 {
