@@ -184,7 +184,10 @@ func TestReferenceRounding(t *testing.T) {
 		{"-0 + -0 is -0", []uint16{0x8000, 0x8000}, []float32{1, 1}, 0x8000},
 		{"-0 + 0 is +0", []uint16{0x8000, 0x0000}, []float32{1, 1}, 0x0000},
 		{"inf - inf is NaN", []uint16{0x7f80, 0xff80}, []float32{1, 1}, 0xffc0},
-		{"in order: (2^24 + 1) + 1 loses both ones", []uint16{0x4b80, one, one}, nil, 0x4b80},
+		// W = 16973822 (float32 0x4b817fff): W + 0.75 rounds back to W, twice, and W
+		// rounds down to bfloat16 0x4b81; W + (0.75 + 0.75) would be 0x4b818000,
+		// a tie that rounds up to 0x4b82.
+		{"in order: (W + 0.75) + 0.75 is W", []uint16{one, 0x3f40, 0x3f40}, []float32{16973822, 1, 1}, 0x4b81},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
