@@ -106,10 +106,11 @@ func reduceRows(out ptr, outType DType, src *addrTable, w []float32, start []int
 
 // reduceTables are reduceRows's tables (sources, weights and each row's
 // first source) for up to pairs sources and rows rows, in C memory: a
-// small reduction's cgo call then passes one Go pointer (its output), not
-// four, and cgo checks each Go pointer it is passed (tens of ns apiece, a
-// good part of a decode step's reduction). The sources are addresses of
-// shared or window memory, never of Go memory. free releases them.
+// reduction that goes to the C kernel (above smallReduce) then passes one
+// Go pointer (its output), not four, and cgo checks each Go pointer it is
+// passed; smaller ones read the same tables from Go assembly. The sources
+// are addresses of shared or window memory, never of Go memory. free
+// releases them.
 type reduceTables struct {
 	mem   ptr
 	src   []ptr
