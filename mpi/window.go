@@ -1,12 +1,18 @@
 package mpi
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+)
 
 // SharedWindow is memory allocated collectively on a communicator whose ranks
 // share memory (a node communicator from Topology): every rank can load from
 // and store to every rank's segment directly. It is the CPU counterpart of
 // NCCL's LSA (load/store accessible) window. The memory starts zeroed, is not
-// on the Go heap, and stays valid until Free.
+// on the Go heap, and stays valid until Free. Every segment starts at a
+// multiple of SegmentAlign, in every process, so that what a caller lays out
+// on cache lines or pages from a segment's start sits on them.
 type SharedWindow struct {
 	comm  *Comm
 	h     winHandle
@@ -234,6 +240,10 @@ func (w *Window) Free() error {
 	return w.h.free()
 }
 
+// SegmentAlign is where a SharedWindow's segments start: at a multiple of
+// it (a page).
+const SegmentAlign = 4096
+
 // AllocateShared allocates size bytes on every rank of c, which must share
 // memory (use Topology().NodeComm). Ranks may pass different sizes. It is
 // collective.
@@ -248,13 +258,23 @@ func (c *Comm) AllocateShared(size int) (*SharedWindow, error) {
 	if err := AllgatherSlice(c, []int64{int64(size)}, sizes); err != nil {
 		return nil, err
 	}
-	w, err := c.allocateShared(size)
+	w, err := c.allocateShared(size + SegmentAlign)
 	if err != nil {
 		return nil, err
 	}
-	// MPI may report segments rounded up to a page: keep what was asked for.
+	// MPI may report segments rounded up to a page, and may start them
+	// anywhere (Open MPI: 264 bytes into a page, so that a "64-byte" line
+	// laid out from the start spans two and shares one with its
+	// neighbour): keep what was asked for, from the first multiple of
+	// SegmentAlign. A segment is mapped at the same offset in a page in
+	// every process, so every process skips the same bytes.
 	for r, n := range sizes {
-		w.peers[r] = w.peers[r][:n:n]
+		seg := w.peers[r]
+		skip := int(-uintptr(unsafe.Pointer(unsafe.SliceData(seg)))) & (SegmentAlign - 1)
+		if skip+int(n) > len(seg) { // the same on every rank: so is the Free
+			return nil, errors.Join(fmt.Errorf("mpi: AllocateShared: rank %d's segment is %d bytes, want %d from byte %d", r, len(seg), n, skip), w.h.free())
+		}
+		w.peers[r] = seg[skip : skip+int(n) : skip+int(n)]
 	}
 	clear(w.Local())
 	if err := c.Barrier(); err != nil { // nobody stores before everyone has cleared

@@ -30,6 +30,12 @@ func TestSharedWindowLoadStore(t *testing.T) {
 	peer, err := win.Peer(next)
 	require.NoError(t, err)
 	require.Equal(t, size(next), len(peer))
+	for r := 0; r < node.Size(); r++ { // where lines and pages laid out from a segment's start fall
+		seg, err := win.Peer(r)
+		require.NoError(t, err)
+		assert.Zero(t, uintptr(unsafe.Pointer(unsafe.SliceData(seg)))%mpi.SegmentAlign, "rank %d's segment starts %d bytes into a page",
+			r, uintptr(unsafe.Pointer(unsafe.SliceData(seg)))%mpi.SegmentAlign)
+	}
 	for i := range peer {
 		peer[i] = pattern(node.Rank(), next, i)
 	}
