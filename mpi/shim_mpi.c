@@ -186,7 +186,7 @@ int goep_error_string(int code, char *buf, int cap) {
   return len;
 }
 
-int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n) {
+int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n, const int64_t *skip) {
   int rc;
   for (int i = 0; i < n; i++) {
     const goep_block *b = &blocks[i];
@@ -194,7 +194,7 @@ int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *block
     int64_t left = b->len, done = 0;
     while (left > 0) {  // MPI counts are int: split very large blocks
       int chunk = left > (1 << 30) ? (1 << 30) : (int)left;
-      rc = MPI_Put(src + done, chunk, MPI_BYTE, (int)b->target, (MPI_Aint)(b->dst_off + done), chunk, MPI_BYTE, win);
+      rc = MPI_Put(src + done, chunk, MPI_BYTE, (int)b->target, (MPI_Aint)(skip[b->target] + b->dst_off + done), chunk, MPI_BYTE, win);
       if (rc != MPI_SUCCESS) return (int64_t)rc | ((int64_t)(i + 1) << 32);
       left -= chunk;
       done += chunk;

@@ -57,7 +57,9 @@ typedef struct {
 // it wrote, so the origin buffer may be reused (and no pointer to it kept)
 // when it returns. It returns 0, or on an error the MPI code plus, in bits 32
 // and up, 1 + the index of the block that failed (0: the final flush).
-int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n);
+// skip[t] is where rank t's part starts in its MPI window: every
+// displacement to t adds it.
+int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *blocks, int n, const int64_t *skip);
 
 // Mailbox (mailbox_mpi.c): memory of this rank that other ranks write into
 // by message. goep_mbox_put packs the blocks of each target into one

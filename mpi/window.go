@@ -46,13 +46,15 @@ func (w *SharedWindow) Free() error {
 // Window is memory allocated collectively for one-sided communication: ranks
 // put into and atomically update other ranks' windows without their
 // participation. It is the CPU counterpart of NCCL's GIN (put with signal).
-// The memory starts zeroed.
+// The memory starts zeroed, and every rank's part at a multiple of
+// SegmentAlign.
 // Put, Get and the atomics must be called inside a LockAll/UnlockAll epoch.
 type Window struct {
 	comm   *Comm
 	h      winHandle
 	local  []byte
-	sizes  []int // bytes on every rank
+	sizes  []int   // bytes on every rank
+	skip   []int64 // where each rank's part starts in its MPI window: what a displacement adds
 	locked bool
 	freed  bool
 }
@@ -155,7 +157,7 @@ func (w *Window) PutBlocks(origin []byte, blocks []Block) error {
 			return argErrorf("Window.PutBlocks", "block %d reads origin[%d:%d] beyond len(origin) = %d", i, b.SrcOffset, b.SrcOffset+b.Len, len(origin))
 		}
 	}
-	return w.h.putBlocks(origin, blocks)
+	return w.h.putBlocks(origin, blocks, w.skip)
 }
 
 // Get reads len(dst) bytes of target's window at offset into dst, and returns
@@ -167,7 +169,7 @@ func (w *Window) Get(dst []byte, target, offset int) error {
 	if err := w.checkTarget("Window.Get", target, offset, len(dst)); err != nil {
 		return err
 	}
-	return w.h.get(dst, target, offset)
+	return w.h.get(dst, target, offset+int(w.skip[target]))
 }
 
 // FetchAndOp applies op with operand to the 64-bit word at offset in target's
@@ -186,7 +188,7 @@ func (w *Window) FetchAndOp(target, offset int, operand uint64, op FetchOp) (uin
 	if op < FetchAdd || op > FetchNoOp {
 		return 0, argErrorf("Window.FetchAndOp", "unknown operation %d", op)
 	}
-	return w.h.fetchAndOp(target, offset, operand, op)
+	return w.h.fetchAndOp(target, offset+int(w.skip[target]), operand, op)
 }
 
 // Flush completes every operation this rank issued to target (MPI_Win_flush).
@@ -296,9 +298,19 @@ func (c *Comm) AllocateWindow(size int) (*Window, error) {
 	if err := AllgatherSlice(c, []int64{int64(size)}, sizes); err != nil {
 		return nil, err
 	}
-	w, err := c.allocateWindow(size)
+	w, err := c.allocateWindow(size + SegmentAlign)
 	if err != nil {
 		return nil, err
+	}
+	// As AllocateShared's segments: MPI may start a rank's part anywhere
+	// (Open MPI: 8 or 40 bytes past a cache line, differing between ranks).
+	// Each rank's part starts at its first multiple of SegmentAlign, and
+	// every rank learns where, to add it to its displacements there.
+	skip := int(-uintptr(unsafe.Pointer(unsafe.SliceData(w.local)))) & (SegmentAlign - 1)
+	w.local = w.local[skip : skip+size : skip+size]
+	w.skip = make([]int64, c.size)
+	if err := AllgatherSlice(c, []int64{int64(skip)}, w.skip); err != nil {
+		return nil, errors.Join(err, w.h.free())
 	}
 	w.sizes = make([]int, c.size)
 	for r, n := range sizes {

@@ -154,12 +154,13 @@ func (h winHandle) unlockAll() error {
 	return nil
 }
 
-func (h winHandle) putBlocks(origin []byte, blocks []Block) error {
+func (h winHandle) putBlocks(origin []byte, blocks []Block, skip []int64) error {
 	if len(blocks) == 0 {
 		return nil
 	}
 	// Block is goep_block (four int64s in the same order): no copy.
-	r := int64(C.goep_put_blocks(h.w, ptr(origin), (*C.goep_block)(unsafe.Pointer(&blocks[0])), C.int(len(blocks))))
+	r := int64(C.goep_put_blocks(h.w, ptr(origin), (*C.goep_block)(unsafe.Pointer(&blocks[0])), C.int(len(blocks)),
+		(*C.int64_t)(unsafe.Pointer(&skip[0]))))
 	if r == 0 {
 		return nil
 	}

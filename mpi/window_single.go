@@ -49,12 +49,13 @@ func (h winHandle) lockAll() error   { return nil }
 func (h winHandle) unlockAll() error { return nil }
 func (h winHandle) progress() error  { return nil }
 
-func (h winHandle) putBlocks(origin []byte, blocks []Block) error {
+func (h winHandle) putBlocks(origin []byte, blocks []Block, skip []int64) error {
 	for _, b := range blocks {
-		if b.DstOffset+b.Len > len(h.mem) {
+		at := int(skip[b.Target]) + b.DstOffset
+		if at+b.Len > len(h.mem) {
 			return &Error{Call: "MPI_Put", Code: -1, Msg: "target range beyond the window"}
 		}
-		copy(h.mem[b.DstOffset:b.DstOffset+b.Len], origin[b.SrcOffset:b.SrcOffset+b.Len])
+		copy(h.mem[at:at+b.Len], origin[b.SrcOffset:b.SrcOffset+b.Len])
 	}
 	return nil
 }

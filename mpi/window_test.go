@@ -61,6 +61,8 @@ func TestWindowPutGetAtomics(t *testing.T) {
 	// Layout on every rank: [8-byte counter][n slots of 8 bytes][payload of 16*n bytes]
 	win, err := w.AllocateWindow(8 + 8*n + 16*n)
 	require.NoError(t, err)
+	assert.Zero(t, uintptr(unsafe.Pointer(unsafe.SliceData(win.Local())))%mpi.SegmentAlign, "this rank's part starts %d bytes into a page",
+		uintptr(unsafe.Pointer(unsafe.SliceData(win.Local())))%mpi.SegmentAlign)
 	require.Error(t, win.Put([]byte{1}, 0, 0), "a put outside an epoch")
 	require.NoError(t, win.LockAll())
 
