@@ -242,8 +242,8 @@ func (w *Window) Free() error {
 	return w.h.free()
 }
 
-// SegmentAlign is where a SharedWindow's segments start: at a multiple of
-// it (a page).
+// SegmentAlign is where a SharedWindow's segments and a Window's parts
+// start: at a multiple of it (a page).
 const SegmentAlign = 4096
 
 // AllocateShared allocates size bytes on every rank of c, which must share
