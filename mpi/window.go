@@ -246,6 +246,12 @@ func (w *Window) Free() error {
 // start: at a multiple of it (a page).
 const SegmentAlign = 4096
 
+// toAlign is how many bytes of mem come before its first multiple of
+// SegmentAlign.
+func toAlign(mem []byte) int {
+	return int(-uintptr(unsafe.Pointer(unsafe.SliceData(mem)))) & (SegmentAlign - 1)
+}
+
 // AllocateShared allocates size bytes on every rank of c, which must share
 // memory (use Topology().NodeComm). Ranks may pass different sizes. It is
 // collective.
@@ -272,7 +278,7 @@ func (c *Comm) AllocateShared(size int) (*SharedWindow, error) {
 	// every process, so every process skips the same bytes.
 	for r, n := range sizes {
 		seg := w.peers[r]
-		skip := int(-uintptr(unsafe.Pointer(unsafe.SliceData(seg)))) & (SegmentAlign - 1)
+		skip := toAlign(seg)
 		if skip+int(n) > len(seg) { // the same on every rank: so is the Free
 			return nil, errors.Join(fmt.Errorf("mpi: AllocateShared: rank %d's segment is %d bytes, want %d from byte %d", r, len(seg), n, skip), w.h.free())
 		}
@@ -306,7 +312,7 @@ func (c *Comm) AllocateWindow(size int) (*Window, error) {
 	// (Open MPI: 8 or 40 bytes past a cache line, differing between ranks).
 	// Each rank's part starts at its first multiple of SegmentAlign, and
 	// every rank learns where, to add it to its displacements there.
-	skip := int(-uintptr(unsafe.Pointer(unsafe.SliceData(w.local)))) & (SegmentAlign - 1)
+	skip := toAlign(w.local)
 	w.local = w.local[skip : skip+size : skip+size]
 	w.skip = make([]int64, c.size)
 	if err := AllgatherSlice(c, []int64{int64(skip)}, w.skip); err != nil {
