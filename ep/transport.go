@@ -185,8 +185,15 @@ func (o oneSided) Drain() error { return o.Progress() }
 // lsa is byte off of node peer r's segment.
 func (t *transport) lsa(r, off int) ptr { return unsafe.Add(t.seg[r], off) }
 
-// staged is byte off of this rank's staging window.
-func (t *transport) staged(off int) ptr { return unsafe.Add(t.winBase, off) }
+// staged is byte off of this rank's staging window. Only a group that
+// spans nodes has one: a pointer computed from nil would be a bad pointer
+// (checkptr), even if never used.
+func (t *transport) staged(off int) ptr {
+	if t.winBase == nil {
+		panic("ep: staging memory used on a group of one node")
+	}
+	return unsafe.Add(t.winBase, off)
+}
 
 // inboxOf is the memory where rank via's writes to this rank land.
 func (t *transport) inboxOf(via, off int) ptr {
@@ -479,11 +486,10 @@ func (t *transport) note(origin int, q uint64) string {
 // noteBytes is rank origin's note, in place.
 func (t *transport) noteBytes(origin int) []byte {
 	off := t.in.noteOff(origin)
-	p := t.staged(off)
 	if t.local[origin] {
-		p = t.lsa(origin, off)
+		return unsafe.Slice((*byte)(t.lsa(origin, off)), noteLen)
 	}
-	return unsafe.Slice((*byte)(p), noteLen)
+	return unsafe.Slice((*byte)(t.staged(off)), noteLen)
 }
 
 // shareCounts raises flagCounts of set b at every other rank, carrying vec,
@@ -560,12 +566,12 @@ func (t *transport) settle(s, stagedOff, slotOff, finalOff, n int) {
 	if n == 0 || t.local[s] && slotOff == finalOff {
 		return
 	}
-	src := t.staged(stagedOff)
 	if t.local[s] {
-		src = t.lsa(t.me, slotOff)
+		t.landSrc.add(t.lsa(t.me, slotOff))
+	} else {
+		t.landSrc.add(t.staged(stagedOff))
 	}
 	t.landDst.add(t.lsa(t.me, finalOff))
-	t.landSrc.add(src)
 	t.landLens = append(t.landLens, int64(n))
 }
 
