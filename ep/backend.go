@@ -122,6 +122,14 @@ type Meter interface {
 	Meter() (waits []time.Duration, network int64)
 }
 
+// A NetworkMeter is a Meter that also says, per peer (indexed by rank),
+// how many bytes this rank sent it across nodes since the engine was
+// opened: the matrix of what crosses nodes, which ep-bench moves by plain
+// MPI as the floor of the same traffic.
+type NetworkMeter interface {
+	NetworkSent() []int64
+}
+
 // A Masker is an Engine that can mask stalled ranks
 // (Config.MaskStalledRanks).
 type Masker interface {

@@ -21,9 +21,15 @@ type benchCase struct {
 // openBench makes c's group on the world, with the same routing on every
 // run and zeroed tokens and outputs in host memory.
 func openBench(b *testing.B, c benchCase) (g *ep.Group[ep.BF16], topk []int32, weights []float32, x, out ep.Tensor[ep.BF16]) {
+	return openBenchOn(b, c, nil)
+}
+
+// openBenchOn is openBench on backend (nil: the default).
+func openBenchOn(b *testing.B, c benchCase, backend ep.Backend) (g *ep.Group[ep.BF16], topk []int32, weights []float32, x, out ep.Tensor[ep.BF16]) {
 	b.Helper()
 	w := mpitesting.World
-	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: c.tokens, Hidden: c.hidden, TopK: c.topk}
+	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: c.tokens, Hidden: c.hidden, TopK: c.topk,
+		Backend: backend}
 	g, err := ep.NewGroup[ep.BF16](w, cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -236,7 +242,7 @@ func BenchmarkStatsCost(b *testing.B) {
 //
 //	go run ./internal/cmd/mpitest -np 2 -sim "" -run '^$' -bench LLDirectPath -benchtime 60x ./ep
 func BenchmarkLLDirectPath(b *testing.B) {
-	alternateRounds(b, "general", "direct", ep.UseGeneralLL)
+	alternateRounds(b, "general", "direct", ep.CPUGeneralLL)
 }
 
 // BenchmarkLLReduceKernel measures what summing the combine's rows in Go
@@ -246,26 +252,27 @@ func BenchmarkLLDirectPath(b *testing.B) {
 //
 //	go run ./internal/cmd/mpitest -np 2 -sim "" -run '^$' -bench LLReduceKernel -benchtime 60x ./ep
 func BenchmarkLLReduceKernel(b *testing.B) {
-	alternateRounds(b, "cgo", "assembly", ep.UseReduceKernelC)
+	alternateRounds(b, "cgo", "assembly", ep.CPUReduceKernelC)
 }
 
 // alternateRounds times bursts of 2000 decode rounds (1 token, hidden 128,
-// top-2, 4 experts per rank) on one group, alternating between the code
-// that off turns on until its restore (named oldName) and the default
-// (newName), and reports the medians of each and their ratio, which a
-// noisy machine shifts alike.
-func alternateRounds(b *testing.B, oldName, newName string, off func() (restore func())) {
+// top-2, 4 experts per rank) alternating between two groups, one on the
+// backend old (named oldName) and one on the default (newName), and
+// reports the medians of each and their ratio, which a noisy machine
+// shifts alike.
+func alternateRounds(b *testing.B, oldName, newName string, old ep.Backend) {
 	w := mpitesting.World
+	var groups [2]*ep.Group[ep.BF16] // old, new
+	groups[0], _, _, _, _ = openBenchOn(b, decodeStep(), old)
+	defer groups[0].Close()
 	g, topk, weights, x, out := openBench(b, decodeStep())
 	defer g.Close()
+	groups[1] = g
 	const rounds = 2000
 	var perRound [2][]float64 // old, new
 	for i := 0; i < b.N; i++ {
 		path := i % 2
-		restore := func() {}
-		if path == 0 {
-			restore = off()
-		}
+		g := groups[path]
 		if err := w.Barrier(); err != nil {
 			b.Fatal(err)
 		}
@@ -280,7 +287,6 @@ func alternateRounds(b *testing.B, oldName, newName string, off func() (restore 
 			}
 		}
 		perRound[path] = append(perRound[path], float64(time.Since(t0).Nanoseconds())/rounds)
-		restore()
 	}
 	if len(perRound[1]) == 0 {
 		return // b.N = 1: nothing to compare

@@ -20,8 +20,7 @@ func TestConformanceCPU(t *testing.T) {
 // The CPU engine with LL's count-round protocol, which large messages take
 // (the suite's are small enough for the slot protocol).
 func TestConformanceCPUCountRound(t *testing.T) {
-	defer ep.SetSlotProtocolMax(0)()
-	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.CPU, Reference: ep.Alltoallv, ZeroAllocs: true, Refusals: true})
+	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.CPUWithSlotProtocolMax(0), Reference: ep.Alltoallv, ZeroAllocs: true, Refusals: true})
 }
 
 // The two-sided baseline, checked against the CPU engine. Its timeouts come

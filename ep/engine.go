@@ -28,17 +28,53 @@ var CPU Backend = cpuBackend{}
 // with no deadline.
 var CPUOneSided Backend = cpuBackend{oneSided: true}
 
-type cpuBackend struct{ oneSided bool }
+type cpuBackend struct {
+	oneSided bool
+	tune     tuning
+}
 
-func (b cpuBackend) Name() string {
-	if b.oneSided {
-		return "cpu-onesided"
+// tuning are the CPU engine's internal switches, set per group by the
+// package's own tests and benchmarks (export_test.go) to check and compare
+// the paths they choose between; the zero value is the defaults.
+type tuning struct {
+	slotMax   int  // the largest LL message on the slot protocol: 0 the default (slotProtocolMax), < 0 none
+	generalLL bool // LL dispatches take the general path where they would take the direct one
+	reduceInC bool // small reductions call the C kernel instead of the Go assembly
+}
+
+// slotProtocolMax is the largest message (the most bytes one rank sends:
+// MaxTokensPerRank * min(TopK, experts per rank) rows) for which LL uses the
+// slot protocol by default. Below it a count round (a hop between ranks)
+// costs more than moving the received rows once more to pack them; above
+// it, less.
+const slotProtocolMax = 32 << 10
+
+// slotProtocolMax is the tuning's largest message on the slot protocol.
+func (t tuning) slotProtocolMax() int {
+	switch {
+	case t.slotMax < 0:
+		return -1
+	case t.slotMax == 0:
+		return slotProtocolMax
 	}
-	return "cpu"
+	return t.slotMax
+}
+
+// Name is "cpu" or "cpu-onesided", with a slot protocol limit other than
+// the default said (every rank must take the same protocol).
+func (b cpuBackend) Name() string {
+	name := "cpu"
+	if b.oneSided {
+		name = "cpu-onesided"
+	}
+	if b.tune.slotMax != 0 {
+		name += fmt.Sprintf("(slot protocol up to %d bytes)", b.tune.slotProtocolMax())
+	}
+	return name
 }
 
 func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
-	e, err := openEngine(comm, spec, b.oneSided)
+	e, err := openEngine(comm, spec, b)
 	if err != nil {
 		return nil, err // not a nil *engine in a non-nil Engine
 	}
@@ -55,6 +91,7 @@ func (cpuBackend) Supports(f Feature) bool {
 // that decides what goes where.
 type engine struct {
 	spec      Spec
+	tune      tuning
 	topo      *mpi.Topology
 	shm       *mpi.SharedWindow
 	t         transport
@@ -84,22 +121,9 @@ type mode interface {
 	combineWait(c *Combine) error
 }
 
-// areas hands out offsets of one memory, aligned for rows.
-type areas struct{ n int }
-
-func (a *areas) take(size int) int {
-	align := 64
-	if size >= 4096 {
-		align = 4096
-	}
-	a.n = (a.n + align - 1) / align * align
-	off := a.n
-	a.n += size
-	return off
-}
-
-func openEngine(comm *mpi.Comm, spec Spec, oneSidedNet bool) (_ *engine, err error) {
-	e := &engine{spec: spec, names: newOpNames(spec.Mode)}
+func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) {
+	oneSidedNet := b.oneSided
+	e := &engine{spec: spec, tune: b.tune, names: newOpNames(spec.Mode)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.Close()) // every rank fails at the same step: the frees stay collective
@@ -125,7 +149,7 @@ func openEngine(comm *mpi.Comm, spec Spec, oneSidedNet bool) (_ *engine, err err
 		}
 	}
 	tr.nodeRanks = t.RanksOnNode(e.node)
-	tr.waits = make([]time.Duration, R)
+	tr.waits, tr.netSent = make([]time.Duration, R), make([]int64, R)
 	tr.masked, tr.maskStalled = make([]bool, R), spec.MaskStalledRanks
 	tr.setMasked(tr.me, false) // the lists of ranks that take part: all
 	if len(tr.nodeRanks) <= onlineCPUs() {
@@ -133,17 +157,21 @@ func openEngine(comm *mpi.Comm, spec Spec, oneSidedNet bool) (_ *engine, err err
 	}
 
 	tr.in = inboxFor(spec, R, t.Nodes)
-	seg, win := areas{n: tr.in.size}, areas{n: tr.in.size}
+	seg, win := newArenas(tr.in.size)
 	var modeErr error // agreed on below, with the footprint: every rank fails at the same step
 	if spec.Mode == LowLatency {
-		e.mode, modeErr = newLL(e, &seg, &win)
+		e.mode, modeErr = newLL(e, seg, win)
 	} else {
-		e.mode = newHT(e, &seg, &win)
+		e.mode = newHT(e, seg, win)
 	}
 	e.segSize = seg.n
 	if t.Nodes > 1 {
 		e.winSize = win.n
 	}
+	// Large blocks leave for other nodes straight from the segment, except
+	// where a masked rank may never receive them (its sends would stay in
+	// flight) or puts complete at once anyway (one-sided).
+	tr.inPlace = t.Nodes > 1 && !oneSidedNet && !spec.MaskStalledRanks
 	// Refuse what the node cannot give before allocating anything (the
 	// kernel would kill a rank half way, or MPI fail with MPI_ERR_INTERN),
 	// on every rank: a node that fits must not go on into the allocations.
@@ -207,6 +235,9 @@ func (e *engine) BufferBytes() int { return e.segSize + e.winSize }
 
 // Meter reports what the engine measured since it was opened.
 func (e *engine) Meter() ([]time.Duration, int64) { return e.t.waits, e.t.netBytes }
+
+// NetworkSent is, per rank, the bytes this rank put to it across nodes.
+func (e *engine) NetworkSent() []int64 { return e.t.netSent }
 
 func (e *engine) DispatchSend(d *Dispatch) error {
 	return e.outcome(d.Op, e.names.dispatch, e.mode.send(d))

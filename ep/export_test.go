@@ -1,12 +1,13 @@
 package ep
 
-// SetSlotProtocolMax sets the largest LL message that takes the slot
-// protocol, for groups made afterwards (0: never), and returns a function
-// that restores it: the tests run the conformance suite on both protocols.
-func SetSlotProtocolMax(n int) (restore func()) {
-	old := slotProtocolMax
-	slotProtocolMax = n
-	return func() { slotProtocolMax = old }
+// CPUWithSlotProtocolMax is the CPU backend whose LL groups take the slot
+// protocol for messages of at most n bytes a rank (n < 0: never): the tests
+// run the conformance suite on both protocols.
+func CPUWithSlotProtocolMax(n int) Backend {
+	if n == 0 {
+		n = -1
+	}
+	return cpuBackend{tune: tuning{slotMax: n}}
 }
 
 // UsePortableCast makes the FP8 cast the portable one instead of the
@@ -27,20 +28,13 @@ func CountStats[E Element](g *Group[E], h Handle[E]) {
 	g.count(h.s, true)
 }
 
-// UseGeneralLL makes LL dispatches take the general path where they would
-// take the direct one (one node, slot protocol), and returns a function
-// that restores it: BenchmarkLLDirectPath compares the two in one run.
-func UseGeneralLL() (restore func()) {
-	old := llDirect
-	llDirect = false
-	return func() { llDirect = old }
-}
+// CPUGeneralLL is the CPU backend whose LL dispatches take the general
+// path where they would take the direct one (one node, slot protocol): the
+// paths are one protocol (TestLLPathsInterop mixes them across ranks), and
+// BenchmarkLLDirectPath compares them in one run.
+var CPUGeneralLL Backend = cpuBackend{tune: tuning{generalLL: true}}
 
-// UseReduceKernelC makes the combine's small reductions call the C kernel
-// where they would run in Go assembly, and returns a function that
-// restores it: BenchmarkLLReduceKernel compares the two in one run.
-func UseReduceKernelC() (restore func()) {
-	old := reduceInGo
-	reduceInGo = false
-	return func() { reduceInGo = old }
-}
+// CPUReduceKernelC is the CPU backend whose combines call the C kernel for
+// the small reductions that would run in Go assembly:
+// BenchmarkLLReduceKernel compares the two in one run.
+var CPUReduceKernelC Backend = cpuBackend{tune: tuning{reduceInC: true}}

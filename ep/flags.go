@@ -60,6 +60,35 @@ type waited struct {
 	err     error         // the network failed while the wait made it progress (transport.poll)
 }
 
+// sweepFlags checks flags once, from first (the flags before it have
+// arrived): it returns the first flag still short of target (len(flags):
+// all arrived) and, in w, the rank that refused the call where that flag's
+// abort word says so (w.refused), or, with checkAhead, a flag already past
+// the target's call (w.ahead).
+func sweepFlags(flags, aborts []ptr, first int, target uint64, checkAhead bool) (int, waited) {
+	w := waited{missing: -1, refused: -1, ahead: -1}
+	for first < len(flags) {
+		v := atomic.LoadUint64((*uint64)(flags[first]))
+		if v < target {
+			if aborts != nil {
+				if a := atomic.LoadUint64((*uint64)(aborts[first])); a>>32 == target>>32 && a&refusedBit != 0 {
+					w.refused = int(a & 0xffffff)
+				}
+			}
+			return first, w
+		}
+		if checkAhead && v>>32 > target>>32 {
+			w.ahead = first
+			return first, w
+		}
+		first++
+	}
+	return first, w
+}
+
+// yield gives up the core to another thread that wants it.
+func yield() { syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
+
 // waitAll waits until every flag holds at least target, for at most
 // timeout. aborts (nil: none) holds, for each flag, the abort word of the
 // rank that raises it: when a flag is late and its rank's abort word says

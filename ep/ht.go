@@ -11,12 +11,14 @@ import (
 //
 //	dispatch send: share every rank's tokens per rank and per node (the row
 //	  offsets follow from them); wait until the node's ranks finished reading
-//	  this rank's buffers; post each token once into every rank of this node
-//	  that owns one of its experts, with its metadata, and raise their data
-//	  flags; post each token once per other node, with its global top-k ids
-//	  and weights, into the staging of its rail peer there (the rank whose
-//	  local rank is this rank's modulo the node's size: the same local rank
-//	  when nodes are equal), and raise its staged flag.
+//	  this rank's buffers; write each token once into every rank of this
+//	  node that owns one of its experts, with its metadata, and raise their
+//	  data flags; write each token once per other node into the outbox, in
+//	  the staged order of its rail peer there (the rank whose local rank is
+//	  this rank's modulo the node's size: the same local rank when nodes are
+//	  equal), and send the outbox to every rail peer at once, chunk by chunk
+//	  as it fills (htChunk tokens), straight from the segment; then the
+//	  tokens' global top-k ids and weights, and raise the staged flag.
 //	dispatch wait: as a rail peer, wait for each other node's staged tokens
 //	  and forward them into the ranks of this node that own their experts,
 //	  raising those ranks' data flags on behalf of the original sender; then
@@ -24,43 +26,52 @@ import (
 //	combine send: say where the partial outputs are and raise combine-ready
 //	  at this node's ranks, which read them in place.
 //	combine wait: wait for this node's combine-ready; as a rail peer, sum
-//	  this node's partials of each forwarded token and post the sums back to
-//	  the sender; then sum, for each own token, the partials of this node's
-//	  ranks (in place) and the sums of other nodes (staged), node by node in
-//	  a fixed order; tell the node's ranks their buffers are free.
+//	  this node's partials of each forwarded token into the segment and
+//	  send the sums back to the sender straight from there; then sum, for
+//	  each own token, the partials of this node's ranks (in place) and the
+//	  sums of other nodes (staged), node by node in a fixed order; tell the
+//	  node's ranks their buffers are free.
+//
+// Rows are written by the wire format (rowFormat) and move with their side
+// data (rowArea), as in LL.
 type htMode struct {
 	e                              *engine
 	R, L, M, K, H, rowBytes, nodes int
 	myNode                         int
 	maxRecv                        int
+	wire                           rowFormat
 	forwarder                      []int        // per rank: the rank of this node that forwards its tokens here
 	rails                          []int        // per node: this rank's rail peer there (itself on its own node)
 	slots                          []int        // per node: this rank's staging slot at its rail peer there
 	myRails                        []int        // the rail peers on other nodes, in node order
 	senders                        []railSender // the ranks of other nodes whose rail peer on this node is this rank
 	senderRanks                    []int        // their ranks
-	recv, tok, topk, w, comb, vals int          // segment areas, [maxRecv] rows
-	stage, stok, stopk, sw         int          // staging: tokens from each rail sender, [slots][M]
-	sums, svals                    int          // staging: each node's sums of this rank's tokens, [nodes][M]
-	mine                           []int32
-	lists                          [][]int32 // per rank of this node: the tokens (or staged rows) it gets
-	meta                           []byte
-	partials                       []byte
-	vsum                           []float32
-	start                          []int32
-	src, vals2                     addrTable
-	area                           []int
-	counts                         []int32
 
-	// The wire (see llMode): FP8 rows are wireBytes of codes with sclBytes
-	// of scales apart, in the segment (scl) and the staging (sstage); rows
-	// for other nodes are cast into the outbox first, [M*(nodes-1)] rows.
-	fp8                 bool
-	wireBytes, sclBytes int
-	scl, sstage         int
-	outbox, outboxScl   int
-	nodeFirst           []int // per other node: its first row in the outbox
-	cq                  castQueue
+	// Segment: received rows [maxRecv], each with its token, local top-k
+	// ids and weights; the combine buffer and row values laid out the
+	// same; the outbox, [M*(nodes-1)] rows for other nodes, node by node;
+	// the sums this rank sends back as a rail peer, [senders][M] rows.
+	recv, outbox rowArea
+	tok, topk, w region
+	comb, vals   region
+	sumsOut      region
+	// Staging: tokens from each rail sender [slots][M] with their tokens,
+	// global top-k ids and weights; each node's sums of this rank's tokens,
+	// [nodes][M], with their values.
+	stage           rowArea
+	stok, stopk, sw region
+	sums, svals     region
+	sent, sentSums  uint64 // the in-place puts of the outbox and of the sums (awaitSent)
+
+	mine       []int32
+	lists      [][]int32 // per rank of this node: the tokens (or staged rows) it gets
+	meta       []byte
+	vsum       []float32
+	start      []int32
+	src, vals2 addrTable
+	area       []int
+	counts     []int32
+	nodeFirst  []int // per other node: its first row in the outbox
 }
 
 // htState is what a dispatch keeps between its halves and for its combine.
@@ -88,7 +99,7 @@ type fwdPlan struct {
 	row   []int32 // row at the destination
 }
 
-func newHT(e *engine, seg, win *areas) *htMode {
+func newHT(e *engine, seg, win *arena) *htMode {
 	m := htDims(e.spec, e.t.size, e.nodes)
 	m.e, m.myNode = e, e.node
 	m.takeAreas(m.placeRails(), seg, win)
@@ -99,33 +110,28 @@ func newHT(e *engine, seg, win *areas) *htMode {
 // htDims is an htMode of R ranks on nodes nodes with its sizes only.
 func htDims(s Spec, R, nodes int) *htMode {
 	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R), fp8: s.Wire.FP8(), wireBytes: s.WireRowBytes}
+		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R), wire: newRowFormat(s)}
 }
 
 // takeAreas places HT's areas, with slots staging slots (placeRails).
-func (m *htMode) takeAreas(slots int, seg, win *areas) {
+func (m *htMode) takeAreas(slots int, seg, win *arena) {
 	n, K, M := m.maxRecv, m.K, m.M
-	if m.fp8 {
-		m.sclBytes = 4 * ScaleGroups(m.H)
-		m.scl = seg.take(n * m.sclBytes)
-		m.sstage = win.take(slots * M * m.sclBytes)
-		if m.nodes > 1 {
-			m.outbox = seg.take(M * (m.nodes - 1) * m.wireBytes)
-			m.outboxScl = seg.take(M * (m.nodes - 1) * m.sclBytes)
-		}
+	m.recv = seg.takeRows("HT received rows", n, m.wire)
+	m.tok = seg.take("HT received tokens", n, 4)
+	m.topk = seg.take("HT received top-k ids", n, 4*K)
+	m.w = seg.take("HT received weights", n, 4*K)
+	m.comb = seg.take("HT combine buffer", n, m.rowBytes)
+	m.vals = seg.take("HT row values", n, 4*K)
+	if m.nodes > 1 {
+		m.outbox = seg.takeRows("HT outbox for other nodes", M*(m.nodes-1), m.wire)
+		m.sumsOut = seg.take("HT sums for other nodes", slots*M, m.rowBytes) // by the sender's slot
 	}
-	m.recv = seg.take(n * m.wireBytes)
-	m.tok = seg.take(4 * n)
-	m.topk = seg.take(4 * n * K)
-	m.w = seg.take(4 * n * K)
-	m.comb = seg.take(n * m.rowBytes)
-	m.vals = seg.take(4 * n * K)
-	m.stage = win.take(slots * M * m.wireBytes)
-	m.stok = win.take(4 * slots * M)
-	m.stopk = win.take(4 * slots * M * K)
-	m.sw = win.take(4 * slots * M * K)
-	m.sums = win.take(m.nodes * M * m.rowBytes)
-	m.svals = win.take(4 * m.nodes * M * K)
+	m.stage = win.takeRows("HT rows from other nodes", slots*M, m.wire)
+	m.stok = win.take("HT tokens from other nodes", slots*M, 4)
+	m.stopk = win.take("HT top-k ids from other nodes", slots*M, 4*K)
+	m.sw = win.take("HT weights from other nodes", slots*M, 4*K)
+	m.sums = win.take("HT sums from other nodes", m.nodes*M, m.rowBytes)
+	m.svals = win.take("HT row values from other nodes", m.nodes*M, 4*K)
 }
 
 // placeRails pairs the ranks across nodes. A rank with local rank i sends
@@ -202,11 +208,14 @@ func (m *htMode) send(d *Dispatch) error {
 	q, me, rt := d.Op, t.me, d.Route
 	st := m.state(d)
 	st.cached = d.From != nil
+	t0 := t.clock()
 	if st.cached {
 		st.copyFrom(d.From.State.(*htState))
 	} else if err := m.exchangeCounts(op, st, q, rt); err != nil {
 		return err
 	}
+	t.span(q, "counts", -1, 0, t0)
+	t0 = t.clock()
 	if err := t.awaitReaders(op, 0, e.last[0]); err != nil {
 		return err
 	}
@@ -216,29 +225,21 @@ func (m *htMode) send(d *Dispatch) error {
 	for tk := 0; tk < rt.T; tk++ {
 		for _, dst := range t.nodeRanks {
 			if o := rt.TokRankOrd[tk*m.R+dst]; o >= 0 {
-				row := st.sendOff[dst] + int(o)
-				if m.fp8 { // cast straight into its row, once per token
-					m.cq.add(t.lsa(dst, m.recv+row*m.wireBytes), t.lsa(dst, m.scl+row*m.sclBytes), int64(tk*m.rowBytes))
-				} else {
-					t.post(dst, m.recv+row*m.rowBytes, -1, int64(tk*m.rowBytes), m.rowBytes)
-				}
+				m.wire.put(t.seg[dst], m.recv, st.sendOff[dst]+int(o), int64(tk*m.rowBytes))
 				rows[dst] = append(rows[dst], int32(tk))
 			}
 		}
 	}
-	if m.fp8 {
-		m.cq.flush(hostBytes(d.X), m.H, m.e.spec.Elem, m.e.spec.Wire)
-	} else if err := t.flush(hostBytes(d.X)); err != nil {
-		return err
-	}
+	m.wire.flush(hostBytes(d.X))
 	for _, dst := range t.nodeRanks {
 		first := st.sendOff[dst]
-		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*m.K), t.lsa(dst, m.w+4*first*m.K),
+		htMeta(t.lsa(dst, m.tok.at(first)), t.lsa(dst, m.topk.at(first)), t.lsa(dst, m.w.at(first)),
 			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst)
 	}
 	if err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil); err != nil {
 		return err
 	}
+	t.span(q, "this node", -1, 0, t0)
 	return m.sendAcross(d)
 }
 
@@ -286,99 +287,102 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing) e
 	return nil
 }
 
-// sendAcross posts each token once per other node, with its global top-k ids
-// and weights, to the rail peer there, and raises its staged flag.
+// htChunk is how many of its tokens a rank writes into the outbox before
+// it sends what they filled: the wire starts on the first chunk while the
+// next ones are written, and every rail peer gets its part of each chunk at
+// once.
+const htChunk = 256
+
+// sendAcross writes each token once per other node into the outbox (in
+// the staged order of the rail peer there: the token order) and sends each
+// rail peer its rows chunk by chunk, then their tokens, global top-k ids
+// and weights, and raises its staged flag.
 func (m *htMode) sendAcross(d *Dispatch) error {
 	t := &m.e.t
+	op := m.e.names.dispatch
 	rt, K, M := d.Route, m.K, m.M
+	t0 := t.clock()
+	if err := t.awaitSent(op, m.sent); err != nil { // the outbox's last rows have left
+		return err
+	}
+	m.nodeFirst = growTo(m.nodeFirst, m.nodes)
 	total := 0
 	for n := 0; n < m.nodes; n++ {
 		if n != m.myNode {
+			m.nodeFirst[n] = total
 			total += int(rt.PerNode[n])
 		}
 	}
-	// Staged metadata, packed per node: tokens, then top-k ids, then weights.
+	// The rows, chunk by chunk: a chunk's rows of each node are consecutive
+	// in the outbox (the staged order is the token order).
+	x := hostBytes(d.X)
+	next := m.area[:0] // per node: its rows written so far
+	next = growTo(next, m.nodes)
+	clear(next)
+	m.area = next
+	for lo := 0; lo < rt.T; lo += htChunk {
+		hi := min(lo+htChunk, rt.T)
+		for tk := lo; tk < hi; tk++ {
+			for n := 0; n < m.nodes; n++ {
+				if o := int(rt.TokNodeOrd[tk*m.nodes+n]); o >= 0 && n != m.myNode {
+					m.wire.put(t.seg[t.me], m.outbox, m.nodeFirst[n]+o, int64(tk*m.rowBytes))
+				}
+			}
+		}
+		m.wire.flush(x)
+		for n := 0; n < m.nodes; n++ {
+			if n == m.myNode {
+				continue
+			}
+			done := int(rt.TokNodeOrd[(hi-1)*m.nodes+n]) // this node's rows so far, from the last token that has one
+			for tk := hi - 1; done < 0 && tk >= lo; tk-- {
+				done = int(rt.TokNodeOrd[tk*m.nodes+n])
+			}
+			if done++; done > next[n] {
+				t.exposeRows(m.rails[n], m.outbox, m.nodeFirst[n]+next[n], done-next[n], m.stage, m.slots[n]*M+next[n])
+				next[n] = done
+			}
+		}
+		var err error
+		if m.sent, err = t.flushInPlace(); err != nil {
+			return err
+		}
+		if t.net != nil {
+			if err := t.net.Progress(); err != nil { // the handshakes of the sends start
+				return err
+			}
+		}
+	}
+	t.span(d.Op, "rows across", -1, int64(total*m.wire.rowBytes()), t0)
+	// Their tokens, top-k ids and weights, packed per node.
 	m.meta = growTo(m.meta, 4*total*(1+2*K))
 	base := unsafe.Pointer(unsafe.SliceData(m.meta))
 	words := unsafe.Slice((*int32)(base), total*(1+K))
 	tok, ids := words[:total], words[total:]
 	wts := unsafe.Slice((*float32)(unsafe.Add(base, 4*total*(1+K))), total*K)
-	first := 0 // this node's first packed row
+	for tk := 0; tk < rt.T; tk++ {
+		for n := 0; n < m.nodes; n++ {
+			if o := int(rt.TokNodeOrd[tk*m.nodes+n]); o >= 0 && n != m.myNode {
+				i := m.nodeFirst[n] + o
+				tok[i] = int32(tk)
+				copy(ids[i*K:], d.TopK[tk*K:(tk+1)*K])
+				copy(wts[i*K:], d.Weights[tk*K:(tk+1)*K])
+			}
+		}
+	}
 	for n := 0; n < m.nodes; n++ {
 		if n == m.myNode || rt.PerNode[n] == 0 {
 			continue
 		}
-		r, slot := m.rails[n], m.slots[n]
-		for tk := 0; tk < rt.T; tk++ {
-			o := int(rt.TokNodeOrd[tk*m.nodes+n])
-			if o < 0 {
-				continue
-			}
-			if !m.fp8 { // (FP8: castAcross)
-				t.post(r, -1, m.stage+(slot*M+o)*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
-			}
-			tok[first+o] = int32(tk)
-			copy(ids[(first+o)*K:], d.TopK[tk*K:(tk+1)*K])
-			copy(wts[(first+o)*K:], d.Weights[tk*K:(tk+1)*K])
-		}
-		first += int(rt.PerNode[n])
-	}
-	if err := t.flush(hostBytes(d.X)); err != nil {
-		return err
-	}
-	if m.fp8 {
-		if err := m.castAcross(d); err != nil {
-			return err
-		}
-	}
-	first = 0
-	for n := 0; n < m.nodes; n++ {
-		if n == m.myNode || rt.PerNode[n] == 0 {
-			continue
-		}
-		r, slot, c := m.rails[n], m.slots[n], int(rt.PerNode[n])
-		t.post(r, -1, m.stok+4*slot*M, int64(4*first), 4*c)
-		t.post(r, -1, m.stopk+4*slot*M*K, int64(4*(total+first*K)), 4*c*K)
-		t.post(r, -1, m.sw+4*slot*M*K, int64(4*(total*(1+K)+first*K)), 4*c*K)
-		first += c
+		r, slot, c, first := m.rails[n], m.slots[n], int(rt.PerNode[n]), m.nodeFirst[n]
+		t.post(r, -1, m.stok.at(slot*M), int64(4*first), 4*c)
+		t.post(r, -1, m.stopk.at(slot*M), int64(4*(total+first*K)), 4*c*K)
+		t.post(r, -1, m.sw.at(slot*M), int64(4*(total*(1+K)+first*K)), 4*c*K)
 	}
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
 	return t.raise(m.myRails, flagStaged, 0, t.me, d.Op, 0, nil)
-}
-
-// castAcross casts this rank's tokens for other nodes into the outbox,
-// token by token (a token for several nodes is cast once), packed per node
-// in the staged order of its rail peer there, and puts each rail peer its
-// block of rows and of scales.
-func (m *htMode) castAcross(d *Dispatch) error {
-	t, rt, M := &m.e.t, d.Route, m.M
-	m.nodeFirst = growTo(m.nodeFirst, m.nodes)
-	first := 0
-	for n := 0; n < m.nodes; n++ {
-		if n != m.myNode {
-			m.nodeFirst[n] = first
-			first += int(rt.PerNode[n])
-		}
-	}
-	for tk := 0; tk < rt.T; tk++ {
-		for n := 0; n < m.nodes; n++ {
-			if o := int(rt.TokNodeOrd[tk*m.nodes+n]); o >= 0 && n != m.myNode {
-				row := m.nodeFirst[n] + o
-				m.cq.add(t.lsa(t.me, m.outbox+row*m.wireBytes), t.lsa(t.me, m.outboxScl+row*m.sclBytes), int64(tk*m.rowBytes))
-			}
-		}
-	}
-	m.cq.flush(hostBytes(d.X), m.H, m.e.spec.Elem, m.e.spec.Wire)
-	for n := 0; n < m.nodes; n++ {
-		if c := int(rt.PerNode[n]); n != m.myNode && c > 0 {
-			r, slot, row := m.rails[n], m.slots[n], m.nodeFirst[n]
-			t.expose(r, m.outbox+row*m.wireBytes, m.stage+slot*M*m.wireBytes, c*m.wireBytes)
-			t.expose(r, m.outboxScl+row*m.sclBytes, m.sstage+slot*M*m.sclBytes, c*m.sclBytes)
-		}
-	}
-	return t.flush(t.segBytes)
 }
 
 func (m *htMode) wait(d *Dispatch) error {
@@ -391,12 +395,14 @@ func (m *htMode) wait(d *Dispatch) error {
 			return err
 		}
 	}
+	t0 := t.clock()
 	if err := t.await(op, "rows it sends or forwards", flagData, 0, t.all, m.forwarder, q); err != nil {
 		return err
 	}
+	t.span(q, "wait data flags", -1, 0, t0)
 	n := st.recvOff[m.R]
 	m.counts = growTo(m.counts, m.L)
-	countLocal(t.lsa(me, m.topk), n, K, m.counts)
+	countLocal(t.lsa(me, m.topk.off), n, K, m.counts)
 	for l, c := range m.counts {
 		st.expert[l] = int(c)
 	}
@@ -404,17 +410,17 @@ func (m *htMode) wait(d *Dispatch) error {
 		st.source[s] = st.recvOff[s+1] - st.recvOff[s]
 	}
 	d.Recv = Received{
-		Rows:         hostTensor[byte](e, m.recv, n*m.wireBytes),
-		Outputs:      hostTensor[byte](e, m.comb, n*m.rowBytes),
-		Weights:      hostTensor[float32](e, m.w, n*K),
-		TopK:         hostTensor[int32](e, m.topk, n*K),
-		Tokens:       hostTensor[int32](e, m.tok, n),
+		Rows:         hostTensor[byte](e, m.recv.rows.off, m.recv.rows.len(n)),
+		Outputs:      hostTensor[byte](e, m.comb.off, m.comb.len(n)),
+		Weights:      hostTensor[float32](e, m.w.off, n*K),
+		TopK:         hostTensor[int32](e, m.topk.off, n*K),
+		Tokens:       hostTensor[int32](e, m.tok.off, n),
 		ExpertCounts: st.expert,
 		SourceCounts: st.source,
 		NumRecv:      n,
 	}
-	if m.fp8 {
-		d.Recv.Scales = hostTensor[float32](e, m.scl, n*m.sclBytes/4)
+	if side := m.recv.side; side.stride > 0 {
+		d.Recv.Scales = hostTensor[float32](e, side.off, side.len(n)/4)
 	}
 	return nil
 }
@@ -426,13 +432,16 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	t := &m.e.t
 	K, M, stride := m.K, m.M, m.stride()
 	s, slot := m.senders[i].rank, m.senders[i].slot
+	t0 := t.clock()
 	if err := t.await(op, "its tokens for this node", flagStaged, 0, t.all[s:s+1], nil, d.Op); err != nil {
 		return err
 	}
+	t.span(d.Op, "wait staged", s, 0, t0)
+	t0 = t.clock()
 	n := int(st.n[s*stride+m.R+m.myNode])
-	tok := unsafe.Slice((*int32)(t.staged(m.stok+4*slot*M)), n)
-	topk := unsafe.Slice((*int32)(t.staged(m.stopk+4*slot*M*K)), n*K)
-	w := unsafe.Slice((*float32)(t.staged(m.sw+4*slot*M*K)), n*K)
+	tok := unsafe.Slice((*int32)(t.staged(m.stok.at(slot*M))), n)
+	topk := unsafe.Slice((*int32)(t.staged(m.stopk.at(slot*M))), n*K)
+	w := unsafe.Slice((*float32)(t.staged(m.sw.at(slot*M))), n*K)
 	if !st.cached {
 		m.planForward(&st.fwd[i], st, s, topk, n)
 	}
@@ -441,9 +450,9 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	for j := 0; j < n; j++ {
 		for x := p.start[j]; x < p.start[j+1]; x++ {
 			dst, row := int(p.dst[x]), int(p.row[x])
-			t.post(dst, m.recv+row*m.wireBytes, -1, int64(m.stage+(slot*M+j)*m.wireBytes), m.wireBytes)
-			if m.fp8 {
-				t.post(dst, m.scl+row*m.sclBytes, -1, int64(m.sstage+(slot*M+j)*m.sclBytes), m.sclBytes)
+			t.post(dst, m.recv.rows.at(row), -1, int64(m.stage.rows.at(slot*M+j)), m.stage.rows.stride)
+			if side := m.recv.side; side.stride > 0 {
+				t.post(dst, side.at(row), -1, int64(m.stage.side.at(slot*M+j)), side.stride)
 			}
 			perDst[dst] = append(perDst[dst], int32(j))
 		}
@@ -453,9 +462,10 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	}
 	for _, dst := range t.nodeRanks {
 		first := st.recvOffAt(s, dst, stride, m.R)
-		htMeta(t.lsa(dst, m.tok+4*first), t.lsa(dst, m.topk+4*first*K), t.lsa(dst, m.w+4*first*K),
+		htMeta(t.lsa(dst, m.tok.at(first)), t.lsa(dst, m.topk.at(first)), t.lsa(dst, m.w.at(first)),
 			perDst[dst], tok, topk, w, K, m.L, dst)
 	}
+	t.span(d.Op, "forward", s, 0, t0)
 	return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0, nil)
 }
 
@@ -526,7 +536,7 @@ func (m *htMode) combineSend(c *Combine) error {
 		copy(hostBytes(d.Recv.Outputs), hostBytes(c.Y))
 	}
 	if !c.RowValues.IsZero() {
-		copy(hostTensor[float32](e, m.vals, c.RowValues.Len()).Host(), c.RowValues.Host())
+		copy(hostTensor[float32](e, m.vals.off, c.RowValues.Len()).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
 	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op, uint32(ysrc), nil)
@@ -538,17 +548,19 @@ func (m *htMode) combineWait(c *Combine) error {
 	d := c.Dispatch
 	st := d.State.(*htState)
 	rt, R, K, M := d.Route, m.R, m.K, m.M
+	t0 := t.clock()
 	if err := t.await(op, "its partial outputs", flagReady, 0, t.nodeRanks, nil, c.Op); err != nil {
 		return err
 	}
+	t.span(c.Op, "wait node ready", -1, 0, t0)
 	area := growTo(m.area, R) // where each rank of this node keeps its partials
 	m.area = area
 	missing := -1
 	for _, r := range t.nodeRanks {
 		where := t.flagPayload(flagReady, 0, r, r)
-		area[r] = m.comb
+		area[r] = m.comb.off
 		if where&ySrcComb == 0 {
-			area[r] = m.recv
+			area[r] = m.recv.rows.off
 		}
 		if !c.SlotValues.IsZero() && where&ySrcValues == 0 {
 			missing = r
@@ -570,21 +582,23 @@ func (m *htMode) combineWait(c *Combine) error {
 					if o := rt.TokRankOrd[tk*R+r]; o >= 0 {
 						row := st.sendOff[r] + int(o)
 						src.add(t.lsa(r, area[r]+row*m.rowBytes))
-						vals.add(t.lsa(r, m.vals+4*row*K))
+						vals.add(t.lsa(r, m.vals.at(row)))
 					}
 				}
 			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 {
-				src.add(t.staged(m.sums + (b*M+int(o))*m.rowBytes))
-				vals.add(t.staged(m.svals + 4*(b*M+int(o))*K))
+				src.add(t.staged(m.sums.at(b*M + int(o))))
+				vals.add(t.staged(m.svals.at(b*M + int(o))))
 			}
 		}
 	}
 	start[rt.T] = int32(src.len())
 	m.start = start
+	t0 = t.clock()
 	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
 	if withValues {
 		sumValues(c.SlotValues.Host(), vals, start, rt.T, K)
 	}
+	t.span(c.Op, "reduce", -1, 0, t0)
 	if err := t.releaseReaders(0, c.Op); err != nil {
 		return err
 	}
@@ -595,41 +609,51 @@ func (m *htMode) combineWait(c *Combine) error {
 }
 
 // returnSums does the rail duty of a combine: for each other node's sender,
-// sum this node's partials of the tokens forwarded for it and post the sums
-// back; then wait for the sums of this rank's tokens from the other nodes.
+// sum this node's partials of the tokens forwarded for it into the
+// segment and send the sums back from there; then wait for the sums of
+// this rank's tokens from the other nodes.
 func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, withValues bool) error {
 	t := &m.e.t
 	K, M := m.K, m.M
+	if err := t.awaitSent(op, m.sentSums); err != nil { // the last sums have left
+		return err
+	}
 	for i := range m.senders {
 		p := &st.fwd[i]
 		if p.rows == 0 {
 			continue
 		}
+		t0 := t.clock()
 		src, vals := &m.src, &m.vals2
 		src.reset()
 		vals.reset()
 		for i := range p.dst {
 			r, row := int(p.dst[i]), int(p.row[i])
 			src.add(t.lsa(r, area[r]+row*m.rowBytes))
-			vals.add(t.lsa(r, m.vals+4*row*K))
+			vals.add(t.lsa(r, m.vals.at(row)))
 		}
-		m.partials = growTo(m.partials, p.rows*m.rowBytes)
-		reduceRows(unsafe.Pointer(unsafe.SliceData(m.partials)), m.e.spec.Elem, src, nil, p.start, p.rows, m.H, m.e.spec.Elem)
-		t.post(p.src, -1, m.sums+m.myNode*M*m.rowBytes, 0, p.rows*m.rowBytes)
-		if err := t.flush(m.partials[:p.rows*m.rowBytes]); err != nil {
+		sums := m.sumsOut.at(m.senders[i].slot * M)
+		reduceRows(t.lsa(t.me, sums), m.e.spec.Elem, src, nil, p.start, p.rows, m.H, m.e.spec.Elem)
+		t.expose(p.src, sums, m.sums.at(m.myNode*M), m.sumsOut.len(p.rows))
+		var err error
+		if m.sentSums, err = t.flushInPlace(); err != nil {
 			return err
 		}
 		if withValues {
 			m.vsum = growTo(m.vsum, p.rows*K)
 			sumValues(m.vsum, vals, p.start, p.rows, K)
-			t.post(p.src, -1, m.svals+4*m.myNode*M*K, 0, 4*p.rows*K)
+			t.post(p.src, -1, m.svals.at(m.myNode*M), 0, 4*p.rows*K)
 			if err := t.flush(dtype.Bytes(m.vsum)); err != nil {
 				return err
 			}
 		}
+		t.span(c.Op, "sums", p.src, int64(p.rows*m.rowBytes), t0)
 	}
 	if err := t.raise(m.senderRanks, flagSums, 0, t.me, c.Op, 0, nil); err != nil {
 		return err
 	}
-	return t.await(op, "the sums of its node", flagSums, 0, m.myRails, nil, c.Op)
+	t0 := t.clock()
+	err := t.await(op, "the sums of its node", flagSums, 0, m.myRails, nil, c.Op)
+	t.span(c.Op, "wait sums", -1, 0, t0)
+	return err
 }

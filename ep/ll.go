@@ -40,36 +40,32 @@ import (
 // outputs exposed back to a token's rank sit in its combine staging in its
 // own pair order (experts in order, pairs in token order).
 //
-// With an FP8 Wire the rows are cast on their way, by the kernel that
-// would have copied them: a node peer's slot gets e4m3 codes and scales
-// straight from this rank's tokens (each token cast once, then copied to
-// its other slots); rows for another node are cast into this rank's
-// outbox, in the receiver's staged order, and put as one block of rows and
-// one of scales per receiver. The scales settle and compact with the rows.
+// Rows are written by the wire format (rowFormat: copied, or cast to FP8
+// with their scales beside them) straight into a node peer's slot, or into
+// this rank's outbox in the staged order of the receiver on another node,
+// from which they leave as one block per receiver (and one of side data),
+// straight from the segment (flushInPlace). Side data settles and compacts
+// with the rows (rowArea).
 type llMode struct {
 	e                                *engine
 	R, E, L, M, K, H, rowBytes, span int
 	slots                            bool // the slot protocol (no count round)
+	wire                             rowFormat
 
-	// The wire: a received row is wireBytes (rowBytes, or Hidden e4m3
-	// codes with an FP8 Wire, whose scales, sclBytes, sit apart).
-	fp8                 bool
-	wireBytes, sclBytes int
-	// FP8 per buffer set: the scales of the received rows (segment) and of
-	// the staged ones (staging); the outbox where rows for other nodes are
-	// cast before they are put, [M*K] rows and their scales (segment).
-	scl, sstage       [2]int
-	outbox, outboxScl int
-	obase, ocnt       []int // per rank of another node: its first row in the outbox, and its rows
-	cq                castQueue
-
-	// Segment areas per buffer set: received rows [L][span] with token and
-	// weight per row; the combine buffer laid out the same, with values.
-	recv, tok, w, comb, vals [2]int
+	// Segment areas per buffer set: received rows [L][span] with a token
+	// and a weight per row; the combine buffer laid out the same, with
+	// values; the outbox, [M*K] rows for the ranks of other nodes, each
+	// receiver's rows one block in its staged order (obase, ocnt).
+	recv, outbox           [2]rowArea
+	tok, w, comb, vals     [2]region
+	obase, ocnt            []int // per rank of another node: its first row in the outbox, and its rows
+	sent                   [2]uint64
 	// Staging areas per buffer set: rows from each rank [R][cap] with token
 	// and weight; exposed outputs [M*K] with values.
-	stage, stageTok, stageW, cstage, cvals [2]int
-	cap                                    int
+	stage                  [2]rowArea
+	stageTok, stageW       [2]region
+	cstage, cvals          [2]region
+	cap                    int
 	// Per expert: its owner and its block's first row in the owner's
 	// receive buffer (tables, not x/L and x%L: a division is tens of cycles,
 	// paid per pair).
@@ -85,12 +81,6 @@ type llMode struct {
 	where  []uint32      // combine: where each rank's outputs are
 }
 
-// slotProtocolMax is the largest message (the most bytes one rank sends:
-// MaxTokensPerRank * min(TopK, experts per rank) rows) for which LL uses the
-// slot protocol. Below it a count round (a hop between ranks) costs more
-// than moving the received rows once more to pack them; above it, less.
-var slotProtocolMax = 32 << 10
-
 // llState is what a dispatch keeps between its halves and for its combine.
 type llState struct {
 	cnt      []int32 // [R][E]: pairs from each rank to each expert
@@ -102,11 +92,12 @@ type llState struct {
 	dropped  []int32 // pairs (t*K+k) whose owner was masked
 }
 
-func newLL(e *engine, seg, win *areas) (*llMode, error) {
-	m := layoutLL(e.spec, e.t.size, e.nodes, seg, win)
+func newLL(e *engine, seg, win *arena) (*llMode, error) {
+	m := layoutLL(e.spec, e.t.size, e.nodes, e.tune.slotProtocolMax(), seg, win)
 	m.e = e
+	m.obase, m.ocnt = make([]int, m.R), make([]int, m.R) // node peers' stay 0: their rows go straight to them
 	var err error
-	m.tables, err = newReduceTables(m.M*m.K, m.M)
+	m.tables, err = newReduceTables(m.M*m.K, m.M, e.tune.reduceInC)
 	return m, err
 }
 
@@ -115,38 +106,32 @@ func (m *llMode) free() { m.tables.free() }
 
 // layoutLL places LL's areas for a group of R ranks on nodes nodes: what
 // newLL does but for the engine, which BufferPlan needs too.
-func layoutLL(s Spec, R, nodes int, seg, win *areas) *llMode {
+// Messages of at most slotMax bytes a rank take the slot protocol.
+func layoutLL(s Spec, R, nodes, slotMax int, seg, win *arena) *llMode {
 	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, fp8: s.Wire.FP8(), wireBytes: s.WireRowBytes}
-	if m.fp8 {
-		m.sclBytes = 4 * ScaleGroups(m.H)
-	}
+		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, wire: newRowFormat(s)}
 	rows := m.L * m.span
 	m.ownerOf, m.blockOf = make([]int, m.E), make([]int, m.E)
 	for x := range m.ownerOf {
 		m.ownerOf[x], m.blockOf[x] = x/m.L, x%m.L*m.span
 	}
 	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
-	m.slots = m.cap*(m.wireBytes+m.sclBytes) <= slotProtocolMax || s.MaskStalledRanks
-	if m.fp8 && nodes > 1 {
-		m.outbox = seg.take(m.M * m.K * m.wireBytes)
-		m.outboxScl = seg.take(m.M * m.K * m.sclBytes)
-	}
+	m.slots = m.cap*(m.wire.rowBytes()+m.wire.sideBytes()) <= slotMax || s.MaskStalledRanks
 	for b := 0; b < 2; b++ {
-		m.recv[b] = seg.take(rows * m.wireBytes)
-		if m.fp8 {
-			m.scl[b] = seg.take(rows * m.sclBytes)
-			m.sstage[b] = win.take(R * m.cap * m.sclBytes)
+		set := [2]string{" (set 0)", " (set 1)"}[b]
+		m.recv[b] = seg.takeRows("LL received rows"+set, rows, m.wire)
+		m.tok[b] = seg.take("LL received tokens"+set, rows, 4)
+		m.w[b] = seg.take("LL received weights"+set, rows, 4)
+		m.comb[b] = seg.take("LL combine buffer"+set, rows, m.rowBytes)
+		m.vals[b] = seg.take("LL row values"+set, rows, 4)
+		if nodes > 1 {
+			m.outbox[b] = seg.takeRows("LL outbox for other nodes"+set, m.M*m.K, m.wire)
 		}
-		m.tok[b] = seg.take(4 * rows)
-		m.w[b] = seg.take(4 * rows)
-		m.comb[b] = seg.take(rows * m.rowBytes)
-		m.vals[b] = seg.take(4 * rows)
-		m.stage[b] = win.take(R * m.cap * m.wireBytes)
-		m.stageTok[b] = win.take(4 * R * m.cap)
-		m.stageW[b] = win.take(4 * R * m.cap)
-		m.cstage[b] = win.take(m.M * m.K * m.rowBytes)
-		m.cvals[b] = win.take(4 * m.M * m.K)
+		m.stage[b] = win.takeRows("LL rows from other nodes"+set, R*m.cap, m.wire)
+		m.stageTok[b] = win.take("LL tokens from other nodes"+set, R*m.cap, 4)
+		m.stageW[b] = win.take("LL weights from other nodes"+set, R*m.cap, 4)
+		m.cstage[b] = win.take("LL expert outputs from other nodes"+set, m.M*m.K, m.rowBytes)
+		m.cvals[b] = win.take("LL row values from other nodes"+set, m.M*m.K, 4)
 	}
 	return m
 }
@@ -258,8 +243,11 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	m.spos = growTo(m.spos, m.E)
 	m.stagedPos(st, me, m.spos)
 	toks := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(m.meta))), 2*n)
-	if m.fp8 {
+	if t.net != nil {
 		m.outboxBases(st)
+		if err := t.awaitSent(m.e.names.dispatch, m.sent[b]); err != nil { // the outbox's last rows have left
+			return err
+		}
 	}
 	for tk := 0; tk < rt.T; tk++ {
 		for k := 0; k < K; k++ {
@@ -272,28 +260,21 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 				st.dropped = append(st.dropped, int32(tk*K+k))
 				continue
 			}
-			i := int(st.pos[x] + rt.PairOrd[tk*K+k])
+			ord := int(rt.PairOrd[tk*K+k])
+			i := int(st.pos[x]) + ord
 			toks[i] = int32(tk)
 			toks[n+i] = int32(math.Float32bits(d.Weights[tk*K+k]))
-			row := m.blockOf[x] + int(st.off[me*m.E+x]+rt.PairOrd[tk*K+k])
-			staged := me*m.cap + int(m.spos[x]+rt.PairOrd[tk*K+k])
-			if !m.fp8 {
-				t.post(owner, m.recv[b]+row*m.rowBytes, m.stage[b]+staged*m.rowBytes, int64(tk*m.rowBytes), m.rowBytes)
-			} else if t.local[owner] { // cast straight into its slot
-				m.cq.add(t.lsa(owner, m.recv[b]+row*m.wireBytes), t.lsa(owner, m.scl[b]+row*m.sclBytes), int64(tk*m.rowBytes))
-			} else { // cast into the outbox, in the owner's staged order
-				o := m.obase[owner] + staged - me*m.cap
-				m.cq.add(t.lsa(me, m.outbox+o*m.wireBytes), t.lsa(me, m.outboxScl+o*m.sclBytes), int64(tk*m.rowBytes))
-			}
+			row := m.blockOf[x] + int(st.off[me*m.E+x]) + ord
+			t.writeRow(m.wire, owner, m.recv[b], row, m.outbox[b], m.obase[owner]+int(m.spos[x])+ord, int64(tk*m.rowBytes))
 		}
 	}
-	if err := t.flush(hostBytes(d.X)); err != nil {
+	m.wire.flush(hostBytes(d.X))
+	for _, r := range t.liveRemote {
+		t.exposeRows(r, m.outbox[b], m.obase[r], m.ocnt[r], m.stage[b], me*m.cap)
+	}
+	var err error
+	if m.sent[b], err = t.flushInPlace(); err != nil {
 		return err
-	}
-	if m.fp8 {
-		if err := m.castRows(b, hostBytes(d.X)); err != nil {
-			return err
-		}
 	}
 	for x := 0; x < m.E; x++ {
 		c, owner := int(st.cnt[me*m.E+x]), m.ownerOf[x]
@@ -302,8 +283,8 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 		}
 		row := m.blockOf[x] + int(st.off[me*m.E+x])
 		staged := me*m.cap + int(m.spos[x])
-		t.post(owner, m.tok[b]+4*row, m.stageTok[b]+4*staged, int64(4*st.pos[x]), 4*c)
-		t.post(owner, m.w[b]+4*row, m.stageW[b]+4*staged, int64(4*(n+int(st.pos[x]))), 4*c)
+		t.post(owner, m.tok[b].at(row), m.stageTok[b].at(staged), int64(4*st.pos[x]), 4*c)
+		t.post(owner, m.w[b].at(row), m.stageW[b].at(staged), int64(4*(n+int(st.pos[x]))), 4*c)
 	}
 	if err := t.flush(m.meta); err != nil {
 		return err
@@ -352,10 +333,9 @@ func (m *llMode) readersDone(b int) bool {
 
 // outboxBases places, in the outbox, this rank's rows for each rank of
 // another node: one block per rank, in its staged order, so that each goes
-// in one put of rows and one of scales.
+// in one put of rows (and one of side data).
 func (m *llMode) outboxBases(st *llState) {
 	t, me := &m.e.t, m.e.t.me
-	m.obase, m.ocnt = growTo(m.obase, m.R), growTo(m.ocnt, m.R)
 	next := 0
 	for _, d := range t.remote {
 		m.obase[d], m.ocnt[d] = next, 0
@@ -364,21 +344,6 @@ func (m *llMode) outboxBases(st *llState) {
 		}
 		next += m.ocnt[d]
 	}
-}
-
-// castRows casts the queued rows of x, into node peers' slots and into the
-// outbox, and puts each rank of another node its block of the outbox, rows
-// and scales, into its staging.
-func (m *llMode) castRows(b int, x []byte) error {
-	t, me := &m.e.t, m.e.t.me
-	m.cq.flush(x, m.H, m.e.spec.Elem, m.e.spec.Wire)
-	for _, d := range t.remote {
-		if n := m.ocnt[d]; n > 0 && !t.masked[d] {
-			t.expose(d, m.outbox+m.obase[d]*m.wireBytes, m.stage[b]+me*m.cap*m.wireBytes, n*m.wireBytes)
-			t.expose(d, m.outboxScl+m.obase[d]*m.sclBytes, m.sstage[b]+me*m.cap*m.sclBytes, n*m.sclBytes)
-		}
-	}
-	return t.flush(t.segBytes)
 }
 
 func (m *llMode) wait(d *Dispatch) error {
@@ -432,12 +397,12 @@ func (m *llMode) views(b int) *Received {
 		return v
 	}
 	e, rows := m.e, m.L*m.span
-	v.Rows = hostTensor[byte](e, m.recv[b], rows*m.wireBytes)
-	v.Outputs = hostTensor[byte](e, m.comb[b], rows*m.rowBytes)
-	v.Weights = hostTensor[float32](e, m.w[b], rows)
-	v.Tokens = hostTensor[int32](e, m.tok[b], rows)
-	if m.fp8 {
-		v.Scales = hostTensor[float32](e, m.scl[b], rows*m.sclBytes/4)
+	v.Rows = hostTensor[byte](e, m.recv[b].rows.off, m.recv[b].rows.len(rows))
+	v.Outputs = hostTensor[byte](e, m.comb[b].off, m.comb[b].len(rows))
+	v.Weights = hostTensor[float32](e, m.w[b].off, rows)
+	v.Tokens = hostTensor[int32](e, m.tok[b].off, rows)
+	if side := m.recv[b].side; side.stride > 0 {
+		v.Scales = hostTensor[float32](e, side.off, side.len(rows)/4)
 	}
 	return v
 }
@@ -473,12 +438,9 @@ func (m *llMode) settleRows(b int, st *llState) {
 			if !m.slots {
 				slot = row
 			}
-			t.settle(s, m.stage[b]+staged*m.wireBytes, m.recv[b]+slot*m.wireBytes, m.recv[b]+row*m.wireBytes, c*m.wireBytes)
-			if m.fp8 {
-				t.settle(s, m.sstage[b]+staged*m.sclBytes, m.scl[b]+slot*m.sclBytes, m.scl[b]+row*m.sclBytes, c*m.sclBytes)
-			}
-			t.settle(s, m.stageTok[b]+4*staged, m.tok[b]+4*slot, m.tok[b]+4*row, 4*c)
-			t.settle(s, m.stageW[b]+4*staged, m.w[b]+4*slot, m.w[b]+4*row, 4*c)
+			t.settleRows(s, m.stage[b], staged, m.recv[b], slot, row, c)
+			t.settle(s, m.stageTok[b].at(staged), m.tok[b].at(slot), m.tok[b].at(row), 4*c)
+			t.settle(s, m.stageW[b].at(staged), m.w[b].at(slot), m.w[b].at(row), 4*c)
 			staged += c
 		}
 	}
@@ -506,7 +468,7 @@ func (m *llMode) combineSend(c *Combine) error {
 	ysrc, area := ySrcComb, m.comb[b]
 	switch c.YIn {
 	case YInRows:
-		ysrc, area = ySrcRecv, m.recv[b]
+		ysrc, area = ySrcRecv, m.recv[b].rows
 	case YElsewhere: // copy the valid rows into the combine buffer
 		y, comb := hostBytes(c.Y), hostBytes(d.Recv.Outputs)
 		for l, n := range st.expert {
@@ -515,7 +477,7 @@ func (m *llMode) combineSend(c *Combine) error {
 		}
 	}
 	if !c.RowValues.IsZero() {
-		copy(hostTensor[float32](e, m.vals[b], m.L*m.span).Host(), c.RowValues.Host())
+		copy(hostTensor[float32](e, m.vals[b].off, m.L*m.span).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
 	// Expose each token rank of another node its rows, in its own pair
@@ -530,9 +492,9 @@ func (m *llMode) combineSend(c *Combine) error {
 			n := int(st.cnt[s*m.E+x])
 			if n > 0 {
 				first := l*m.span + int(st.off[s*m.E+x])
-				t.expose(s, area+first*m.rowBytes, m.cstage[b]+pos*m.rowBytes, n*m.rowBytes)
+				t.expose(s, area.at(first), m.cstage[b].at(pos), area.len(n))
 				if ysrc&ySrcValues != 0 {
-					t.expose(s, m.vals[b]+4*first, m.cvals[b]+4*pos, 4*n)
+					t.expose(s, m.vals[b].at(first), m.cvals[b].at(pos), 4*n)
 				}
 			}
 			pos += n
@@ -598,17 +560,17 @@ func (m *llMode) combineWait(c *Combine) error {
 			where := m.where[owner]
 			area := m.comb[b]
 			if where&ySrcComb == 0 {
-				area = m.recv[b]
+				area = m.recv[b].rows
 			}
 			row := m.blockOf[x] + int(st.off[me*m.E+x]+ord)
 			pos := int(st.pos[x] + ord)
-			tab.src[n], tab.w[n] = t.exposed(owner, area+row*m.rowBytes, m.cstage[b]+pos*m.rowBytes), c.Weights[tk*K+k]
+			tab.src[n], tab.w[n] = t.exposed(owner, area.at(row), m.cstage[b].at(pos)), c.Weights[tk*K+k]
 			n++
 			if withValues {
 				if where&ySrcValues == 0 {
 					missing = owner
 				}
-				m.vp.set(tk*K+k, t.exposed(owner, m.vals[b]+4*row, m.cvals[b]+4*pos))
+				m.vp.set(tk*K+k, t.exposed(owner, m.vals[b].at(row), m.cvals[b].at(pos)))
 			}
 		}
 	}

@@ -19,12 +19,8 @@ import (
 // directOK says whether a dispatch on this rank can take the direct path.
 func (m *llMode) directOK() bool {
 	t := &m.e.t
-	return llDirect && m.slots && !m.fp8 && t.net == nil && !t.maskStalled
+	return !m.e.tune.generalLL && m.slots && m.wire.sideBytes() == 0 && t.net == nil && !t.maskStalled
 }
-
-// llDirect turns the direct path on; BenchmarkLLDirectPath turns it off in
-// turns, to compare the two paths on one node.
-var llDirect = true
 
 // sendDirect is send's slot protocol by stores: each pair's row, token and
 // weight into its slot at the expert's owner, then the data flag, carrying
@@ -36,7 +32,7 @@ func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
 	st.dropped, st.complete = st.dropped[:0], false
 	copy(st.cnt[me*m.E:(me+1)*m.E], rt.PerExpert)
 	x := hostBytes(d.X)
-	recv, tok, w, base := m.recv[b], m.tok[b], m.w[b], me*m.M
+	recv, tok, w, base := m.recv[b].rows, m.tok[b], m.w[b], me*m.M
 	for tk := 0; tk < rt.T; tk++ {
 		row := x[tk*rb : (tk+1)*rb]
 		for k := tk * K; k < (tk+1)*K; k++ {
@@ -45,9 +41,9 @@ func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
 				continue
 			}
 			seg, slot := t.seg[m.ownerOf[id]], m.blockOf[id]+base+int(rt.PairOrd[k])
-			copy(unsafe.Slice((*byte)(unsafe.Add(seg, recv+slot*rb)), rb), row)
-			*(*int32)(unsafe.Add(seg, tok+4*slot)) = int32(tk)
-			*(*float32)(unsafe.Add(seg, w+4*slot)) = d.Weights[k]
+			copy(unsafe.Slice((*byte)(unsafe.Add(seg, recv.at(slot))), rb), row)
+			*(*int32)(unsafe.Add(seg, tok.at(slot))) = int32(tk)
+			*(*float32)(unsafe.Add(seg, w.at(slot))) = d.Weights[k]
 		}
 	}
 	return t.raise(t.live, flagData, b, me, d.Op, m.doneWord(b^1), dtype.Bytes(rt.PerExpert))
@@ -57,7 +53,8 @@ func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
 // in: each local expert's block compacted in place, sources in order (a
 // source's rows move down, over no block not yet moved).
 func (m *llMode) compactDirect(b int, st *llState) {
-	seg, me, E, L, wb := m.e.t.seg[m.e.t.me], m.e.t.me, m.E, m.L, m.wireBytes
+	seg, me, E, L := m.e.t.seg[m.e.t.me], m.e.t.me, m.E, m.L
+	recv, tok, w := m.recv[b].rows, m.tok[b], m.w[b]
 	clear(st.expert)
 	for l := 0; l < L; l++ {
 		x := me*L + l
@@ -69,9 +66,9 @@ func (m *llMode) compactDirect(b int, st *llState) {
 			if c == 0 || row == slot {
 				continue
 			}
-			moveWithin(seg, m.recv[b]+row*wb, m.recv[b]+slot*wb, c*wb)
-			moveWithin(seg, m.tok[b]+4*row, m.tok[b]+4*slot, 4*c)
-			moveWithin(seg, m.w[b]+4*row, m.w[b]+4*slot, 4*c)
+			moveWithin(seg, recv.at(row), recv.at(slot), recv.len(c))
+			moveWithin(seg, tok.at(row), tok.at(slot), tok.len(c))
+			moveWithin(seg, w.at(row), w.at(slot), w.len(c))
 		}
 	}
 }

@@ -22,11 +22,11 @@ func TestLLPathsInterop(t *testing.T) {
 	if R < 2 {
 		t.Skip("needs 2 ranks or more: the two paths meet across ranks")
 	}
-	if me%2 == 1 {
-		defer ep.UseGeneralLL()()
-	}
 	const M, H, K = 8, 64, 3
 	cfg := ep.Config{Mode: ep.LowLatency, NumExperts: 4 * R, MaxTokensPerRank: M, Hidden: H, TopK: K}
+	if me%2 == 1 {
+		cfg.Backend = ep.CPUGeneralLL // the same name as ep.CPU: one protocol
+	}
 	g, err := ep.NewGroup[ep.BF16](w, cfg)
 	require.NoError(t, err)
 	defer g.Close()

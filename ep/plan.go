@@ -17,6 +17,9 @@ type Footprint struct {
 	CopiesPerRank int
 	RanksPerNode  int // the most ranks on one node
 	PerNode       int // what the most loaded node holds in all
+	// Layout is every area of a rank's memories, as the engine lays them
+	// out (BufferPlan only; WriteLayout prints it).
+	Layout []Area
 }
 
 // perRank is what one rank holds in all.
@@ -57,15 +60,16 @@ func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
 // footprint lays the CPU engine's memories out as openEngine does.
 func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 	in := inboxFor(s, ranks, nodes)
-	seg, win := areas{n: in.size}, areas{n: in.size}
+	seg, win := newArenas(in.size)
 	if s.Mode == LowLatency {
-		layoutLL(s, ranks, nodes, &seg, &win)
+		layoutLL(s, ranks, nodes, 0, seg, win)
 	} else {
-		htDims(s, ranks, nodes).takeAreas(slots, &seg, &win)
+		htDims(s, ranks, nodes).takeAreas(slots, seg, win)
 	}
-	f := Footprint{SharedPerRank: seg.n, RanksPerNode: ranksPerNode}
+	f := Footprint{SharedPerRank: seg.n, RanksPerNode: ranksPerNode, Layout: seg.named}
 	if nodes > 1 {
 		f.WindowPerRank = win.n
+		f.Layout = append(f.Layout, win.named...)
 		if s.Backend != CPUOneSided {
 			f.CopiesPerRank = 2 * win.n
 		}

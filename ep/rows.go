@@ -112,19 +112,20 @@ func reduceRows(out ptr, outType DType, src *addrTable, w []float32, start []int
 // are addresses of shared or window memory, never of Go memory. free
 // releases them.
 type reduceTables struct {
+	inC   bool // small reductions too call the C kernel (tuning.reduceInC)
 	mem   ptr
 	src   []ptr
 	w     []float32
 	start []int32
 }
 
-func newReduceTables(pairs, rows int) (*reduceTables, error) {
+func newReduceTables(pairs, rows int, inC bool) (*reduceTables, error) {
 	n := 8*pairs + 4*pairs + 4*(rows+1)
 	mem := C.calloc(C.size_t(n), 1)
 	if mem == nil {
 		return nil, fmt.Errorf("allocating %d bytes for the combine's tables: out of memory", n)
 	}
-	return &reduceTables{mem: mem, src: unsafe.Slice((*ptr)(mem), pairs),
+	return &reduceTables{inC: inC, mem: mem, src: unsafe.Slice((*ptr)(mem), pairs),
 		w:     unsafe.Slice((*float32)(unsafe.Add(mem, 8*pairs)), pairs),
 		start: unsafe.Slice((*int32)(unsafe.Add(mem, 12*pairs)), rows+1)}, nil
 }
@@ -143,16 +144,12 @@ func (r *reduceTables) free() {
 // kernel, whose prefetches and streaming stores serve them better.
 const smallReduce = 1 << 15
 
-// reduceInGo turns the assembly reduction on; BenchmarkLLReduceKernel turns
-// it off in turns, to compare it with the cgo call.
-var reduceInGo = true
-
 // reduce is reduceRows over the tables' first n rows.
 func (r *reduceTables) reduce(out ptr, outType DType, n, hidden int, inType DType) {
 	if n == 0 {
 		return
 	}
-	if reduceInGo && rowsum.Assembly && outType == inType && n*hidden <= smallReduce {
+	if !r.inC && rowsum.Assembly && outType == inType && n*hidden <= smallReduce {
 		switch outType {
 		case BFloat16:
 			reduceEach(r, unsafe.Slice((*uint16)(out), n*hidden), n, hidden, rowsum.BF16)

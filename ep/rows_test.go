@@ -43,7 +43,7 @@ func TestSmallReduceMatchesKernel(t *testing.T) {
 							*(*uint16)(unsafe.Pointer(&seg[2*i])) = uint16(bits >> 16)
 						}
 					}
-					tab, err := newReduceTables(pairs, n)
+					tab, err := newReduceTables(pairs, n, false)
 					require.NoError(t, err)
 					defer tab.free()
 					var src addrTable

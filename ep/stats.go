@@ -19,6 +19,7 @@ type Stats struct {
 	RecvBytes            []int64         // per peer: rows it sent this rank, in bytes
 	Wait                 []time.Duration // per peer: how long this rank waited for it (nil: not measured)
 	NetworkBytes         int64           // bytes this rank put across nodes (rows, metadata, flags)
+	NetworkSent          []int64         // per peer: the part of NetworkBytes sent to it (nil: not measured)
 	Hosts                []string        // per peer: its host, to say where a slow rank runs
 }
 
@@ -28,6 +29,7 @@ type stats struct {
 	Stats
 	waitBase []time.Duration
 	netBase  int64
+	sentBase []int64
 	hosts    []string
 }
 
@@ -45,6 +47,16 @@ func (g *Group[E]) Stats() Stats {
 		}
 		s.NetworkBytes = net - g.stats.netBase
 	}
+	if m, ok := g.eng.(NetworkMeter); ok {
+		sent := m.NetworkSent()
+		s.NetworkSent = make([]int64, len(sent))
+		for i := range sent {
+			s.NetworkSent[i] = sent[i]
+			if i < len(g.stats.sentBase) {
+				s.NetworkSent[i] -= g.stats.sentBase[i]
+			}
+		}
+	}
 	return s
 }
 
@@ -57,6 +69,9 @@ func (g *Group[E]) ResetStats() {
 		waits, net := m.Meter()
 		g.stats.waitBase = append(g.stats.waitBase[:0], waits...)
 		g.stats.netBase = net
+	}
+	if m, ok := g.eng.(NetworkMeter); ok {
+		g.stats.sentBase = append(g.stats.sentBase[:0], m.NetworkSent()...)
 	}
 }
 

@@ -138,6 +138,11 @@ type transport struct {
 	// the bytes this rank put across nodes.
 	waits    []time.Duration
 	netBytes int64
+	netSent  []int64 // per rank: the bytes this rank put to it across nodes
+
+	tl      *timeline // the steps of the calls, when recording (nil: off)
+	inPlace bool      // large blocks go to other nodes straight from the segment (flushInPlace)
+	idle    bool      // the current wait across nodes has lasted: it yields the core between sweeps
 
 	// What a wait for every live rank's flag (k, set) polls (liveWatch),
 	// made at the first such wait and again after the mask changes.
@@ -164,6 +169,13 @@ type transport struct {
 type network interface {
 	Local() []byte
 	PutBlocks(origin []byte, blocks []mpi.Block) error
+	// PutBlocksInPlace is PutBlocks where large blocks may go straight
+	// from origin (engine memory outside the Go heap) into the targets'
+	// memories: origin must stay as it is until InPlaceSent(put).
+	PutBlocksInPlace(origin []byte, blocks []mpi.Block) (put uint64, err error)
+	// InPlaceSent says whether the sends of the puts numbered put or less
+	// have left their origins; where not, to a rank one is still for.
+	InPlaceSent(put uint64) (bool, int)
 	Progress() error
 	// Drain is Progress until what was sent to this rank a while ago has
 	// landed.
@@ -181,6 +193,15 @@ func (o oneSided) Progress() error { return errors.Join(o.Window.Progress(), o.W
 
 // Drain is Progress: a put that completed at its origin is in place.
 func (o oneSided) Drain() error { return o.Progress() }
+
+// PutBlocksInPlace is PutBlocks: a put is flushed, so its origin is free,
+// when it returns.
+func (o oneSided) PutBlocksInPlace(origin []byte, blocks []mpi.Block) (uint64, error) {
+	return 0, o.PutBlocks(origin, blocks)
+}
+
+// InPlaceSent: every put has left its origin when it returned.
+func (o oneSided) InPlaceSent(uint64) (bool, int) { return true, -1 }
 
 // lsa is byte off of node peer r's segment.
 func (t *transport) lsa(r, off int) ptr { return unsafe.Add(t.seg[r], off) }
@@ -231,7 +252,7 @@ func (t *transport) raise(to []int, k flagKind, set, of int, q uint64, p uint32,
 		return nil
 	}
 	if len(attached) > 0 { // a put of its own: a network keeps the order of puts, not of one put's blocks
-		t.netBytes += int64(len(attach) * len(attached))
+		t.count(attached)
 		if err := t.net.PutBlocks(attach, attached); err != nil {
 			return err
 		}
@@ -240,8 +261,16 @@ func (t *transport) raise(to []int, k flagKind, set, of int, q uint64, p uint32,
 		t.word = make([]byte, 8)
 	}
 	*(*uint64)(unsafe.Pointer(&t.word[0])) = v
-	t.netBytes += int64(8 * len(blocks))
+	t.count(blocks)
 	return t.net.PutBlocks(t.word, blocks)
+}
+
+// count adds blocks put across nodes to the statistics.
+func (t *transport) count(blocks []mpi.Block) {
+	for _, b := range blocks {
+		t.netBytes += int64(b.Len)
+		t.netSent[b.Target] += int64(b.Len)
+	}
 }
 
 // just is the list of one rank, r, for raise (reused from call to call).
@@ -325,43 +354,50 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 }
 
 // poll is waitAll with the group's timeout, charging the time waited to
-// the rank waited for last. Across nodes it polls in slices and lets MPI
-// make progress between them; a wait that took more than one slice is
-// charged whole, from its start: the Progress calls and the pauses between
-// slices are time spent waiting too (charging only each slice's own clock
-// missed most of a long wait across nodes).
+// the rank waited for last. Across nodes it lets MPI progress between
+// single sweeps of the flags: the other nodes' writes land only while this
+// rank calls MPI (no progress thread), and a transfer between hosts moves
+// only while both ends do, so the wait polls MPI as a blocking MPI call
+// would, with no slice of flag polling in between (a 20 us slice held
+// every large transfer to one fragment per socket per slice). After 5 ms it
+// yields the core between sweeps; the clock is read every 64 sweeps.
 func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited {
 	if t.net == nil {
 		w := waitAll(flags, aborts, target, t.timeout, t.spin, t.maskStalled)
 		t.waits[peers[w.late]] += w.time
 		return w
 	}
-	start := time.Now()
-	late := -1 // the flag a slice that ran out was still waiting for
-	for {
+	var start time.Time
+	first, late := 0, 0 // late: the flag waited for last
+	for sweep := 0; ; sweep++ {
 		if err := t.net.Progress(); err != nil {
 			return waited{missing: -1, refused: -1, ahead: -1, err: err}
 		}
-		w := waitAll(flags, aborts, target, progressSlice, min(t.spin, progressSlice), t.maskStalled)
-		if w.missing < 0 {
-			switch {
-			case late < 0: // within one slice
-				t.waits[peers[w.late]] += w.time
-			case w.time > 0: // the last slice waited too: for w.late last
-				t.waits[peers[w.late]] += time.Since(start)
-			default: // the last slice found every flag at once
-				t.waits[peers[late]] += time.Since(start)
+		var w waited
+		first, w = sweepFlags(flags, aborts, first, target, t.maskStalled)
+		if first == len(flags) || w.refused >= 0 || w.ahead >= 0 {
+			w.late = late
+			if !start.IsZero() {
+				w.time = time.Since(start)
+				t.waits[peers[late]] += w.time
 			}
 			return w
 		}
-		late = w.missing
-		waited := time.Since(start)
-		if waited > t.timeout {
-			t.waits[peers[late]] += waited
-			return w
+		late = first
+		if start.IsZero() {
+			start = time.Now()
 		}
-		if waited > 5*time.Millisecond { // as waitAll backs off
-			time.Sleep(50 * time.Microsecond)
+		if sweep&63 == 63 {
+			waited := time.Since(start)
+			if waited > t.timeout {
+				w.missing, w.time = first, waited
+				t.waits[peers[first]] += waited
+				return w
+			}
+			t.idle = waited > 5*time.Millisecond
+		}
+		if t.idle {
+			yield()
 		}
 	}
 }
@@ -540,21 +576,91 @@ func (t *transport) exposed(r, off, stagedOff int) ptr {
 }
 
 // flush sends what post and expose queued, from origin: stores into node
-// peers' segments, puts into other nodes' windows (complete at return).
+// peers' segments, puts into other nodes' staging (origin free at return).
 func (t *transport) flush(origin []byte) error {
+	_, err := t.flushFrom(origin, false)
+	return err
+}
+
+// flushInPlace is flush from this rank's segment, whose large blocks go to
+// other nodes straight from it where the group allows (inPlace): the bytes
+// queued must then stay as they are until sent(put) says they have left.
+func (t *transport) flushInPlace() (put uint64, err error) {
+	return t.flushFrom(t.segBytes, t.inPlace)
+}
+
+func (t *transport) flushFrom(origin []byte, inPlace bool) (put uint64, err error) {
 	if t.locDst.len() > 0 {
 		scatterBlocks(&t.locDst, origin, t.locOff, t.lens)
 	}
-	var err error
 	if len(t.blocks) > 0 {
-		for _, b := range t.blocks {
-			t.netBytes += int64(b.Len)
+		t.count(t.blocks)
+		if inPlace {
+			put, err = t.net.PutBlocksInPlace(origin, t.blocks)
+		} else {
+			err = t.net.PutBlocks(origin, t.blocks)
 		}
-		err = t.net.PutBlocks(origin, t.blocks)
 	}
 	t.locDst.reset()
 	t.locOff, t.lens, t.blocks = t.locOff[:0], t.lens[:0], t.blocks[:0]
-	return err
+	return put, err
+}
+
+// awaitSent waits until the bytes of flushInPlace's put numbered put (and
+// earlier ones) have left this rank's segment, before they are written
+// again. A peer that stops receiving is a *TimeoutError naming it.
+func (t *transport) awaitSent(op string, put uint64) error {
+	if put == 0 || t.net == nil {
+		return nil
+	}
+	var start time.Time
+	for {
+		sent, to := t.net.InPlaceSent(put)
+		if sent {
+			return nil
+		}
+		if start.IsZero() {
+			start = time.Now()
+		} else if time.Since(start) > t.timeout {
+			return &TimeoutError{Op: op, Peer: to, What: "its receipt of the rows this rank sent it in the last call on these buffers", After: t.timeout}
+		}
+		if err := t.net.Progress(); err != nil {
+			return fmt.Errorf("ep: %s: %w", op, err)
+		}
+	}
+}
+
+// writeRow queues, in the wire format f, the row of the caller's tokens at
+// byte src for rank d: straight into row final of area fin in d's segment
+// when d is on this node; else into row out of this rank's outbox area ob,
+// from which exposeRows sends it.
+func (t *transport) writeRow(f rowFormat, d int, fin rowArea, final int, ob rowArea, out int, src int64) {
+	if t.local[d] {
+		f.put(t.seg[d], fin, final, src)
+	} else {
+		f.put(t.seg[t.me], ob, out, src)
+	}
+}
+
+// exposeRows queues n rows of area a of this rank's segment from row i, with
+// their side data, for rank d of another node: put at row j of area staged
+// in its staging memory. flushInPlace (or flush(t.segBytes)) sends them.
+func (t *transport) exposeRows(d int, a rowArea, i, n int, staged rowArea, j int) {
+	t.expose(d, a.rows.at(i), staged.rows.at(j), a.rows.len(n))
+	if a.side.stride > 0 {
+		t.expose(d, a.side.at(i), staged.side.at(j), a.side.len(n))
+	}
+}
+
+// settleRows queues the move of n rows (and their side data) that rank s
+// sent this rank into row final of area a of its segment: from row slot of
+// the same area, where a node peer stored them, or from row j of area
+// staged of the staging memory. flushLands moves them.
+func (t *transport) settleRows(s int, staged rowArea, j int, a rowArea, slot, final, n int) {
+	t.settle(s, staged.rows.at(j), a.rows.at(slot), a.rows.at(final), a.rows.len(n))
+	if a.side.stride > 0 {
+		t.settle(s, staged.side.at(j), a.side.at(slot), a.side.at(final), a.side.len(n))
+	}
 }
 
 // settle queues the move of n bytes that rank s posted to this rank into

@@ -68,7 +68,35 @@ func (m *Mailbox) Local() []byte { return m.local }
 // target, in which the blocks keep their order. It returns at once, with
 // origin free to reuse; a block lands when its target next calls Progress.
 func (m *Mailbox) PutBlocks(origin []byte, blocks []Block) error {
-	const call = "Mailbox.PutBlocks"
+	return m.put("Mailbox.PutBlocks", origin, blocks, false)
+}
+
+// PutBlocksInPlace is PutBlocks without copies of large blocks: a block of
+// at least DirectMin bytes is sent straight from origin, as a message of its
+// own, and received straight into its place in the target's memory (the
+// smaller ones are packed as PutBlocks packs them). The order of writes is
+// PutBlocks's. origin must be memory outside the Go heap (a window, a
+// Buffer) and must stay as it is until InPlaceSent(put) is true; put
+// numbers the calls, from 1.
+func (m *Mailbox) PutBlocksInPlace(origin []byte, blocks []Block) (put uint64, err error) {
+	if err := m.put("Mailbox.PutBlocksInPlace", origin, blocks, true); err != nil {
+		return 0, err
+	}
+	return m.h.puts(), nil
+}
+
+// InPlaceSent says whether every send of the PutBlocksInPlace calls
+// numbered put or less has left its origin (Progress retires them); where
+// not, to a rank one of them is still for.
+func (m *Mailbox) InPlaceSent(put uint64) (bool, int) {
+	if m.freed {
+		return true, -1
+	}
+	r := m.h.directPending(put)
+	return r < 0, r
+}
+
+func (m *Mailbox) put(call string, origin []byte, blocks []Block, direct bool) error {
 	if m.freed {
 		return argErrorf(call, "mailbox has been freed")
 	}
@@ -85,7 +113,7 @@ func (m *Mailbox) PutBlocks(origin []byte, blocks []Block) error {
 			return argErrorf(call, "block %d reads origin[%d:%d] beyond len(origin) = %d", i, b.SrcOffset, b.SrcOffset+b.Len, len(origin))
 		}
 	}
-	return m.h.put(origin, blocks)
+	return m.h.put(origin, blocks, direct)
 }
 
 // Progress applies the messages that have arrived to this rank's memory and

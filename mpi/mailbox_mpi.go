@@ -29,7 +29,7 @@ func newMailbox(c *Comm, size int) (mboxHandle, []byte, error) {
 	return &mboxState{m: m}, local, nil
 }
 
-func (h *mboxState) put(origin []byte, blocks []Block) error {
+func (h *mboxState) put(origin []byte, blocks []Block, direct bool) error {
 	if len(blocks) == 0 {
 		return nil
 	}
@@ -37,7 +37,11 @@ func (h *mboxState) put(origin []byte, blocks []Block) error {
 	if len(origin) > 0 {
 		o = unsafe.Pointer(&origin[0])
 	}
-	rc := int64(C.goep_mbox_put(h.m, o, (*C.goep_block)(unsafe.Pointer(&blocks[0])), C.int(len(blocks))))
+	d := C.int(0)
+	if direct {
+		d = 1
+	}
+	rc := int64(C.goep_mbox_put(h.m, o, (*C.goep_block)(unsafe.Pointer(&blocks[0])), C.int(len(blocks)), d))
 	if rc == 0 {
 		return nil
 	}
@@ -64,3 +68,13 @@ func (h *mboxState) free(wait time.Duration) int {
 }
 
 func (h *mboxState) applied() int64 { return int64(C.goep_mbox_applied(h.m)) }
+
+func (h *mboxState) puts() uint64 { return uint64(C.goep_mbox_puts(h.m)) }
+
+func (h *mboxState) directPending(put uint64) int {
+	return int(C.goep_mbox_direct_pending(h.m, C.uint64_t(put)))
+}
+
+// DirectMin is the least length of a block that PutBlocksInPlace sends
+// straight from its origin.
+const DirectMin = C.GOEP_MBOX_DIRECT_MIN

@@ -15,6 +15,7 @@ type mboxState struct {
 	mem     []byte
 	pending []pendingWrite
 	count   int64
+	nputs   uint64
 }
 
 type pendingWrite struct {
@@ -30,7 +31,7 @@ func newMailbox(c *Comm, size int) (mboxHandle, []byte, error) {
 	return &mboxState{mem: w.mem}, w.mem, nil
 }
 
-func (h *mboxState) put(origin []byte, blocks []Block) error {
+func (h *mboxState) put(origin []byte, blocks []Block, _ bool) error {
 	for _, b := range blocks {
 		h.pending = append(h.pending, pendingWrite{off: b.DstOffset, data: append([]byte(nil), origin[b.SrcOffset:b.SrcOffset+b.Len]...)})
 	}
@@ -47,6 +48,19 @@ func (h *mboxState) progress() error {
 }
 
 func (h *mboxState) applied() int64 { return h.count }
+
+// puts and directPending: a single-rank build copies every block, so none
+// is ever in flight.
+func (h *mboxState) puts() uint64 {
+	h.nputs++
+	return h.nputs
+}
+
+func (h *mboxState) directPending(uint64) int { return -1 }
+
+// DirectMin is the least length of a block that PutBlocksInPlace sends
+// straight from its origin (in an MPI build; a single-rank build copies).
+const DirectMin = 64 << 10
 
 func (h *mboxState) free(time.Duration) int {
 	if len(h.mem) > 0 {

@@ -120,3 +120,73 @@ func TestMailboxBadInput(t *testing.T) {
 	assert.ErrorContains(t, m.Progress(), "freed")
 	mpitesting.Agree(t, w)
 }
+
+// Blocks sent in place (large ones straight from the origin, as messages of
+// their own, received straight into the target's memory) keep the order of
+// writes: from every rank to every other, a large block, a small one over
+// its tail, a second large one over its head, then a flag; the flag's rank
+// sees the data as the later writes left it. The origin is a Buffer (outside
+// the Go heap), untouched until InPlaceSent says its sends have left.
+func TestMailboxInPlaceOrder(t *testing.T) {
+	w := mpitesting.World
+	n, me := w.Size(), w.Rank()
+	big := mpi.DirectMin + 4096 + 24 // not a multiple of a page or of 8
+	area := func(s int) int { return 8*n + s*big }
+	m, err := w.NewMailbox(area(n))
+	require.NoError(t, err)
+	origin, err := mpi.NewBuffer(3*big + 8)
+	require.NoError(t, err)
+	src := origin.Bytes()
+	for i := 0; i < 3*big; i++ {
+		src[i] = byte(i*7 + me*13)
+	}
+	binary.LittleEndian.PutUint64(src[3*big:], uint64(500+me))
+	var blocks []mpi.Block
+	for d := 0; d < n; d++ {
+		if d == me {
+			continue
+		}
+		blocks = append(blocks,
+			mpi.Block{SrcOffset: 0, Len: big, Target: d, DstOffset: area(me)},                 // big, direct
+			mpi.Block{SrcOffset: big, Len: 100, Target: d, DstOffset: area(me) + big - 100},   // small, over the tail
+			mpi.Block{SrcOffset: 2 * big, Len: mpi.DirectMin, Target: d, DstOffset: area(me)}, // direct again, over the head
+			mpi.Block{SrcOffset: 3 * big, Len: 8, Target: d, DstOffset: 8 * me})               // the flag
+	}
+	put, err := m.PutBlocksInPlace(src, blocks)
+	require.NoError(t, err)
+	for s := 0; s < n; s++ {
+		if s == me {
+			continue
+		}
+		waitWord(t, m, 8*s, uint64(500+s))
+		got := m.Local()[area(s) : area(s)+big]
+		want := func(i int) byte { // what rank s wrote at byte i of its area here
+			switch {
+			case i < mpi.DirectMin:
+				return byte((2*big+i)*7 + s*13)
+			case i >= big-100:
+				return byte((big+i-(big-100))*7 + s*13)
+			}
+			return byte(i*7 + s*13)
+		}
+		for i := range got {
+			if got[i] != want(i) {
+				require.Equal(t, want(i), got[i], "byte %d from rank %d", i, s)
+			}
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sent, to := m.InPlaceSent(put)
+		if sent {
+			break
+		}
+		require.NotEqual(t, me, to, "a send to this rank itself")
+		require.NoError(t, m.Progress())
+		require.False(t, time.Now().After(deadline), "a send to rank %d never completed", to)
+	}
+	require.NoError(t, w.Barrier())
+	require.NoError(t, m.Free())
+	require.NoError(t, origin.Free())
+	mpitesting.Agree(t, w)
+}

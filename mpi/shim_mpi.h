@@ -64,18 +64,31 @@ int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *block
 // Mailbox (mailbox_mpi.c): memory of this rank that other ranks write into
 // by message. goep_mbox_put packs the blocks of each target into one
 // message (records of dst_off, len and the bytes, padded to 8) and posts it
-// with MPI_Isend from a buffer of its own, so it returns at once and keeps
-// no pointer to origin. goep_mbox_progress retires completed sends and
-// applies the messages that arrived, whole and in the order each source sent
-// them; a record outside this rank's memory stops it with GOEP_ERR_RANGE,
-// and goep_mbox_bad says from which rank. goep_mbox_free gives pending sends up to timeout_ns to
-// complete while applying what arrives, cancels the rest, and frees
-// everything (not the communicator: the caller's).
+// with MPI_Isend from a buffer of its own (reused from call to call), so it
+// returns at once and keeps no pointer to origin, except for direct blocks
+// (below). goep_mbox_progress retires completed sends, receives every
+// message that has arrived, from all sources at once, and applies them,
+// each whole and in the order each source sent them; a record outside this
+// rank's memory stops it with GOEP_ERR_RANGE, and goep_mbox_bad says from
+// which rank. goep_mbox_free gives pending sends and receives up to
+// timeout_ns to complete while applying what arrives, leaves the rest to
+// MPI, and frees everything (not the communicator: the caller's).
 #define GOEP_ERR_RANGE (-2)
 typedef struct goep_mbox goep_mbox;
 goep_mbox *goep_mbox_new(MPI_Comm comm, int64_t size, int tag);
 char *goep_mbox_mem(goep_mbox *m);
-int64_t goep_mbox_put(goep_mbox *m, const void *origin, const goep_block *blocks, int n);
+// With direct set, blocks of at least GOEP_MBOX_DIRECT_MIN bytes are sent
+// straight from origin (in sends of at most GOEP_MBOX_DIRECT_CHUNK bytes) and
+// received straight into the target's memory: origin must stay as it is until
+// goep_mbox_direct_pending says none of the put's sends is in flight. Puts with
+// direct set are numbered from 1 (goep_mbox_puts: the last one's number).
+#define GOEP_MBOX_DIRECT_MIN (64 << 10)
+#define GOEP_MBOX_DIRECT_CHUNK (1 << 30)
+int64_t goep_mbox_put(goep_mbox *m, const void *origin, const goep_block *blocks, int n, int direct);
+uint64_t goep_mbox_puts(goep_mbox *m);
+// goep_mbox_direct_pending: the target of a direct send of a put numbered put
+// or less that is still in flight, or -1 when none is.
+int goep_mbox_direct_pending(goep_mbox *m, uint64_t put);
 int goep_mbox_progress(goep_mbox *m);
 int goep_mbox_bad(goep_mbox *m);
 int64_t goep_mbox_applied(goep_mbox *m);  // messages applied so far

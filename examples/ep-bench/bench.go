@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +28,8 @@ type options struct {
 	iters, warmup                   int
 	seed                            uint64
 	jsonOut, validate, skipBaseline bool
+	floor                           bool // across nodes, time the network floor too
+	timeline                        bool // print one round's steps on every rank
 	latency                         bool
 	planRanks, planNodes            int
 	timeout                         time.Duration
@@ -116,6 +119,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	jsonOut := fs.Bool("json", false, "print one JSON object per configuration")
 	validate := fs.Bool("validate", true, "check ep's results against the alltoallv path once per configuration")
 	skip := fs.Bool("no-baseline", false, "do not run the alltoallv baseline")
+	timeline := fs.Bool("timeline", false, "after the timed rounds, run one more with the engine's timeline on and print every rank's steps (the CPU engine)")
+	floor := fs.Bool("floor", true, "across nodes, also time the network floor: ep's own bytes across nodes (Stats.NetworkSent) moved by two plain MPI_Alltoallv, dispatch then combine")
 	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
 	device := fs.String("device", "cpu", "cpu (ep's CPU engine), emulate (the GPU backend on an emulated device) or cuda (the GPU backend on each rank's GPU); with a device, the CPU engine runs beside it, checks its results and is timed too")
 	planRanks := fs.Int("plan", 0, "print, for this many ranks (no MPI, nothing allocated), each configuration's buffers (ep.BufferPlan) and exit")
@@ -134,7 +139,7 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	}
 	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
 		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes,
-		device: *device}
+		device: *device, floor: *floor, timeline: *timeline}
 	if _, ok := devices[o.device]; !ok {
 		return nil, fmt.Errorf("-device: %q is not cpu, emulate or cuda", o.device)
 	}
@@ -261,6 +266,12 @@ func measureTyped[E ep.Element](world *mpi.Comm, c config, o *options) (*Result,
 		}
 	}
 	res, err := b.summarize(s)
+	if err == nil && o.timeline {
+		var tl string
+		if tl, err = timelineOf(b); err == nil && world.Rank() == 0 {
+			fmt.Fprintf(os.Stderr, "timeline of one %v round, every rank:\n%s", c, tl)
+		}
+	}
 	if err != nil || !o.latency || c.dtype != "bf16" {
 		return res, err
 	}
@@ -288,6 +299,7 @@ type bench[E ep.Element] struct {
 	src, dst     []byte          // memcpy of the same bytes
 	dsrc, ddst   ep.Tensor[byte] // device copy of the same bytes (with a device)
 	native       *ep.Group[E]    // -dtype fp8: the same dispatch in bf16, timed in the same rounds
+	floor        *netFloor       // across nodes: ep's own traffic moved by plain MPI (nil on one node)
 	nout         ep.Tensor[E]    // its result
 	nbytes       float64         // the bytes of its rows
 }
@@ -413,12 +425,14 @@ func (b *bench[E]) close() {
 	if b.g != nil {
 		_ = b.g.Close()
 	}
+	b.floor.close()
 }
 
 // samples are each timed round's figures, in microseconds.
 type samples struct {
 	dispatch, combine, baseDispatch, baseCombine, cpuDispatch, cpuCombine, memcpy, deviceCopy []float64
 	nativeDispatch, nativeCombine                                                             []float64 // -dtype fp8: the same in bf16
+	floorDispatch, floorCombine                                                               []float64 // across nodes: the network floor
 	steady, baseSteady                                                                        []float64 // -latency: a round's mean time over each burst
 }
 
@@ -474,9 +488,21 @@ func steadyBurst[E ep.Element](world *mpi.Comm, g *ep.Group[E], x, out ep.Tensor
 func (b *bench[E]) rounds() (*samples, error) {
 	var s samples
 	for i := 0; i < b.o.warmup+b.o.iters; i++ {
+		if i == b.o.warmup && b.o.floor { // ep's traffic, once warm
+			var err error
+			if b.floor, err = newNetFloor(b); err != nil {
+				return nil, fmt.Errorf("the network floor: %w", err)
+			}
+		}
 		d, cmb, err := round(b.world, b.g, b.x, b.out, b.topk, b.weights)
 		if err != nil {
 			return nil, err
+		}
+		var fd, fc time.Duration
+		if b.floor != nil {
+			if fd, fc, err = b.floor.exchange(); err != nil {
+				return nil, err
+			}
 		}
 		var d2, c2, d3, c3, dc, d4, c4 time.Duration
 		if b.native != nil {
@@ -521,6 +547,7 @@ func (b *bench[E]) rounds() (*samples, error) {
 			s.cpuDispatch, s.cpuCombine = append(s.cpuDispatch, us(d3)), append(s.cpuCombine, us(c3))
 			s.memcpy, s.deviceCopy = append(s.memcpy, us(m)), append(s.deviceCopy, us(dc))
 			s.nativeDispatch, s.nativeCombine = append(s.nativeDispatch, us(d4)), append(s.nativeCombine, us(c4))
+			s.floorDispatch, s.floorCombine = append(s.floorDispatch, us(fd)), append(s.floorCombine, us(fc))
 		}
 	}
 	return &s, nil
@@ -600,7 +627,7 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 	R := b.world.Size()
 	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes,
 		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy), median(s.nativeDispatch), median(s.nativeCombine), b.nbytes,
-		median(s.steady), median(s.baseSteady)}
+		median(s.steady), median(s.baseSteady), median(s.floorDispatch), median(s.floorCombine), b.floorBytes()}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
@@ -642,6 +669,14 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 			res.AlltoallvSteadyRoundUS = slices.Max(col(13))
 		}
 	}
+	if b.floor != nil {
+		res.FloorDispatchUS, res.FloorCombineUS = slices.Max(col(14)), slices.Max(col(15))
+		res.FloorBytesPerCall = mean(col(16)) * float64(R)
+		res.XFloor = (res.DispatchUS + res.CombineUS) / (res.FloorDispatchUS + res.FloorCombineUS)
+		if b.base != nil {
+			res.AlltoallvXFloor = (res.AlltoallvDispatchUS + res.AlltoallvCombineUS) / (res.FloorDispatchUS + res.FloorCombineUS)
+		}
+	}
 	if b.base != nil && res.Nodes > 1 {
 		if res.NetworkBytesPerCall, res.FlatNetworkBytesPerCall, err = b.networkBytes(); err != nil {
 			return nil, err
@@ -662,6 +697,14 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 		}
 	}
 	return res, nil
+}
+
+// floorBytes is what this rank sends across nodes in the floor's exchange.
+func (b *bench[E]) floorBytes() float64 {
+	if b.floor == nil {
+		return 0
+	}
+	return float64(b.floor.halves[0].bytes + b.floor.halves[1].bytes)
 }
 
 // networkBytes is, per dispatch and combine and over all ranks, the bytes
@@ -739,6 +782,15 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "alltoallv by hand", r.AlltoallvDispatchUS, r.AlltoallvDispatchGBps,
 			r.AlltoallvCombineUS, r.AlltoallvCombineGBps, r.AlltoallvDispatchUS+r.AlltoallvCombineUS)
 		fmt.Fprintf(w, "  speedup over alltoallv: %.2fx\n", r.Speedup)
+	}
+	if r.XFloor > 0 {
+		fmt.Fprintf(w, "  %-22s %12.1f %10s %12.1f %10s %12.1f\n", "network floor", r.FloorDispatchUS, "", r.FloorCombineUS, "",
+			r.FloorDispatchUS+r.FloorCombineUS)
+		fmt.Fprintf(w, "  x floor: ep %.2fx", r.XFloor)
+		if r.AlltoallvXFloor > 0 {
+			fmt.Fprintf(w, ", alltoallv %.2fx", r.AlltoallvXFloor)
+		}
+		fmt.Fprintf(w, " (floor: ep's own %.1f MB across nodes, all ranks, by two plain MPI_Alltoallv)\n", r.FloorBytesPerCall/1e6)
 	}
 	if r.FlatNetworkBytesPerCall > 0 {
 		fmt.Fprintf(w, "  across nodes per dispatch+combine, all ranks: ep %.1f MB, a flat exchange (alltoallv) %.1f MB (%.2fx)\n",

@@ -42,6 +42,17 @@ type Record struct {
 	NetworkBytesPerCall     float64 `json:"network_bytes_per_call,omitempty"`
 	FlatNetworkBytesPerCall float64 `json:"flat_network_bytes_per_call,omitempty"`
 
+	// The network floor (across nodes, ep-bench -floor): ep's own bytes
+	// across nodes, per peer, moved by two plain blocking MPI_Alltoallv
+	// (the dispatch's, then the combine's) from buffers filled beforehand,
+	// timed as ep is; XFloor is ep's dispatch+combine over the floor's,
+	// AlltoallvXFloor the baseline's. Absent on one node.
+	FloorDispatchUS   float64 `json:"floor_dispatch_us,omitempty"`
+	FloorCombineUS    float64 `json:"floor_combine_us,omitempty"`
+	FloorBytesPerCall float64 `json:"floor_bytes_per_call,omitempty"`
+	XFloor            float64 `json:"x_floor,omitempty"`
+	AlltoallvXFloor   float64 `json:"alltoallv_x_floor,omitempty"`
+
 	// With DType fp8: the same dispatch and combine in bf16 by the same
 	// backend, timed in the same rounds, its bytes, and bf16's dispatch
 	// time over fp8's; absent otherwise.

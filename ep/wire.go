@@ -1,0 +1,91 @@
+package ep
+
+/*
+#include "kernels.h"
+*/
+import "C"
+
+import "unsafe"
+
+// rowFormat is how a dispatched row travels: its bytes (and side data, the
+// FP8 scales, apart from them), and how the caller's token becomes a row in
+// a destination, which is a slot in a node peer's receive buffer or a row of
+// this rank's outbox for another node: the modes say where each row goes,
+// the format writes it, the transport moves the rows and their side data
+// together (rowArea). The element type on the wire (nativeRows) and FP8 e4m3
+// with per-128 scales (fp8Rows) are its two implementations; a new format is
+// one more.
+type rowFormat interface {
+	// rowBytes is the bytes of one row, sideBytes of its side data (0:
+	// none).
+	rowBytes() int
+	sideBytes() int
+	// put queues the writing of row i of area a, in the memory at base:
+	// the token at byte src of the caller's tokens.
+	put(base ptr, a rowArea, i int, src int64)
+	// flush writes the queued rows from the tokens x (one kernel call) and
+	// empties the queue.
+	flush(x []byte)
+}
+
+// newRowFormat is the wire format of s's dispatches.
+func newRowFormat(s Spec) rowFormat {
+	if s.Wire.FP8() {
+		return &fp8Rows{hidden: s.Hidden, elem: s.Elem, wire: s.Wire, bytes: s.WireRowBytes, scales: 4 * ScaleGroups(s.Hidden)}
+	}
+	return &nativeRows{bytes: s.RowBytes}
+}
+
+// nativeRows: rows travel in the element type, copied as they are.
+type nativeRows struct {
+	bytes  int
+	dst    addrTable
+	srcOff []int64
+}
+
+func (f *nativeRows) rowBytes() int  { return f.bytes }
+func (f *nativeRows) sideBytes() int { return 0 }
+
+func (f *nativeRows) put(base ptr, a rowArea, i int, src int64) {
+	f.dst.add(unsafe.Add(base, a.rows.at(i)))
+	f.srcOff = append(f.srcOff, src)
+}
+
+func (f *nativeRows) flush(x []byte) {
+	scatterRows(&f.dst, x, f.srcOff, f.bytes)
+	f.dst.reset()
+	f.srcOff = f.srcOff[:0]
+}
+
+// fp8Rows: rows travel as FP8 e4m3 codes with one float32 scale per 128
+// elements beside them, cast on their way by the kernel that would have
+// copied them (quantRows: a token cast once, then copied to its other
+// destinations).
+type fp8Rows struct {
+	hidden, bytes, scales int
+	elem                  DType
+	wire                  WireFormat
+	q                     castQueue
+}
+
+func (f *fp8Rows) rowBytes() int  { return f.bytes }
+func (f *fp8Rows) sideBytes() int { return f.scales }
+
+func (f *fp8Rows) put(base ptr, a rowArea, i int, src int64) {
+	f.q.add(unsafe.Add(base, a.rows.at(i)), unsafe.Add(base, a.side.at(i)), src)
+}
+
+func (f *fp8Rows) flush(x []byte) { f.q.flush(x, f.hidden, f.elem, f.wire) }
+
+// scatterRows copies dst.len() rows of rowBytes from origin[srcOff[i]:] to
+// dst's addresses.
+func scatterRows(dst *addrTable, origin []byte, srcOff []int64, rowBytes int) {
+	n := dst.len()
+	if n <= smallBatch {
+		for i := 0; i < n; i++ {
+			copy(unsafe.Slice((*byte)(dst.p[i]), rowBytes), origin[srcOff[i]:srcOff[i]+int64(rowBytes)])
+		}
+		return
+	}
+	C.ep_scatter_rows(dst.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff), nil, C.int64_t(n), C.int64_t(rowBytes))
+}
