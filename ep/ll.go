@@ -56,16 +56,16 @@ type llMode struct {
 	// and a weight per row; the combine buffer laid out the same, with
 	// values; the outbox, [M*K] rows for the ranks of other nodes, each
 	// receiver's rows one block in its staged order (obase, ocnt).
-	recv, outbox           [2]rowArea
-	tok, w, comb, vals     [2]region
-	obase, ocnt            []int // per rank of another node: its first row in the outbox, and its rows
-	sent                   [2]uint64
+	recv, outbox       [2]rowArea
+	tok, w, comb, vals [2]region
+	obase, ocnt        []int // per rank of another node: its first row in the outbox, and its rows
+	sent               [2]uint64
 	// Staging areas per buffer set: rows from each rank [R][cap] with token
 	// and weight; exposed outputs [M*K] with values.
-	stage                  [2]rowArea
-	stageTok, stageW       [2]region
-	cstage, cvals          [2]region
-	cap                    int
+	stage            [2]rowArea
+	stageTok, stageW [2]region
+	cstage, cvals    [2]region
+	cap              int
 	// Per expert: its owner and its block's first row in the owner's
 	// receive buffer (tables, not x/L and x%L: a division is tens of cycles,
 	// paid per pair).
