@@ -215,6 +215,13 @@ func (m *htMode) send(d *Dispatch) error {
 		return err
 	}
 	t.span(q, "counts", -1, 0, t0)
+	// Other nodes first, so that the wire is busy while this node's rows
+	// are copied: the rail peers' staging is free (they forwarded the last
+	// dispatch's rows before they sent its combine's sums, which this rank
+	// received).
+	if err := m.sendAcross(d); err != nil {
+		return err
+	}
 	t0 = t.clock()
 	if err := t.awaitReaders(op, 0, e.last[0]); err != nil {
 		return err
@@ -236,11 +243,9 @@ func (m *htMode) send(d *Dispatch) error {
 		htMeta(t.lsa(dst, m.tok.at(first)), t.lsa(dst, m.topk.at(first)), t.lsa(dst, m.w.at(first)),
 			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst)
 	}
-	if err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil); err != nil {
-		return err
-	}
+	err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil)
 	t.span(q, "this node", -1, 0, t0)
-	return m.sendAcross(d)
+	return err
 }
 
 // exchangeCounts shares this rank's tokens per rank and per node, gathers
@@ -632,12 +637,21 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 			src.add(t.lsa(r, area[r]+row*m.rowBytes))
 			vals.add(t.lsa(r, m.vals.at(row)))
 		}
+		// Chunk by chunk, so that the wire starts on the first sums while
+		// the next are summed.
 		sums := m.sumsOut.at(m.senders[i].slot * M)
-		reduceRows(t.lsa(t.me, sums), m.e.spec.Elem, src, nil, p.start, p.rows, m.H, m.e.spec.Elem)
-		t.expose(p.src, sums, m.sums.at(m.myNode*M), m.sumsOut.len(p.rows))
-		var err error
-		if m.sentSums, err = t.flushInPlace(); err != nil {
-			return err
+		tab := src.c()
+		for lo := 0; lo < p.rows; lo += htChunk {
+			hi := min(lo+htChunk, p.rows)
+			reduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.len(lo)), m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
+			t.expose(p.src, sums+m.sumsOut.len(lo), m.sums.at(m.myNode*M+lo), m.sumsOut.len(hi-lo))
+			var err error
+			if m.sentSums, err = t.flushInPlace(); err != nil {
+				return err
+			}
+			if err := t.net.Progress(); err != nil {
+				return err
+			}
 		}
 		if withValues {
 			m.vsum = growTo(m.vsum, p.rows*K)

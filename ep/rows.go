@@ -104,6 +104,15 @@ func reduceRows(out ptr, outType DType, src *addrTable, w []float32, start []int
 	C.ep_reduce_rows(out, C.int(outType), src.c(), f32p(w), i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
 }
 
+// reduceRowsFrom is reduceRows with the sources as the kernels take them
+// (addrTable.c): a reduction in chunks converts its table once.
+func reduceRowsFrom(out ptr, outType DType, src *C.uintptr_t, start []int32, n, hidden int, inType DType) {
+	if n == 0 {
+		return
+	}
+	C.ep_reduce_rows(out, C.int(outType), src, nil, i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+}
+
 // reduceTables are reduceRows's tables (sources, weights and each row's
 // first source) for up to pairs sources and rows rows, in C memory: a
 // reduction that goes to the C kernel (above smallReduce) then passes one

@@ -2,6 +2,7 @@ package ep
 
 import (
 	"bytes"
+	"os"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -394,7 +395,7 @@ func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited
 				t.waits[peers[first]] += waited
 				return w
 			}
-			t.idle = waited > 5*time.Millisecond
+			t.idle = waited > yieldAfter
 		}
 		if t.idle {
 			yield()
@@ -703,3 +704,12 @@ func (t *transport) awaitReaders(op string, b int, last uint64) error {
 func (t *transport) releaseReaders(b int, q uint64) error {
 	return t.raise(t.liveNode, flagDone, b, t.me, q, 0, nil)
 }
+
+// yieldAfter is how long a wait across nodes polls before it yields the
+// core between sweeps.
+var yieldAfter = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("GOEP_YIELD_AFTER")); err == nil {
+		return d
+	}
+	return 5 * time.Millisecond
+}()

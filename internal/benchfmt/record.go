@@ -43,12 +43,16 @@ type Record struct {
 	FlatNetworkBytesPerCall float64 `json:"flat_network_bytes_per_call,omitempty"`
 
 	// The network floor (across nodes, ep-bench -floor): ep's own bytes
-	// across nodes, per peer, moved by two plain blocking MPI_Alltoallv
-	// (the dispatch's, then the combine's) from buffers filled beforehand,
-	// timed as ep is; XFloor is ep's dispatch+combine over the floor's,
-	// AlltoallvXFloor the baseline's. Absent on one node.
+	// across nodes, per peer, moved by a plain MPI exchange per half (the
+	// dispatch's, then the combine's) from buffers filled beforehand, timed
+	// as ep is: each half the faster of a blocking MPI_Alltoallv and every
+	// MPI_Isend and MPI_Irecv posted at once (their totals are
+	// FloorAlltoallvUS and FloorP2PUS). XFloor is ep's dispatch+combine over
+	// the floor's, AlltoallvXFloor the baseline's. Absent on one node.
 	FloorDispatchUS   float64 `json:"floor_dispatch_us,omitempty"`
 	FloorCombineUS    float64 `json:"floor_combine_us,omitempty"`
+	FloorAlltoallvUS  float64 `json:"floor_alltoallv_us,omitempty"`
+	FloorP2PUS        float64 `json:"floor_p2p_us,omitempty"`
 	FloorBytesPerCall float64 `json:"floor_bytes_per_call,omitempty"`
 	XFloor            float64 `json:"x_floor,omitempty"`
 	AlltoallvXFloor   float64 `json:"alltoallv_x_floor,omitempty"`
