@@ -196,19 +196,21 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	}
 	tr.segBytes = e.shm.Local()
 	if t.Nodes > 1 {
-		if tr.net, err = openNetwork(comm, e.winSize, oneSidedNet); err != nil {
+		if tr.net, err = openNetwork(comm, e.winSize, oneSidedNet, tr.segBytes); err != nil {
 			return nil, fmt.Errorf("allocating %d bytes of staging memory for %d nodes: %w", e.winSize, t.Nodes, err)
 		}
 		tr.winBase = unsafe.Pointer(unsafe.SliceData(tr.net.Local()))
+		tr.landsFinal = !oneSidedNet // a mailbox writes into the segment too, past the staging
 	}
 	return e, nil
 }
 
 // openNetwork gives every rank of comm size bytes of staging memory that the
-// ranks of other nodes write into: a mailbox, or a one-sided window.
-func openNetwork(comm *mpi.Comm, size int, oneSidedNet bool) (network, error) {
+// ranks of other nodes write into: a mailbox, which also reaches the rank's
+// segment seg (at offsets from size), or a one-sided window.
+func openNetwork(comm *mpi.Comm, size int, oneSidedNet bool, seg []byte) (network, error) {
 	if !oneSidedNet {
-		m, err := comm.NewMailbox(size)
+		m, err := comm.NewMailboxAttached(size, seg)
 		if err != nil {
 			return nil, err
 		}

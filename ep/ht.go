@@ -71,7 +71,8 @@ type htMode struct {
 	src, vals2 addrTable
 	area       []int
 	counts     []int32
-	nodeFirst  []int // per other node: its first row in the outbox
+	nodeFirst  []int  // per other node: its first row in the outbox
+	alone      []bool // per node: it has one rank, its rail peer (rows may land in place)
 }
 
 // htState is what a dispatch keeps between its halves and for its combine.
@@ -104,7 +105,22 @@ func newHT(e *engine, seg, win *arena) *htMode {
 	m.e, m.myNode = e, e.node
 	m.takeAreas(m.placeRails(), seg, win)
 	m.lists = make([][]int32, m.R)
+	m.alone = make([]bool, m.nodes)
+	for n := range m.alone {
+		m.alone[n] = len(e.topo.RanksOnNode(n)) == 1
+	}
 	return m
+}
+
+// inPlace says whether this rank's rows for node n (another node, or this
+// node when n is the receiver's) land straight in their final place at the
+// rail peer there, with no forwarding copy: where the rail peer is the only
+// rank of its node (its rows from a sender are its staged rows, in the same
+// order), the network reaches segments, and the dispatch is not cached (a
+// fresh one's count round tells that the rail peer has started this call,
+// so that its rows of the last one are no longer read).
+func (m *htMode) inPlace(n int, st *htState) bool {
+	return m.alone[n] && m.e.t.landsFinal && !st.cached
 }
 
 // htDims is an htMode of R ranks on nodes nodes with its sizes only.
@@ -215,6 +231,11 @@ func (m *htMode) send(d *Dispatch) error {
 		return err
 	}
 	t.span(q, "counts", -1, 0, t0)
+	// The last combine's sums may have left from the receive or combine
+	// buffer (alone on a node): they have, before either is written.
+	if err := t.awaitSent(op, m.sentSums); err != nil {
+		return err
+	}
 	// Other nodes first, so that the wire is busy while this node's rows
 	// are copied: the rail peers' staging is free (they forwarded the last
 	// dispatch's rows before they sent its combine's sums, which this rank
@@ -306,6 +327,7 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 	t := &m.e.t
 	op := m.e.names.dispatch
 	rt, K, M := d.Route, m.K, m.M
+	st := d.State.(*htState)
 	t0 := t.clock()
 	if err := t.awaitSent(op, m.sent); err != nil { // the outbox's last rows have left
 		return err
@@ -344,7 +366,12 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 				done = int(rt.TokNodeOrd[tk*m.nodes+n])
 			}
 			if done++; done > next[n] {
-				t.exposeRows(m.rails[n], m.outbox, m.nodeFirst[n]+next[n], done-next[n], m.stage, m.slots[n]*M+next[n])
+				r := m.rails[n]
+				if m.inPlace(n, st) { // straight into its rows from this rank
+					t.exposeRowsFinal(r, m.outbox, m.nodeFirst[n]+next[n], done-next[n], m.recv, st.recvOffAt(t.me, r, m.stride(), m.R)+next[n])
+				} else {
+					t.exposeRows(r, m.outbox, m.nodeFirst[n]+next[n], done-next[n], m.stage, m.slots[n]*M+next[n])
+				}
 				next[n] = done
 			}
 		}
@@ -452,12 +479,15 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	}
 	p := &st.fwd[i]
 	perDst := m.listsFor()
+	landed := m.inPlace(m.myNode, st) // the rows are in place already
 	for j := 0; j < n; j++ {
 		for x := p.start[j]; x < p.start[j+1]; x++ {
 			dst, row := int(p.dst[x]), int(p.row[x])
-			t.post(dst, m.recv.rows.at(row), -1, int64(m.stage.rows.at(slot*M+j)), m.stage.rows.stride)
-			if side := m.recv.side; side.stride > 0 {
-				t.post(dst, side.at(row), -1, int64(m.stage.side.at(slot*M+j)), side.stride)
+			if !landed {
+				t.post(dst, m.recv.rows.at(row), -1, int64(m.stage.rows.at(slot*M+j)), m.stage.rows.stride)
+				if side := m.recv.side; side.stride > 0 {
+					t.post(dst, side.at(row), -1, int64(m.stage.side.at(slot*M+j)), side.stride)
+				}
 			}
 			perDst[dst] = append(perDst[dst], int32(j))
 		}
@@ -637,11 +667,20 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 			src.add(t.lsa(r, area[r]+row*m.rowBytes))
 			vals.add(t.lsa(r, m.vals.at(row)))
 		}
-		// Chunk by chunk, so that the wire starts on the first sums while
-		// the next are summed.
+		// Alone on its node, this rank's partials are the sums: its rows from
+		// the sender, in the staged order, one block.
+		if m.alone[m.myNode] && t.inPlace {
+			t.expose(p.src, area[t.me]+int(p.row[0])*m.rowBytes, m.sums.at(m.myNode*M), m.sumsOut.len(p.rows))
+			var err error
+			if m.sentSums, err = t.flushInPlace(); err != nil {
+				return err
+			}
+		}
+		// Else chunk by chunk, so that the wire starts on the first sums
+		// while the next are summed.
 		sums := m.sumsOut.at(m.senders[i].slot * M)
 		tab := src.c()
-		for lo := 0; lo < p.rows; lo += htChunk {
+		for lo := 0; lo < p.rows && !(m.alone[m.myNode] && t.inPlace); lo += htChunk {
 			hi := min(lo+htChunk, p.rows)
 			reduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.len(lo)), m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
 			t.expose(p.src, sums+m.sumsOut.len(lo), m.sums.at(m.myNode*M+lo), m.sumsOut.len(hi-lo))

@@ -2,10 +2,10 @@ package ep
 
 import (
 	"bytes"
-	"os"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"time"
 	"unsafe"
@@ -143,7 +143,10 @@ type transport struct {
 
 	tl      *timeline // the steps of the calls, when recording (nil: off)
 	inPlace bool      // large blocks go to other nodes straight from the segment (flushInPlace)
-	idle    bool      // the current wait across nodes has lasted: it yields the core between sweeps
+	// landsFinal: the network reaches the other nodes' segments too, at
+	// offsets from the size of their staging memory (exposeRowsFinal).
+	landsFinal bool
+	idle       bool // the current wait across nodes has lasted: it yields the core between sweeps
 
 	// What a wait for every live rank's flag (k, set) polls (liveWatch),
 	// made at the first such wait and again after the mask changes.
@@ -650,6 +653,18 @@ func (t *transport) exposeRows(d int, a rowArea, i, n int, staged rowArea, j int
 	t.expose(d, a.rows.at(i), staged.rows.at(j), a.rows.len(n))
 	if a.side.stride > 0 {
 		t.expose(d, a.side.at(i), staged.side.at(j), a.side.len(n))
+	}
+}
+
+// exposeRowsFinal is exposeRows straight into row j of area fin of rank
+// d's segment, where the network reaches it (landsFinal): no staging and
+// no move at the receiver. The mode uses it only where nothing reads that
+// place until the receiver's call that expects the rows.
+func (t *transport) exposeRowsFinal(d int, a rowArea, i, n int, fin rowArea, j int) {
+	base := len(t.net.Local())
+	t.expose(d, a.rows.at(i), base+fin.rows.at(j), a.rows.len(n))
+	if a.side.stride > 0 {
+		t.expose(d, a.side.at(i), base+fin.side.at(j), a.side.len(n))
 	}
 }
 

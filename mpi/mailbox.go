@@ -36,6 +36,16 @@ const mailboxTag = 32013
 // NewMailbox gives every rank of c size bytes (ranks may pass different
 // sizes) that the others can write into with PutBlocks. It is collective.
 func (c *Comm) NewMailbox(size int) (*Mailbox, error) {
+	return c.NewMailboxAttached(size, nil)
+}
+
+// NewMailboxAttached is NewMailbox where the other ranks may also write
+// into attached, memory of this rank's outside the Go heap (a shared
+// window, say) that outlives the mailbox: its bytes are at offsets [size,
+// size+len(attached)) of the rank's mailbox, past its own memory. Such
+// writes land there when this rank calls Progress, in the order of all the
+// others. It is collective.
+func (c *Comm) NewMailboxAttached(size int, attached []byte) (*Mailbox, error) {
 	if err := c.checkUsable("NewMailbox"); err != nil {
 		return nil, err
 	}
@@ -43,14 +53,14 @@ func (c *Comm) NewMailbox(size int) (*Mailbox, error) {
 		return nil, argErrorf("NewMailbox", "size %d is negative", size)
 	}
 	sizes := make([]int64, c.size)
-	if err := AllgatherSlice(c, []int64{int64(size)}, sizes); err != nil {
+	if err := AllgatherSlice(c, []int64{int64(size + len(attached))}, sizes); err != nil {
 		return nil, err
 	}
 	own, err := c.Split(0, c.rank, c.name+"/mailbox")
 	if err != nil {
 		return nil, err
 	}
-	h, local, err := newMailbox(own, size)
+	h, local, err := newMailbox(own, size, attached)
 	if err != nil {
 		return nil, fmt.Errorf("mpi: NewMailbox of %d bytes: %w", size, err)
 	}

@@ -76,6 +76,8 @@ struct goep_mbox {
   int tag, ranks;
   char *mem;
   int64_t bytes;
+  char *ext;  // attached memory (the caller's), at offsets [bytes, bytes+extbytes)
+  int64_t extbytes;
   int64_t *load;  // per target: bytes packed by the put in progress
   int64_t *ndirect;  // per target: direct blocks of the put in progress
   // sends in flight
@@ -136,6 +138,11 @@ goep_mbox *goep_mbox_new(MPI_Comm comm, int64_t size, int tag) {
 }
 
 char *goep_mbox_mem(goep_mbox *m) { return m->mem; }
+
+void goep_mbox_attach(goep_mbox *m, char *mem, int64_t bytes) {
+  m->ext = mem;
+  m->extbytes = bytes;
+}
 
 int goep_mbox_pending(goep_mbox *m) { return m->nsend + (int)m->rmsgs; }
 
@@ -328,10 +335,14 @@ static MPI_Request *addactive(goep_mbox *m, int kind, int src, int64_t idx) {
   return &m->areq[m->nact++];
 }
 
-// where is the memory at offset off of length n, NULL when out of range.
+// where is the memory at offset off of length n (in the mailbox's own
+// memory or in the attached one), NULL when out of range.
 static char *where(goep_mbox *m, int64_t off, int64_t n) {
-  if (off < 0 || n < 0 || n > m->bytes || off > m->bytes - n) return NULL;
-  return m->mem + off;
+  if (off < 0 || n < 0) return NULL;
+  if (n <= m->bytes && off <= m->bytes - n) return m->mem + off;
+  off -= m->bytes;
+  if (m->ext != NULL && off >= 0 && n <= m->extbytes && off <= m->extbytes - n) return m->ext + off;
+  return NULL;
 }
 
 // msgat is the message at absolute index i of source q's ring.

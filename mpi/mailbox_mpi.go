@@ -17,10 +17,13 @@ type mboxHandle = *mboxState
 
 type mboxState struct{ m *C.goep_mbox }
 
-func newMailbox(c *Comm, size int) (mboxHandle, []byte, error) {
+func newMailbox(c *Comm, size int, attached []byte) (mboxHandle, []byte, error) {
 	m := C.goep_mbox_new(c.h.c, C.int64_t(size), C.int(mailboxTag))
 	if m == nil {
 		return nil, nil, fmt.Errorf("out of memory")
+	}
+	if len(attached) > 0 {
+		C.goep_mbox_attach(m, (*C.char)(unsafe.Pointer(&attached[0])), C.int64_t(len(attached)))
 	}
 	local := []byte{}
 	if size > 0 {

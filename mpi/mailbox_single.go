@@ -13,6 +13,7 @@ type mboxHandle = *mboxState
 
 type mboxState struct {
 	mem     []byte
+	ext     []byte
 	pending []pendingWrite
 	count   int64
 	nputs   uint64
@@ -23,12 +24,12 @@ type pendingWrite struct {
 	data []byte
 }
 
-func newMailbox(c *Comm, size int) (mboxHandle, []byte, error) {
+func newMailbox(c *Comm, size int, attached []byte) (mboxHandle, []byte, error) {
 	w, err := mapMemory(size)
 	if err != nil {
 		return nil, nil, err
 	}
-	return &mboxState{mem: w.mem}, w.mem, nil
+	return &mboxState{mem: w.mem, ext: attached}, w.mem, nil
 }
 
 func (h *mboxState) put(origin []byte, blocks []Block, _ bool) error {
@@ -40,7 +41,11 @@ func (h *mboxState) put(origin []byte, blocks []Block, _ bool) error {
 
 func (h *mboxState) progress() error {
 	for _, w := range h.pending {
-		copy(h.mem[w.off:], w.data)
+		if w.off < len(h.mem) {
+			copy(h.mem[w.off:], w.data)
+		} else {
+			copy(h.ext[w.off-len(h.mem):], w.data)
+		}
 	}
 	h.count += int64(len(h.pending))
 	h.pending = h.pending[:0]

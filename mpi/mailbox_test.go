@@ -190,3 +190,65 @@ func TestMailboxInPlaceOrder(t *testing.T) {
 	require.NoError(t, origin.Free())
 	mpitesting.Agree(t, w)
 }
+
+// A mailbox over attached memory: every rank writes a small block and a
+// large (in place) one past the mailbox's own bytes, into the other's
+// attached memory, then a flag into its own; the flag's rank finds both in
+// the attached memory, and writes beyond it are refused.
+func TestMailboxAttached(t *testing.T) {
+	w := mpitesting.World
+	n, me := w.Size(), w.Rank()
+	const own = 8 * 64
+	big := mpi.DirectMin + 40
+	ext, err := mpi.NewBuffer(n * (big + 64))
+	require.NoError(t, err)
+	m, err := w.NewMailboxAttached(own, ext.Bytes())
+	require.NoError(t, err)
+	origin, err := mpi.NewBuffer(big + 64 + 8)
+	require.NoError(t, err)
+	src := origin.Bytes()
+	for i := range src {
+		src[i] = byte(i*5 + me)
+	}
+	binary.LittleEndian.PutUint64(src[big+64:], uint64(900+me))
+	var blocks []mpi.Block
+	for d := 0; d < n; d++ {
+		if d == me {
+			continue
+		}
+		at := own + me*(big+64) // this rank's part of d's attached memory
+		blocks = append(blocks,
+			mpi.Block{SrcOffset: 0, Len: big, Target: d, DstOffset: at},
+			mpi.Block{SrcOffset: big, Len: 64, Target: d, DstOffset: at + big},
+			mpi.Block{SrcOffset: big + 64, Len: 8, Target: d, DstOffset: 8 * me})
+	}
+	put, err := m.PutBlocksInPlace(src, blocks)
+	require.NoError(t, err)
+	for s := 0; s < n; s++ {
+		if s == me {
+			continue
+		}
+		waitWord(t, m, 8*s, uint64(900+s))
+		got := ext.Bytes()[s*(big+64) : (s+1)*(big+64)]
+		for i := range got {
+			if got[i] != byte(i*5+s) {
+				require.Equal(t, byte(i*5+s), got[i], "byte %d from rank %d", i, s)
+			}
+		}
+	}
+	for {
+		if sent, _ := m.InPlaceSent(put); sent {
+			break
+		}
+		require.NoError(t, m.Progress())
+	}
+	if n > 1 {
+		err := m.PutBlocks(src, []mpi.Block{{Len: 8, Target: (me + 1) % n, DstOffset: own + n*(big+64) - 4}})
+		assert.ErrorContains(t, err, "beyond rank")
+	}
+	require.NoError(t, w.Barrier())
+	require.NoError(t, m.Free())
+	require.NoError(t, origin.Free())
+	require.NoError(t, ext.Free())
+	mpitesting.Agree(t, w)
+}

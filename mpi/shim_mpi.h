@@ -77,6 +77,9 @@ int64_t goep_put_blocks(MPI_Win win, const void *origin, const goep_block *block
 typedef struct goep_mbox goep_mbox;
 goep_mbox *goep_mbox_new(MPI_Comm comm, int64_t size, int tag);
 char *goep_mbox_mem(goep_mbox *m);
+// goep_mbox_attach makes bytes of the caller's memory at mem writable by the
+// other ranks too, at offsets [size, size+bytes) past the mailbox's own.
+void goep_mbox_attach(goep_mbox *m, char *mem, int64_t bytes);
 // With direct set, blocks of at least GOEP_MBOX_DIRECT_MIN bytes are sent
 // straight from origin (in sends of at most GOEP_MBOX_DIRECT_CHUNK bytes) and
 // received straight into the target's memory: origin must stay as it is until

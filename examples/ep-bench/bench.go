@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/goep/goep/ep"
@@ -433,6 +434,7 @@ type samples struct {
 	dispatch, combine, baseDispatch, baseCombine, cpuDispatch, cpuCombine, memcpy, deviceCopy []float64
 	nativeDispatch, nativeCombine                                                             []float64    // -dtype fp8: the same in bf16
 	floorA2A, floorP2P                                                                        [2][]float64 // across nodes: the network floor's exchanges, dispatch and combine
+	epCPU, floorCPU                                                                           []float64    // this rank's processor time in ep's dispatch+combine and in the floor's point-to-point exchanges
 	steady, baseSteady                                                                        []float64    // -latency: a round's mean time over each burst
 }
 
@@ -498,9 +500,11 @@ func (b *bench[E]) rounds() (*samples, error) {
 		if err != nil {
 			return nil, err
 		}
+		epCPU := lastCPU
 		var a2a, p2p [2]time.Duration
+		var floorCPU time.Duration
 		if b.floor != nil {
-			if a2a, p2p, err = b.floor.exchange(); err != nil {
+			if a2a, p2p, floorCPU, err = b.floor.exchange(); err != nil {
 				return nil, err
 			}
 		}
@@ -549,6 +553,7 @@ func (b *bench[E]) rounds() (*samples, error) {
 			s.nativeDispatch, s.nativeCombine = append(s.nativeDispatch, us(d4)), append(s.nativeCombine, us(c4))
 			s.floorA2A[0], s.floorA2A[1] = append(s.floorA2A[0], us(a2a[0])), append(s.floorA2A[1], us(a2a[1]))
 			s.floorP2P[0], s.floorP2P[1] = append(s.floorP2P[0], us(p2p[0])), append(s.floorP2P[1], us(p2p[1]))
+			s.epCPU, s.floorCPU = append(s.epCPU, us(epCPU)), append(s.floorCPU, us(floorCPU))
 		}
 	}
 	return &s, nil
@@ -629,7 +634,7 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes,
 		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy), median(s.nativeDispatch), median(s.nativeCombine), b.nbytes,
 		median(s.steady), median(s.baseSteady), median(s.floorA2A[0]), median(s.floorA2A[1]), b.floorBytes(),
-		median(s.floorP2P[0]), median(s.floorP2P[1])}
+		median(s.floorP2P[0]), median(s.floorP2P[1]), median(s.epCPU), median(s.floorCPU)}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
@@ -678,9 +683,9 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 		res.FloorDispatchUS = min(slices.Max(col(14)), slices.Max(col(17)))
 		res.FloorCombineUS = min(slices.Max(col(15)), slices.Max(col(18)))
 		res.FloorBytesPerCall = mean(col(16)) * float64(R)
-		res.XFloor = (res.DispatchUS + res.CombineUS) / (res.FloorDispatchUS + res.FloorCombineUS)
-		if b.base != nil {
-			res.AlltoallvXFloor = (res.AlltoallvDispatchUS + res.AlltoallvCombineUS) / (res.FloorDispatchUS + res.FloorCombineUS)
+		res.CPUPerRoundUS, res.FloorCPUPerRoundUS = mean(col(19)), mean(col(20))
+		if res.XFloor, res.AlltoallvXFloor, err = b.pairedRatios(s); err != nil {
+			return nil, err
 		}
 	}
 	if b.base != nil && res.Nodes > 1 {
@@ -703,6 +708,38 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 		}
 	}
 	return res, nil
+}
+
+// pairedRatios are ep's and the baseline's times over the floor's, each the
+// median over the timed rounds of the round's ratio (the slowest rank's
+// dispatch+combine over the slowest rank's floor, each half of the floor
+// the faster of its two exchanges): a ratio within one round, so that the
+// machine's drift between rounds, which moves both, cancels.
+func (b *bench[E]) pairedRatios(s *samples) (ep, base float64, err error) {
+	n := len(s.dispatch)
+	mine := make([]float64, 3*n)
+	for i := 0; i < n; i++ {
+		mine[3*i] = s.dispatch[i] + s.combine[i]
+		mine[3*i+1] = s.baseDispatch[i] + s.baseCombine[i]
+		mine[3*i+2] = min(s.floorA2A[0][i], s.floorP2P[0][i]) + min(s.floorA2A[1][i], s.floorP2P[1][i])
+	}
+	R := b.world.Size()
+	all := make([]float64, len(mine)*R)
+	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
+		return 0, 0, err
+	}
+	var re, rb []float64
+	for i := 0; i < n; i++ {
+		var e, bl, f float64
+		for r := 0; r < R; r++ {
+			e, bl, f = max(e, all[r*len(mine)+3*i]), max(bl, all[r*len(mine)+3*i+1]), max(f, all[r*len(mine)+3*i+2])
+		}
+		re, rb = append(re, e/f), append(rb, bl/f)
+	}
+	if b.base == nil {
+		return median(re), 0, nil
+	}
+	return median(re), median(rb), nil
 }
 
 // floorBytes is what this rank sends across nodes in the floor's exchange.
@@ -742,11 +779,12 @@ func timeRound(world *mpi.Comm, dispatch, experts, combine func() error) (time.D
 	if err := world.Barrier(); err != nil {
 		return 0, 0, err
 	}
-	t0 := time.Now()
+	c0, t0 := cpuTime(), time.Now()
 	if err := dispatch(); err != nil {
 		return 0, 0, err
 	}
 	d := time.Since(t0)
+	lastCPU = cpuTime() - c0
 	if experts != nil {
 		if err := experts(); err != nil {
 			return 0, 0, err
@@ -755,11 +793,26 @@ func timeRound(world *mpi.Comm, dispatch, experts, combine func() error) (time.D
 	if err := world.Barrier(); err != nil {
 		return 0, 0, err
 	}
-	t1 := time.Now()
+	c0, t1 := cpuTime(), time.Now()
 	if err := combine(); err != nil {
 		return 0, 0, err
 	}
-	return d, time.Since(t1), nil
+	c := time.Since(t1)
+	lastCPU += cpuTime() - c0
+	return d, c, nil
+}
+
+// lastCPU is the processor time this rank used in the last timeRound's
+// dispatch and combine (user and system, the process's threads all).
+var lastCPU time.Duration
+
+// cpuTime is the processor time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func printTable(w io.Writer, r *Result, baseline bool) {
@@ -792,12 +845,14 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 	if r.XFloor > 0 {
 		fmt.Fprintf(w, "  %-22s %12.1f %10s %12.1f %10s %12.1f\n", "network floor", r.FloorDispatchUS, "", r.FloorCombineUS, "",
 			r.FloorDispatchUS+r.FloorCombineUS)
-		fmt.Fprintf(w, "  x floor: ep %.2fx", r.XFloor)
+		fmt.Fprintf(w, "  x floor (median of each round's ratio): ep %.2fx", r.XFloor)
 		if r.AlltoallvXFloor > 0 {
 			fmt.Fprintf(w, ", alltoallv %.2fx", r.AlltoallvXFloor)
 		}
 		fmt.Fprintf(w, " (floor: ep's own %.1f MB across nodes, all ranks, each half by the faster of MPI_Alltoallv, %.1f us in all, and every MPI_Isend/Irecv at once, %.1f us)\n",
 			r.FloorBytesPerCall/1e6, r.FloorAlltoallvUS, r.FloorP2PUS)
+		fmt.Fprintf(w, "  processor time per rank and round (mean over ranks): ep %.1f ms, the floor's exchange %.1f ms (%.2fx)\n",
+			r.CPUPerRoundUS/1e3, r.FloorCPUPerRoundUS/1e3, r.CPUPerRoundUS/r.FloorCPUPerRoundUS)
 	}
 	if r.FlatNetworkBytesPerCall > 0 {
 		fmt.Fprintf(w, "  across nodes per dispatch+combine, all ranks: ep %.1f MB, a flat exchange (alltoallv) %.1f MB (%.2fx)\n",

@@ -163,28 +163,30 @@ func (h *floorHalf) p2p(c *mpi.Comm) error {
 
 // exchange times each half from a barrier, as ep's calls are timed, by
 // MPI_Alltoallv (a2a) and by point-to-point messages all posted at once
-// (p2p).
-func (f *netFloor) exchange() (a2a, p2p [2]time.Duration, err error) {
+// (p2p), and says how much processor time this rank used in the latter.
+func (f *netFloor) exchange() (a2a, p2p [2]time.Duration, cpu time.Duration, err error) {
 	for i := range f.halves {
 		h := &f.halves[i]
 		if err := f.comm.Barrier(); err != nil {
-			return a2a, p2p, err
+			return a2a, p2p, 0, err
 		}
 		t0 := time.Now()
 		if err := f.comm.Alltoallv(h.send, h.sendN, h.sendD, h.recv, h.recvN, h.recvD); err != nil {
-			return a2a, p2p, err
+			return a2a, p2p, 0, err
 		}
 		a2a[i] = time.Since(t0)
 		if err := f.comm.Barrier(); err != nil {
-			return a2a, p2p, err
+			return a2a, p2p, 0, err
 		}
+		c0 := cpuTime()
 		t0 = time.Now()
 		if err := h.p2p(f.comm); err != nil {
-			return a2a, p2p, err
+			return a2a, p2p, 0, err
 		}
 		p2p[i] = time.Since(t0)
+		cpu += cpuTime() - c0
 	}
-	return a2a, p2p, nil
+	return a2a, p2p, cpu, nil
 }
 
 func (f *netFloor) close() {

@@ -54,8 +54,15 @@ type Record struct {
 	FloorAlltoallvUS  float64 `json:"floor_alltoallv_us,omitempty"`
 	FloorP2PUS        float64 `json:"floor_p2p_us,omitempty"`
 	FloorBytesPerCall float64 `json:"floor_bytes_per_call,omitempty"`
-	XFloor            float64 `json:"x_floor,omitempty"`
-	AlltoallvXFloor   float64 `json:"alltoallv_x_floor,omitempty"`
+	// The processor time (user and system) a rank used in ep's
+	// dispatch+combine and in the floor's point-to-point exchange, the
+	// median over rounds, mean over ranks: where the hosts share the
+	// machine's cores, as emulated hosts do, the network's own work (the
+	// TCP stacks) competes with the ranks' for the same cores.
+	CPUPerRoundUS      float64 `json:"cpu_per_round_us,omitempty"`
+	FloorCPUPerRoundUS float64 `json:"floor_cpu_per_round_us,omitempty"`
+	XFloor             float64 `json:"x_floor,omitempty"`
+	AlltoallvXFloor    float64 `json:"alltoallv_x_floor,omitempty"`
 
 	// With DType fp8: the same dispatch and combine in bf16 by the same
 	// backend, timed in the same rounds, its bytes, and bf16's dispatch
