@@ -73,6 +73,7 @@ type htMode struct {
 	counts     []int32
 	nodeFirst  []int  // per other node: its first row in the outbox
 	alone      []bool // per node: it has one rank, its rail peer (rows may land in place)
+	maxSend    int    // the most ranks of one node that one rail peer serves: staging slots per node
 }
 
 // htState is what a dispatch keeps between its halves and for its combine.
@@ -140,7 +141,8 @@ func (m *htMode) takeAreas(slots int, seg, win *arena) {
 	m.vals = seg.take("HT row values", n, 4*K)
 	if m.nodes > 1 {
 		m.outbox = seg.takeRows("HT outbox for other nodes", M*(m.nodes-1), m.wire)
-		m.sumsOut = seg.take("HT sums for other nodes", slots*M, m.rowBytes) // by the sender's slot
+		// By the sender's slot, less this node's own (slots/nodes of them).
+		m.sumsOut = seg.take("HT sums for other nodes", (slots-slots/m.nodes)*M, m.rowBytes)
 	}
 	m.stage = win.takeRows("HT rows from other nodes", slots*M, m.wire)
 	m.stok = win.take("HT tokens from other nodes", slots*M, 4)
@@ -148,6 +150,15 @@ func (m *htMode) takeAreas(slots int, seg, win *arena) {
 	m.sw = win.take("HT weights from other nodes", slots*M, 4*K)
 	m.sums = win.take("HT sums from other nodes", m.nodes*M, m.rowBytes)
 	m.svals = win.take("HT row values from other nodes", m.nodes*M, 4*K)
+}
+
+// sumsSlot is where the sums for sender r start in sumsOut, in rows of M:
+// its staging slot, past which this node's own slots are left out.
+func (m *htMode) sumsSlot(r railSender) int {
+	if r.node > m.myNode {
+		return r.slot - m.maxSend
+	}
+	return r.slot
 }
 
 // placeRails pairs the ranks across nodes. A rank with local rank i sends
@@ -188,6 +199,7 @@ func (m *htMode) placeRails() int {
 			}
 		}
 	}
+	m.maxSend = maxSend
 	return m.nodes * maxSend
 }
 
@@ -379,10 +391,8 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 		if m.sent, err = t.flushInPlace(); err != nil {
 			return err
 		}
-		if t.net != nil {
-			if err := t.net.Progress(); err != nil { // the handshakes of the sends start
-				return err
-			}
+		if err := t.progress(); err != nil { // the handshakes of the sends start
+			return err
 		}
 	}
 	t.span(d.Op, "rows across", -1, int64(total*m.wire.rowBytes()), t0)
@@ -492,7 +502,7 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 			perDst[dst] = append(perDst[dst], int32(j))
 		}
 	}
-	if err := t.flush(t.net.Local()); err != nil {
+	if err := t.flushStaged(); err != nil {
 		return err
 	}
 	for _, dst := range t.nodeRanks {
@@ -678,7 +688,7 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 		}
 		// Else chunk by chunk, so that the wire starts on the first sums
 		// while the next are summed.
-		sums := m.sumsOut.at(m.senders[i].slot * M)
+		sums := m.sumsOut.at(m.sumsSlot(m.senders[i]) * M)
 		tab := src.c()
 		for lo := 0; lo < p.rows && !(m.alone[m.myNode] && t.inPlace); lo += htChunk {
 			hi := min(lo+htChunk, p.rows)
@@ -688,7 +698,7 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 			if m.sentSums, err = t.flushInPlace(); err != nil {
 				return err
 			}
-			if err := t.net.Progress(); err != nil {
+			if err := t.progress(); err != nil {
 				return err
 			}
 		}

@@ -243,11 +243,9 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	m.spos = growTo(m.spos, m.E)
 	m.stagedPos(st, me, m.spos)
 	toks := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(m.meta))), 2*n)
-	if t.net != nil {
-		m.outboxBases(st)
-		if err := t.awaitSent(m.e.names.dispatch, m.sent[b]); err != nil { // the outbox's last rows have left
-			return err
-		}
+	m.outboxBases(st)
+	if err := t.awaitSent(m.e.names.dispatch, m.sent[b]); err != nil { // the outbox's last rows have left
+		return err
 	}
 	for tk := 0; tk < rt.T; tk++ {
 		for k := 0; k < K; k++ {

@@ -19,7 +19,7 @@ import (
 // directOK says whether a dispatch on this rank can take the direct path.
 func (m *llMode) directOK() bool {
 	t := &m.e.t
-	return !m.e.tune.generalLL && m.slots && m.wire.sideBytes() == 0 && t.net == nil && !t.maskStalled
+	return !m.e.tune.generalLL && m.slots && m.wire.sideBytes() == 0 && !t.spansNodes() && !t.maskStalled
 }
 
 // sendDirect is send's slot protocol by stores: each pair's row, token and

@@ -29,6 +29,14 @@ func TestBufferPlanIsWhatAGroupHolds(t *testing.T) {
 			}
 			assert.Equal(t, f.RanksPerNode*(f.SharedPerRank+f.WindowPerRank+f.CopiesPerRank), f.PerNode)
 			assert.Equal(t, g.Nodes() > 1, f.WindowPerRank > 0)
+			// Its layout: every area in its memory, in order, none over another.
+			end := map[string]int{}
+			for _, a := range f.Layout {
+				assert.GreaterOrEqual(t, a.Offset, end[a.Memory], "%v %v: %s starts inside the area before it", mode, wire, a.Name)
+				end[a.Memory] = a.Offset + a.Bytes
+			}
+			assert.Equal(t, f.SharedPerRank, end["shared"], "%v %v: the shared areas end where the segment does", mode, wire)
+			assert.Equal(t, f.WindowPerRank, end["staging"], "%v %v: the staging areas end where the staging memory does", mode, wire)
 			assert.Equal(t, 2*f.WindowPerRank, f.CopiesPerRank, "messages across nodes: a send copy and a receive buffer")
 			cfg.Backend = ep.CPUOneSided
 			one, err := ep.BufferPlan(cfg, ep.BFloat16, R, g.Nodes())

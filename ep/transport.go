@@ -609,6 +609,21 @@ func (t *transport) flushFrom(origin []byte, inPlace bool) (put uint64, err erro
 	return put, err
 }
 
+// flushStaged is flush from this rank's staging memory (HT's forwarding).
+func (t *transport) flushStaged() error { return t.flush(t.net.Local()) }
+
+// progress lets the network move what is in flight, both ways (nothing on
+// one node).
+func (t *transport) progress() error {
+	if t.net == nil {
+		return nil
+	}
+	return t.net.Progress()
+}
+
+// spansNodes says whether the group has ranks on other nodes.
+func (t *transport) spansNodes() bool { return len(t.remote) > 0 }
+
 // awaitSent waits until the bytes of flushInPlace's put numbered put (and
 // earlier ones) have left this rank's segment, before they are written
 // again. A peer that stops receiving is a *TimeoutError naming it.

@@ -917,6 +917,10 @@ func plan(stdout, stderr io.Writer, o *options) int {
 			return 2
 		}
 		fmt.Fprintf(stdout, "%v: %d ranks on %d nodes: %v\n", c, o.planRanks, o.planNodes, f)
+		if err := f.WriteLayout(stdout); err != nil {
+			fmt.Fprintf(stderr, "ep-bench: -plan: %v\n", err)
+			return 1
+		}
 	}
 	return 0
 }
