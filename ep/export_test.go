@@ -10,13 +10,10 @@ func CPUWithSlotProtocolMax(n int) Backend {
 	return cpuBackend{tune: tuning{slotMax: n}}
 }
 
-// UsePortableCast makes the FP8 cast the portable one instead of the
-// fastest this CPU has, and returns a function that restores it: the tests
-// check both against the reference.
-func UsePortableCast() (restore func()) {
-	old := quantImpl
-	quantImpl = 1
-	return func() { quantImpl = old }
+// QuantizePortable is Quantize with the portable cast instead of the
+// fastest this CPU has: the tests check both against the reference.
+func QuantizePortable[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat) error {
+	return quantize(q, scales, src, hidden, w, castPortable)
 }
 
 // CountStats adds a completed dispatch's and its combine's traffic to the

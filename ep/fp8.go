@@ -139,6 +139,11 @@ func (w WireFormat) scaleMode() C.int {
 // too), the group's largest value maps to ±448, and a NaN or an infinity
 // becomes NaN without changing the scale of the group's other values.
 func Quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat) error {
+	return quantize(q, scales, src, hidden, w, castFastest)
+}
+
+// quantize is Quantize with the cast impl.
+func quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat, impl castImpl) error {
 	if err := checkFP8Shapes("Quantize", len(q), len(scales), len(src), hidden); err != nil {
 		return err
 	}
@@ -165,7 +170,7 @@ func Quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w Wire
 	}
 	C.ep_quant_rows((*C.uintptr_t)(unsafe.Pointer(&dst[0])), (*C.uintptr_t)(unsafe.Pointer(&dsc[0])),
 		(*C.char)(unsafe.Pointer(&src[0])), (*C.int64_t)(unsafe.Pointer(&off[0])), C.int64_t(rows),
-		C.int64_t(hidden), C.int(DTypeOf[E]()), w.scaleMode(), quantImpl)
+		C.int64_t(hidden), C.int(DTypeOf[E]()), w.scaleMode(), C.int(impl))
 	return nil
 }
 

@@ -87,16 +87,24 @@ func quantize[E ep.Element](t *testing.T, x []float32, hidden int, w ep.WireForm
 	}
 	q := make([]ep.E4M3, len(x))
 	s := make([]float32, len(x)/hidden*ep.ScaleGroups(hidden))
-	require.NoError(t, ep.Quantize(q, s, src, hidden, w))
+	quant := ep.Quantize[E]
+	if portableCast {
+		quant = ep.QuantizePortable[E]
+	}
+	require.NoError(t, quant(q, s, src, hidden, w))
 	return q, s
 }
+
+// portableCast makes this file's quantize use the portable cast (bothCasts).
+var portableCast bool
 
 // bothCasts runs test with the fastest cast this CPU has and with the
 // portable one: each must agree with the reference.
 func bothCasts(t *testing.T, test func(t *testing.T)) {
 	t.Run("fastest", test)
 	t.Run("portable", func(t *testing.T) {
-		defer ep.UsePortableCast()()
+		portableCast = true
+		defer func() { portableCast = false }()
 		test(t)
 	})
 }

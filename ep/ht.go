@@ -102,7 +102,7 @@ type fwdPlan struct {
 }
 
 func newHT(e *engine, seg, win *arena) *htMode {
-	m := htDims(e.spec, e.t.size, e.nodes)
+	m := htDims(e.spec, e.t.size, e.nodes, e.tune)
 	m.e, m.myNode = e, e.node
 	m.takeAreas(m.placeRails(), seg, win)
 	m.lists = make([][]int32, m.R)
@@ -125,7 +125,7 @@ func (m *htMode) inPlace(n int, st *htState) bool {
 }
 
 // htDims is an htMode of R ranks on nodes nodes with its sizes only.
-func htDims(s Spec, R, nodes int) *htMode {
+func htDims(s Spec, R, nodes int, tune tuning) *htMode {
 	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
 		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R), wire: newRowFormat(s)}
 }

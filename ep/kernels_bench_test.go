@@ -133,7 +133,7 @@ func BenchmarkKernelDispatchCopy(b *testing.B) {
 			}
 			b.SetBytes(tokens * k * 2 * hidden) // the same tokens: bytes of the bf16 rows
 			for i := 0; i < b.N; i++ {
-				quantRows(&d, &s, origin, off, hidden, BFloat16, w)
+				quantRows(&d, &s, origin, off, hidden, BFloat16, w, castFastest)
 			}
 		})
 		b.Run(w.String()+"/no-repeat", func(b *testing.B) { // every row cast: the cost of the cast itself
@@ -148,7 +148,7 @@ func BenchmarkKernelDispatchCopy(b *testing.B) {
 			}
 			b.SetBytes(tokens * 2 * hidden)
 			for i := 0; i < b.N; i++ {
-				quantRows(&d, &s, origin, perToken, hidden, BFloat16, w)
+				quantRows(&d, &s, origin, perToken, hidden, BFloat16, w, castFastest)
 			}
 		})
 	}

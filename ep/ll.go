@@ -93,7 +93,7 @@ type llState struct {
 }
 
 func newLL(e *engine, seg, win *arena) (*llMode, error) {
-	m := layoutLL(e.spec, e.t.size, e.nodes, e.tune.slotProtocolMax(), seg, win)
+	m := layoutLL(e.spec, e.t.size, e.nodes, e.tune, seg, win)
 	m.e = e
 	m.obase, m.ocnt = make([]int, m.R), make([]int, m.R) // node peers' stay 0: their rows go straight to them
 	var err error
@@ -106,8 +106,8 @@ func (m *llMode) free() { m.tables.free() }
 
 // layoutLL places LL's areas for a group of R ranks on nodes nodes: what
 // newLL does but for the engine, which BufferPlan needs too.
-// Messages of at most slotMax bytes a rank take the slot protocol.
-func layoutLL(s Spec, R, nodes, slotMax int, seg, win *arena) *llMode {
+// tune says which protocol and which cast the group takes.
+func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *arena) *llMode {
 	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
 		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, wire: newRowFormat(s)}
 	rows := m.L * m.span
@@ -116,7 +116,7 @@ func layoutLL(s Spec, R, nodes, slotMax int, seg, win *arena) *llMode {
 		m.ownerOf[x], m.blockOf[x] = x/m.L, x%m.L*m.span
 	}
 	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
-	m.slots = m.cap*(m.wire.rowBytes()+m.wire.sideBytes()) <= slotMax || s.MaskStalledRanks
+	m.slots = m.cap*(m.wire.rowBytes()+m.wire.sideBytes()) <= tune.slotProtocolMax() || s.MaskStalledRanks
 	for b := 0; b < 2; b++ {
 		set := [2]string{" (set 0)", " (set 1)"}[b]
 		m.recv[b] = seg.takeRows("LL received rows"+set, rows, m.wire)

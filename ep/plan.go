@@ -62,9 +62,9 @@ func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 	in := inboxFor(s, ranks, nodes)
 	seg, win := newArenas(in.size)
 	if s.Mode == LowLatency {
-		layoutLL(s, ranks, nodes, 0, seg, win)
+		layoutLL(s, ranks, nodes, tuning{}, seg, win)
 	} else {
-		htDims(s, ranks, nodes).takeAreas(slots, seg, win)
+		htDims(s, ranks, nodes, tuning{}).takeAreas(slots, seg, win)
 	}
 	f := Footprint{SharedPerRank: seg.n, RanksPerNode: ranksPerNode, Layout: seg.named}
 	if nodes > 1 {

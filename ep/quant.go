@@ -11,18 +11,24 @@ import "unsafe"
 // origin[srcOff[i]:] (hidden elements of elem) to dst's and scales' i-th
 // addresses, in one C call (ep_quant_rows). Consecutive rows with the same
 // source are cast once and copied.
-func quantRows(dst, scales *addrTable, origin []byte, srcOff []int64, hidden int, elem DType, w WireFormat) {
+func quantRows(dst, scales *addrTable, origin []byte, srcOff []int64, hidden int, elem DType, w WireFormat, impl castImpl) {
 	n := dst.len()
 	if n == 0 {
 		return
 	}
 	C.ep_quant_rows(dst.c(), scales.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff),
-		C.int64_t(n), C.int64_t(hidden), C.int(elem), w.scaleMode(), quantImpl)
+		C.int64_t(n), C.int64_t(hidden), C.int(elem), w.scaleMode(), C.int(impl))
 }
 
-// quantImpl picks the cast: 0 the fastest this CPU has, 1 the portable one
-// (which the tests also run: both must agree with the reference).
-var quantImpl C.int
+// castImpl picks the cast: the fastest this CPU has, or the portable one
+// (which the tests also run, through Quantize's twin and tuned groups:
+// both must agree with the reference).
+type castImpl int
+
+const (
+	castFastest  castImpl = 0
+	castPortable castImpl = 1
+)
 
 // castQueue collects the rows a dispatch casts to FP8 on their way, for one
 // kernel call: each row's destination (a node peer's receive buffer, or this
@@ -31,6 +37,7 @@ var quantImpl C.int
 type castQueue struct {
 	dst, scales addrTable
 	srcOff      []int64
+	impl        castImpl
 }
 
 func (q *castQueue) add(dst, scales ptr, srcOff int64) {
@@ -41,7 +48,7 @@ func (q *castQueue) add(dst, scales ptr, srcOff int64) {
 
 // flush casts the queued rows of origin and empties the queue.
 func (q *castQueue) flush(origin []byte, hidden int, elem DType, w WireFormat) {
-	quantRows(&q.dst, &q.scales, origin, q.srcOff, hidden, elem, w)
+	quantRows(&q.dst, &q.scales, origin, q.srcOff, hidden, elem, w, q.impl)
 	q.dst.reset()
 	q.scales.reset()
 	q.srcOff = q.srcOff[:0]
