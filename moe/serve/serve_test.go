@@ -301,6 +301,7 @@ func TestServeMasksStalledRank(t *testing.T) {
 			t.Logf("masked in step %d, rejoined in step %d: %d steps without it, %d tokens served by the others meanwhile; %d pairs dropped, %d of %d requests degraded; %d requests of the stalled rank resumed",
 				mk.MaskedAt, mk.RejoinedAt, short, served, f.DroppedPairs, f.DegradedRequests, w.Requests, resumed)
 			assert.Positive(t, resumed, "the stalled rank held requests, and finished them after it rejoined")
+			checkTrace(t, res)
 			assert.Positive(t, clean, "some requests lost nothing")
 			if victim != 0 {
 				assert.Positive(t, served, "the others served on while it was stopped")
