@@ -76,10 +76,8 @@ func Reference(m *Model, dtype moe.DType, req Request) ([]int32, uint64, error) 
 					acc32[j] = float32(acc32[j] + float32(v))
 				}
 			}
-			if acc32 != nil {
-				for j, v := range acc32 {
-					acc[j] = float64(ep.BF16From(v).Float32())
-				}
+			for j, v := range acc32 { // bfloat16 only
+				acc[j] = float64(ep.BF16From(v).Float32())
 			}
 			for j, v := range acc {
 				h[j] += v
