@@ -22,12 +22,65 @@ type servedRun struct {
 	res   *serve.Result
 	info  *serve.TraceInfo
 	fig   serve.Figures
+	// Over the (decode step, rank) pairs of the ranks that took part, the
+	// median microseconds in ep's waits (dispatch and combine Wait), in its
+	// sends (DispatchSend, CombineSend) and in the rest (attention,
+	// experts, output): what the overlap can hide is in the first two.
+	// Medians, so that the steps a loaded machine stretched do not decide.
+	waitUS, sendUS, computeUS float64
+}
+
+// decodeBreakdown finds the medians of the decode steps' phases.
+func (r *servedRun) decodeBreakdown() {
+	type key struct {
+		step int64
+		rank int
+	}
+	dec := map[int64]bool{}
+	for i := range r.res.Steps {
+		if s := &r.res.Steps[i]; s.Kind == "decode" {
+			dec[s.Step] = true
+		}
+	}
+	var sums [3]map[key]float64
+	for i := range sums {
+		sums[i] = map[key]float64{}
+	}
+	for _, e := range r.res.Events {
+		if !dec[e.Step] {
+			continue
+		}
+		k, d := key{e.Step, e.Rank}, e.FinishUS-e.StartUS
+		switch e.Phase {
+		case serve.PhaseDispatchWait, serve.PhaseCombineWait:
+			sums[0][k] += d
+		case serve.PhaseDispatchSend, serve.PhaseCombineSend:
+			sums[1][k] += d
+		default:
+			sums[2][k] += d
+		}
+	}
+	var out [3]float64
+	for i, m := range sums {
+		v := make([]float64, 0, len(m))
+		for _, x := range m {
+			v = append(v, x)
+		}
+		slices.Sort(v)
+		out[i] = math.NaN()
+		if len(v) > 0 {
+			out[i] = v[len(v)/2]
+		}
+	}
+	r.waitUS, r.sendUS, r.computeUS = out[0], out[1], out[2]
 }
 
 // serveTraces reads moe-serve traces and prints a Markdown table of what a
 // service owner reads of each (step latency p50/p90/p99 of decode and
 // prefill, time to first token, tokens per second in all and per rank,
-// what masking dropped), with ratios against the first trace; it draws
+// what masking dropped), with ratios against the first trace, and where a
+// decode step's time goes on a rank (medians of ep's waits, its sends and
+// the compute, from the trace's events); it draws
 // the decode steps' latency distribution (serve-latency.png: the fraction
 // of steps at most a given latency, per trace, and each step's latency
 // against time, where a masked rank's wait shows). With -timeline STEP it
@@ -60,6 +113,7 @@ func serveTraces(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 		r := &servedRun{res: res, info: info, fig: res.Figures()}
+		r.decodeBreakdown()
 		r.label = describeServe(res, info)
 		if names != nil {
 			r.label = names[i]
@@ -120,15 +174,15 @@ func serveTable(w io.Writer, runs []*servedRun) {
 		}
 		return fmt.Sprintf("%.3g", us/1e3)
 	}
-	fmt.Fprintln(w, "| trace | decode steps | decode p50 / p90 / p99 (ms) | prefill steps | prefill p50 / p99 (ms) | TTFT p50 / p99 (ms) | tokens/s | per rank | tokens/s vs first | decode p50 vs first | pairs dropped |")
-	fmt.Fprintln(w, "| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(w, "| trace | decode steps | decode p50 / p90 / p99 (ms) | prefill steps | prefill p50 / p99 (ms) | TTFT p50 / p99 (ms) | tokens/s | per rank | tokens/s vs first | decode p50 vs first | decode step and rank, medians: waits / sends / compute (ms) | pairs dropped |")
+	fmt.Fprintln(w, "| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: |")
 	first := runs[0].fig
 	for _, r := range runs {
 		f := r.fig
-		fmt.Fprintf(w, "| %s | %d | %s / %s / %s | %d | %s / %s | %s / %s | %.0f | %.0f | %.2fx | %.2fx | %d |\n",
+		fmt.Fprintf(w, "| %s | %d | %s / %s / %s | %d | %s / %s | %s / %s | %.0f | %.0f | %.2fx | %.2fx | %s / %s / %s | %d |\n",
 			r.label, f.Decode.N, ms(f.Decode.P50), ms(f.Decode.P90), ms(f.Decode.P99), f.Prefill.N, ms(f.Prefill.P50), ms(f.Prefill.P99),
 			ms(f.TTFT.P50), ms(f.TTFT.P99), f.TokensPerSecond, f.TokensPerSecond/float64(r.res.Ranks),
-			f.TokensPerSecond/first.TokensPerSecond, f.Decode.P50/first.Decode.P50, f.DroppedPairs)
+			f.TokensPerSecond/first.TokensPerSecond, f.Decode.P50/first.Decode.P50, ms(r.waitUS), ms(r.sendUS), ms(r.computeUS), f.DroppedPairs)
 	}
 }
 
@@ -136,11 +190,11 @@ func serveTable(w io.Writer, runs []*servedRun) {
 // fraction of steps at most x, x on a log scale), and each decode step's
 // latency against the time it ended.
 func serveLatencyFigure(runs []*servedRun) (*figure, error) {
-	fig := newFigure("moe-serve: decode step latency (the slowest rank's time per step)")
-	cdf := newPlot("distribution", "latency (ms)", "fraction of steps at most", false, false)
+	fig := newFigure("moe-serve: decode step latency (the slowest rank's time per step): its distribution, dashed p50 and p99; and against time")
+	cdf := newPlot("", "latency (ms)", "fraction of steps at most this latency", false, false)
 	cdf.X.Scale, cdf.X.Tick.Marker = plot.LogScale{}, logTicks125{}
 	cdf.Y.Min, cdf.Y.Max = 0, 1
-	series := newPlot("against time", "seconds", "latency (ms)", false, true)
+	series := newPlot("", "seconds into serving (when the step ended)", "latency (ms)", false, true)
 	series.Y.Tick.Marker = logTicks125{}
 	for i, r := range runs {
 		c := palette[i%len(palette)]

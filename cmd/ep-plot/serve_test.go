@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -63,8 +64,12 @@ func TestServe(t *testing.T) {
 			t.Errorf("no tokens/s %.0f in\n%s", f.TokensPerSecond, out)
 		}
 	}
-	if !strings.Contains(out, "| 1.00x | 1.00x | 0 |") {
+	if !strings.Contains(out, "| 1.00x | 1.00x | ") {
 		t.Errorf("the first trace's ratios are not 1.00x:\n%s", out)
+	}
+	// Where a decode step goes: waits / sends / compute, each a time, the compute not zero.
+	if m := regexp.MustCompile(`\| 1\.00x \| 1\.00x \| ([0-9.e+-]+|-) / ([0-9.e+-]+|-) / ([0-9.e+-]+) \|`).FindStringSubmatch(out); m == nil {
+		t.Errorf("no waits / sends / compute breakdown in\n%s", out)
 	}
 	for _, s := range []string{"step 3 (", "| 0 | 0 | 1 | attention |", "| 0 | 1 | 0 | combine_wait |", "| 0 | 1 | 1 | output |"} {
 		if !strings.Contains(out, s) {
