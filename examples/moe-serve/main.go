@@ -50,6 +50,7 @@
 //	-control-timeout D how long a rank waits for rank 0's next instruction,
 //	                   and rank 0 for a masked rank to come back (2m)
 //	-trace PATH        the HDF5 trace ("" for none) (out/serve.h5)
+//	-events N          record every phase of the first N steps in the trace (0: all) (5000)
 //
 // With the environment variable GOEP_SERVE_PID_DIR set, every rank writes
 // its process id to DIR/rank-<r>.pid (to stop one with kill -STOP). With
@@ -85,6 +86,7 @@ type options struct {
 	cfg     serve.Config
 	w       serve.Workload
 	trace   string
+	events  int64
 	command string
 }
 
@@ -95,6 +97,7 @@ type flagValues struct {
 	seed, workloadSeed                                   uint64
 	rate                                                 float64
 	act, ckpt, prompt, gen, prefill, dtype, trace        string
+	events                                               int64
 	overlap, maskStalled                                 bool
 	timeout, controlTimeout                              time.Duration
 }
@@ -133,6 +136,7 @@ func newFlagSet(stderr io.Writer, quiet bool, v *flagValues) *flag.FlagSet {
 	fs.DurationVar(&v.timeout, "timeout", 2*time.Second, "how long a rank waits for a peer in ep (with -mask-stalled: before masking it)")
 	fs.DurationVar(&v.controlTimeout, "control-timeout", 2*time.Minute, "how long a rank waits for rank 0's next instruction, and rank 0 for a masked rank to come back")
 	fs.StringVar(&v.trace, "trace", "out/serve.h5", "the HDF5 trace (empty: none)")
+	fs.Int64Var(&v.events, "events", 5000, "record every phase (attention, dispatch, experts, combine) of the first N steps in the trace (0: all)")
 	return fs
 }
 
@@ -178,6 +182,8 @@ func (v *flagValues) config(set map[string]bool) (serve.Config, serve.Workload, 
 		return cfg, w, fmt.Errorf("-timeout %v: want a positive duration", v.timeout)
 	case v.controlTimeout <= 0:
 		return cfg, w, fmt.Errorf("-control-timeout %v: want a positive duration", v.controlTimeout)
+	case v.events < 0:
+		return cfg, w, fmt.Errorf("-events %d: want 0 (all) or a positive number of steps", v.events)
 	}
 	act, err := moe.ParseActivation(v.act)
 	if err != nil {
@@ -243,7 +249,7 @@ func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
 		}
 		return nil, 2
 	}
-	return &options{cfg: cfg, w: w, trace: v.trace, command: strings.Join(append([]string{"moe-serve"}, args...), " ")}, -1
+	return &options{cfg: cfg, w: w, trace: v.trace, events: v.events, command: strings.Join(append([]string{"moe-serve"}, args...), " ")}, -1
 }
 
 func run(stdout, stderr io.Writer, args []string) int {
@@ -286,7 +292,7 @@ func serveAll(stdout io.Writer, world *mpi.Comm, o *options) error {
 			return err
 		}
 	}
-	opt := serve.Options{Workload: o.w}
+	opt := serve.Options{Workload: o.w, EventSteps: o.events}
 	if v := os.Getenv("GOEP_SERVE_STALL"); v != "" {
 		r, after, d, err := parseStall(v)
 		if err != nil {

@@ -311,6 +311,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-prompt", "9:3"}, `-prompt "9:3": want MIN:MAX with 1 <= MIN <= MAX`},
 		{[]string{"-gen", "ten"}, `-gen "ten": want MIN:MAX`},
 		{[]string{"-timeout", "0s"}, `-timeout 0s: want a positive duration`},
+		{[]string{"-events", "-1"}, `-events -1: want 0 (all) or a positive number of steps`},
 		{[]string{"-mask-stalled", "-prefill", "ht"}, `-mask-stalled needs -prefill ll`},
 		{[]string{"-ckpt", "/nonexistent/ckpt.h5"}, `-ckpt /nonexistent/ckpt.h5:`},
 		{[]string{"extra"}, `unexpected argument "extra"`},

@@ -57,6 +57,7 @@ type engine[E ep.Element] struct {
 	mbs        [2]mbatch[E]
 	t0         time.Time
 	events     []event
+	eventSteps int64 // record the phases of steps up to this one (0: all)
 
 	attnS, sharedS, nextS, moeS, expU, expO, expY []float64
 }
@@ -137,6 +138,9 @@ func (e *engine[E]) masked() []int { return e.ll.Masked() }
 func (e *engine[E]) now() int64 { return int64(time.Since(e.t0)) }
 
 func (e *engine[E]) record(step int64, layer int, mb *mbatch[E], p Phase, start int64) {
+	if e.eventSteps > 0 && step > e.eventSteps {
+		return
+	}
 	e.events = append(e.events, event{step: step, layer: layer, mb: mb.idx, phase: int(p), startNS: start, finishNS: e.now()})
 }
 

@@ -18,6 +18,10 @@ type Options struct {
 	// OnNote, on rank 0, is told what happens while serving: a rank masked,
 	// a rank back.
 	OnNote func(string)
+	// EventSteps bounds the steps whose phases are recorded (Result.Events):
+	// the first EventSteps steps; 0 records every step. A long run's events
+	// take some 30 bytes per phase, 7 per micro-batch and layer.
+	EventSteps int64
 	// BeforeStep, when set, runs on this rank before each step's ep calls,
 	// with the step's number and the requests the rank holds: for tests and
 	// fault injection (stopping the process).
@@ -98,6 +102,7 @@ func serve[E ep.Element](world *mpi.Comm, cfg Config, opt Options) (_ *Result, e
 	if s.e, err = newEngine[E](world, cfg, m, time.Time{}); err != nil {
 		return nil, err
 	}
+	s.e.eventSteps = opt.EventSteps
 	defer func() {
 		if cerr := s.e.close(); cerr != nil && err == nil {
 			err = cerr

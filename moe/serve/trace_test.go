@@ -77,6 +77,28 @@ func TestTraceRoundTrip(t *testing.T) {
 	}
 }
 
+// EventSteps keeps the phases of the first steps only, every phase of
+// every micro-batch of every layer of those.
+func TestEventSteps(t *testing.T) {
+	world := mpitesting.World
+	defer mpitesting.Agree(t, world)
+	cfg, w := small()
+	cfg.Overlap = true
+	res, err := serve.Serve(world, cfg, serve.Options{Workload: w, EventSteps: 3})
+	require.NoError(t, err)
+	if world.Rank() != 0 {
+		return
+	}
+	require.Greater(t, len(res.Steps), 3)
+	n := map[int64]int{}
+	for _, e := range res.Events {
+		n[e.Step]++
+	}
+	// per step and rank: 2 micro-batches x (2 layers x 6 phases + the output)
+	want := world.Size() * 2 * (cfg.Model.Layers*6 + 1)
+	assert.Equal(t, map[int64]int{1: want, 2: want, 3: want}, n)
+}
+
 // A file that is not a serving trace is refused, saying why.
 func TestReadTraceRefusesOthers(t *testing.T) {
 	dir := t.TempDir()
