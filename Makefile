@@ -16,6 +16,10 @@ MPI_TEST_SIM  ?= 4/2,8/4,8/2
 MPI_TEST_EMU_PKGS ?= ./ep/epgpu ./gpu/emulator
 MPI_TEST_EMU_NP   ?= 1,2,4
 MPI_TEST_EMU_SIM  ?= 4/2
+# The serving loop (moe/serve) at 1, 2 and 4 ranks and 2 simulated nodes: about 40 s here (its
+# stalled-rank test stops a rank for 1.2 s in each of two runs per rank count).
+MPI_TEST_SERVE_NP  ?= 1,2,4
+MPI_TEST_SERVE_SIM ?= 4/2
 
 export GOEP_REQUIRE_TOOLS = 1
 
@@ -81,6 +85,8 @@ test-mpi: deps
 	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes; moe at 2+2+1
 	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep
 	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2 ./moe
+	# the serving loop (moe/serve): served tokens against the reference, overlap on and off, a stalled rank masked
+	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_SERVE_NP) -sim $(MPI_TEST_SERVE_SIM) ./moe/serve
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
 
 ## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that

@@ -9,6 +9,7 @@
 //	ep-plot traces [-o DIR] [-labels a,b,c] [-md FILE] [-smooth N] [-skip N] [-title T] [-busy F,...] TRACE.h5...
 //	ep-plot waits [-o DIR] [-skip N] [-title T] TRACE.h5
 //	ep-plot latency [-o FILE] [-target X] SWEEP.jsonl
+//	ep-plot serve [-o DIR] [-labels a,b] [-timeline STEP] TRACE.h5...
 //
 // collect reads the JSON lines of ep-bench -json, one file per job step, and
 // appends them to the study file's /results tables, creating it if missing
@@ -58,6 +59,18 @@
 // MPI_Alltoallv version's and the flag round trip measured in the same run,
 // as a Markdown table, and draws them as a chart (ll-round.png) with the
 // target, -target times the flag round trip, as a line.
+//
+// serve reads moe-serve traces (package moe/serve) and prints, per trace,
+// what a service owner reads: the decode and prefill steps' latency
+// p50/p90/p99, the time to first token, tokens per second in all and per
+// rank, the pairs that masking dropped, with ratios against the first
+// trace (as a Markdown table); it draws serve-latency.png, the decode
+// steps' latency distribution per trace and each step's latency against
+// time, where a masked rank's wait shows as a spike. -timeline STEP prints
+// the phases of that step of the first trace (attention, dispatch send and
+// wait, experts, combine send and wait, per micro-batch) in time order and
+// draws them as serve-timeline.png: with the two-batch overlap, one
+// micro-batch computes while the other's dispatch or combine is in flight.
 package main
 
 import (
@@ -79,6 +92,7 @@ const usage = `usage: ep-plot collect|check|charts|model [flags] STUDY.h5 ...
        ep-plot traces [flags] TRACE.h5 ...
        ep-plot waits [flags] TRACE.h5
        ep-plot latency [flags] SWEEP.jsonl
+       ep-plot serve [flags] TRACE.h5...
   collect  add ep-bench -json output (one file per job step) to a study file
   check    read a study file back, summarise it, check what it holds
   charts   write PNG charts of a study
@@ -86,6 +100,7 @@ const usage = `usage: ep-plot collect|check|charts|model [flags] STUDY.h5 ...
   traces   compare moe-train traces: loss against step and wall time, bytes and time per step
   waits    a moe-train trace's wait matrix (who waited for whom in ep calls) as a table and a heat map
   latency  an ep-bench -latency sweep: the LL decode round against tokens per rank, beside the flag round trip
+  serve    moe-serve traces: step latency p50/p90/p99, time to first token, tokens/s; the latency distribution
 ep-plot CMD -h shows a command's flags.`
 
 func run(stdout, stderr io.Writer, args []string) int {
@@ -109,6 +124,8 @@ func run(stdout, stderr io.Writer, args []string) int {
 		err = waits(stdout, stderr, args[1:])
 	case "latency":
 		err = latency(stdout, stderr, args[1:])
+	case "serve":
+		err = serveTraces(stdout, stderr, args[1:])
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return 0

@@ -23,6 +23,11 @@
 #                test of the binary on 2x2, 2x4 and 4x2 simulated nodes in make test).
 #                GOEP_CLUSTER_EP_HOSTS, GOEP_CLUSTER_EP_CORE_HOSTS, GOEP_CLUSTER_MOE_HOSTS,
 #                GOEP_CLUSTER_MOE_CORE_HOSTS override.
+#   tests-serve  the moe/serve test binary at 2x2: every request served as the reference decodes
+#                it alone, bit for bit, with and without the two-batch overlap (LL)
+#   serve        bin/moe-serve on 2 hosts x 2 ranks with -mask-stalled, rank 3 (on goep-h2)
+#                stopping itself for 1.5 s (GOEP_SERVE_STALL): exit 0, the summary says it was
+#                masked and rejoined and what was lost; h5dump reads /masking/rank = 3
 #   train        bin/moe-train, 300 steps on 2 hosts x 2 ranks (HT, bf16): exit 0; the trace read
 #                back with h5dump says nodes 2, world_size 4 and holds 300 loss rows; the loss fell
 #   straggler    bin/moe-train, 100 steps on 2 hosts x 2 ranks (LL), rank 3 sleeping 20 ms between
@@ -41,7 +46,7 @@
 #
 # Env: GO (the go command); GOEP_CLUSTER_TEST_LOGS (default out/test-cluster); GOEP_CLUSTER_RATE
 # (default 10gbit) for the link caps; GOEP_CLUSTER_NAME (default gc<pid>: a cluster of its own); GOEP_CLUSTER_MPI_HOSTS, GOEP_CLUSTER_EP_HOSTS,
-# GOEP_CLUSTER_EP_CORE_HOSTS, GOEP_CLUSTER_MOE_HOSTS, GOEP_CLUSTER_MOE_CORE_HOSTS (layouts for internal/cmd/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
+# GOEP_CLUSTER_EP_CORE_HOSTS, GOEP_CLUSTER_MOE_HOSTS, GOEP_CLUSTER_MOE_CORE_HOSTS, GOEP_CLUSTER_SERVE_HOSTS (layouts for internal/cmd/mpitest -hosts); GOEP_CLUSTER_BENCH_ITERS (10).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -55,6 +60,10 @@ EP_CORE_RUN='^TestConformanceCPU$/^(DispatchCombine|ScaledExperts|ConsecutiveCal
 MOE_HOSTS=${GOEP_CLUSTER_MOE_HOSTS:-2+2+1}
 MOE_CORE_HOSTS=${GOEP_CLUSTER_MOE_CORE_HOSTS:-2x2,4x1}
 MOE_CORE_SKIP='^(TestLossFalls|TestGradSyncLossFalls|TestGradients)$'
+SERVE_HOSTS=${GOEP_CLUSTER_SERVE_HOSTS:-2x2}
+# LL (decode and prompts), overlap on and off: prompts through HT would add 3 groups' creation
+# across hosts, which took 15-20 s in some runs here (ep's own tests cover HT across hosts).
+SERVE_RUN='^TestServeMatchesReference$/^prefill-ll$/^overlap-(true|false)$/^f32$'
 ITERS=${GOEP_CLUSTER_BENCH_ITERS:-10}
 CLUSTER=$ROOT/scripts/cluster/cluster.sh
 MPIRUN=$ROOT/scripts/cluster/mpirun
@@ -82,8 +91,8 @@ launchers() {
 }
 before=$(launchers)   # a run of ours still going from before (another test-cluster): not this one's
 
-echo "test-cluster: building bin/mpi-hello bin/moe-train bin/ep-bench"
-for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
+echo "test-cluster: building bin/mpi-hello bin/moe-train bin/moe-serve bin/ep-bench"
+for p in mpi-hello moe-train moe-serve ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
 
 trap '"$CLUSTER" down >/dev/null 2>&1 || true' EXIT
 t=$SECONDS
@@ -130,10 +139,28 @@ mpitest tests-ep "$EP_HOSTS" ./ep
 mpitest tests-ep-core "$EP_CORE_HOSTS" -run "$EP_CORE_RUN" ./ep
 mpitest tests-moe "$MOE_HOSTS" ./moe
 mpitest tests-moe-core "$MOE_CORE_HOSTS" -skip "$MOE_CORE_SKIP" ./moe
+mpitest tests-serve "$SERVE_HOSTS" -run "$SERVE_RUN" ./moe/serve
 
 # h5attr FILE NAME: a root attribute as h5dump prints it. h5rows FILE DATASET: its rows (h5ls).
 h5attr() { h5dump -a "/$2" "$1" 2>/dev/null | sed -n 's/^ *(0): *//p' | tr -d '"' | head -n 1; }
 h5rows() { h5ls "$1/$2" 2>/dev/null | sed -n 's/.*{\([0-9]*\).*/\1/p'; }
+
+# b2. serving across 2 hosts, rank 3 (on goep-h2) stopped for 1.5 s: masked, the others serve on,
+# it rejoins.
+t=$SECONDS; rc=0
+SERVE=$LOGS/serve
+mkdir -p "$SERVE"
+GOEP_SERVE_STALL=3:300ms:1500ms timeout 120 "$MPIRUN" -np 4 --host goep-h1:2,goep-h2:2 -x GOEP_SERVE_STALL bin/moe-serve \
+  -requests 48 -rate 24 -mask-stalled -timeout 500ms -trace "$SERVE/serve.h5" >"$LOGS/serve.log" 2>&1 || rc=$?
+errs=$( [ "$rc" = 0 ] || echo "exit status $rc;"
+  grep -q '4 ranks on 2 node(s)' "$LOGS/serve.log" || echo "not on 2 nodes;"
+  grep -q 'done: 48 requests' "$LOGS/serve.log" || echo "not every request served;"
+  grep -qE 'masking   rank 3 masked in step [0-9]+, .* came back and rejoined \(SetMask\)' "$LOGS/serve.log" ||
+    echo "the summary does not say rank 3 was masked and rejoined;"
+  grep -q 'lost      ' "$LOGS/serve.log" || echo "the summary does not say what was lost;"
+  h5dump -d /masking/rank "$SERVE/serve.h5" 2>/dev/null | grep -q '(0): 3$' || echo "h5dump does not read /masking/rank = 3;")
+result serve "$t" "$errs"
+grep -E 'decode |TTFT|tokens/s|masking|lost' "$LOGS/serve.log" | sed 's/^/    /' || true
 
 # c. a short training run across 2 hosts.
 t=$SECONDS; rc=0
