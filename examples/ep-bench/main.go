@@ -32,7 +32,71 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
 	"os"
+
+	"github.com/goep/goep/internal/benchfmt"
+	"github.com/goep/goep/mpi"
 )
 
 func main() { os.Exit(run(os.Stdout, os.Stderr, os.Args[1:])) }
+
+// Result is one configuration's figures: the JSON line of -json, in the
+// format the scaling study reads.
+type Result = benchfmt.Record
+
+func run(stdout, stderr io.Writer, args []string) int {
+	opt, err := parseFlags(stderr, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "ep-bench:", err)
+		return 2
+	}
+	if opt.planRanks > 0 {
+		return plan(stdout, stderr, opt)
+	}
+	world, err := mpi.Init()
+	if err != nil {
+		fmt.Fprintln(stderr, "ep-bench:", err)
+		return 1
+	}
+	var floor float64
+	if opt.latency {
+		if floor, err = flagRoundTrip(world, 7, 20000); err != nil {
+			fmt.Fprintf(stderr, "ep-bench: rank %d: flag round trip: %v\n", world.Rank(), err)
+			mpi.Abort(1, err.Error())
+		}
+	}
+	var results []*Result
+	for _, cfg := range opt.configs() {
+		res, err := measure(world, cfg, opt)
+		if err != nil {
+			fmt.Fprintf(stderr, "ep-bench: rank %d: %v: %v\n", world.Rank(), cfg, err)
+			mpi.Abort(1, err.Error())
+		}
+		res.FlagRoundTripUS = floor
+		results = append(results, res)
+		if world.Rank() == 0 {
+			if opt.jsonOut {
+				b, _ := json.Marshal(res)
+				fmt.Fprintln(stdout, string(b))
+			} else {
+				printTable(stdout, res, !opt.skipBaseline)
+			}
+		}
+	}
+	if opt.latency && !opt.jsonOut && world.Rank() == 0 {
+		printLatency(stdout, results, floor)
+	}
+	if err := mpi.Finalize(); err != nil {
+		fmt.Fprintln(stderr, "ep-bench:", err)
+		return 1
+	}
+	return 0
+}

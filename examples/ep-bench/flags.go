@@ -1,0 +1,168 @@
+package main
+
+// The command line: flags, their checks, and the configurations they name.
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/epgpu"
+)
+
+// options are the parsed flags.
+type options struct {
+	modes                           []ep.Mode
+	tokens, hidden, topk, experts   []int
+	dtypes                          []string
+	iters, warmup                   int
+	seed                            uint64
+	jsonOut, validate, skipBaseline bool
+	floor                           bool // across nodes, time the network floor too
+	timeline                        bool // print one round's steps on every rank
+	latency                         bool
+	planRanks, planNodes            int
+	timeout                         time.Duration
+	device                          string // cpu, emulate or cuda
+}
+
+// devices are the -device values: the backend each measures (nil: ep's
+// default, the CPU engine).
+var devices = map[string]ep.Backend{"cpu": nil, "emulate": epgpu.Emulated, "cuda": epgpu.CUDA}
+
+// config is one measured combination.
+type config struct {
+	mode                          ep.Mode
+	tokens, hidden, topk, experts int
+	dtype                         string
+}
+
+func parseFlags(stderr io.Writer, args []string) (*options, error) {
+	fs := flag.NewFlagSet("ep-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	modes := fs.String("mode", "ll", "ll, ht, or a list")
+	tokens := fs.String("tokens", "128", "tokens per rank")
+	hidden := fs.String("hidden", "7168", "elements per token")
+	topk := fs.String("topk", "8", "experts per token")
+	experts := fs.String("experts", "64", "experts in all (a multiple of the ranks)")
+	dtypes := fs.String("dtype", "bf16", "bf16, f32, fp8 (bf16 tokens dispatched in FP8 e4m3 with per-128 scales, "+
+		"timed beside the same dispatch in bf16), or a list")
+	iters := fs.Int("iters", 30, "timed iterations")
+	warmup := fs.Int("warmup", 5, "untimed iterations first")
+	seed := fs.Uint64("seed", 1, "seed of the routing and the data")
+	jsonOut := fs.Bool("json", false, "print one JSON object per configuration")
+	validate := fs.Bool("validate", true, "check ep's results against the alltoallv path once per configuration")
+	skip := fs.Bool("no-baseline", false, "do not run the alltoallv baseline")
+	timeline := fs.Bool("timeline", false, "after the timed rounds, run one more with the engine's timeline on and print every rank's steps (the CPU engine)")
+	floor := fs.Bool("floor", true, "across nodes, also time the network floor: ep's own bytes across nodes (Stats.NetworkSent) moved by two plain MPI_Alltoallv, dispatch then combine")
+	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
+	device := fs.String("device", "cpu", "cpu (ep's CPU engine), emulate (the GPU backend on an emulated device) or cuda (the GPU backend on each rank's GPU); with a device, the CPU engine runs beside it, checks its results and is timed too")
+	planRanks := fs.Int("plan", 0, "print, for this many ranks (no MPI, nothing allocated), each configuration's buffers (ep.BufferPlan) and exit")
+	planNodes := fs.Int("plan-nodes", 1, "the nodes -plan spreads the ranks over")
+	latency := fs.Bool("latency", false, "LL latency sweep: tokens 1, 2, 4, ... 128 per rank (-tokens sets the sweep's largest), "+
+		"with the flag round trip between two ranks of a node measured beside it")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: mpirun -np N ep-bench [flags]   (every numeric flag takes a comma-separated list)")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
+		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes,
+		device: *device, floor: *floor, timeline: *timeline}
+	if _, ok := devices[o.device]; !ok {
+		return nil, fmt.Errorf("-device: %q is not cpu, emulate or cuda", o.device)
+	}
+	var err error
+	for _, m := range strings.Split(*modes, ",") {
+		mode, err := ep.ParseMode(strings.TrimSpace(m))
+		if err != nil {
+			return nil, fmt.Errorf("-mode: %w", err)
+		}
+		o.modes = append(o.modes, mode)
+	}
+	for _, d := range strings.Split(*dtypes, ",") {
+		if d = strings.TrimSpace(d); d != "bf16" && d != "f32" && d != "fp8" {
+			return nil, fmt.Errorf("-dtype: %q is not bf16, f32 or fp8", d)
+		}
+		o.dtypes = append(o.dtypes, d)
+	}
+	if o.tokens, err = intList("-tokens", *tokens, 0); err != nil {
+		return nil, err
+	}
+	if o.hidden, err = intList("-hidden", *hidden, 1); err != nil {
+		return nil, err
+	}
+	if o.topk, err = intList("-topk", *topk, 1); err != nil {
+		return nil, err
+	}
+	if o.experts, err = intList("-experts", *experts, 1); err != nil {
+		return nil, err
+	}
+	if o.latency {
+		o.modes = []ep.Mode{ep.LowLatency}
+		top := 128
+		if fs.Lookup("tokens").Value.String() != "128" {
+			top = slices.Max(o.tokens)
+		}
+		o.tokens = nil
+		for t := 1; t <= top; t *= 2 {
+			o.tokens = append(o.tokens, t)
+		}
+	}
+	if o.iters < 1 || o.warmup < 0 {
+		return nil, fmt.Errorf("-iters %d must be at least 1 and -warmup %d not negative", o.iters, o.warmup)
+	}
+	return o, nil
+}
+
+func intList(name, s string, least int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < least {
+			return nil, fmt.Errorf("%s: %q is not a whole number >= %d", name, f, least)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (o *options) configs() []config {
+	var out []config
+	for _, m := range o.modes {
+		for _, d := range o.dtypes {
+			for _, e := range o.experts {
+				for _, k := range o.topk {
+					for _, h := range o.hidden {
+						for _, t := range o.tokens {
+							out = append(out, config{mode: m, tokens: t, hidden: h, topk: k, experts: e, dtype: d})
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (c config) String() string {
+	return fmt.Sprintf("%v %s tokens=%d hidden=%d topk=%d experts=%d", c.mode, c.dtype, c.tokens, c.hidden, c.topk, c.experts)
+}
+
+// wire is the wire format of a configuration's dispatch.
+func (c config) wire() ep.WireFormat {
+	if c.dtype == "fp8" {
+		return ep.WireFP8
+	}
+	return ep.WireNative
+}
