@@ -85,4 +85,3 @@ func TestBootstrapCUDAWithoutDevice(t *testing.T) {
 	}
 	assert.NotContains(t, msg, "\n", "one line")
 }
-
