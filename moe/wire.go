@@ -113,7 +113,7 @@ type epWire[E ep.Element] struct {
 	// in host memory, where the staging slices above are the tensors.
 	dTok, dOut              ep.Tensor[E]
 	dRowValues, dSlotValues ep.Tensor[float32]
-	rows, cbuf              []E     // received rows; combine rows to upload
+	rows, cbuf              []E // received rows; combine rows to upload
 	wts                     []float32
 	ids                     []int32
 	codes                   []ep.E4M3
