@@ -113,10 +113,6 @@ func (l *Layer) Syncer() Syncer { return l.sync }
 // ("cpu", "gpu:emulated", "gpu:cuda").
 func (l *Layer) Backend() string { return l.w.backend() }
 
-// Memory names where the ep group's tensors are: "host", or a device
-// ("emulated:0", "cuda:1").
-func (l *Layer) Memory() string { return l.w.memory() }
-
 // Close releases the ep group. Collective.
 func (l *Layer) Close() error { return l.w.close() }
 

@@ -50,9 +50,8 @@ type wire interface {
 	combineGrad(r *routed, dx, rowValues, gx, gw []float64) error
 	// takeStats returns the time spent and bytes sent since the last call.
 	takeStats() commStats
-	// backend and memory name the group's backend and where its tensors are.
+	// backend names the group's backend.
 	backend() string
-	memory() string
 	close() error
 }
 
@@ -132,8 +131,9 @@ func newEPWire[E ep.Element](comm *mpi.Comm, c ep.Config) (*epWire[E], error) {
 	for i := range w.ones {
 		w.ones[i] = 1
 	}
-	if g.Memory() != ep.HostMemory {
-		if err := w.allocDevice(); err != nil {
+	if g.Memory() != ep.HostMemory { // (the same on every rank: one backend)
+		// Close is collective: every rank learns of one that failed.
+		if err := mpi.AgreeOnError(comm, w.allocDevice()); err != nil {
 			return nil, errors.Join(err, w.close())
 		}
 	}
@@ -171,7 +171,6 @@ func (w *epWire[E]) close() error {
 }
 
 func (w *epWire[E]) backend() string { return w.g.Backend() }
-func (w *epWire[E]) memory() string  { return w.g.Memory().String() }
 
 func (w *epWire[E]) takeStats() commStats {
 	s := w.stats
