@@ -50,10 +50,14 @@ build: deps
 # make run: train the toy MoE (examples/moe-train) on $(NP) ranks, about a minute here;
 # writes out/trace.h5 and out/ckpt-*.h5, a new run each time (-fresh: the previous run's files are
 # moved to out/moved-aside/). Override e.g. RUN_MODE=ht RUN_DTYPE=bf16 RUN_STEPS=2000.
-RUN_MODE  ?= ll
-RUN_DTYPE ?= f32
-RUN_STEPS ?= 6000
-RUN_FLAGS ?= -mode $(RUN_MODE) -dtype $(RUN_DTYPE) -steps $(RUN_STEPS) -ckpt-every 1000 -progress-every 500 \
+# RUN_DEVICE picks the ep backend (moe-train -device): cpu (ep's CPU engine), emulate (the GPU engine
+# on the emulated device, no GPU needed) or cuda (each rank's GPU, with NCCL); with a device the
+# ranks make the communicator's unique ID on rank 0 and hand it over MPI at start.
+RUN_MODE   ?= ll
+RUN_DTYPE  ?= f32
+RUN_STEPS  ?= 6000
+RUN_DEVICE ?= cpu
+RUN_FLAGS ?= -device $(RUN_DEVICE) -mode $(RUN_MODE) -dtype $(RUN_DTYPE) -steps $(RUN_STEPS) -ckpt-every 1000 -progress-every 500 \
              -trace out/trace.h5 -ckpt-dir out -fresh
 
 ## run: the main job on $(NP) ranks.
@@ -91,8 +95,9 @@ test-mpi: deps
 
 ## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that
 ## runs them: package gpu's (device, kernels, NCCL), the ep conformance suite on the CUDA backend (epgpu),
-## and ep-bench for -device cuda. Carry bin/gpu/ to a GPU machine (no Go needed there) and run
-## bin/gpu/run-on-device.sh; it fails, never skips, where there is no GPU.
+## ep-bench for -device cuda, and moe-train -device cuda (the main job), with the HDF5 library in
+## bin/gpu/lib/ for a machine that has none. Carry bin/gpu/ to a GPU machine (no Go needed
+## there) and run bin/gpu/run-on-device.sh; it fails, never skips, where there is no GPU.
 test-gpu: deps
 	$(GO) vet -tags gpu ./gpu ./ep/epgpu
 	$(GO) vet -tags 'gpu mpi' ./gpu ./ep/epgpu
@@ -102,6 +107,13 @@ test-gpu: deps
 	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/epgpu-mpi.test ./ep/epgpu
 	$(GO) build -tags mpi -o bin/gpu/ep-bench ./examples/ep-bench
 	$(GO) build -o bin/gpu/ep-bench-1rank ./examples/ep-bench
+	$(GO) build -tags mpi -ldflags '-s -w' -o bin/gpu/moe-train ./examples/moe-train
+	$(GO) build -ldflags '-s -w' -o bin/gpu/moe-train-1rank ./examples/moe-train
+	@# moe-train writes HDF5: the HDF5 library and its compression libraries, for a GPU machine
+	@# without them (what they link in turn, libcurl and libcrypto, is left to the machine: bin/gpu/
+	@# stays under 64 MiB)
+	rm -rf bin/gpu/lib && mkdir -p bin/gpu/lib && ldd bin/gpu/moe-train-1rank | \
+	  awk '$$2 == "=>" && $$3 ~ /^\// { print $$3 }' | grep -E '/lib(hdf5|sz|aec)[^/]*\.so' | xargs -r cp -L -t bin/gpu/lib
 	cp scripts/gpu/run-on-device.sh bin/gpu/
 
 ## test-slurm: a real 2-node Slurm cluster (root): mpi-hello by srun and sbatch+mpirun, the training

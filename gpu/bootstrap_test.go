@@ -62,7 +62,7 @@ func TestBootstrapNCCLID(t *testing.T) {
 }
 
 // TestNewNCCLCommFailsTogether: where a rank lacks the driver, a device or
-// NCCL (this machine, CI), NewNCCLComm fails on every rank, naming the
+// NCCL (this machine, CI), NewNCCLComm and NewNCCLCommWithID fail on every rank, naming the
 // lowest failing rank and its cause, instead of leaving ranks inside NCCL.
 func TestNewNCCLCommFailsTogether(t *testing.T) {
 	w := mpitesting.World
@@ -91,6 +91,15 @@ func TestNewNCCLCommFailsTogether(t *testing.T) {
 	for r := 1; r < w.Size(); r++ {
 		assert.Equal(t, string(all0[:512]), string(all0[r*512:(r+1)*512]), "rank %d's error ends as rank 0's", r)
 	}
+	// With the ID made beforehand (at a job's start), the same agreement
+	// comes first: no rank reaches the ID check or NCCL.
+	id, err := mpi.HostID()
+	require.NoError(t, err)
+	c, err = NewNCCLCommWithID(w, -1, id)
+	require.Error(t, err)
+	assert.Nil(t, c)
+	assert.Contains(t, err.Error(), "gpu: NewNCCLCommWithID: rank 0: ")
+	assert.NotContains(t, err.Error(), "CheckSameID")
 	mpitesting.Agree(t, w)
 }
 

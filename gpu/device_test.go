@@ -498,6 +498,26 @@ func TestGPUNewNCCLComm(t *testing.T) {
 	mpitesting.Agree(t, w)
 }
 
+// TestGPUNewNCCLCommWithID: the ID made on rank 0 beforehand (as
+// moe-train -device cuda does at start) and handed over MPI; a ring
+// exchange on the communicator made from it.
+func TestGPUNewNCCLCommWithID(t *testing.T) {
+	w := mpitesting.World
+	testDevice(t)
+	id, err := mpi.BootstrapID(w, 0, NCCLUniqueID)
+	require.NoError(t, err)
+	c, err := NewNCCLCommWithID(w, -1, id)
+	if err != nil && duplicateGPU(err) {
+		n, _ := DeviceCount()
+		t.Skipf("NCCL refuses %d ranks on %d GPU(s): %v", w.Size(), n, err)
+	}
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Close()) }()
+	assert.Equal(t, w.Rank(), c.Rank())
+	assert.NoError(t, ncclExchange(c, (c.Rank()+1)%c.Size(), (c.Rank()+c.Size()-1)%c.Size()))
+	mpitesting.Agree(t, w)
+}
+
 // TestGPUCopiesByAddress: the copies by device address, synchronous and on
 // a stream through pinned memory at an offset.
 func TestGPUCopiesByAddress(t *testing.T) {

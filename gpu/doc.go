@@ -99,8 +99,11 @@
 // agree that each has its libraries and device (so a rank missing NCCL or
 // a GPU makes every rank fail with its message instead of leaving the
 // others inside NCCL), rank 0's ID goes out by mpi.BootstrapID, and every
-// rank calls ncclCommInitRank. NewNCCLCommFromID joins with an ID shared
-// otherwise. NCCLComm.SendRecv posts sends and receives, any number per
+// rank calls ncclCommInitRank. NewNCCLCommWithID does the same with an ID
+// made and handed out beforehand (at a job's start: epgpu.Bootstrap), the
+// ranks first agreeing that they hold one ID (mpi.CheckSameID), so that a
+// rank with another fails every rank instead of hanging in NCCL.
+// NewNCCLCommFromID joins with an ID shared otherwise, on one rank. NCCLComm.SendRecv posts sends and receives, any number per
 // peer, as one ncclGroupStart/ncclGroupEnd group on a stream: the transport
 // of a dispatch or combine. NCCL has no timeouts: AsyncError
 // (ncclCommGetAsyncError) and Abort (ncclCommAbort) may be called from

@@ -111,6 +111,39 @@ func (c *NCCLComm) handle(op string) (unsafe.Pointer, error) {
 // lacks them makes every rank return an error naming it, instead of leaving
 // the others waiting inside ncclCommInitRank.
 func NewNCCLComm(world *mpi.Comm, device int) (*NCCLComm, error) {
+	dev, err := openForNCCL(world, device, "NewNCCLComm")
+	if err != nil {
+		return nil, err
+	}
+	id, err := mpi.BootstrapID(world, 0, NCCLUniqueID)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: NewNCCLComm: %w", err)
+	}
+	return NewNCCLCommFromID(dev, id, world.Rank(), world.Size())
+}
+
+// NewNCCLCommWithID is NewNCCLComm with the unique ID made beforehand, on
+// one rank, and given to every rank of world (mpi.BootstrapID with
+// NCCLUniqueID, at a job's start, say): every rank passes the same id. It
+// is collective. Before NCCL is entered the ranks agree that each has its
+// libraries and device, and that they hold one ID (mpi.CheckSameID), so
+// that a rank that lacks them, or holds another ID, makes every rank
+// return an error naming it.
+func NewNCCLCommWithID(world *mpi.Comm, device int, id mpi.UniqueID) (*NCCLComm, error) {
+	dev, err := openForNCCL(world, device, "NewNCCLCommWithID")
+	if err != nil {
+		return nil, err
+	}
+	if err := mpi.CheckSameID(world, 0, id); err != nil {
+		return nil, fmt.Errorf("gpu: NewNCCLCommWithID: %w", err)
+	}
+	return NewNCCLCommFromID(dev, id, world.Rank(), world.Size())
+}
+
+// openForNCCL opens this rank's device (DeviceForRank's choice when device
+// is negative) and NCCL, and agrees with the other ranks of world that
+// every one did. It is collective.
+func openForNCCL(world *mpi.Comm, device int, op string) (*Device, error) {
 	local, lerr := localRank(world) // collective, whatever device is
 	var dev *Device
 	err := func() error {
@@ -131,14 +164,10 @@ func NewNCCLComm(world *mpi.Comm, device int) (*NCCLComm, error) {
 		dev, err = OpenDevice(ordinal)
 		return err
 	}()
-	if err := agree(world, "NewNCCLComm", err); err != nil {
+	if err := agree(world, op, err); err != nil {
 		return nil, err
 	}
-	id, err := mpi.BootstrapID(world, 0, NCCLUniqueID)
-	if err != nil {
-		return nil, fmt.Errorf("gpu: NewNCCLComm: %w", err)
-	}
-	return NewNCCLCommFromID(dev, id, world.Rank(), world.Size())
+	return dev, nil
 }
 
 // NewNCCLCommFromID joins rank `rank` of an NCCL communicator of `size`

@@ -20,11 +20,12 @@ import (
 // CheckpointVersion of its "version" attribute.
 // Version 2 added the run id and lets a checkpoint resume on another number
 // of ranks; version 3 the shared expert and the per-rank state of the
-// data-parallel gradient sync (/sync). Versions 1 and 2 are read (version 1
-// files have no run id).
+// data-parallel gradient sync (/sync); version 4 the backend and device
+// the run trained on (Device). Versions 1 to 3 are read (version 1 files
+// have no run id; files before version 4 were written on the CPU engine).
 const (
 	CheckpointFormat  = "goep-moe-checkpoint"
-	CheckpointVersion = 3
+	CheckpointVersion = 4
 )
 
 // Checkpoint is the whole state of a training run after Step updates: the
@@ -56,6 +57,9 @@ type CheckpointInfo struct {
 	WorldSize int
 	Config    TrainConfig
 	WrittenAt time.Time
+	// Device is what the run that wrote it trained on: the model does not
+	// depend on it, and a run may resume on another (Changes says so).
+	Device Device
 }
 
 // paramNames are the dataset names of the Params arrays, in slices() order.
@@ -103,6 +107,9 @@ func WriteCheckpoint(path string, ck *Checkpoint) error {
 			}
 		}
 		if err := writeConfigAttrs(f, "/", ck.Config); err != nil {
+			return err
+		}
+		if err := writeDeviceAttrs(f, "/", ck.Device); err != nil {
 			return err
 		}
 		if err := f.SetAttr("/", "checksum", checksumHex(ck)); err != nil {
@@ -237,6 +244,9 @@ func openCheckpoint(path string) (_ *h5.File, _ *CheckpointInfo, err error) {
 	if info.Config, err = readConfigAttrs(f, "/"); err != nil {
 		return nil, nil, bad("%v", err)
 	}
+	if info.Device, err = readDeviceAttrs(f, "/"); err != nil {
+		return nil, nil, bad("%v", err)
+	}
 	if err := info.Config.Validate(info.WorldSize); err != nil {
 		return nil, nil, bad("%v", err)
 	}
@@ -284,7 +294,8 @@ func equalInts(a, b []int) bool {
 // activation, seeds, learning rate, aux weight). What only places or moves
 // the work may change, and Changes lists it: the number of ranks (any that
 // divides the experts: they are resharded at load), the mode, the element
-// type on the wire and the tokens per rank.
+// type on the wire, the tokens per rank and the backend (a checkpoint is
+// the model, not the device).
 func (ck *CheckpointInfo) Compatible(cfg TrainConfig, worldSize int) error {
 	diffs := fixedDiffs(ck.Config, cfg, "in the checkpoint", "in this run")
 	if worldSize <= 0 || ck.Config.Experts%worldSize != 0 {
@@ -347,6 +358,10 @@ func (ck *CheckpointInfo) Changes(cfg TrainConfig, worldSize int) []string {
 	}
 	if a.DType != cfg.DType {
 		out = append(out, fmt.Sprintf("dtype = %v in the checkpoint, %v in this run", a.DType, cfg.DType))
+	}
+	if b := cfg.BackendName(); ck.Device.Backend != "" && ck.Device.Backend != b {
+		out = append(out, fmt.Sprintf("backend = %s in the checkpoint, %s in this run: a checkpoint is the model, not the device; the run goes on on %s",
+			ck.Device.Backend, b, b))
 	}
 	if g := cfg.Tokens * worldSize; g != ck.GlobalBatch() {
 		out = append(out, fmt.Sprintf("the global batch changed: %d ranks x %d tokens = %d tokens per step in the checkpoint, %d x %d = %d in this run: the steps after %d train on other tokens than an uninterrupted run would (keep tokens x ranks = %d to train on the same)",
@@ -480,7 +495,7 @@ func (tr *Trainer) SaveCheckpoint(path string) error {
 	if tr.comm.Rank() == 0 {
 		c := tr.cfg.Config
 		ck := &Checkpoint{CheckpointInfo: CheckpointInfo{Version: CheckpointVersion, RunID: tr.runID, Step: tr.step, WorldSize: R,
-			Config: tr.cfg, WrittenAt: time.Now()}, AdamT: tr.adam.T,
+			Config: tr.cfg, WrittenAt: time.Now(), Device: tr.device}, AdamT: tr.adam.T,
 			Model: newParams(c, c.Experts), AdamM: newParams(c, c.Experts), AdamV: newParams(c, c.Experts), Sync: sync}
 		for _, pair := range [][2]*Params{{&ck.Model, tr.layer.Params()}, {&ck.AdamM, &tr.adam.M}, {&ck.AdamV, &tr.adam.V}} {
 			ds, ss := pair[0].dataParallelSlices(), pair[1].dataParallelSlices()

@@ -100,6 +100,21 @@ type Config struct {
 	GradSync GradSync
 	// Timeout bounds every wait for a peer inside ep; 0 means ep's default.
 	Timeout time.Duration
+	// Backend moves the token rows (ep.Config.Backend): nil for ep's CPU
+	// engine, whose tensors are host memory; a GPU backend (package epgpu)
+	// keeps them in its device's memory, and every step copies the tokens
+	// in and the received rows and results out (CommStats.Copies). It
+	// places the work and is no part of the model: a run may resume on
+	// another backend.
+	Backend ep.Backend
+}
+
+// BackendName is the name of c.Backend: "cpu" for nil, ep's CPU engine.
+func (c Config) BackendName() string {
+	if c.Backend == nil {
+		return ep.CPU.Name()
+	}
+	return c.Backend.Name()
 }
 
 // Validate checks the config for a job of size ranks.
@@ -128,6 +143,8 @@ func (c Config) Validate(size int) error {
 		return bad("shared ffn = %d, want >= 0 (0: no shared expert)", c.SharedFFN)
 	case c.Timeout < 0:
 		return bad("timeout = %v is negative", c.Timeout)
+	case c.DType == FP8 && c.Backend != nil && !ep.Supports(c.Backend, ep.FeatureFP8Wire):
+		return bad("dtype fp8: the %s backend has no FP8 dispatch (ep.FeatureFP8Wire) yet; choose f32 or bf16", c.Backend.Name())
 	}
 	if err := c.GradSync.validate(c.DataParallelParams()); err != nil {
 		return bad("%v", err)

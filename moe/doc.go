@@ -33,6 +33,16 @@
 // slot k (RecvTopK >= 0) the expert side computes sum_k w_k * expert_k(row),
 // and Combine sums over ranks.
 //
+// Config.Backend chooses the ep backend (ep.Config.Backend): nil for ep's
+// CPU engine, whose tensors are host memory, so the layer hands it its
+// rows as they are; a GPU backend (package epgpu) keeps them in device
+// memory, and the layer uploads the tokens before each dispatch and the
+// expert outputs before each combine and brings the received rows and the
+// results back, counting every copy (CommStats.Copies). The expert
+// computation stays on the host. The GPU engine's results are the CPU
+// engine's bit for bit, and so is the training. Traces and checkpoints
+// record the backend and device (Device); a run may resume on another.
+//
 // # The load-balancing loss
 //
 // Forward also returns the Switch Transformer's auxiliary loss over the

@@ -70,6 +70,17 @@ type CommStats struct {
 	// included (BytesSent is the sum of PeerSent over the other ranks).
 	PeerWait           []time.Duration
 	PeerSent, PeerRecv []int64
+	// Copies, CopyBytes and CopyTime are the copies between the host and
+	// the group's memory that the ep calls needed, outside Dispatch and
+	// Combine: none with the CPU engine, whose tensors are host memory; on
+	// a device (a GPU backend), the tokens uploaded before each dispatch
+	// and the expert outputs (and the backward's row values) before each
+	// combine, the received rows, weights and expert ids brought back
+	// after each dispatch and the results after each combine. CopyBytes
+	// counts both ways; CopyTime includes the waits for the device's queued
+	// work that each copy makes first.
+	Copies, CopyBytes int64
+	CopyTime          time.Duration
 }
 
 // NewLayer creates the layer's ep group (collective) and its parameters,
@@ -97,6 +108,10 @@ func NewLayer(comm *mpi.Comm, cfg Config) (*Layer, error) {
 // Syncer is the layer's data-parallel gradient sync (Config.GradSync): its
 // Residual is this rank's error feedback, which a checkpoint holds.
 func (l *Layer) Syncer() Syncer { return l.sync }
+
+// Backend is the name of the ep backend that moves the layer's rows
+// ("cpu", "gpu:emulated", "gpu:cuda").
+func (l *Layer) Backend() string { return l.w.backend() }
 
 // Close releases the ep group. Collective.
 func (l *Layer) Close() error { return l.w.close() }
@@ -135,7 +150,8 @@ func (l *Layer) GlobalTokens() int { return l.tokens }
 func (l *Layer) TakeCommStats() CommStats {
 	s := l.w.takeStats()
 	cs := CommStats{Dispatch: s.dispatch, Combine: s.combine, BytesSent: s.bytesSent, Sync: l.syncDur, SyncBytes: l.syncB,
-		PeerWait: s.peerWait, PeerSent: s.peerSent, PeerRecv: s.peerRecv}
+		PeerWait: s.peerWait, PeerSent: s.peerSent, PeerRecv: s.peerRecv,
+		Copies: s.copies, CopyBytes: s.copyBytes, CopyTime: s.copyTime}
 	l.syncDur, l.syncB = 0, 0
 	return cs
 }

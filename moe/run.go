@@ -42,6 +42,10 @@ type RunOptions struct {
 	// Nodes and Command are recorded in the trace.
 	Nodes   int
 	Command string
+	// Device describes the device the ep calls run on (Config.Backend),
+	// for the trace's segment and the checkpoints; its Backend is filled
+	// in from the layer's.
+	Device Device
 	// OnNote, if set, is called on rank 0 with each thing the run has to say
 	// before it trains: which run it is, what it resumes from, what changed
 	// since the checkpoint, the files it moved aside, the trace rows it
@@ -70,6 +74,12 @@ type RunResult struct {
 	MeanCombine  time.Duration
 	MeanSync     time.Duration // per step, mean over ranks and steps: the data-parallel gradient sync
 	SyncBytes    int64         // per step, mean over ranks and steps: bytes the sync sent
+	// Per step, mean over ranks and steps: the copies between the host and
+	// the ep group's memory (CommStats.Copies), their bytes and time.
+	Copies    float64
+	CopyBytes int64
+	MeanCopy  time.Duration
+	Device    Device // what the ep calls ran on
 	// WaitUS is, [ranks][ranks] row-major, how long rank i waited for rank j
 	// in ep calls over the run's steps, in microseconds (NaN where the
 	// engine does not measure it); Hosts the host of each rank; Straggler
@@ -129,6 +139,7 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 		return nil, err
 	}
 	tr.SetBetweenPasses(o.BetweenPasses)
+	tr.SetDevice(o.Device)
 	defer func() {
 		// Close is collective: skip it after an error that may be on this
 		// rank alone (the caller aborts the job).
@@ -146,7 +157,7 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	}
 	start := time.Now()
 	rank0 := comm.Rank() == 0
-	res := &RunResult{Hosts: hostList}
+	res := &RunResult{Hosts: hostList, Device: tr.Device()}
 	note := func(s string) {
 		res.Notes = append(res.Notes, s)
 		if o.OnNote != nil {
@@ -294,7 +305,7 @@ func recordStep(o RunOptions, tr *Trainer, trace *Trace, st *StepStats, rank0 bo
 
 // stepSums accumulates, over a run's steps, the per-step means over ranks
 // that the result reports as means over steps.
-type stepSums struct{ dispatchUS, combineUS, syncUS, syncBytes float64 }
+type stepSums struct{ dispatchUS, combineUS, syncUS, syncBytes, copies, copyBytes, copyUS float64 }
 
 // add counts step st into the result and the sums.
 func (s *stepSums) add(res *RunResult, st *StepStats) {
@@ -317,6 +328,9 @@ func (s *stepSums) add(res *RunResult, st *StepStats) {
 		s.combineUS += st.CombineUS[r] / R
 		s.syncUS += st.SyncUS[r] / R
 		s.syncBytes += float64(st.SyncBytes[r]) / R
+		s.copies += float64(st.Copies[r]) / R
+		s.copyBytes += float64(st.CopyBytes[r]) / R
+		s.copyUS += st.CopyUS[r] / R
 	}
 }
 
@@ -327,6 +341,9 @@ func (s *stepSums) summarize(res *RunResult, ranks int) {
 	res.MeanCombine = time.Duration(s.combineUS / n * 1e3)
 	res.MeanSync = time.Duration(s.syncUS / n * 1e3)
 	res.SyncBytes = int64(math.Round(s.syncBytes / n))
+	res.Copies = s.copies / n
+	res.CopyBytes = int64(math.Round(s.copyBytes / n))
+	res.MeanCopy = time.Duration(s.copyUS / n * 1e3)
 	if st, ok := FindStraggler(res.WaitUS, ranks); ok {
 		st.Host = res.Hosts[st.Rank]
 		res.Straggler = &st
@@ -351,7 +368,7 @@ func openRunFiles(o RunOptions, plan *runPlan, tr *Trainer, ranks int, hosts str
 		return nil, err
 	}
 	info := TraceInfo{RunID: tr.RunID(), Config: o.TrainConfig, Segment: Segment{StartStep: tr.StepsDone(), Checkpoint: res.ResumedFrom,
-		Steps: o.Steps, WorldSize: ranks, Nodes: o.Nodes, Hosts: hosts, Command: o.Command, Start: start}}
+		Steps: o.Steps, WorldSize: ranks, Nodes: o.Nodes, Hosts: hosts, Command: o.Command, Start: start, Device: tr.Device()}}
 	var trace *Trace
 	if plan.trace != nil {
 		trace, res.DroppedRows, err = ContinueTrace(o.TracePath, info)

@@ -560,3 +560,71 @@ func TestRunVersion3Files(t *testing.T) {
 		}
 	})
 }
+
+// A trace of schema version 4 and a checkpoint of version 3 (written by
+// the program before backends and copies were recorded, on 2 ranks;
+// testdata/v4) are read as the CPU engine's, the only backend then, with
+// unknown copy statistics; a run resumed from the checkpoint continues the
+// trace in the current schema: the old rows stay unknown, the new ones are
+// measured (no copies on the CPU engine).
+func TestRunVersion4Files(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	tr, err := moe.ReadTrace("testdata/v4/trace.h5")
+	require.NoError(t, err)
+	assert.Equal(t, 4, tr.Version)
+	require.Len(t, tr.Step, 3)
+	require.Equal(t, 2, tr.RankColumns)
+	assert.Equal(t, moe.Device{Backend: "cpu"}, tr.Device)
+	assert.Equal(t, moe.Device{Backend: "cpu"}, tr.Segments[0].Device)
+	require.Len(t, tr.Copies, 3*2)
+	for i := range tr.Copies {
+		assert.Equal(t, int64(-1), tr.Copies[i], "copies unknown in a version 4 trace")
+		assert.Equal(t, int64(-1), tr.CopyBytes[i])
+		assert.True(t, math.IsNaN(tr.CopyUS[i]))
+	}
+	assert.Positive(t, tr.PeerSent[0], "version 4's own columns are read")
+	ck, err := moe.ReadCheckpointInfo("testdata/v4/ckpt-000003.h5")
+	require.NoError(t, err)
+	assert.Equal(t, 3, ck.Version)
+	assert.Equal(t, moe.Device{Backend: "cpu"}, ck.Device)
+	if w.Size() < 2 {
+		t.Log("one rank: only the reading (the resume needs the trace's 2 ranks)")
+		return
+	}
+	dir := tempDir(t, w)
+	onRanks(t, w, 2, func(c *mpi.Comm) {
+		if c.Rank() == 0 {
+			for _, f := range []string{"trace.h5", "ckpt-000003.h5"} {
+				data, err := os.ReadFile(filepath.Join("testdata/v4", f))
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(filepath.Join(dir, f), data, 0o644))
+			}
+		}
+		require.NoError(t, c.Barrier())
+		res, err := moe.Run(c, moe.RunOptions{TrainConfig: tr.Config, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
+			CheckpointDir: dir, Resume: moe.ResumeAuto})
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), res.StartStep)
+		if c.Rank() != 0 {
+			return
+		}
+		for _, n := range res.Notes {
+			assert.NotContains(t, n, "backend", "the CPU engine then and now")
+		}
+		now, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+		require.NoError(t, err)
+		assert.Equal(t, moe.TraceVersion, now.Version)
+		require.Len(t, now.Step, 5)
+		assert.Equal(t, tr.Loss, now.Loss[:3], "the old rows are kept")
+		for i := 0; i < 5*2; i++ {
+			assert.Equal(t, i < 3*2, now.Copies[i] < 0, "copies[%d][%d]: unknown in the old rows only", i/2, i%2)
+			assert.Equal(t, i < 3*2, math.IsNaN(now.CopyUS[i]), "copy_us[%d][%d]", i/2, i%2)
+		}
+		assert.Equal(t, []int64{0, 0}, now.Copies[3*2:4*2], "the CPU engine copies nothing")
+		ck, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 5))
+		require.NoError(t, err)
+		assert.Equal(t, moe.CheckpointVersion, ck.Version)
+		assert.Equal(t, "cpu", ck.Device.Backend)
+	})
+}

@@ -20,8 +20,10 @@ import (
 // run; version 3 the data-parallel gradient sync (the tables sync_us,
 // sync_bytes and step_us, the attributes shared_ffn and grad_sync); version
 // 4 the per-peer statistics (wait_us, peer_sent_bytes, peer_recv_bytes:
-// one ranks x ranks matrix per step). ReadTrace reads versions 1 to 3 too.
-const TraceVersion = 4
+// one ranks x ranks matrix per step); version 5 the backend and device of
+// each segment and the copies between the host and the ep group's memory
+// (copies, copy_bytes, copy_us). ReadTrace reads versions 1 to 4 too.
+const TraceVersion = 5
 
 // TraceFormat is the value of a trace's "format" attribute.
 const TraceFormat = "goep-moe-trace"
@@ -46,6 +48,9 @@ type Segment struct {
 	Command     string    // the command line
 	Start       time.Time // when it started
 	GoVersion   string    // the Go toolchain that built the program
+	// Device is what its ep calls ran on (schema version 5; older
+	// segments read as the CPU engine, the only backend then).
+	Device Device
 }
 
 // TraceInfo is what a trace records about its run and the segment that opens
@@ -63,6 +68,9 @@ func (info *TraceInfo) fill() {
 	s.Mode, s.DType, s.Tokens = info.Config.Mode, info.Config.DType, info.Config.Tokens
 	if s.GoVersion == "" {
 		s.GoVersion = runtime.Version()
+	}
+	if s.Device.Backend == "" {
+		s.Device.Backend = info.Config.BackendName()
 	}
 }
 
@@ -102,6 +110,9 @@ var traceTables = []struct {
 	{"wait_us", h5.Float64, "ranks x ranks", "[i][j]: microseconds rank i waited for rank j in the step's ep calls (ep.Stats.Wait); NaN where not measured, past the step's world size and in rows from schema versions before 4", 4},
 	{"peer_sent_bytes", h5.Int64, "ranks x ranks", "[i][j]: token-row bytes rank i sent to rank j in the step's four ep calls, [i][i] the rows it kept (ep.Stats.SentBytes); -1 past the step's world size and in rows from schema versions before 4", 4},
 	{"peer_recv_bytes", h5.Int64, "ranks x ranks", "[i][j]: token-row bytes rank i received from rank j in the step's four ep calls (ep.Stats.RecvBytes); -1 past the step's world size and in rows from schema versions before 4", 4},
+	{"copies", h5.Int64, "ranks", "copies each rank made between the host and its ep group's memory in the step (0 on the CPU engine; on a device the tokens in, the received rows and the results out); -1 past the step's world size and in rows from schema versions before 5", 5},
+	{"copy_bytes", h5.Int64, "ranks", "bytes of those copies, both ways; -1 past the step's world size and in rows from schema versions before 5", 5},
+	{"copy_us", h5.Float64, "ranks", "microseconds each rank spent in those copies, outside dispatch_us and combine_us; NaN past the step's world size and in rows from schema versions before 5", 5},
 }
 
 // CreateTrace creates (or truncates) the trace file at path for a run whose
@@ -224,6 +235,9 @@ func writeTraceHeader(f *h5.File, info TraceInfo, segments []Segment, width int)
 	if err := writeConfigAttrs(f, "/", info.Config); err != nil {
 		return nil, err
 	}
+	if err := writeDeviceAttrs(f, "/", seg.Device); err != nil {
+		return nil, err
+	}
 	for i, s := range segments {
 		if err := writeSegment(f, i, s); err != nil {
 			return nil, err
@@ -269,7 +283,7 @@ func writeSegment(f *h5.File, i int, s Segment) error {
 			return err
 		}
 	}
-	return nil
+	return writeDeviceAttrs(f, segmentPath(i), s.Device)
 }
 
 func readSegment(f *h5.File, name string) (Segment, error) {
@@ -315,7 +329,8 @@ func readSegment(f *h5.File, name string) (Segment, error) {
 	if s.Start, err = time.Parse(time.RFC3339Nano, strs["start_time"]); err != nil {
 		return s, err
 	}
-	return s, nil
+	s.Device, err = readDeviceAttrs(f, g)
+	return s, err
 }
 
 // Path is the trace file's path.
@@ -332,7 +347,15 @@ func (t *Trace) Append(s *StepStats, end time.Time) error {
 	if R2 := t.ranks * t.ranks; len(s.WaitUS) != R2 || len(s.PeerSent) != R2 || len(s.PeerRecv) != R2 {
 		return fmt.Errorf("moe: trace %s: step %d has per-peer statistics of %d, %d and %d values, this segment's %d ranks want %d", t.Path(), s.Step, len(s.WaitUS), len(s.PeerSent), len(s.PeerRecv), t.ranks, R2)
 	}
+	copies, copyBytes, copyUS := s.Copies, s.CopyBytes, s.CopyUS
+	if len(copies) == 0 && len(copyBytes) == 0 && len(copyUS) == 0 { // not measured
+		copies, copyBytes, copyUS = padInts(nil, t.ranks), padInts(nil, t.ranks), padFloats(nil, t.ranks)
+	}
+	if len(copies) != t.ranks || len(copyBytes) != t.ranks || len(copyUS) != t.ranks {
+		return fmt.Errorf("moe: trace %s: step %d has copy statistics of %d, %d and %d ranks, this segment has %d", t.Path(), s.Step, len(copies), len(copyBytes), len(copyUS), t.ranks)
+	}
 	rows := map[string]any{
+		"copies": padInts(copies, t.width), "copy_bytes": padInts(copyBytes, t.width), "copy_us": padFloats(copyUS, t.width),
 		"step": []int64{s.Step}, "loss": []float64{s.Loss}, "aux_loss": []float64{s.AuxLoss},
 		"tokens_per_expert": s.TokensPerExpert, "dispatch_us": padFloats(s.DispatchUS, t.width),
 		"combine_us": padFloats(s.CombineUS, t.width), "bytes_sent": padInts(s.BytesSent, t.width),
@@ -376,6 +399,7 @@ func (t *Trace) appendRows(d *TraceData, n int) error {
 		"wait_us":         widenMatrices(d.WaitUS, n, W, t.width, math.NaN()),
 		"peer_sent_bytes": widenMatrices(d.PeerSent, n, W, t.width, -1),
 		"peer_recv_bytes": widenMatrices(d.PeerRecv, n, W, t.width, -1),
+		"copies":          widenInts(d.Copies), "copy_bytes": widenInts(d.CopyBytes), "copy_us": widen(d.CopyUS),
 	}
 	for _, tt := range traceTables {
 		if err := t.tables[tt.name].Append(rows[tt.name]); err != nil {
@@ -480,6 +504,13 @@ type TraceData struct {
 	// ep calls, and the token-row bytes i sent to and received from j.
 	WaitUS             []float64
 	PeerSent, PeerRecv []int64
+	// The copies between the host and the ep group's memory (schema
+	// version 5; -1, and NaN in CopyUS, in rows read from older files),
+	// [steps][RankColumns]: their number, bytes and microseconds.
+	Copies, CopyBytes []int64
+	CopyUS            []float64
+	// Device is the latest segment's (Segments has each one's).
+	Device Device
 }
 
 // RowsUpTo is the number of leading rows of steps up to step.
@@ -503,7 +534,7 @@ func (d *TraceData) SegmentOf(i int) int {
 	return seg
 }
 
-// ReadTrace reads a trace file (schema version 1 to 4). A file cut short by
+// ReadTrace reads a trace file (schema version 1 to 5). A file cut short by
 // a killed writer reads up to its last flush; tables of unequal length (a
 // kill between two appends) are cut to the shortest.
 func ReadTrace(path string) (*TraceData, error) {
@@ -545,7 +576,7 @@ func ReadTrace(path string) (*TraceData, error) {
 		}
 	} else {
 		s := Segment{StartStep: d.StartStep, Checkpoint: d.ResumedFrom, WorldSize: d.WorldSize, Nodes: d.Nodes,
-			Mode: d.Config.Mode, DType: d.Config.DType, Tokens: d.Config.Tokens}
+			Mode: d.Config.Mode, DType: d.Config.DType, Tokens: d.Config.Tokens, Device: Device{Backend: "cpu"}}
 		s.Steps, _ = f.AttrInt64("/", "steps")
 		s.Command, _ = f.AttrString("/", "command")
 		s.GoVersion, _ = f.AttrString("/", "go_version")
@@ -553,9 +584,11 @@ func ReadTrace(path string) (*TraceData, error) {
 		d.Segments = []Segment{s}
 	}
 	f64 := map[string]*[]float64{"loss": &d.Loss, "aux_loss": &d.AuxLoss, "dispatch_us": &d.DispatchUS,
-		"combine_us": &d.CombineUS, "wall_time": &d.WallTime, "sync_us": &d.SyncUS, "step_us": &d.StepUS, "wait_us": &d.WaitUS}
+		"combine_us": &d.CombineUS, "wall_time": &d.WallTime, "sync_us": &d.SyncUS, "step_us": &d.StepUS, "wait_us": &d.WaitUS,
+		"copy_us": &d.CopyUS}
 	i64 := map[string]*[]int64{"step": &d.Step, "tokens_per_expert": &d.TokensPerExpert, "bytes_sent": &d.BytesSent,
-		"sync_bytes": &d.SyncBytes, "peer_sent_bytes": &d.PeerSent, "peer_recv_bytes": &d.PeerRecv}
+		"sync_bytes": &d.SyncBytes, "peer_sent_bytes": &d.PeerSent, "peer_recv_bytes": &d.PeerRecv,
+		"copies": &d.Copies, "copy_bytes": &d.CopyBytes}
 	rows := -1
 	for _, tt := range traceTables {
 		if tt.since > d.Version {
@@ -595,6 +628,14 @@ func ReadTrace(path string) (*TraceData, error) {
 			d.WaitUS[i], d.PeerSent[i], d.PeerRecv[i] = math.NaN(), -1, -1
 		}
 	}
+	if d.Version < 5 { // no copy statistics: unknown
+		d.Copies, d.CopyBytes, d.CopyUS = make([]int64, rows*W), make([]int64, rows*W), make([]float64, rows*W)
+		for i := range d.Copies {
+			d.Copies[i], d.CopyBytes[i], d.CopyUS[i] = -1, -1, math.NaN()
+		}
+	}
+	d.Copies, d.CopyBytes, d.CopyUS = d.Copies[:rows*W], d.CopyBytes[:rows*W], d.CopyUS[:rows*W]
+	d.Device = d.Segments[len(d.Segments)-1].Device
 	d.Step, d.Loss, d.AuxLoss, d.WallTime = d.Step[:rows], d.Loss[:rows], d.AuxLoss[:rows], d.WallTime[:rows]
 	d.TokensPerExpert = d.TokensPerExpert[:rows*E]
 	d.DispatchUS, d.CombineUS, d.BytesSent = d.DispatchUS[:rows*W], d.CombineUS[:rows*W], d.BytesSent[:rows*W]

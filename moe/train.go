@@ -27,6 +27,7 @@ type Trainer struct {
 	adam    *Adam
 	step    int64
 	runID   string
+	device  Device // what the checkpoints record (SetDevice)
 	// betweenPasses, if set, is called between each step's forward and
 	// backward (SetBetweenPasses).
 	betweenPasses func(step int64)
@@ -51,8 +52,13 @@ type StepStats struct {
 	// sent to and received from rank j (the diagonal: rows a rank kept).
 	WaitUS             []float64
 	PeerSent, PeerRecv []int64
-	Tokens             int // tokens over all ranks
-	Elapsed            time.Duration
+	// [ranks]: the copies between the host and the ep group's memory in the
+	// step (CommStats.Copies): their number, bytes (both ways) and
+	// microseconds. Zero with the CPU engine.
+	Copies, CopyBytes []int64
+	CopyUS            []float64
+	Tokens            int // tokens over all ranks
+	Elapsed           time.Duration
 }
 
 // NewTrainer creates the student layer (collective), the teacher and Adam,
@@ -74,8 +80,19 @@ func NewTrainer(comm *mpi.Comm, cfg TrainConfig) (*Trainer, error) {
 		return nil, err
 	}
 	return &Trainer{cfg: cfg, comm: comm, layer: l, teacher: NewTeacher(cfg.Config, cfg.TeacherSeed),
-		adam: NewAdam(cfg.LR, l.Params()), runID: id}, nil
+		adam: NewAdam(cfg.LR, l.Params()), runID: id, device: Device{Backend: l.Backend()}}, nil
 }
+
+// SetDevice sets what the trainer's checkpoints record of the device its
+// ep calls run on (Checkpoint.Device); its Backend is always the layer's.
+// Not collective.
+func (tr *Trainer) SetDevice(d Device) {
+	d.Backend = tr.layer.Backend()
+	tr.device = d
+}
+
+// Device is what the trainer's checkpoints record of its device.
+func (tr *Trainer) Device() Device { return tr.device }
 
 // NewRunID returns a new run identity: the UTC start time and 32 random
 // bits, such as "20250812T141502Z-3f9a1c2b". It sorts by start time and is
@@ -155,8 +172,9 @@ func (tr *Trainer) Step() (*StepStats, error) {
 	cs := l.TakeCommStats()
 	R := tr.comm.Size()
 	mine := []float64{sse, float64(cs.Dispatch.Nanoseconds()) / 1e3, float64(cs.Combine.Nanoseconds()) / 1e3, float64(cs.BytesSent),
-		float64(cs.Sync.Nanoseconds()) / 1e3, float64(cs.SyncBytes)}
-	const scalars = 6
+		float64(cs.Sync.Nanoseconds()) / 1e3, float64(cs.SyncBytes),
+		float64(cs.Copies), float64(cs.CopyBytes), float64(cs.CopyTime.Nanoseconds()) / 1e3}
+	const scalars = 9
 	for p := 0; p < R; p++ { // per peer: wait (NaN: not measured), bytes sent and received (exact below 2^53)
 		wait := math.NaN()
 		if cs.PeerWait != nil {
@@ -171,6 +189,7 @@ func (tr *Trainer) Step() (*StepStats, error) {
 	st := &StepStats{Step: s, AuxLoss: aux, TokensPerExpert: l.TokensPerExpert(), Tokens: N,
 		DispatchUS: make([]float64, R), CombineUS: make([]float64, R), BytesSent: make([]int64, R),
 		SyncUS: make([]float64, R), SyncBytes: make([]int64, R),
+		Copies: make([]int64, R), CopyBytes: make([]int64, R), CopyUS: make([]float64, R),
 		WaitUS: make([]float64, R*R), PeerSent: make([]int64, R*R), PeerRecv: make([]int64, R*R)}
 	total := 0.0
 	for r := 0; r < R; r++ { // in rank order: the same sum on every rank
@@ -178,6 +197,7 @@ func (tr *Trainer) Step() (*StepStats, error) {
 		total += v[0]
 		st.DispatchUS[r], st.CombineUS[r], st.BytesSent[r] = v[1], v[2], int64(v[3])
 		st.SyncUS[r], st.SyncBytes[r] = v[4], int64(v[5])
+		st.Copies[r], st.CopyBytes[r], st.CopyUS[r] = int64(v[6]), int64(v[7]), v[8]
 		for p := 0; p < R; p++ {
 			pv := v[scalars+3*p:]
 			st.WaitUS[r*R+p], st.PeerSent[r*R+p], st.PeerRecv[r*R+p] = pv[0], int64(pv[1]), int64(pv[2])

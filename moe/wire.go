@@ -1,6 +1,7 @@
 package moe
 
 import (
+	"errors"
 	"time"
 	"unsafe"
 
@@ -15,20 +16,24 @@ type entry struct {
 	w   float64 // the pair's top-k weight
 }
 
+// span is a run of consecutive rows of a dispatch's receive buffer: the
+// valid rows of one local expert's block (LL), or all the rows (HT).
+type span struct{ first, n int }
+
 // routed is what a dispatch delivered to this rank, in float64: the valid
 // received rows, packed ("compact rows"), and for each local expert the pairs
 // it runs on.
 type routed struct {
 	n        int
 	rvLen    int       // length of Combine's RowValues
-	bufRow   []int     // [n]: the row of Recv each compact row came from
+	spans    []span    // the rows of Recv the compact rows came from, in order
 	x        []float64 // [n][H]
 	byExpert [][]entry // [L]
 }
 
 // wire moves float64 tokens through an ep.Group of the configured element
-// type: the one place where the element type matters. Every method is
-// collective.
+// type: the one place where the element type and the group's memory
+// matter. Every method is collective.
 type wire interface {
 	// dispatch sends the tokens x ([T][H]) to their experts.
 	dispatch(x []float64, topk []int32, w []float32) (*routed, error)
@@ -45,6 +50,8 @@ type wire interface {
 	combineGrad(r *routed, dx, rowValues, gx, gw []float64) error
 	// takeStats returns the time spent and bytes sent since the last call.
 	takeStats() commStats
+	// backend names the group's backend.
+	backend() string
 	close() error
 }
 
@@ -57,11 +64,22 @@ type commStats struct {
 	// the row payload sent to and received from it, itself included.
 	peerWait           []time.Duration
 	peerSent, peerRecv []int64
+	// The copies between the host and the group's memory (see
+	// CommStats.Copies): how many, their bytes (both ways) and time.
+	copies, copyBytes int64
+	copyTime          time.Duration
+}
+
+// copied counts one copy of n bytes that started at start.
+func (s *commStats) copied(start time.Time, n int) {
+	s.copyTime += time.Since(start)
+	s.copies++
+	s.copyBytes += int64(n)
 }
 
 func newWire(comm *mpi.Comm, c Config) (wire, error) {
 	cfg := ep.Config{Mode: c.Mode, NumExperts: c.Experts, MaxTokensPerRank: c.Tokens, Hidden: c.Hidden,
-		TopK: c.TopK, Timeout: c.Timeout}
+		TopK: c.TopK, Timeout: c.Timeout, Backend: c.Backend}
 	switch c.DType {
 	case BFloat16:
 		return newEPWire[ep.BF16](comm, cfg)
@@ -87,6 +105,18 @@ type epWire[E ep.Element] struct {
 	stats      commStats
 	tokBytes   int64 // bytes the tokens' side of the last dispatch sent
 	rowBytes   int64 // bytes the experts' side of the last dispatch will send back
+
+	// In a device's memory (a GPU backend), the group's tensors: the
+	// tokens and results of the tokens' side, and the values carried by
+	// the backward's combine; and host copies of what comes back. All zero
+	// in host memory, where the staging slices above are the tensors.
+	dTok, dOut              ep.Tensor[E]
+	dRowValues, dSlotValues ep.Tensor[float32]
+	rows, cbuf              []E // received rows; combine rows to upload
+	wts                     []float32
+	ids                     []int32
+	codes                   []ep.E4M3
+	scales                  []float32
 }
 
 func newEPWire[E ep.Element](comm *mpi.Comm, c ep.Config) (*epWire[E], error) {
@@ -101,10 +131,46 @@ func newEPWire[E ep.Element](comm *mpi.Comm, c ep.Config) (*epWire[E], error) {
 	for i := range w.ones {
 		w.ones[i] = 1
 	}
+	if g.Memory() != ep.HostMemory { // (the same on every rank: one backend)
+		// Close is collective: every rank learns of one that failed.
+		if err := mpi.AgreeOnError(comm, w.allocDevice()); err != nil {
+			return nil, errors.Join(err, w.close())
+		}
+	}
 	return w, nil
 }
 
-func (w *epWire[E]) close() error { return w.g.Close() }
+// allocDevice allocates the group's tensors in its device's memory.
+func (w *epWire[E]) allocDevice() error {
+	m, T, H, K := w.g.Memory(), w.c.MaxTokensPerRank, w.c.Hidden, w.c.TopK
+	var err error
+	if w.dTok, err = ep.Alloc[E](m, T*H); err != nil {
+		return err
+	}
+	if w.dOut, err = ep.Alloc[E](m, T*H); err != nil {
+		return err
+	}
+	// RowValues: LL, one per row of the receive buffer ([L][span]); HT,
+	// [NumRecv][K], NumRecv <= span.
+	if w.dRowValues, err = ep.Alloc[float32](m, w.span*max(w.L, K)); err != nil {
+		return err
+	}
+	w.dSlotValues, err = ep.Alloc[float32](m, T*K)
+	return err
+}
+
+func (w *epWire[E]) close() error {
+	var errs []error
+	for _, t := range []ep.Tensor[E]{w.dTok, w.dOut} {
+		errs = append(errs, ep.Free(t))
+	}
+	for _, t := range []ep.Tensor[float32]{w.dRowValues, w.dSlotValues} {
+		errs = append(errs, ep.Free(t))
+	}
+	return errors.Join(append(errs, w.g.Close())...)
+}
+
+func (w *epWire[E]) backend() string { return w.g.Backend() }
 
 func (w *epWire[E]) takeStats() commStats {
 	s := w.stats
@@ -120,28 +186,78 @@ func elemBytes[E ep.Element]() int64 {
 	return int64(unsafe.Sizeof(z))
 }
 
-// received widens the rows of a dispatch listed in rows into dst (compact,
-// [len(rows)][H]): the elements, or in FP8 the codes times their scales.
-func (w *epWire[E]) received(h ep.Handle[E], rows []int, dst []float64) error {
+// tensorOf is the host slice src as a tensor of the group: src itself in
+// host memory; in a device's memory, the first len(src) elements of dev
+// with src uploaded into them (a copy, counted in s).
+func tensorOf[T ep.Scalar](s *commStats, src []T, dev ep.Tensor[T]) (ep.Tensor[T], error) {
+	if dev.IsZero() {
+		return ep.Host(src), nil
+	}
+	t := dev.Slice(0, len(src))
+	start := time.Now()
+	err := ep.Upload(t, src)
+	s.copied(start, len(src)*int(unsafe.Sizeof(*new(T))))
+	return t, err
+}
+
+// hostOf is the elements of t on the host: t's own slice in host memory;
+// in a device's memory, a copy into *buf (grown as needed; counted in s).
+func hostOf[T ep.Scalar](s *commStats, t ep.Tensor[T], buf *[]T) ([]T, error) {
+	if t.Memory() == ep.HostMemory {
+		return t.Host(), nil
+	}
+	if cap(*buf) < t.Len() {
+		*buf = make([]T, t.Len())
+	}
+	h := (*buf)[:t.Len()]
+	if len(h) == 0 {
+		return h, nil
+	}
+	start := time.Now()
+	err := ep.Download(h, t)
+	s.copied(start, len(h)*int(unsafe.Sizeof(*new(T))))
+	return h, err
+}
+
+// received widens the rows of a dispatch in spans into dst (compact,
+// [rows][H]): the elements, or in FP8 the codes times their scales.
+func (w *epWire[E]) received(h ep.Handle[E], spans []span, dst []float64) error {
 	H := w.c.Hidden
-	if !w.c.Wire.FP8() {
-		recv := h.Recv().Host()
-		for i, row := range rows {
-			fromWire(dst[i*H:(i+1)*H], recv[row*H:(row+1)*H])
+	i := 0
+	for _, sp := range spans {
+		if sp.n == 0 {
+			continue
 		}
-		return nil
-	}
-	codes, scales, G := h.RecvFP8().Host(), h.RecvScales().Host(), ep.ScaleGroups(H)
-	if cap(w.deq) < H {
-		w.deq = make([]float32, H)
-	}
-	w.deq = w.deq[:H]
-	for i, row := range rows {
-		if err := ep.Dequantize(w.deq, codes[row*H:(row+1)*H], scales[row*G:(row+1)*G], H); err != nil {
+		out := dst[i*H : (i+sp.n)*H]
+		i += sp.n
+		if !w.c.Wire.FP8() {
+			rows, err := hostOf(&w.stats, h.Recv().Slice(sp.first*H, (sp.first+sp.n)*H), &w.rows)
+			if err != nil {
+				return err
+			}
+			fromWire(out, rows)
+			continue
+		}
+		G := ep.ScaleGroups(H)
+		codes, err := hostOf(&w.stats, h.RecvFP8().Slice(sp.first*H, (sp.first+sp.n)*H), &w.codes)
+		if err != nil {
 			return err
 		}
-		for c, v := range w.deq {
-			dst[i*H+c] = float64(v)
+		scales, err := hostOf(&w.stats, h.RecvScales().Slice(sp.first*G, (sp.first+sp.n)*G), &w.scales)
+		if err != nil {
+			return err
+		}
+		if cap(w.deq) < H {
+			w.deq = make([]float32, H)
+		}
+		w.deq = w.deq[:H]
+		for j := 0; j < sp.n; j++ {
+			if err := ep.Dequantize(w.deq, codes[j*H:(j+1)*H], scales[j*G:(j+1)*G], H); err != nil {
+				return err
+			}
+			for c, v := range w.deq {
+				out[j*H+c] = float64(v)
+			}
 		}
 	}
 	return nil
@@ -180,42 +296,48 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 	T := len(topk) / K
 	tok := w.tok[:T*H]
 	toWire(tok, x)
+	xt, err := tensorOf(&w.stats, tok, w.dTok)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
-	h, err := w.g.Dispatch(ep.Host(tok), topk, wts)
+	h, err := w.g.Dispatch(xt, topk, wts)
 	w.stats.dispatch += time.Since(start)
 	if err != nil {
 		return nil, err
 	}
 	w.h, w.hb = h, ep.Handle[E]{}
 	r := &routed{byExpert: make([][]entry, w.L), rvLen: w.L * w.span}
-	rw := h.RecvWeights().Host()
 	// Bytes: the tokens' side sends one row per (token, remote expert) pair in
 	// LL mode, one per (token, remote rank) in HT mode (in FP8: its codes and
 	// scales); the experts' side sends one row back per received row from
-	// another rank.
+	// another rank: every row but those of this rank's own tokens, one per
+	// pair (LL) or per token (HT) whose expert is here.
 	rowB := int64(H) * elemBytes[E]()
 	dispB := rowB
 	if w.c.Wire.FP8() {
 		dispB = int64(H + 4*ep.ScaleGroups(H))
 	}
 	w.tokBytes, w.rowBytes = 0, 0
+	own := 0 // rows this rank sent itself
 	if w.c.Mode == ep.LowLatency {
 		for _, e := range topk {
 			if e >= 0 && int(e)/w.L != w.rank {
 				w.tokBytes += dispB
+			} else if e >= 0 {
+				own++
 			}
 		}
 		for l, cnt := range h.ExpertCounts() {
+			first := l * w.span
+			r.spans = append(r.spans, span{first, cnt})
+			rw, err := hostOf(&w.stats, h.RecvWeights().Slice(first, first+cnt), &w.wts)
+			if err != nil {
+				return nil, err
+			}
 			for j := 0; j < cnt; j++ {
-				row := l*w.span + j
-				r.byExpert[l] = append(r.byExpert[l], entry{row: int32(r.n), rv: int32(row), w: float64(rw[row])})
-				r.bufRow = append(r.bufRow, row)
+				r.byExpert[l] = append(r.byExpert[l], entry{row: int32(r.n), rv: int32(first + j), w: float64(rw[j])})
 				r.n++
-				if src, _, err := h.Source(row); err != nil {
-					return nil, err
-				} else if src != w.rank {
-					w.rowBytes += rowB
-				}
 			}
 		}
 	} else {
@@ -230,51 +352,92 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 			for d, ok := range dest {
 				if ok && d != w.rank {
 					w.tokBytes += dispB
+				} else if ok {
+					own++
 				}
 			}
 		}
-		ids := h.RecvTopK().Host()
 		r.n = h.NumRecv()
 		r.rvLen = r.n * K
+		r.spans = []span{{0, r.n}}
+		ids, err := hostOf(&w.stats, h.RecvTopK().Slice(0, r.n*K), &w.ids)
+		if err != nil {
+			return nil, err
+		}
+		rw, err := hostOf(&w.stats, h.RecvWeights().Slice(0, r.n*K), &w.wts)
+		if err != nil {
+			return nil, err
+		}
 		for row := 0; row < r.n; row++ {
-			r.bufRow = append(r.bufRow, row)
 			for k := 0; k < K; k++ {
 				if l := ids[row*K+k]; l >= 0 {
 					r.byExpert[l] = append(r.byExpert[l], entry{row: int32(row), rv: int32(row*K + k), w: float64(rw[row*K+k])})
 				}
 			}
-			if src, _, err := h.Source(row); err != nil {
-				return nil, err
-			} else if src != w.rank {
-				w.rowBytes += rowB
-			}
 		}
 	}
+	w.rowBytes = int64(r.n-own) * rowB
 	r.x = make([]float64, r.n*H)
-	if err := w.received(h, r.bufRow, r.x); err != nil {
+	if err := w.received(h, r.spans, r.x); err != nil {
 		return nil, err
 	}
 	w.stats.bytesSent += w.tokBytes
 	return r, nil
 }
 
-// publish writes compact rows into a handle's combine buffer.
-func (w *epWire[E]) publish(h ep.Handle[E], r *routed, y []float64) ep.Tensor[E] {
+// publish writes compact rows into a handle's combine buffer: in place in
+// host memory, by one upload per span in a device's.
+func (w *epWire[E]) publish(h ep.Handle[E], r *routed, y []float64) (ep.Tensor[E], error) {
 	H := w.c.Hidden
 	t := h.CombineBuffer()
-	buf := t.Host()
-	for i, row := range r.bufRow {
-		toWire(buf[row*H:(row+1)*H], y[i*H:(i+1)*H])
+	i := 0
+	for _, sp := range r.spans {
+		if sp.n == 0 {
+			continue
+		}
+		dst := t.Slice(sp.first*H, (sp.first+sp.n)*H)
+		src := y[i*H : (i+sp.n)*H]
+		i += sp.n
+		if dst.Memory() == ep.HostMemory {
+			toWire(dst.Host(), src)
+			continue
+		}
+		if cap(w.cbuf) < len(src) {
+			w.cbuf = make([]E, len(src))
+		}
+		toWire(w.cbuf[:len(src)], src)
+		start := time.Now()
+		err := ep.Upload(dst, w.cbuf[:len(src)])
+		w.stats.copied(start, len(src)*int(elemBytes[E]()))
+		if err != nil {
+			return t, err
+		}
 	}
-	return t
+	return t, nil
+}
+
+// outTensor is the tensor a combine of T tokens writes: the host staging
+// itself, or the device's.
+func (w *epWire[E]) outTensor(T int) ep.Tensor[E] {
+	if w.dOut.IsZero() {
+		return ep.Host(w.out[:T*w.c.Hidden])
+	}
+	return w.dOut.Slice(0, T*w.c.Hidden)
 }
 
 func (w *epWire[E]) combine(r *routed, y, out []float64) error {
-	buf := w.publish(w.h, r, y)
-	o := w.out[:w.h.NumTokens()*w.c.Hidden]
+	buf, err := w.publish(w.h, r, y)
+	if err != nil {
+		return err
+	}
+	ot := w.outTensor(w.h.NumTokens())
 	start := time.Now()
-	err := w.g.Combine(w.h, buf, ep.Host(o), nil)
+	err = w.g.Combine(w.h, buf, ot, nil)
 	w.stats.combine += time.Since(start)
+	if err != nil {
+		return err
+	}
+	o, err := hostOf(&w.stats, ot, &w.out)
 	if err != nil {
 		return err
 	}
@@ -287,8 +450,12 @@ func (w *epWire[E]) dispatchGrad(r *routed, g []float64) ([]float64, error) {
 	H := w.c.Hidden
 	tok := w.tok[:w.h.NumTokens()*H]
 	toWire(tok, g)
+	xt, err := tensorOf(&w.stats, tok, w.dTok)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
-	hb, err := w.g.DispatchCached(w.h, ep.Host(tok), nil)
+	hb, err := w.g.DispatchCached(w.h, xt, nil)
 	w.stats.dispatch += time.Since(start)
 	if err != nil {
 		return nil, err
@@ -296,17 +463,20 @@ func (w *epWire[E]) dispatchGrad(r *routed, g []float64) ([]float64, error) {
 	w.hb = hb
 	w.stats.bytesSent += w.tokBytes
 	w.grad = grow(w.grad, r.n*H)
-	if err := w.received(hb, r.bufRow, w.grad); err != nil {
+	if err := w.received(hb, r.spans, w.grad); err != nil {
 		return nil, err
 	}
 	return w.grad, nil
 }
 
 func (w *epWire[E]) combineGrad(r *routed, dx, rowValues, gx, gw []float64) error {
-	H, K := w.c.Hidden, w.c.TopK
+	K := w.c.TopK
 	hb := w.hb
 	T := hb.NumTokens()
-	buf := w.publish(hb, r, dx)
+	buf, err := w.publish(hb, r, dx)
+	if err != nil {
+		return err
+	}
 	n := r.rvLen
 	if cap(w.rowValues) < n {
 		w.rowValues = make([]float32, n)
@@ -322,21 +492,37 @@ func (w *epWire[E]) combineGrad(r *routed, dx, rowValues, gx, gw []float64) erro
 		w.slotValues = make([]float32, T*K)
 	}
 	w.slotValues = w.slotValues[:T*K]
-	opts := &ep.CombineOptions{RowValues: ep.Host(w.rowValues), SlotValues: ep.Host(w.slotValues)}
+	rv, err := tensorOf(&w.stats, w.rowValues, w.dRowValues)
+	if err != nil {
+		return err
+	}
+	sv := ep.Host(w.slotValues)
+	if !w.dSlotValues.IsZero() {
+		sv = w.dSlotValues.Slice(0, T*K)
+	}
+	opts := &ep.CombineOptions{RowValues: rv, SlotValues: sv}
 	if w.c.Mode == ep.LowLatency {
 		opts.WeightsOverride = w.ones[:T*K] // the experts' side applied the weights
 	}
-	o := w.out[:T*H]
+	ot := w.outTensor(T)
 	start := time.Now()
-	err := w.g.Combine(hb, buf, ep.Host(o), opts)
+	err = w.g.Combine(hb, buf, ot, opts)
 	w.stats.combine += time.Since(start)
 	if err != nil {
 		return err
 	}
 	w.hb = ep.Handle[E]{}
 	w.stats.bytesSent += w.rowBytes
+	o, err := hostOf(&w.stats, ot, &w.out)
+	if err != nil {
+		return err
+	}
 	fromWire(gx, o)
-	for i, v := range w.slotValues {
+	slots, err := hostOf(&w.stats, sv, &w.slotValues)
+	if err != nil {
+		return err
+	}
+	for i, v := range slots {
 		gw[i] = float64(v)
 	}
 	return nil

@@ -85,3 +85,31 @@ func BootstrapID(c *Comm, root int, gen IDGenerator) (UniqueID, error) {
 	copy(id[:], buf[1:])
 	return id, nil
 }
+
+// CheckSameID checks that every rank of c passes the same id, as the ranks
+// of one communicator built from a shared ID must (a rank with another ID
+// would wait for ever inside NCCL's ncclCommInitRank): every rank returns
+// nil, or an error naming the lowest rank whose ID differs from root's and
+// both digests. It is collective.
+func CheckSameID(c *Comm, root int, id UniqueID) error {
+	if err := c.checkUsable("CheckSameID"); err != nil {
+		return err
+	}
+	if err := c.checkRank("CheckSameID", "root", root); err != nil {
+		return err
+	}
+	all := make([]byte, UniqueIDBytes*c.size)
+	if err := c.Allgather(id[:], all); err != nil {
+		return err
+	}
+	var want UniqueID
+	copy(want[:], all[root*UniqueIDBytes:])
+	for r := 0; r < c.size; r++ {
+		var got UniqueID
+		copy(got[:], all[r*UniqueIDBytes:])
+		if got != want {
+			return fmt.Errorf("mpi: CheckSameID: rank %d holds ID %s, root rank %d holds %s: the ranks were not given one ID", r, got.Digest(), root, want.Digest())
+		}
+	}
+	return nil
+}

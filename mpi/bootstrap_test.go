@@ -2,6 +2,7 @@ package mpi_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -57,4 +58,28 @@ func TestHostIDsDiffer(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, a, b)
 	assert.NotEqual(t, a.Digest(), b.Digest())
+}
+
+// CheckSameID passes a bootstrapped ID, and fails on every rank, naming
+// the last rank and both digests, when that rank holds another one.
+func TestCheckSameID(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	id, err := mpi.BootstrapID(w, 0, mpi.HostID)
+	require.NoError(t, err)
+	require.NoError(t, mpi.CheckSameID(w, 0, id))
+	last := w.Size() - 1
+	other := id
+	if w.Rank() == last {
+		other[7] ^= 1
+	}
+	err = mpi.CheckSameID(w, 0, other)
+	if w.Size() == 1 {
+		require.NoError(t, err, "one rank: its ID is root's")
+	} else {
+		require.Error(t, err)
+		assert.Equal(t, fmt.Sprintf("mpi: CheckSameID: rank %d holds ID %s, root rank 0 holds %s: the ranks were not given one ID",
+			last, func() mpi.UniqueID { o := id; o[7] ^= 1; return o }().Digest(), id.Digest()), err.Error())
+	}
+	assert.ErrorContains(t, mpi.CheckSameID(w, w.Size(), id), "out of range")
 }

@@ -1,6 +1,7 @@
 package epgpu
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/goep/goep/ep"
@@ -36,11 +37,14 @@ type EmulatorOptions struct {
 // NewEmulated is the Emulated backend with options.
 func NewEmulated(o EmulatorOptions) ep.Backend { return backend{emu: o} }
 
-// backend opens engines on a CUDA or an emulated device.
+// backend opens engines on a CUDA or an emulated device; boot, when set
+// (Bootstrap), is the unique ID its first group's communicator is made
+// from.
 type backend struct {
 	cuda   bool
 	device int
 	emu    EmulatorOptions
+	boot   *boundID
 }
 
 func (b backend) Name() string {
@@ -51,9 +55,13 @@ func (b backend) Name() string {
 }
 
 func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
-	open := func() (Device, Comm, error) { return openEmulated(comm, b.emu) }
+	id, err := b.takeID(comm)
+	if err != nil {
+		return nil, err
+	}
+	open := func() (Device, Comm, error) { return openEmulated(comm, b.emu, id) }
 	if b.cuda {
-		open = func() (Device, Comm, error) { return openCUDA(comm, b.device) }
+		open = func() (Device, Comm, error) { return openCUDA(comm, b.device, id) }
 	}
 	// A failure after the communicator exists comes back with the engine,
 	// which the Group closes on every rank (its Close is collective).
@@ -62,4 +70,21 @@ func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 		return nil, err
 	}
 	return e, err
+}
+
+// takeID returns the unique ID the group's communicator is made from: the
+// one Bootstrap bound the backend to, once, or nil for an ID of the
+// group's own. Every rank opens the same groups in the same order, so
+// every rank returns the same outcome.
+func (b backend) takeID(comm *mpi.Comm) (*mpi.UniqueID, error) {
+	if b.boot == nil {
+		return nil, nil
+	}
+	if comm.Size() != b.boot.ranks {
+		return nil, fmt.Errorf("epgpu: %s: a group of %d ranks, but the unique ID %s (Bootstrap) was handed to %d", b.Name(), comm.Size(), b.boot.id.Digest(), b.boot.ranks)
+	}
+	if b.boot.used.Swap(true) {
+		return nil, fmt.Errorf("epgpu: %s: the unique ID %s (Bootstrap) has made a group's communicator already, and an ID makes one: Bootstrap again for another group", b.Name(), b.boot.id.Digest())
+	}
+	return &b.boot.id, nil
 }

@@ -132,11 +132,18 @@ func (c ncclComm) AsyncError() error { return c.c.AsyncError() }
 func (c ncclComm) Abort() error      { return c.c.Abort() }
 func (c ncclComm) Close() error      { return c.c.Close() }
 
-// openCUDA opens this rank's device and an NCCL communicator over comm
-// (gpu.NewNCCLComm: the unique ID goes out over MPI; a rank without a
-// device or NCCL makes every rank fail, naming it). It is collective.
-func openCUDA(comm *mpi.Comm, device int) (Device, Comm, error) {
-	c, err := gpu.NewNCCLComm(comm, device)
+// openCUDA opens this rank's device and an NCCL communicator over comm:
+// from id when set (gpu.NewNCCLCommWithID), else from an ID made on rank 0
+// and handed over MPI now (gpu.NewNCCLComm). A rank without a device or
+// NCCL makes every rank fail, naming it. It is collective.
+func openCUDA(comm *mpi.Comm, device int, id *mpi.UniqueID) (Device, Comm, error) {
+	var c *gpu.NCCLComm
+	var err error
+	if id != nil {
+		c, err = gpu.NewNCCLCommWithID(comm, device, *id)
+	} else {
+		c, err = gpu.NewNCCLComm(comm, device)
+	}
 	if err != nil {
 		return nil, nil, err
 	}

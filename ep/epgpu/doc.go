@@ -23,6 +23,22 @@
 // scripts/gpu/run-on-device.sh). docs/gpu.md says which checks only a
 // device makes.
 //
+// # Bootstrap at a job's start
+//
+// A group makes its communicator when it opens: NCCL's MPI bootstrap, an
+// ID made on rank 0 and handed to every rank over MPI. A program that
+// wants the exchange at its start instead, and its devices checked before
+// it writes anything, calls Bootstrap(world, backend): every rank checks
+// its device and libraries (CUDA: the driver, a GPU, NVRTC and NCCL; a rank
+// that lacks one makes every rank fail, naming it and what it lacks), rank
+// 0 makes the ID (gpu.NCCLUniqueID, or emulator.UniqueID on the emulated
+// device), mpi.BootstrapID hands it out and mpi.CheckSameID checks it. The
+// returned backend makes its first group's communicator from that ID;
+// moe-train -device emulate|cuda does this and shows the ID's digest.
+//
+//	b, err := epgpu.Bootstrap(world, epgpu.CUDA)
+//	g, err := ep.NewGroup[ep.BF16](world, ep.Config{..., Backend: b.Backend})
+//
 // # Low latency
 //
 // Nothing on the send path waits for the host, so that it could be

@@ -101,11 +101,19 @@ func (c emuComm) Abort() error      { return c.c.Abort() }
 func (c emuComm) Close() error      { return c.c.Close() }
 
 // openEmulated opens this rank's emulated device and a communicator over
-// comm. It is collective.
-func openEmulated(comm *mpi.Comm, o EmulatorOptions) (Device, Comm, error) {
+// comm, from id or, when nil, from an ID made on rank 0 and handed over
+// MPI now. It is collective.
+func openEmulated(comm *mpi.Comm, o EmulatorOptions, id *mpi.UniqueID) (Device, Comm, error) {
 	d := emulator.Open(0)
 	d.SetJitter(o.Jitter)
-	c, err := emulator.NewComm(d, comm)
+	if id == nil {
+		made, err := mpi.BootstrapID(comm, 0, emulator.UniqueID)
+		if err != nil {
+			return nil, nil, err
+		}
+		id = &made
+	}
+	c, err := emulator.NewComm(d, comm, *id)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -18,7 +18,7 @@ func openTestEngine(t *testing.T, timeout time.Duration) *engine {
 	w := mpitesting.World
 	spec := ep.Spec{Config: ep.Config{Mode: ep.LowLatency, NumExperts: 2 * w.Size(), MaxTokensPerRank: 4, Hidden: 8,
 		TopK: 2, Timeout: timeout}, Elem: ep.Float32, RowBytes: 32, Name: "test"}
-	e, err := openEngine(w, spec, func() (Device, Comm, error) { return openEmulated(w, EmulatorOptions{}) })
+	e, err := openEngine(w, spec, func() (Device, Comm, error) { return openEmulated(w, EmulatorOptions{}, nil) })
 	if e != nil {
 		t.Cleanup(func() { assert.NoError(t, e.Close()) })
 	}

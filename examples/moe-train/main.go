@@ -12,6 +12,8 @@
 //	mpirun -np 2 bin/moe-train -steps 6000 -resume auto -tokens 128  # 2000 more on 2 ranks, the same data
 //	mpirun -np 4 bin/moe-train -steps 2000 -fresh                    # a new run; the old one's files are moved aside
 //	mpirun -np 4 bin/moe-train -hidden 1024 -shared-ffn 4096 -grad-sync a2sgd -fresh   # a shared expert, A2SGD
+//	mpirun -np 4 bin/moe-train -device emulate -fresh                # the GPU engine on the emulated device
+//	mpirun -np 4 bin/moe-train -device cuda -resume auto             # on each rank's GPU, from the same run's checkpoint
 //	h5ls -r out/trace.h5
 //
 // A run has an identity (a run id) kept by its resumes. A new run refuses to
@@ -19,8 +21,25 @@
 // DIR/moved-aside/<time>/ first); a resume continues the run's own trace,
 // keeping its rows up to the checkpoint's step and dropping later ones (it
 // says how many), and may use another number of ranks (any that divides the
-// experts), mode or element type. Keep -tokens x ranks to train on the same
-// data as an uninterrupted run; moe-train says when the global batch changes.
+// experts), mode, element type or device. Keep -tokens x ranks to train on
+// the same data as an uninterrupted run; moe-train says when the global
+// batch changes.
+//
+// -device picks the ep backend that moves the tokens, as ep-bench's does:
+// cpu, ep's CPU engine (host memory); emulate, the GPU engine (package
+// epgpu) on the emulated device of package gpu/emulator, which needs no
+// GPU; cuda, the GPU engine on each rank's GPU with NCCL. With a device
+// the ranks bootstrap its communicator at start, as NCCL's MPI bootstrap
+// does: every rank checks its device and libraries (a rank that lacks them
+// makes every rank refuse, naming it and what it lacks, before any file is
+// written), rank 0 makes the unique ID (ncclGetUniqueId, or
+// emulator.UniqueID) and MPI hands it to every rank; the start-up lines
+// show its digest and first bytes. Every step then uploads the tokens to
+// device memory and brings the received rows and the results back: the
+// summary counts those copies, and the trace records them, with the
+// backend and device of each segment. The emulated engine's results equal
+// the CPU engine's bit for bit, and so does the whole training. The GPU
+// engine has no FP8 dispatch yet: -dtype fp8 is refused there.
 //
 // Flags:
 //
@@ -54,6 +73,9 @@
 //	-progress MODE    auto, bar or lines: auto shows a live bar when the
 //	                  output is a terminal, lines otherwise (auto)
 //	-timeout D        how long a rank waits for a peer before failing (60s)
+//	-device D         cpu (ep's CPU engine), emulate (the GPU engine on an
+//	                  emulated device) or cuda (the GPU engine on each rank's
+//	                  GPU, with NCCL) (cpu)
 //
 // With the environment variable GOEP_MOE_PID_DIR set, every rank writes its
 // process id to DIR/rank-<r>.pid (for tests that kill one rank). With
@@ -75,11 +97,16 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/epgpu"
 	"github.com/goep/goep/moe"
 	"github.com/goep/goep/mpi"
 )
 
 func main() { os.Exit(run(os.Stdout, os.Stderr, os.Args[1:])) }
+
+// devices are the -device values and the backend each trains on (nil:
+// ep's default, the CPU engine): ep-bench's names.
+var devices = map[string]ep.Backend{"cpu": nil, "emulate": epgpu.Emulated, "cuda": epgpu.CUDA}
 
 // options are the parsed flags.
 type options struct {
@@ -87,13 +114,15 @@ type options struct {
 	progressEvery int64
 	progress      string
 	timeout       time.Duration
+	device        string              // a key of devices
+	boot          *epgpu.Bootstrapped // the device's bootstrap; nil for cpu
 }
 
 // flagValues are the flags as given, before they are checked.
 type flagValues struct {
 	experts, topk, hidden, ffn, sharedFFN, tokens int
 	steps, ckptEvery, progressEvery               int64
-	mode, dtype, act, gradSync, progress          string
+	mode, dtype, act, gradSync, progress, device  string
 	seed, teacherSeed                             uint64
 	lr, aux                                       float64
 	trace, ckptDir, resume                        string
@@ -135,6 +164,7 @@ func newFlagSet(stderr io.Writer, quiet bool, v *flagValues) *flag.FlagSet {
 	fs.Int64Var(&v.progressEvery, "progress-every", 100, "when the output is not a terminal, a progress line every N steps (0: none)")
 	fs.StringVar(&v.progress, "progress", "auto", "progress display: auto, bar or lines")
 	fs.DurationVar(&v.timeout, "timeout", time.Minute, "how long a rank waits for a peer before failing")
+	fs.StringVar(&v.device, "device", "cpu", "cpu (ep's CPU engine), emulate (the GPU engine on an emulated device, no GPU needed) or cuda (the GPU engine on each rank's GPU, with NCCL); a device's communicator ID is made on rank 0 and handed to every rank over MPI at start")
 	return fs
 }
 
@@ -171,6 +201,9 @@ func (v *flagValues) checkRanges() error {
 	case v.timeout <= 0:
 		return fmt.Errorf("-timeout %v: want a positive duration", v.timeout)
 	}
+	if _, ok := devices[v.device]; !ok {
+		return fmt.Errorf("-device %q: want cpu, emulate or cuda", v.device)
+	}
 	return nil
 }
 
@@ -191,6 +224,9 @@ func (v *flagValues) config() (moe.TrainConfig, error) {
 	gs, err := moe.ParseGradSync(v.gradSync)
 	if err != nil {
 		return moe.TrainConfig{}, fmt.Errorf("-grad-sync %q: want allreduce, a2sgd or topk:K (K a positive integer)", v.gradSync)
+	}
+	if b := devices[v.device]; d == moe.FP8 && b != nil && !ep.Supports(b, ep.FeatureFP8Wire) {
+		return moe.TrainConfig{}, fmt.Errorf("-dtype fp8 -device %s: the GPU engine (%s) has no FP8 dispatch yet; use -dtype f32 or bf16 there, or -device cpu", v.device, b.Name())
 	}
 	c := moe.TrainConfig{
 		Config: moe.Config{Mode: m, DType: d, Experts: v.experts, TopK: v.topk, Hidden: v.hidden, FFN: v.ffn,
@@ -232,7 +268,7 @@ func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
 		}
 		return nil, 2
 	}
-	o := &options{progressEvery: v.progressEvery, progress: v.progress, timeout: v.timeout}
+	o := &options{progressEvery: v.progressEvery, progress: v.progress, timeout: v.timeout, device: v.device}
 	o.run = moe.RunOptions{TrainConfig: c, Steps: v.steps, TracePath: v.trace, CheckpointDir: v.ckptDir,
 		CheckpointEvery: v.ckptEvery, Resume: v.resume, Fresh: v.fresh,
 		Command: strings.Join(append([]string{"moe-train"}, args...), " ")}
@@ -296,6 +332,9 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 	if err := topo.Free(); err != nil {
 		return err
 	}
+	if err := bootstrap(world, o); err != nil {
+		return err
+	}
 	var p *progress
 	if world.Rank() == 0 {
 		p = newProgress(stdout, o, world.Size(), o.run.Nodes)
@@ -313,6 +352,42 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 		p.summary(res)
 	}
 	return nil
+}
+
+// bootstrap prepares the device of -device, before anything is written:
+// for emulate and cuda, every rank checks its device and the ranks agree
+// (a rank that lacks it, or a library, makes every rank return the same
+// error, naming it), then rank 0 makes the communicator's unique ID and
+// MPI hands it to every rank (epgpu.Bootstrap). The run then trains on the
+// bootstrapped backend and records the device. Collective.
+func bootstrap(world *mpi.Comm, o *options) error {
+	b := devices[o.device]
+	if b == nil {
+		return nil
+	}
+	boot, err := epgpu.Bootstrap(world, b)
+	if err != nil {
+		return &moe.CollectiveError{Err: fmt.Errorf("-device %s: %w", o.device, err)}
+	}
+	o.boot = boot
+	o.run.Backend = boot.Backend
+	o.run.Device = moe.Device{Name: boot.Device.Name, Driver: boot.Device.Driver, Libraries: boot.Device.Libraries, CommID: boot.ID.Digest()}
+	return nil
+}
+
+// deviceLine is the start-up line that says what the tokens move on and,
+// for a device, how its communicator was bootstrapped.
+func deviceLine(o *options) string {
+	if o.boot == nil {
+		return "device cpu: ep's CPU engine, tokens in host memory (shared memory within a node, one-sided MPI across nodes); no device, no communicator ID"
+	}
+	b := o.boot
+	kind := "communicator"
+	if o.device == "cuda" {
+		kind = "NCCL communicator"
+	}
+	return fmt.Sprintf("device %s: the GPU engine (%s), rank 0 on %s; %s's unique ID made on rank 0 (%s) and handed to the %d ranks over MPI (mpi.BootstrapID): %s (sha256; first bytes % x), the same on every rank",
+		o.device, b.Backend.Name(), b.Device, kind, b.Generator, b.Ranks, b.ID.Digest(), b.ID[:8])
 }
 
 // parseStraggler reads GOEP_MOE_STRAGGLER's RANK:DURATION.
@@ -373,6 +448,7 @@ func newProgress(w io.Writer, o *options, ranks, nodes int) *progress {
 	}
 	fmt.Fprintf(w, "moe-train: %d ranks on %d node(s), %s/%s, %d experts top-%d, hidden %d, ffn %d, %s, grad sync %v (%d data-parallel parameters), %d tokens per rank, to step %d\n",
 		ranks, nodes, c.Mode, c.DType, c.Experts, c.TopK, c.Hidden, c.FFN, shared, c.GradSync, c.DataParallelParams(), c.Tokens, c.Steps)
+	fmt.Fprintln(w, "moe-train:", deviceLine(o))
 	return p
 }
 
@@ -451,13 +527,14 @@ func (p *progress) summary(r *moe.RunResult) {
 		return
 	}
 	ratio := r.First.Loss / r.Last.Loss
-	fmt.Fprintf(w, "moe-train: done: run %s, steps %d..%d (%s/%s, %d ranks, %d node(s)) in %s\n",
-		r.RunID, r.First.Step, r.Last.Step, c.Mode, c.DType, p.ranks, p.nodes, clock(time.Since(p.start)))
+	fmt.Fprintf(w, "moe-train: done: run %s, steps %d..%d (%s/%s, %d ranks, %d node(s), -device %s) in %s\n",
+		r.RunID, r.First.Step, r.Last.Step, c.Mode, c.DType, p.ranks, p.nodes, p.o.device, clock(time.Since(p.start)))
 	fmt.Fprintf(w, "  loss      %.4f -> %.4f (%.1fx lower); aux loss %.4f -> %.4f\n", r.First.Loss, r.Last.Loss, ratio, r.First.AuxLoss, r.Last.AuxLoss)
 	fmt.Fprintf(w, "  speed     %s tokens/s; per step: dispatch %s, combine %s (mean over ranks and steps)\n",
 		si(r.TokensPerSecond()), micro(float64(r.MeanDispatch.Nanoseconds())/1e3), micro(float64(r.MeanCombine.Nanoseconds())/1e3))
 	fmt.Fprintf(w, "  sync      %v: %s and %s sent per rank per step (the gate's and shared expert's gradient; mean over ranks and steps)\n",
 		c.GradSync, micro(float64(r.MeanSync.Nanoseconds())/1e3), bytesText(r.SyncBytes))
+	fmt.Fprintf(w, "  copies    %s\n", copiesLine(r))
 	if line := stragglerLine(r); line != "" {
 		fmt.Fprintf(w, "  waits     %s\n", line)
 	}
@@ -521,6 +598,17 @@ func stragglerLine(r *moe.RunResult) string {
 	R := len(r.Hosts)
 	s, _ := moe.FindStraggler(r.WaitUS, R)
 	return fmt.Sprintf("no rank stands out: the most waited for was rank %d, %s, %.0f%% of all waiting between ranks", s.Rank, micro(s.WaitedUS), 100*s.Share)
+}
+
+// copiesLine says what the copies between the host and the ep group's
+// memory were: none on the CPU engine; on a device, how many per rank per
+// step, their bytes and time, which dispatch and combine do not include.
+func copiesLine(r *moe.RunResult) string {
+	if r.Copies == 0 && r.Device.Backend == ep.CPU.Name() {
+		return "none: the CPU engine's tensors are host memory"
+	}
+	return fmt.Sprintf("%.1f host<->%s copies per rank per step, %s and %s (the tokens up, the received rows and the results back; mean over ranks and steps; not in dispatch and combine)",
+		r.Copies, r.Device.Name, bytesText(r.CopyBytes), micro(float64(r.MeanCopy.Nanoseconds())/1e3))
 }
 
 // micro formats microseconds.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -329,6 +330,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-shared-ffn", "-4"}, `-shared-ffn -4: want 0 (no shared expert) or a positive integer`},
 		{[]string{"-grad-sync", "qsgd"}, `-grad-sync "qsgd": want allreduce, a2sgd or topk:K`},
 		{[]string{"-grad-sync", "topk:0"}, `-grad-sync "topk:0": want allreduce, a2sgd or topk:K (K a positive integer)`},
+		{[]string{"-device", "tpu"}, `-device "tpu": want cpu, emulate or cuda`},
+		{[]string{"-device", "emulate", "-dtype", "fp8"}, `-dtype fp8 -device emulate: the GPU engine (gpu:emulated) has no FP8 dispatch yet; use -dtype f32 or bf16 there, or -device cpu`},
+		{[]string{"-device", "cuda", "-dtype", "fp8"}, `-dtype fp8 -device cuda: the GPU engine (gpu:cuda) has no FP8 dispatch yet`},
 		{[]string{"-grad-sync", "topk:300", "-hidden", "4", "-experts", "8", "-shared-ffn", "4"},
 			`-grad-sync topk:300: K = 300 is more than the 72 data-parallel parameters (gate 4x8, shared expert of -shared-ffn 4)`},
 	} {
@@ -342,6 +346,7 @@ func TestBadFlags(t *testing.T) {
 	assert.Contains(t, stderr.String(), "usage: mpirun -np N moe-train")
 	assert.Contains(t, stderr.String(), "-ckpt-every")
 	assert.Contains(t, stderr.String(), "-grad-sync")
+	assert.Contains(t, stderr.String(), "-device")
 }
 
 // Each grad sync trains a model with a shared expert under mpirun at 2 and
@@ -454,4 +459,122 @@ func TestSummaryNamesStraggler(t *testing.T) {
 	out, err = mpirunEnv(t, 2, time.Minute, []string{"GOEP_MOE_STRAGGLER"}, append(slices.Clone(small), "-steps", "1")...)
 	require.Error(t, err, "%s", out)
 	assert.Contains(t, out, `GOEP_MOE_STRAGGLER="one:5ms": want RANK:DURATION, such as 1:5ms`)
+}
+
+// digestLine matches the start-up line of a device: the communicator's
+// unique ID made on rank 0 and handed to every rank over MPI, shown by
+// its digest (group 1) and first bytes (the emulator's mark).
+var digestLine = regexp.MustCompile(`moe-train: device emulate: the GPU engine \(gpu:emulated\), rank 0 on emulated:0, .*communicator's unique ID made on rank 0 \(emulator\.UniqueID\) and handed to the (\d) ranks over MPI \(mpi\.BootstrapID\): ([0-9a-f]{12}) \(sha256; first bytes 67 6f 65 70 65 6d 75 01\), the same on every rank`)
+
+// -device emulate trains through the GPU engine on the emulated device
+// with the loss trajectory of -device cpu, bit for bit (the emulated
+// engine's results are the CPU engine's): LL bf16 on 2 ranks, HT f32 on 4
+// ranks across 2 simulated nodes. The start-up lines show the ID
+// exchange, the summary the copies, and the trace records the backend,
+// the device and the communicator's ID (h5dump) and the copies of every
+// step. (moe's TestEmulatedTrainingMatchesCPU covers 1 to 8 ranks, both
+// modes and element types, in process.)
+func TestDeviceEmulateMatchesCPU(t *testing.T) {
+	for _, tc := range []struct {
+		mode, dtype string
+		np, perNode int
+	}{{"ll", "bf16", 2, 0}, {"ht", "f32", 4, 2}} {
+		t.Run(fmt.Sprintf("%s-%s-%d", tc.mode, tc.dtype, tc.np), func(t *testing.T) {
+			dir := t.TempDir()
+			losses := map[string][]float64{}
+			for _, device := range []string{"cpu", "emulate"} {
+				trace := filepath.Join(dir, device, "trace.h5")
+				out, err := mpirunSim(t, tc.np, tc.perNode, 2*time.Minute, append(slices.Clone(small), "-mode", tc.mode, "-dtype", tc.dtype,
+					"-device", device, "-steps", "20", "-ckpt-every", "0", "-progress-every", "10", "-trace", trace, "-ckpt-dir", filepath.Join(dir, device))...)
+				require.NoError(t, err, "%s", out)
+				tr, err := moe.ReadTrace(trace)
+				require.NoError(t, err)
+				require.Len(t, tr.Loss, 20)
+				losses[device] = tr.Loss
+				if device == "cpu" {
+					assert.Contains(t, out, "moe-train: device cpu: ep's CPU engine")
+					assert.Contains(t, out, "  copies    none: the CPU engine's tensors are host memory")
+					assert.Equal(t, "cpu", tr.Device.Backend)
+					continue
+				}
+				m := digestLine.FindStringSubmatch(out)
+				require.NotNil(t, m, "no start-up line of the ID exchange:\n%s", out)
+				assert.Equal(t, strconv.Itoa(tc.np), m[1])
+				assert.Regexp(t, `copies    \d+\.\d host<->emulated:0 copies per rank per step, [0-9.]+ KiB and [0-9.]+ u?m?s`, out)
+				assert.Contains(t, out, "-device emulate) in ")
+				assert.Equal(t, moe.Device{Backend: "gpu:emulated", Name: "emulated:0", Libraries: tr.Device.Libraries, CommID: m[2]}, tr.Device)
+				for i, n := range tr.Copies {
+					require.Positive(t, n, "copies[%d][%d]", i/tc.np, i%tc.np)
+				}
+				dump, err := exec.Command("h5dump", "-a", "/backend", "-a", "/device", "-a", "/comm_id", trace).CombinedOutput()
+				require.NoError(t, err, "%s", dump)
+				for _, s := range []string{`"gpu:emulated"`, `"emulated:0"`, `"` + m[2] + `"`} {
+					assert.Contains(t, string(dump), s)
+				}
+			}
+			for i := range losses["cpu"] {
+				require.Equal(t, math.Float64bits(losses["cpu"][i]), math.Float64bits(losses["emulate"][i]),
+					"step %d: loss %v on -device cpu, %v on -device emulate", i+1, losses["cpu"][i], losses["emulate"][i])
+			}
+		})
+	}
+}
+
+// A run resumes from a CPU checkpoint onto -device emulate and back: each
+// resume says the backend changed, and the run ends, bit for bit, where the
+// uninterrupted CPU run does.
+func TestResumeAcrossDevices(t *testing.T) {
+	dir, _ := baseRun(t)
+	b := t.TempDir()
+	common := append(slices.Clone(small), "-mode", "ht", "-ckpt-every", "10", "-ckpt-dir", b, "-trace", filepath.Join(b, "trace.h5"))
+	out, err := mpirun(t, 2, 2*time.Minute, append(slices.Clone(common), "-device", "emulate", "-steps", "20", "-resume", moe.CheckpointPath(dir, 10))...)
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, out, "backend = cpu in the checkpoint, gpu:emulated in this run: a checkpoint is the model, not the device")
+	out, err = mpirun(t, 2, 2*time.Minute, append(slices.Clone(common), "-device", "cpu", "-steps", "30", "-resume", "auto")...)
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, out, "backend = gpu:emulated in the checkpoint, cpu in this run: a checkpoint is the model, not the device")
+	want, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 30))
+	require.NoError(t, err)
+	got, err := moe.ReadCheckpoint(moe.CheckpointPath(b, 30))
+	require.NoError(t, err)
+	assert.Equal(t, want.Model, got.Model, "final model")
+	assert.Equal(t, want.AdamM, got.AdamM, "final Adam moments")
+	assert.Equal(t, want.AdamV, got.AdamV, "final Adam moments")
+	mid, err := moe.ReadCheckpointInfo(moe.CheckpointPath(b, 20))
+	require.NoError(t, err)
+	assert.Equal(t, "gpu:emulated", mid.Device.Backend)
+	ta, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+	require.NoError(t, err)
+	tb, err := moe.ReadTrace(filepath.Join(b, "trace.h5"))
+	require.NoError(t, err)
+	assert.Equal(t, ta.Loss[10:], tb.Loss)
+	require.Len(t, tb.Segments, 2)
+	assert.Equal(t, []string{"gpu:emulated", "cpu"}, []string{tb.Segments[0].Device.Backend, tb.Segments[1].Device.Backend})
+}
+
+// -device cuda where the CUDA driver and NCCL are missing (forced here by
+// pointing their variables at nothing, so that the test means the same on
+// a GPU machine) is refused before anything is written: one line, from
+// rank 0, naming the rank and what it lacks; every rank exits with an
+// error, and the job ends without MPI_Abort.
+func TestDeviceCUDARefused(t *testing.T) {
+	buildMPI(t)
+	dir := filepath.Join(t.TempDir(), "out")
+	vars := []string{"GOEP_CUDA_LIB", "GOEP_NCCL_LIB"}
+	env := []string{"GOEP_CUDA_LIB=/nonexistent/libcuda.so.1", "GOEP_NCCL_LIB=/nonexistent/libnccl.so.2"}
+	out, err := mpirunWith(t, 2, 0, time.Minute, vars, env, append(slices.Clone(small), "-device", "cuda", "-steps", "10",
+		"-trace", filepath.Join(dir, "trace.h5"), "-ckpt-dir", dir)...)
+	require.Error(t, err, "%s", out)
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "moe-train") {
+			lines = append(lines, l)
+		}
+	}
+	require.Len(t, lines, 1, "one line:\n%s", out)
+	assert.Contains(t, lines[0], "moe-train: -device cuda: epgpu: Bootstrap: gpu:cuda: rank 0: this rank cannot run the CUDA backend (it lacks the CUDA driver and NCCL): ")
+	assert.Contains(t, lines[0], "/nonexistent/libcuda.so.1")
+	assert.Contains(t, lines[0], "GOEP_NCCL_LIB")
+	assert.NotContains(t, out, "MPI_ABORT", "a refusal on every rank ends the job normally")
+	assert.NoDirExists(t, dir, "nothing is written")
 }

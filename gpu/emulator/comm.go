@@ -22,6 +22,7 @@ type Comm struct {
 	d          *Device
 	mc         *mpi.Comm // the communicator's own, for its messages only
 	rank, size int
+	id         mpi.UniqueID
 	aborted    atomic.Bool
 
 	mu       sync.Mutex
@@ -29,21 +30,57 @@ type Comm struct {
 	closed   bool
 }
 
+// idMagic opens every ID that UniqueID makes, so that NewComm tells them
+// from IDs of another kind (an NCCL one, or none at all).
+var idMagic = [8]byte{'g', 'o', 'e', 'p', 'e', 'm', 'u', 1}
+
+// UniqueID makes the unique ID of an emulated communicator, as
+// ncclGetUniqueId makes an NCCL one: an mpi.IDGenerator, for
+// mpi.BootstrapID(world, 0, emulator.UniqueID). The ID carries a mark of
+// its kind and random bytes (mpi.HostID), so that two jobs' IDs differ.
+func UniqueID() (mpi.UniqueID, error) {
+	id, err := mpi.HostID()
+	if err != nil {
+		return id, err
+	}
+	copy(id[:], idMagic[:])
+	return id, nil
+}
+
+var _ mpi.IDGenerator = UniqueID
+
 // NewComm creates a communicator over the ranks of c, this rank on device
-// d, as NCCL's ncclCommInitRank does over an ID shared by MPI. It is
-// collective over c. The emulated transfers run on the streams' goroutines,
-// so MPI must provide MPI_THREAD_MULTIPLE.
-func NewComm(d *Device, c *mpi.Comm) (*Comm, error) {
+// d, from id, the unique ID that one rank made (UniqueID) and every rank
+// was given over MPI (mpi.BootstrapID), as ncclCommInitRank creates one
+// from an NCCL ID. It is collective over c: every rank returns an error,
+// the same, if any rank's id is not one UniqueID made or differs from
+// rank 0's (where NCCL would wait for ever), naming the rank. The emulated
+// transfers run on the streams' goroutines, so MPI must provide
+// MPI_THREAD_MULTIPLE.
+func NewComm(d *Device, c *mpi.Comm, id mpi.UniqueID) (*Comm, error) {
 	if lvl := mpi.ThreadLevel(); lvl != mpi.ThreadMultiple {
 		// Every rank has the same MPI library, so every rank returns this.
 		return nil, fmt.Errorf("emulator: NewComm: MPI provides thread level %d, not MPI_THREAD_MULTIPLE (%d): the emulated transfers run on the streams' goroutines", lvl, mpi.ThreadMultiple)
 	}
-	mc, err := c.Split(0, c.Rank(), "emulated nccl")
+	var err error
+	if [8]byte(id[:8]) != idMagic {
+		err = fmt.Errorf("ID %s was not made by emulator.UniqueID (its first bytes are % x)", id.Digest(), id[:8])
+	}
+	if err = mpi.AgreeOnError(c, err); err == nil {
+		err = mpi.CheckSameID(c, 0, id)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("emulator: NewComm: %w", err)
 	}
-	return &Comm{d: d, mc: mc, rank: mc.Rank(), size: mc.Size()}, nil
+	mc, err := c.Split(0, c.Rank(), "emulated nccl "+id.Digest())
+	if err != nil {
+		return nil, fmt.Errorf("emulator: NewComm: %w", err)
+	}
+	return &Comm{d: d, mc: mc, rank: mc.Rank(), size: mc.Size(), id: id}, nil
 }
+
+// ID is the unique ID the communicator was created from.
+func (c *Comm) ID() mpi.UniqueID { return c.id }
 
 // Rank is this rank's place in the communicator.
 func (c *Comm) Rank() int { return c.rank }

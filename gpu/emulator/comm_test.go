@@ -1,6 +1,7 @@
 package emulator
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,12 +10,16 @@ import (
 
 	"github.com/goep/goep/gpu"
 	"github.com/goep/goep/internal/mpitesting"
+	"github.com/goep/goep/mpi"
 )
 
 func newComm(t *testing.T, d *Device) *Comm {
 	t.Helper()
-	c, err := NewComm(d, mpitesting.World)
+	id, err := mpi.BootstrapID(mpitesting.World, 0, UniqueID)
 	require.NoError(t, err)
+	c, err := NewComm(d, mpitesting.World, id)
+	require.NoError(t, err)
+	assert.Equal(t, id, c.ID())
 	t.Cleanup(func() { assert.NoError(t, c.Close()) })
 	return c
 }
@@ -142,4 +147,47 @@ func TestCommRefusesBadTransfers(t *testing.T) {
 	}
 	assert.ErrorContains(t, c.SendRecv(nil, nil, nil), "needs a stream")
 	require.NoError(t, s.Synchronize(), "a refused transfer is no device error")
+}
+
+// A communicator is made from one ID that every rank holds: an ID that
+// UniqueID did not make (NCCL's, or none), or one rank's own ID, fails
+// NewComm on every rank, naming the rank, instead of waiting for ever.
+func TestNewCommNeedsOneSharedID(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	d := testDevice(t)
+	a, err := UniqueID()
+	require.NoError(t, err)
+	b, err := UniqueID()
+	require.NoError(t, err)
+	assert.NotEqual(t, a, b, "two IDs differ")
+	assert.Equal(t, "goepemu", string(a[:7]))
+
+	last := w.Size() - 1
+	id, err := mpi.BootstrapID(w, 0, UniqueID)
+	require.NoError(t, err)
+	bad := id
+	if w.Rank() == last {
+		bad = mpi.UniqueID{} // not made by UniqueID
+	}
+	_, err = NewComm(d, w, bad)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), fmt.Sprintf("emulator: NewComm: rank %d: ID %s was not made by emulator.UniqueID (its first bytes are 00 00", last, mpi.UniqueID{}.Digest()))
+
+	mine := id
+	if w.Rank() == last {
+		mine = b
+	}
+	c, err := NewComm(d, w, mine)
+	if w.Size() == 1 {
+		require.NoError(t, err, "one rank: its ID is rank 0's")
+		require.NoError(t, c.Close())
+		return
+	}
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), fmt.Sprintf("emulator: NewComm: mpi: CheckSameID: rank %d holds ID ", last))
+	assert.Contains(t, err.Error(), fmt.Sprintf(", root rank 0 holds %s: the ranks were not given one ID", id.Digest()))
+	if w.Rank() == last {
+		assert.Contains(t, err.Error(), "holds ID "+b.Digest(), "the last rank's own ID")
+	}
 }

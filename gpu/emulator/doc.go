@@ -23,7 +23,11 @@
 //     emulator of gpu/internal/kernels, each launch's threads in a shuffled
 //     order, through gpu.Kernels: the same argument checks and launches as
 //     on a device.
-//   - A Comm stands for an NCCL communicator: SendRecv queues a group of
+//   - A Comm stands for an NCCL communicator, made as one is: from a unique
+//     ID that one rank makes (UniqueID, as ncclGetUniqueId) and MPI hands
+//     to every rank (mpi.BootstrapID); NewComm refuses, on every rank, an ID
+//     that UniqueID did not make or that not every rank holds, where NCCL
+//     would wait for ever. SendRecv queues a group of
 //     point-to-point transfers on a stream, which runs them as MPI
 //     non-blocking sends and receives (mpi.Exchange) between the ranks, and
 //     waits for all of them, as an NCCL group kernel occupies its stream.

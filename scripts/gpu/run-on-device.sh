@@ -7,8 +7,10 @@
 # That writes bin/gpu/gpu.test (package gpu's tests with -tags gpu, no MPI),
 # bin/gpu/gpu-mpi.test (with -tags "gpu mpi"), bin/gpu/epgpu.test and
 # epgpu-mpi.test (the ep conformance suite on the CUDA backend, ep/epgpu),
-# bin/gpu/ep-bench (MPI) and ep-bench-1rank (no MPI), and a copy of this
-# script.
+# bin/gpu/ep-bench (MPI) and ep-bench-1rank (no MPI), bin/gpu/moe-train (MPI)
+# and moe-train-1rank (no MPI) with bin/gpu/lib/ (the HDF5 library moe-train
+# writes its trace and checkpoints with, and its compression libraries), and a
+# copy of this script.
 # Carry bin/gpu/ to the GPU machine and run bin/gpu/run-on-device.sh there (or
 # this script from a checkout that holds bin/gpu/).
 #
@@ -24,6 +26,14 @@
 #   ep-bench*      runs after the tests: under mpirun where there is one, else
 #                  ep-bench-1rank on one rank. GOEP_BENCH_ARGS replaces its
 #                  configuration flags.
+#   moe-train*     the main job: make run's training for GOEP_MOE_STEPS steps
+#                  (default 300) on -device cuda, then on -device cpu (the
+#                  reference, same machine), each under a limit of
+#                  GOEP_MOE_TIMEOUT seconds (default 120); under mpirun where
+#                  there is one, else moe-train-1rank. Where the machine lacks
+#                  HDF5, bin/gpu/lib/ stands in (LD_LIBRARY_PATH); what HDF5
+#                  links (libcurl, libcrypto, libz) must be there. GOEP_MOE_ARGS
+#                  replaces the training flags.
 # The MPI runs use GOEP_MPI_NP ranks (default 2): with one GPU, several ranks
 # share it, which NCCL accepts from 2.30 on (NCCL_MULTI_RANK_GPU_ENABLE=1, set
 # below); an older NCCL refuses with "Duplicate GPU detected", and the run
@@ -147,6 +157,52 @@ elif [ -x "$bin/ep-bench-1rank" ]; then
 else
   echo "not built: run make test-gpu"; status=1
 fi
+
+# with_libs BINARY: "" if BINARY finds its shared libraries here, else the LD_LIBRARY_PATH (bin/gpu/lib)
+# with which it does; fails, naming them, if even that leaves some missing.
+with_libs() {
+  ldd "$1" 2>/dev/null | grep -q 'not found' || { echo ""; return 0; }
+  if LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$1" | grep -q 'not found'; then
+    echo "$(basename "$1") lacks shared libraries, even with $bin/lib:" >&2
+    LD_LIBRARY_PATH="$bin/lib" ldd "$1" | grep 'not found' >&2
+    return 1
+  fi
+  echo "$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+moe_steps=${GOEP_MOE_STEPS:-300}
+echo "== moe-train -device cuda, then -device cpu (the main job, $moe_steps steps each: make run's model; NCCL's unique ID made on rank 0 and handed over MPI)"
+moe_args=(${GOEP_MOE_ARGS:--mode ll -dtype f32 -steps $moe_steps -ckpt-every 0 -progress-every 100})
+moe_out=$(mktemp -d "${TMPDIR:-/tmp}/goep-moe-train.XXXXXX")
+moe_bin="" moe_launch=()
+if have_mpi "$bin/moe-train" || { [ -x "$bin/moe-train" ] && command -v mpirun >/dev/null && libs=$(with_libs "$bin/moe-train") && [ -n "$libs" ]; }; then
+  moe_bin=$bin/moe-train moe_launch=(mpirun "${mpi_args[@]}")
+elif [ -x "$bin/moe-train-1rank" ]; then
+  moe_bin=$bin/moe-train-1rank
+else
+  echo "not built: run make test-gpu"; status=1
+fi
+if [ -n "$moe_bin" ]; then
+  if libs=$(with_libs "$moe_bin"); then
+    if [ -n "$libs" ]; then
+      echo "($(basename "$moe_bin") takes HDF5 from $bin/lib)"
+      export LD_LIBRARY_PATH=$libs
+      [ ${#moe_launch[@]} = 0 ] || moe_launch+=(-x LD_LIBRARY_PATH)
+    fi
+    for dev in cuda cpu; do
+      echo "-- moe-train -device $dev"
+      timeout -k 10 "${GOEP_MOE_TIMEOUT:-120}" "${moe_launch[@]}" "$moe_bin" -device "$dev" "${moe_args[@]}" \
+        -trace "$moe_out/$dev/trace.h5" -ckpt-dir "$moe_out/$dev" || { echo "moe-train -device $dev failed (exit $?; 124: over the limit)"; status=1; }
+    done
+    if command -v h5dump >/dev/null && [ -s "$moe_out/cuda/trace.h5" ]; then
+      echo "-- the device the trace records (h5dump)"
+      h5dump -a /backend -a /device -a /device_driver -a /device_libraries -a /comm_id "$moe_out/cuda/trace.h5" | grep '(0)'
+    fi
+  else
+    status=1
+  fi
+fi
+rm -rf "$moe_out"
 
 if [ "$status" = 0 ]; then echo "== run-on-device.sh: PASS"; else echo "== run-on-device.sh: FAIL"; fi
 exit "$status"

@@ -23,6 +23,11 @@
 #                   2, 2, 1 nodes), one run_id in it and every checkpoint; then a new run into that
 #                   directory (GOEP_TRAIN_RESUME="") is refused, naming the run and -fresh, and no
 #                   file there changes
+#   train-emulate   sbatch --wait train.sbatch with GOEP_TRAIN_DEVICE=emulate: bin/moe-train -device emulate
+#                   by srun on 2 nodes x 2 ranks, 100 steps, LL bf16: the GPU engine on the emulated device,
+#                   its communicator's unique ID made on rank 0 and handed to the 4 ranks over MPI; exit
+#                   0, the start-up line shows the ID the trace records (comm_id), and trace.h5 and
+#                   ckpt-000100.h5 record backend gpu:emulated
 #   study-srun      sbatch --wait study.sbatch, a small sweep (layouts 1x1 1x2 1x4 2x2 2x4, LL and HT,
 #                   f32 and bf16): exit 0, every 2-node step's JSON says "nodes":2, study.h5 passes
 #                   ep-plot check and h5dump shows its tables and attributes, the two charts are
@@ -273,6 +278,23 @@ if [ -z "$errs" ]; then
     [ "$(cd "$TRAIN" && sha256sum ./*.h5)" = "$train_sums" ] || echo "the refused run changed the run's files;")
 fi
 result train-resubmit "$t" "$errs"
+
+# f3. -device emulate by srun: the GPU engine on the emulated device across the 2 nodes.
+t=$SECONDS; rc=0
+EMU=$LOGS/train-emulate
+(export GOEP_OUT_DIR=$EMU GOEP_STEP_TIMEOUT=$TMO GOEP_TRAIN_DEVICE=emulate GOEP_TRAIN_RESUME=
+  sbatch_wait train-emulate scripts/slurm/train.sbatch -steps 100 -ckpt-every 100 -progress-every 50 -mode ll -dtype bf16; exit "$rc") || rc=$?
+emu_id=$(h5attr "$EMU/trace.h5" comm_id)
+errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
+  trace_errors "$EMU/trace.h5" 2 4 100
+  [ "$(h5attr "$EMU/trace.h5" backend)" = gpu:emulated ] || echo "trace.h5: backend is not gpu:emulated;"
+  [ "$(h5attr "$EMU/ckpt-000100.h5" backend)" = gpu:emulated ] || echo "ckpt-000100.h5: backend is not gpu:emulated;"
+  [[ "$emu_id" =~ ^[0-9a-f]{12}$ ]] || echo "trace.h5: comm_id \"$emu_id\" is not an ID's digest;"
+  grep -q "device emulate: .* handed to the 4 ranks over MPI (mpi.BootstrapID): $emu_id (sha256" "$LOGS/train-emulate.log" ||
+    echo "no start-up line showing the ID $emu_id handed to the 4 ranks;"
+  grep -q "copies per rank per step" "$LOGS/train-emulate.log" || echo "the summary does not count the copies;"
+  grep -q "srun --mpi=pmix -N 2 -n 4 .* -device emulate" "$LOGS/train-emulate.log" || echo "no srun --mpi=pmix -N 2 -n 4 ... -device emulate step;")
+result train-emulate "$t" "$errs"
 
 # The small sweep of the study checks (a few seconds per step here).
 small=(STUDY_DTYPES=f32,bf16 STUDY_TOKENS_LL=16,64 STUDY_TOKENS_HT=64,256 STUDY_HIDDEN=256 STUDY_TOPK=2

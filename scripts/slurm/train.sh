@@ -8,7 +8,7 @@
 #   GOEP_TRAIN_NODES=4 GOEP_TRAIN_TASKS_PER_NODE=8 scripts/slurm/train.sh -experts 64 -tokens 256
 #   salloc -N 2 --ntasks-per-node=2 env LAUNCHER=mpirun scripts/slurm/train.sh -steps 500
 #
-# moe-train gets -trace DIR/trace.h5 -ckpt-dir DIR -progress lines first, then this script's
+# moe-train gets -device $GOEP_TRAIN_DEVICE -trace DIR/trace.h5 -ckpt-dir DIR -progress lines first, then this script's
 # arguments, which win (a flag given twice takes its last value). DIR holds one run: its one trace
 # and its checkpoints. With GOEP_TRAIN_RESUME=auto moe-train continues the run in DIR from its newest
 # checkpoint (-resume auto), on this job's ranks whatever the last job's were, and continues its
@@ -25,6 +25,10 @@
 #   GOEP_TRAIN_RESUME=             "" (a new run), auto (continue the run in GOEP_OUT_DIR from its
 #                                  newest checkpoint, or start one) or a checkpoint's path
 #   GOEP_TRAIN_GLOBAL_BATCH=       tokens per step over all ranks: -tokens GLOBAL/ranks (must divide)
+#   GOEP_TRAIN_DEVICE=cpu          moe-train's -device: cpu (ep's CPU engine), emulate (the GPU engine
+#                                  on the emulated device, no GPU needed) or cuda (each rank's GPU,
+#                                  with NCCL: the unique ID is made on rank 0 and handed over MPI);
+#                                  a resume may change it
 #   GOEP_ROOT=                     the repository (default: the submit directory, else this
 #                                  script's); relative paths are from there
 #   Site settings, see lib.sh: LAUNCHER=srun|mpirun, GOEP_SRUN_MPI=pmix, GOEP_SRUN_FLAGS,
@@ -59,6 +63,11 @@ if [ -n "${GOEP_TRAIN_GLOBAL_BATCH:-}" ]; then
     goep_die "GOEP_TRAIN_GLOBAL_BATCH=$GOEP_TRAIN_GLOBAL_BATCH: want a positive multiple of the $ranks ranks"
   tokens=(-tokens $((GOEP_TRAIN_GLOBAL_BATCH / ranks)))
 fi
+device=${GOEP_TRAIN_DEVICE:-cpu}
+case "$device" in
+  cpu | emulate | cuda) ;;
+  *) goep_die "GOEP_TRAIN_DEVICE=$device: want cpu, emulate or cuda" ;;
+esac
 resume=()
 case "${GOEP_TRAIN_RESUME:-}" in
   "") ;;
@@ -70,9 +79,9 @@ trace="$out/trace.h5"
 step=train-${SLURM_JOB_ID:-$(date -u +%Y%m%dT%H%M%SZ)}
 if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then step+=-restart$SLURM_RESTART_COUNT; fi
 
-goep_say "$ranks ranks on $nodes node(s), launcher $LAUNCHER, output in $out${resume[1]:+, -resume ${resume[1]}}"
+goep_say "$ranks ranks on $nodes node(s), launcher $LAUNCHER, -device $device, output in $out${resume[1]:+, -resume ${resume[1]}}"
 rc=0
-goep_step "$step" "$out/logs" "$nodes" "$ranks" "$bin" -trace "$trace" -ckpt-dir "$out" -progress lines \
+goep_step "$step" "$out/logs" "$nodes" "$ranks" "$bin" -device "$device" -trace "$trace" -ckpt-dir "$out" -progress lines \
   "${tokens[@]}" "${resume[@]}" "$@" || rc=$?
 # Rank 0 reports progress and the summary: show it.
 [ ! -s "$out/logs/$step.0.out" ] || cat "$out/logs/$step.0.out"
