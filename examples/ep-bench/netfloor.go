@@ -27,8 +27,9 @@ import (
 // the counts of both halves, and a communicator whose collectives are plain
 // blocking MPI calls.
 type netFloor struct {
-	comm   *mpi.Comm
-	halves [2]floorHalf // dispatch, combine
+	comm       *mpi.Comm
+	halves     [2]floorHalf // dispatch, combine
+	sbuf, rbuf *mpi.Buffer  // the halves' bytes, outside the Go heap
 }
 
 // floorHalf is one MPI_Alltoallv: what this rank sends to and receives from
@@ -37,9 +38,8 @@ type floorHalf struct {
 	send, recv                 []byte
 	sendN, sendD, recvN, recvD []int
 	bytes                      int64 // sent by this rank
-	// The same bytes for the point-to-point exchange, outside the Go heap.
-	sbuf, rbuf   *mpi.Buffer
-	sends, recvs []mpi.Message
+	ns, nr                     int   // the lengths of send and recv
+	sends, recvs               []mpi.Message
 }
 
 // newNetFloor measures the traffic of one dispatch and combine of g (after
@@ -64,6 +64,18 @@ func newNetFloor[E ep.Element](b *bench[E]) (*netFloor, error) {
 			_ = c.Free()
 			return nil, err
 		}
+	}
+	// The halves run one after the other: one pair of buffers serves both.
+	ns, nr := max(f.halves[0].ns, f.halves[1].ns), max(f.halves[0].nr, f.halves[1].nr)
+	if f.sbuf, err = mpi.NewBuffer(ns); err == nil {
+		f.rbuf, err = mpi.NewBuffer(nr)
+	}
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	for i := range f.halves {
+		f.halves[i].place(c, f.sbuf, f.rbuf)
 	}
 	return f, nil
 }
@@ -121,30 +133,28 @@ func (h *floorHalf) setup(c *mpi.Comm, sent []int64) error {
 		nr += int(theirs[r])
 		h.bytes += mine[r]
 	}
-	h.send, h.recv = make([]byte, max(ns, 1)), make([]byte, max(nr, 1))
+	h.ns, h.nr = max(ns, 1), max(nr, 1)
+	return nil
+}
+
+// place puts the half's bytes in the floor's buffers (as long as the
+// longer half's) and makes its messages.
+func (h *floorHalf) place(c *mpi.Comm, sbuf, rbuf *mpi.Buffer) {
+	h.send, h.recv = sbuf.Bytes()[:h.ns], rbuf.Bytes()[:h.nr]
 	for i := range h.send {
 		h.send[i] = byte(i)
 	}
-	var err error
-	if h.sbuf, err = mpi.NewBuffer(ns); err != nil {
-		return err
-	}
-	if h.rbuf, err = mpi.NewBuffer(nr); err != nil {
-		return err
-	}
-	copy(h.sbuf.Bytes(), h.send)
-	for r := 0; r < R; r++ {
+	for r := 0; r < c.Size(); r++ {
 		if r == c.Rank() {
 			continue
 		}
 		if h.sendN[r] > 0 {
-			h.sends = append(h.sends, mpi.Message{Peer: r, Addr: h.sbuf.Addr(h.sendD[r]), Bytes: h.sendN[r]})
+			h.sends = append(h.sends, mpi.Message{Peer: r, Addr: sbuf.Addr(h.sendD[r]), Bytes: h.sendN[r]})
 		}
 		if h.recvN[r] > 0 {
-			h.recvs = append(h.recvs, mpi.Message{Peer: r, Addr: h.rbuf.Addr(h.recvD[r]), Bytes: h.recvN[r]})
+			h.recvs = append(h.recvs, mpi.Message{Peer: r, Addr: rbuf.Addr(h.recvD[r]), Bytes: h.recvN[r]})
 		}
 	}
-	return nil
 }
 
 // p2p posts every send and receive of the half at once and polls them to
@@ -194,11 +204,9 @@ func (f *netFloor) close() {
 	if f == nil {
 		return
 	}
-	for _, h := range f.halves {
-		for _, b := range []*mpi.Buffer{h.sbuf, h.rbuf} {
-			if b != nil {
-				_ = b.Free()
-			}
+	for _, b := range []*mpi.Buffer{f.sbuf, f.rbuf} {
+		if b != nil {
+			_ = b.Free()
 		}
 	}
 	_ = f.comm.Free()
