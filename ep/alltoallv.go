@@ -2,6 +2,7 @@ package ep
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math"
 	"runtime"
@@ -30,8 +31,11 @@ var AlltoallvBlocking Backend = alltoallvBackend{blocking: true}
 type alltoallvBackend struct{ blocking bool }
 
 // Supports says that the baseline dispatches in FP8 (it casts while it
-// packs, and the scales travel with the metadata).
-func (alltoallvBackend) Supports(f Feature) bool { return f == FeatureFP8Wire }
+// packs, and the scales travel with the metadata), and forwards FP8 rows
+// the caller quantized (it packs their codes and scales).
+func (alltoallvBackend) Supports(f Feature) bool {
+	return f == FeatureFP8Wire || f == FeatureFP8Forward
+}
 
 func (b alltoallvBackend) Name() string {
 	if b.blocking {
@@ -235,9 +239,10 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 	rows, words := a.sendRows[:0], a.sendMeta[:0]
 	clear(st.sendCounts)
 	n := 0 // rows packed
+	forward := a.spec.Wire == WireFP8Forward
 	pack := func(t int) {
-		if a.G == 0 {
-			rows = append(rows, x[t*a.rowBytes:(t+1)*a.rowBytes]...)
+		if a.G == 0 || forward { // codes as they are: their scales go with the words below
+			rows = append(rows, x[t*a.wireBytes:(t+1)*a.wireBytes]...)
 		} else { // cast below, once the buffers have their size
 			a.cast.srcOff = append(a.cast.srcOff, int64(t*a.rowBytes))
 		}
@@ -250,7 +255,7 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 					if e := d.TopK[t*K+k]; e >= 0 && int(e)/L == dst {
 						pack(t)
 						words = append(words, e, int32(t), int32(math.Float32bits(d.Weights[t*K+k])))
-						words = appendZeros(words, a.G)
+						words = a.scaleWords(words, d, t)
 						st.sendCounts[dst]++
 					}
 				}
@@ -261,12 +266,12 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 				for k := 0; k < K; k++ {
 					words = append(words, int32(math.Float32bits(d.Weights[t*K+k])))
 				}
-				words = appendZeros(words, a.G)
+				words = a.scaleWords(words, d, t)
 				st.sendCounts[dst]++
 			}
 		}
 	}
-	if a.G > 0 {
+	if a.G > 0 && !forward {
 		rows = a.castRows(rows, words, x, n, meta)
 	}
 	a.sendRows, a.sendMeta = rows, words
@@ -291,6 +296,20 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 		return a.timeout(op, "the metadata of an MPI_Alltoallv", err)
 	}
 	return nil
+}
+
+// scaleWords appends token t's scale words: the caller's scales when the
+// group forwards them, else room for the cast's (castRows), or nothing in
+// a native group.
+func (a *alltoallvEngine) scaleWords(words []int32, d *Dispatch, t int) []int32 {
+	if a.spec.Wire != WireFP8Forward {
+		return appendZeros(words, a.G)
+	}
+	sc := hostBytes(d.Scales)[4*t*a.G : 4*(t+1)*a.G]
+	for g := 0; g < a.G; g++ {
+		words = append(words, int32(binary.LittleEndian.Uint32(sc[4*g:])))
+	}
+	return words
 }
 
 // castRows casts the n packed rows (their sources queued in a.cast.srcOff)

@@ -161,7 +161,8 @@ type Dispatch struct {
 	// State); nil for a fresh dispatch. Every rank passes a cached
 	// dispatch at the same call.
 
-	X       Tensor[byte] // the tokens: T rows of RowBytes, in Memory()
+	X       Tensor[byte] // the tokens: T rows of RowBytes (WireFP8Forward: T rows of Hidden e4m3 codes), in Memory()
+	Scales  Tensor[byte] // WireFP8Forward: the caller's scales, T rows of ScaleGroups(Hidden) float32; zero otherwise
 	TopK    []int32      // [T][TopK] expert ids, -1 = none (host)
 	Weights []float32    // [T][TopK] (host)
 	Route   *Routing     // TopK's routing, computed on the host

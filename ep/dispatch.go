@@ -23,7 +23,49 @@ func (g *Group[E]) Dispatch(x Tensor[E], topk []int32, weights []float32) (Handl
 // rank's rows are in (or on their way to) the receivers' buffers and x may
 // be reused. Compute can run before Wait.
 func (g *Group[E]) DispatchSend(x Tensor[E], topk []int32, weights []float32) (DispatchRequest[E], error) {
-	op := g.names.dispatch
+	return g.dispatchSend(g.names.dispatch, tokens[E]{x: x}, topk, weights)
+}
+
+// DispatchFP8 is Dispatch for a group that forwards rows the caller
+// quantized already (Config.Wire WireFP8Forward, NCCL EP's scales-forward
+// recipe: an FP8 GEMM's output goes out without a round trip through the
+// element type): codes, [tokens][Hidden] e4m3, and scales, [tokens]
+// [ScaleGroups(Hidden)] float32 (row r's elements [g*ScaleGroup,
+// (g+1)*ScaleGroup) are codes times scale g), both in Memory(), travel as
+// they are and arrive as RecvFP8 and RecvScales. Combine is in the element
+// type, as in every group.
+func (g *Group[E]) DispatchFP8(codes Tensor[E4M3], scales Tensor[float32], topk []int32, weights []float32) (Handle[E], error) {
+	req, err := g.DispatchFP8Send(codes, scales, topk, weights)
+	if err != nil {
+		return Handle[E]{}, err
+	}
+	return req.Wait()
+}
+
+// DispatchFP8Send is the sending half of DispatchFP8.
+func (g *Group[E]) DispatchFP8Send(codes Tensor[E4M3], scales Tensor[float32], topk []int32, weights []float32) (DispatchRequest[E], error) {
+	return g.dispatchSend(g.names.dispatch, tokens[E]{codes: codes, scales: scales, fp8: true}, topk, weights)
+}
+
+// tokens are a dispatch's rows as the caller gives them: in the element
+// type (x), or as e4m3 codes and scales (fp8: DispatchFP8).
+type tokens[E Element] struct {
+	x      Tensor[E]
+	codes  Tensor[E4M3]
+	scales Tensor[float32]
+	fp8    bool
+}
+
+// bytes are the rows, and the scales (zero unless fp8), as the engine
+// takes them.
+func (x tokens[E]) bytes() (Tensor[byte], Tensor[byte]) {
+	if x.fp8 {
+		return AsBytes(x.codes), AsBytes(x.scales)
+	}
+	return AsBytes(x.x), Tensor[byte]{}
+}
+
+func (g *Group[E]) dispatchSend(op string, x tokens[E], topk []int32, weights []float32) (DispatchRequest[E], error) {
 	if err := g.usable(op); err != nil {
 		return DispatchRequest[E]{}, err
 	}
@@ -61,6 +103,20 @@ func (g *Group[E]) DispatchCached(prev Handle[E], x Tensor[E], weights []float32
 
 // DispatchCachedSend is the sending half of DispatchCached.
 func (g *Group[E]) DispatchCachedSend(prev Handle[E], x Tensor[E], weights []float32) (DispatchRequest[E], error) {
+	return g.cachedSend(prev, tokens[E]{x: x}, weights)
+}
+
+// DispatchCachedFP8 is DispatchCached for a group that forwards rows the
+// caller quantized (WireFP8Forward): codes and scales as DispatchFP8's.
+func (g *Group[E]) DispatchCachedFP8(prev Handle[E], codes Tensor[E4M3], scales Tensor[float32], weights []float32) (Handle[E], error) {
+	req, err := g.cachedSend(prev, tokens[E]{codes: codes, scales: scales, fp8: true}, weights)
+	if err != nil {
+		return Handle[E]{}, err
+	}
+	return req.Wait()
+}
+
+func (g *Group[E]) cachedSend(prev Handle[E], x tokens[E], weights []float32) (DispatchRequest[E], error) {
 	op := g.names.cached
 	if err := g.usable(op); err != nil {
 		return DispatchRequest[E]{}, err
@@ -97,7 +153,7 @@ func (g *Group[E]) DispatchCachedSend(prev Handle[E], x Tensor[E], weights []flo
 }
 
 // send numbers the dispatch and hands it to the engine.
-func (g *Group[E]) send(op string, s *handleState[E], x Tensor[E], from *Dispatch) (DispatchRequest[E], error) {
+func (g *Group[E]) send(op string, s *handleState[E], x tokens[E], from *Dispatch) (DispatchRequest[E], error) {
 	b := 0
 	if g.spec.Mode == LowLatency {
 		b = int(g.dispatches % 2)
@@ -105,7 +161,8 @@ func (g *Group[E]) send(op string, s *handleState[E], x Tensor[E], from *Dispatc
 	g.op++
 	g.dispatches++
 	d := &s.d // field by field: a new Dispatch would copy the whole record, Recv and all
-	d.Op, d.Set, d.From, d.X, d.TopK, d.Weights, d.Route = g.op, b, from, AsBytes(x), s.topk, s.weights, &s.rt
+	rows, scales := x.bytes()
+	d.Op, d.Set, d.From, d.X, d.Scales, d.TopK, d.Weights, d.Route = g.op, b, from, rows, scales, s.topk, s.weights, &s.rt
 	d.Recv = Received{}
 	if err := g.engineError(g.eng.DispatchSend(d)); err != nil {
 		s.d.From = nil
@@ -149,8 +206,15 @@ func (r DispatchRequest[E]) Wait() (Handle[E], error) {
 }
 
 // checkTokens validates the inputs of a dispatch on this rank.
-func (g *Group[E]) checkTokens(op string, x Tensor[E], topk []int32, weights []float32) (int, error) {
+func (g *Group[E]) checkTokens(op string, x tokens[E], topk []int32, weights []float32) (int, error) {
 	H, K := g.spec.Hidden, g.spec.TopK
+	forward := g.spec.Wire == WireFP8Forward
+	switch {
+	case forward && !x.fp8:
+		return 0, inputErrorf(op, "the group forwards FP8 rows the caller quantized (Config.Wire %v): pass e4m3 codes and scales to DispatchFP8 or DispatchCachedFP8", g.spec.Wire)
+	case !forward && x.fp8:
+		return 0, inputErrorf(op, "e4m3 codes and scales are for a group with Config.Wire %v, not %v: pass the rows in the element type", WireFP8Forward, g.spec.Wire)
+	}
 	if len(topk)%K != 0 {
 		return 0, inputErrorf(op, "len(topk) = %d is not a multiple of TopK = %d", len(topk), K)
 	}
@@ -158,13 +222,26 @@ func (g *Group[E]) checkTokens(op string, x Tensor[E], topk []int32, weights []f
 	if T > g.spec.MaxTokensPerRank {
 		return 0, inputErrorf(op, "%d tokens exceed MaxTokensPerRank = %d", T, g.spec.MaxTokensPerRank)
 	}
-	if x.Len() != T*H {
-		return 0, inputErrorf(op, "len(x) = %d, want tokens*Hidden = %d*%d = %d", x.Len(), T, H, T*H)
-	}
 	if len(weights) != T*K {
 		return 0, inputErrorf(op, "len(weights) = %d, want tokens*TopK = %d*%d = %d", len(weights), T, K, T*K)
 	}
-	return T, g.checkMemory(op, "x", x.Memory())
+	if x.fp8 {
+		G := ScaleGroups(H)
+		if x.codes.Len() != T*H {
+			return 0, inputErrorf(op, "len(codes) = %d, want tokens*Hidden = %d*%d = %d", x.codes.Len(), T, H, T*H)
+		}
+		if x.scales.Len() != T*G {
+			return 0, inputErrorf(op, "len(scales) = %d, want tokens*ScaleGroups(Hidden) = %d*%d = %d", x.scales.Len(), T, G, T*G)
+		}
+		if err := g.checkMemory(op, "codes", x.codes.Memory()); err != nil {
+			return 0, err
+		}
+		return T, g.checkMemory(op, "scales", x.scales.Memory())
+	}
+	if x.x.Len() != T*H {
+		return 0, inputErrorf(op, "len(x) = %d, want tokens*Hidden = %d*%d = %d", x.x.Len(), T, H, T*H)
+	}
+	return T, g.checkMemory(op, "x", x.x.Memory())
 }
 
 // checkMemory refuses a tensor outside the engine's memory.

@@ -81,10 +81,10 @@ func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	return e, nil
 }
 
-// Supports says that the CPU engine masks stalled ranks and dispatches in
-// FP8.
+// Supports says that the CPU engine masks stalled ranks, dispatches in FP8
+// and forwards FP8 rows the caller quantized.
 func (cpuBackend) Supports(f Feature) bool {
-	return f == FeatureMaskStalledRanks || f == FeatureFP8Wire
+	return f == FeatureMaskStalledRanks || f == FeatureFP8Wire || f == FeatureFP8Forward
 }
 
 // engine is the CPU engine: the transport between the ranks, and the mode

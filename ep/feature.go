@@ -19,6 +19,9 @@ const (
 	// FeatureMaskStalledRanks is Config.MaskStalledRanks: the engines are
 	// Maskers.
 	FeatureMaskStalledRanks
+	// FeatureFP8Forward is Config.Wire WireFP8Forward: the engine moves
+	// the caller's e4m3 codes and scales (Dispatch.Scales) as they are.
+	FeatureFP8Forward
 )
 
 func (f Feature) String() string {
@@ -27,6 +30,8 @@ func (f Feature) String() string {
 		return "FP8 dispatch (Config.Wire)"
 	case FeatureMaskStalledRanks:
 		return "masking stalled ranks (Config.MaskStalledRanks)"
+	case FeatureFP8Forward:
+		return "forwarding FP8 rows the caller quantized (Config.Wire fp8-forward)"
 	}
 	return fmt.Sprintf("Feature(%d)", int(f))
 }
@@ -51,7 +56,10 @@ var ErrUnsupported = errors.New("ep: not supported by the backend")
 // features lists the optional features c asks for.
 func (c Config) features() []Feature {
 	var fs []Feature
-	if c.Wire.FP8() {
+	switch {
+	case c.Wire == WireFP8Forward:
+		fs = append(fs, FeatureFP8Forward)
+	case c.Wire.FP8():
 		fs = append(fs, FeatureFP8Wire)
 	}
 	if c.MaskStalledRanks {

@@ -81,6 +81,14 @@ const (
 	// consumer multiplies by it exactly. Its exponent byte is the scale's
 	// float32 bits >> 23.
 	WireFP8UE8M0
+	// WireFP8Forward forwards rows the caller quantized already (NCCL EP's
+	// scales-forward recipe): the group's dispatches take e4m3 codes and
+	// their float32 scales, one per ScaleGroup elements (DispatchFP8), and
+	// move them as they are, with no cast in ep (any positive scales: a
+	// per-128 float32 recipe, or powers of two, UE8M0, which
+	// ScalesFromUE8M0 widens exactly); they arrive as RecvFP8 and
+	// RecvScales, as with WireFP8.
+	WireFP8Forward
 )
 
 // ScaleGroup is the number of consecutive elements of a row that share
@@ -99,21 +107,41 @@ func (w WireFormat) String() string {
 		return "fp8"
 	case WireFP8UE8M0:
 		return "fp8-ue8m0"
+	case WireFP8Forward:
+		return "fp8-forward"
 	}
 	return fmt.Sprintf("WireFormat(%d)", int(w))
 }
 
-// FP8 reports an FP8 wire format.
-func (w WireFormat) FP8() bool { return w == WireFP8 || w == WireFP8UE8M0 }
+// FP8 reports an FP8 wire format: rows arrive as e4m3 codes and scales.
+func (w WireFormat) FP8() bool { return w == WireFP8 || w == WireFP8UE8M0 || w == WireFP8Forward }
 
-// ParseWire reads "native", "fp8" or "fp8-ue8m0".
+// ParseWire reads "native", "fp8", "fp8-ue8m0" or "fp8-forward".
 func ParseWire(s string) (WireFormat, error) {
-	for _, w := range []WireFormat{WireNative, WireFP8, WireFP8UE8M0} {
+	for _, w := range []WireFormat{WireNative, WireFP8, WireFP8UE8M0, WireFP8Forward} {
 		if s == w.String() {
 			return w, nil
 		}
 	}
-	return 0, fmt.Errorf("ep: unknown wire format %q (want native, fp8 or fp8-ue8m0)", s)
+	return 0, fmt.Errorf("ep: unknown wire format %q (want native, fp8, fp8-ue8m0 or fp8-forward)", s)
+}
+
+// ScalesFromUE8M0 widens UE8M0 scales (one 8-bit exponent e per scale group,
+// the scale 2^(e-127), as DeepEP's and NCCL EP's packed scales hold them) to
+// the float32 scales DispatchFP8 takes: dst[i] = 2^(exps[i]-127), exactly.
+// Exponent 0 (a scale below float32's normal range) and 255 (not a number in
+// UE8M0) are refused, naming the index.
+func ScalesFromUE8M0(dst []float32, exps []uint8) error {
+	if len(dst) != len(exps) {
+		return fmt.Errorf("ep: ScalesFromUE8M0: %d scales for %d exponents", len(dst), len(exps))
+	}
+	for i, e := range exps {
+		if e == 0 || e == 255 {
+			return fmt.Errorf("ep: ScalesFromUE8M0: exponent %d at index %d is not a normal float32 scale", e, i)
+		}
+		dst[i] = math.Float32frombits(uint32(e) << 23)
+	}
+	return nil
 }
 
 // scaleMode is w's ep_scale.
@@ -149,6 +177,9 @@ func quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w Wire
 	}
 	if !w.FP8() {
 		return fmt.Errorf("ep: Quantize: wire format %v is not an FP8 format", w)
+	}
+	if w == WireFP8Forward {
+		return fmt.Errorf("ep: Quantize: wire format %v forwards what the caller quantized: quantize with WireFP8 or WireFP8UE8M0", w)
 	}
 	rows := len(src) / max(hidden, 1)
 	if rows == 0 {

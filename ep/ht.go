@@ -265,12 +265,12 @@ func (m *htMode) send(d *Dispatch) error {
 	for tk := 0; tk < rt.T; tk++ {
 		for _, dst := range t.nodeRanks {
 			if o := rt.TokRankOrd[tk*m.R+dst]; o >= 0 {
-				m.wire.put(t.seg[dst], m.recv, st.sendOff[dst]+int(o), int64(tk*m.rowBytes))
+				m.wire.put(t.seg[dst], m.recv, st.sendOff[dst]+int(o), tk)
 				rows[dst] = append(rows[dst], int32(tk))
 			}
 		}
 	}
-	m.wire.flush(hostBytes(d.X))
+	m.wire.flush(hostBytes(d.X), hostBytes(d.Scales))
 	for _, dst := range t.nodeRanks {
 		first := st.sendOff[dst]
 		htMeta(t.lsa(dst, m.tok.at(first)), t.lsa(dst, m.topk.at(first)), t.lsa(dst, m.w.at(first)),
@@ -364,11 +364,11 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 		for tk := lo; tk < hi; tk++ {
 			for n := 0; n < m.nodes; n++ {
 				if o := int(rt.TokNodeOrd[tk*m.nodes+n]); o >= 0 && n != m.myNode {
-					m.wire.put(t.seg[t.me], m.outbox, m.nodeFirst[n]+o, int64(tk*m.rowBytes))
+					m.wire.put(t.seg[t.me], m.outbox, m.nodeFirst[n]+o, tk)
 				}
 			}
 		}
-		m.wire.flush(x)
+		m.wire.flush(x, hostBytes(d.Scales))
 		for n := 0; n < m.nodes; n++ {
 			if n == m.myNode {
 				continue

@@ -263,10 +263,10 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 			toks[i] = int32(tk)
 			toks[n+i] = int32(math.Float32bits(d.Weights[tk*K+k]))
 			row := m.blockOf[x] + int(st.off[me*m.E+x]) + ord
-			t.writeRow(m.wire, owner, m.recv[b], row, m.outbox[b], m.obase[owner]+int(m.spos[x])+ord, int64(tk*m.rowBytes))
+			t.writeRow(m.wire, owner, m.recv[b], row, m.outbox[b], m.obase[owner]+int(m.spos[x])+ord, tk)
 		}
 	}
-	m.wire.flush(hostBytes(d.X))
+	m.wire.flush(hostBytes(d.X), hostBytes(d.Scales))
 	for _, r := range t.liveRemote {
 		t.exposeRows(r, m.outbox[b], m.obase[r], m.ocnt[r], m.stage[b], me*m.cap)
 	}

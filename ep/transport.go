@@ -648,15 +648,15 @@ func (t *transport) awaitSent(op string, put uint64) error {
 	}
 }
 
-// writeRow queues, in the wire format f, the row of the caller's tokens at
-// byte src for rank d: straight into row final of area fin in d's segment
-// when d is on this node; else into row out of this rank's outbox area ob,
-// from which exposeRows sends it.
-func (t *transport) writeRow(f rowFormat, d int, fin rowArea, final int, ob rowArea, out int, src int64) {
+// writeRow queues, in the wire format f, the row of the caller's token tk
+// for rank d: straight into row final of area fin in d's segment when d is
+// on this node; else into row out of this rank's outbox area ob, from which
+// exposeRows sends it.
+func (t *transport) writeRow(f rowFormat, d int, fin rowArea, final int, ob rowArea, out int, tk int) {
 	if t.local[d] {
-		f.put(t.seg[d], fin, final, src)
+		f.put(t.seg[d], fin, final, tk)
 	} else {
-		f.put(t.seg[t.me], ob, out, src)
+		f.put(t.seg[t.me], ob, out, tk)
 	}
 }
 

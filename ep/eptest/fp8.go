@@ -319,12 +319,14 @@ func (i incapable) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 // a group.
 func (s Suite) testFeatureRefusals(t *testing.T) {
 	defer s.agree(t)
-	for _, f := range []ep.Feature{ep.FeatureFP8Wire, ep.FeatureMaskStalledRanks} {
+	for _, f := range []ep.Feature{ep.FeatureFP8Wire, ep.FeatureMaskStalledRanks, ep.FeatureFP8Forward} {
 		cfg := scenarios(s.Comm.Size())[1].config(ep.LowLatency)
 		cfg.Timeout = testTimeout
 		switch f {
 		case ep.FeatureFP8Wire:
 			cfg.Wire = ep.WireFP8
+		case ep.FeatureFP8Forward:
+			cfg.Wire = ep.WireFP8Forward
 		case ep.FeatureMaskStalledRanks:
 			cfg.MaskStalledRanks = true
 		}
