@@ -72,6 +72,15 @@ type Config struct {
 	// Hidden: a last partial group of Hidden mod 128 elements has its own
 	// scale.
 	Wire WireFormat
+	// CombineWire is how a combine's expert outputs travel: WireNative
+	// (the zero value: in the element type), or, in LowLatency groups, a
+	// low-precision combine (as DeepEP's LogFMT and NCCL EP's NVFP4
+	// combine): WireFP8 or WireFP8UE8M0 quantizes every output row a
+	// combine reads exactly as Quantize does, moves its e4m3 codes and
+	// scales, and sums their float32 values (code times scale, times the
+	// weight) in float32 in top-k order, rounded once to the element type
+	// (docs/ep.md defines it and bounds its error).
+	CombineWire WireFormat
 	// Backend moves the rows; nil means CPU, the shared-memory and
 	// one-sided MPI engine of this package.
 	Backend Backend
@@ -99,6 +108,10 @@ func (c Config) validate(size int) error {
 		return bad("Timeout = %v is negative", c.Timeout)
 	case c.Wire != WireNative && !c.Wire.FP8():
 		return bad("Wire = %v: choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0", c.Wire)
+	case c.CombineWire != WireNative && c.CombineWire != WireFP8 && c.CombineWire != WireFP8UE8M0:
+		return bad("CombineWire = %v: choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0", c.CombineWire)
+	case c.CombineWire != WireNative && c.Mode != LowLatency:
+		return bad("CombineWire %v (a low-precision combine) is for LowLatency groups, not %v", c.CombineWire, c.Mode)
 	case c.MaskStalledRanks && c.Mode != LowLatency:
 		return bad("MaskStalledRanks is for LowLatency (inference) groups, not %v", c.Mode)
 	case int64(c.MaxTokensPerRank)*int64(size) > 1<<31-1:
@@ -126,11 +139,12 @@ func (c Config) maxRecv(ranks int) int {
 // fingerprint encodes everything that must agree across ranks.
 func (c Config) fingerprint(elem DType) []int64 {
 	return []int64{int64(c.Mode), int64(c.NumExperts), int64(c.MaxTokensPerRank), int64(c.Hidden),
-		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem), boolInt(c.MaskStalledRanks), int64(c.Wire)}
+		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem), boolInt(c.MaskStalledRanks), int64(c.Wire),
+		int64(c.CombineWire)}
 }
 
 var fingerprintFields = []string{"Mode", "NumExperts", "MaxTokensPerRank", "Hidden", "TopK",
-	"MaxRecvTokensPerRank", "Timeout", "element type", "MaskStalledRanks", "Wire"}
+	"MaxRecvTokensPerRank", "Timeout", "element type", "MaskStalledRanks", "Wire", "CombineWire"}
 
 func boolInt(b bool) int64 {
 	if b {

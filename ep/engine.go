@@ -81,10 +81,14 @@ func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	return e, nil
 }
 
-// Supports says that the CPU engine masks stalled ranks, dispatches in FP8
-// and forwards FP8 rows the caller quantized.
+// Supports says that the CPU engine masks stalled ranks, dispatches in FP8,
+// forwards FP8 rows the caller quantized and combines in FP8.
 func (cpuBackend) Supports(f Feature) bool {
-	return f == FeatureMaskStalledRanks || f == FeatureFP8Wire || f == FeatureFP8Forward
+	switch f {
+	case FeatureMaskStalledRanks, FeatureFP8Wire, FeatureFP8Forward, FeatureFP8Combine:
+		return true
+	}
+	return false
 }
 
 // engine is the CPU engine: the transport between the ranks, and the mode

@@ -22,6 +22,9 @@ const (
 	// FeatureFP8Forward is Config.Wire WireFP8Forward: the engine moves
 	// the caller's e4m3 codes and scales (Dispatch.Scales) as they are.
 	FeatureFP8Forward
+	// FeatureFP8Combine is Config.CombineWire FP8: a low-precision
+	// combine.
+	FeatureFP8Combine
 )
 
 func (f Feature) String() string {
@@ -32,6 +35,8 @@ func (f Feature) String() string {
 		return "masking stalled ranks (Config.MaskStalledRanks)"
 	case FeatureFP8Forward:
 		return "forwarding FP8 rows the caller quantized (Config.Wire fp8-forward)"
+	case FeatureFP8Combine:
+		return "a low-precision combine (Config.CombineWire)"
 	}
 	return fmt.Sprintf("Feature(%d)", int(f))
 }
@@ -64,6 +69,9 @@ func (c Config) features() []Feature {
 	}
 	if c.MaskStalledRanks {
 		fs = append(fs, FeatureMaskStalledRanks)
+	}
+	if c.CombineWire.FP8() {
+		fs = append(fs, FeatureFP8Combine)
 	}
 	return fs
 }

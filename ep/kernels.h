@@ -51,6 +51,8 @@ static inline uint8_t ep_e4m3_bits(uint32_t v, uint32_t x) {
 void ep_quant_rows(const uintptr_t *dst, const uintptr_t *dst_scales, const char *src, const int64_t *src_off,
                    int64_t n, int64_t hidden, int dtype, int scale_mode, int impl);
 void ep_dequant_rows(void *out, int out_dtype, const uint8_t *q, const float *scales, int64_t rows, int64_t hidden);
+void ep_reduce_rows_fp8(void *out, int out_dtype, const uintptr_t *codes, const uintptr_t *scales, const float *w,
+                        const int32_t *start, int64_t n, int64_t hidden);
 
 // layout.c
 int64_t ep_layout(const int32_t *topk, int64_t T, int K, int E, int L, int R,

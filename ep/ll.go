@@ -65,7 +65,14 @@ type llMode struct {
 	stage            [2]rowArea
 	stageTok, stageW [2]region
 	cstage, cvals    [2]region
-	cap              int
+	// With a low-precision combine (Config.CombineWire FP8): the expert
+	// outputs as e4m3 codes and scales, [L][span] rows (segment), and those
+	// exposed by other nodes, [M*K] rows (staging).
+	combFP8 bool
+	ccodes  [2]rowArea
+	ccstage [2]rowArea
+	ccast   castQueue
+	cap     int
 	// Per expert: its owner and its block's first row in the owner's
 	// receive buffer (tables, not x/L and x%L: a division is tens of cycles,
 	// paid per pair).
@@ -109,7 +116,7 @@ func (m *llMode) free() { m.tables.free() }
 // tune says which protocol and which cast the group takes.
 func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *arena) *llMode {
 	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, wire: newRowFormat(s)}
+		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, wire: newRowFormat(s), combFP8: s.CombineWire.FP8()}
 	rows := m.L * m.span
 	m.ownerOf, m.blockOf = make([]int, m.E), make([]int, m.E)
 	for x := range m.ownerOf {
@@ -132,6 +139,10 @@ func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *arena) *llMode {
 		m.stageW[b] = win.take("LL weights from other nodes"+set, R*m.cap, 4)
 		m.cstage[b] = win.take("LL expert outputs from other nodes"+set, m.M*m.K, m.rowBytes)
 		m.cvals[b] = win.take("LL row values from other nodes"+set, m.M*m.K, 4)
+		if m.combFP8 {
+			m.ccodes[b] = seg.takeRows("LL expert outputs in FP8"+set, rows, fp8Sizes(m.H))
+			m.ccstage[b] = win.takeRows("LL expert outputs in FP8 from other nodes"+set, m.M*m.K, fp8Sizes(m.H))
+		}
 	}
 	return m
 }
@@ -478,6 +489,17 @@ func (m *llMode) combineSend(c *Combine) error {
 		copy(hostTensor[float32](e, m.vals[b].off, m.L*m.span).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
+	// What the token ranks read: the outputs, or their FP8 codes and scales.
+	out, staged := rowArea{rows: area}, rowArea{rows: m.cstage[b]}
+	if m.combFP8 {
+		out, staged = m.ccodes[b], m.ccstage[b]
+		for l, n := range st.expert { // every valid row, once, whoever reads it
+			for r := l * m.span; r < l*m.span+n; r++ {
+				m.ccast.add(t.lsa(me, out.rows.at(r)), t.lsa(me, out.side.at(r)), int64(area.at(r)))
+			}
+		}
+		m.ccast.flush(t.segBytes, m.H, e.spec.Elem, e.spec.CombineWire)
+	}
 	// Expose each token rank of another node its rows, in its own pair
 	// order (node peers read them in place).
 	for _, s := range t.liveRemote {
@@ -490,7 +512,7 @@ func (m *llMode) combineSend(c *Combine) error {
 			n := int(st.cnt[s*m.E+x])
 			if n > 0 {
 				first := l*m.span + int(st.off[s*m.E+x])
-				t.expose(s, area.at(first), m.cstage[b].at(pos), area.len(n))
+				t.exposeRows(s, out, first, n, staged, pos)
 				if ysrc&ySrcValues != 0 {
 					t.expose(s, m.vals[b].at(first), m.cvals[b].at(pos), 4*n)
 				}
@@ -562,7 +584,13 @@ func (m *llMode) combineWait(c *Combine) error {
 			}
 			row := m.blockOf[x] + int(st.off[me*m.E+x]+ord)
 			pos := int(st.pos[x] + ord)
-			tab.src[n], tab.w[n] = t.exposed(owner, area.at(row), m.cstage[b].at(pos)), c.Weights[tk*K+k]
+			if m.combFP8 {
+				tab.src[n] = t.exposed(owner, m.ccodes[b].rows.at(row), m.ccstage[b].rows.at(pos))
+				tab.scl[n] = t.exposed(owner, m.ccodes[b].side.at(row), m.ccstage[b].side.at(pos))
+			} else {
+				tab.src[n] = t.exposed(owner, area.at(row), m.cstage[b].at(pos))
+			}
+			tab.w[n] = c.Weights[tk*K+k]
 			n++
 			if withValues {
 				if where&ySrcValues == 0 {
@@ -573,7 +601,11 @@ func (m *llMode) combineWait(c *Combine) error {
 		}
 	}
 	tab.start[rt.T] = int32(n)
-	tab.reduce(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H, e.spec.Elem)
+	if m.combFP8 {
+		tab.reduceFP8(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H)
+	} else {
+		tab.reduce(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H, e.spec.Elem)
+	}
 	if withValues && missing < 0 {
 		gatherValues(c.SlotValues.Host(), &m.vp)
 	}

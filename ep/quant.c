@@ -24,6 +24,16 @@
 // ep_dequant_rows sets out[r][c] = e4m3 value of q[r][c] * scales[r][c/128]
 // in float32, rounded once to bfloat16 when out_dtype is GOEP_ELEM_BF16.
 //
+// ep_reduce_rows_fp8 is ep_reduce_rows over rows that travelled as e4m3 (a
+// low-precision combine): for each output row i < n,
+//   out[i][c] = sum over j in [start[i], start[i+1]) of w[j] * v[j][c],
+//   v[j][c]   = e4m3 value of codes[j][c] * scales[j][c/128]  (float32)
+// each product rounded to float32 as written (the dequantized value as
+// ep_dequant_rows makes it in float32, then times the weight), accumulated
+// in float32 in the order of j (the first term is the sum's start, as in
+// ep_reduce_rows), rounded once to out_dtype; a row with no sources is
+// zero. codes[j] and scales[j] are addresses.
+//
 // Two casts compute the same thing. The portable one (ep_e4m3_bits per
 // element) is built for AVX2 and the x86-64 baseline (picked at load time);
 // it vectorises only if float operations may be evaluated unconditionally
@@ -39,6 +49,7 @@
 // a last partial group).
 #pragma GCC optimize("no-trapping-math")
 #include <float.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -285,6 +296,47 @@ static inline float e4m3_value(uint8_t q) {
   uint32_t u = a < 8 ? bits_of(sub) : normal;
   u = a == 0x7fu ? 0x7fc00000u : u;
   return f32_of(u | ((uint32_t)(q & 0x80u) << 24));
+}
+
+HOT void ep_reduce_rows_fp8(void *out, int out_dtype, const uintptr_t *codes, const uintptr_t *scales, const float *w,
+                            const int32_t *start, int64_t n, int64_t hidden) {
+  enum { CH = 512 };  // a multiple of EP_FP8_GROUP: a chunk's groups are whole
+  float a[CH] __attribute__((aligned(64)));
+  size_t oes = out_dtype == GOEP_ELEM_F32 ? 4 : 2;
+  for (int64_t i = 0; i < n; i++) {
+    int32_t j0 = start[i], j1 = start[i + 1];
+    char *orow = (char *)out + (size_t)i * (size_t)hidden * oes;
+    for (int64_t c0 = 0; c0 < hidden; c0 += CH) {
+      int64_t m = hidden - c0 < CH ? hidden - c0 : CH;
+      if (j0 == j1)
+        for (int64_t c = 0; c < m; c++) a[c] = 0.0f;
+      for (int32_t j = j0; j < j1; j++) {
+        const uint8_t *q = (const uint8_t *)codes[j] + c0;
+        const float *sc = (const float *)scales[j] + c0 / EP_FP8_GROUP;
+        float wj = w ? w[j] : 1.0f;
+        for (int64_t g0 = 0; g0 < m; g0 += EP_FP8_GROUP) {
+          int64_t gm = m - g0 < EP_FP8_GROUP ? m - g0 : EP_FP8_GROUP;
+          float s = sc[g0 / EP_FP8_GROUP];
+          if (j == j0)
+            for (int64_t c = g0; c < g0 + gm; c++) {
+              float v = e4m3_value(q[c]) * s;
+              a[c] = wj * v;
+            }
+          else
+            for (int64_t c = g0; c < g0 + gm; c++) {
+              float v = e4m3_value(q[c]) * s;
+              a[c] += wj * v;
+            }
+        }
+      }
+      if (out_dtype == GOEP_ELEM_F32) {
+        memcpy(orow + (size_t)c0 * 4, a, (size_t)m * 4);
+      } else {
+        uint16_t *o = (uint16_t *)(orow + (size_t)c0 * 2);
+        for (int64_t c = 0; c < m; c++) o[c] = ep_bf16_bits(bits_of(a[c]));
+      }
+    }
+  }
 }
 
 HOT void ep_dequant_rows(void *out, int out_dtype, const uint8_t *q, const float *scales, int64_t rows, int64_t hidden) {

@@ -72,9 +72,15 @@ func (a *arena) take(name string, rows, stride int) region {
 	return r
 }
 
+// rowSizes are the sizes of a row and of its side data.
+type rowSizes interface {
+	rowBytes() int
+	sideBytes() int
+}
+
 // takeRows places a rowArea of rows rows of w: the rows, and the side data
 // where the wire format has any.
-func (a *arena) takeRows(name string, rows int, w rowFormat) rowArea {
+func (a *arena) takeRows(name string, rows int, w rowSizes) rowArea {
 	ra := rowArea{rows: a.take(name, rows, w.rowBytes())}
 	if w.sideBytes() > 0 {
 		ra.side = a.take(name+" scales", rows, w.sideBytes())

@@ -124,25 +124,27 @@ type reduceTables struct {
 	inC   bool // small reductions too call the C kernel (tuning.reduceInC)
 	mem   ptr
 	src   []ptr
+	scl   []ptr // with FP8 sources (reduceFP8): each source's scales
 	w     []float32
 	start []int32
 }
 
 func newReduceTables(pairs, rows int, inC bool) (*reduceTables, error) {
-	n := 8*pairs + 4*pairs + 4*(rows+1)
+	n := 8*pairs + 8*pairs + 4*pairs + 4*(rows+1)
 	mem := C.calloc(C.size_t(n), 1)
 	if mem == nil {
 		return nil, fmt.Errorf("allocating %d bytes for the combine's tables: out of memory", n)
 	}
 	return &reduceTables{inC: inC, mem: mem, src: unsafe.Slice((*ptr)(mem), pairs),
-		w:     unsafe.Slice((*float32)(unsafe.Add(mem, 8*pairs)), pairs),
-		start: unsafe.Slice((*int32)(unsafe.Add(mem, 12*pairs)), rows+1)}, nil
+		scl:   unsafe.Slice((*ptr)(unsafe.Add(mem, 8*pairs)), pairs),
+		w:     unsafe.Slice((*float32)(unsafe.Add(mem, 16*pairs)), pairs),
+		start: unsafe.Slice((*int32)(unsafe.Add(mem, 20*pairs)), rows+1)}, nil
 }
 
 func (r *reduceTables) free() {
 	if r != nil && r.mem != nil {
 		C.free(r.mem)
-		r.mem, r.src, r.w, r.start = nil, nil, nil, nil
+		r.mem, r.src, r.scl, r.w, r.start = nil, nil, nil, nil, nil
 	}
 }
 
@@ -168,8 +170,19 @@ func (r *reduceTables) reduce(out ptr, outType DType, n, hidden int, inType DTyp
 			return
 		}
 	}
-	C.ep_reduce_rows(out, C.int(outType), (*C.uintptr_t)(r.mem), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.w))),
+	C.ep_reduce_rows(out, C.int(outType), (*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.src))), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.w))),
 		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.start))), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+}
+
+// reduceFP8 is reduce over FP8 sources (src: codes, scl: their scales):
+// ep_reduce_rows_fp8.
+func (r *reduceTables) reduceFP8(out ptr, outType DType, n, hidden int) {
+	if n == 0 {
+		return
+	}
+	C.ep_reduce_rows_fp8(out, C.int(outType), (*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.src))),
+		(*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.scl))), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.w))),
+		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.start))), C.int64_t(n), C.int64_t(hidden))
 }
 
 // reduceEach sums each of the tables' first n rows into out with sum.

@@ -106,13 +106,22 @@ func (s Spec) dispatchRowBytes() int {
 	return s.RowBytes
 }
 
+// combineRowBytes is the payload of one combined row: its elements, or,
+// with a low-precision combine, its e4m3 codes and float32 scales.
+func (s Spec) combineRowBytes() int {
+	if s.CombineWire.FP8() {
+		return s.Hidden + 4*ScaleGroups(s.Hidden)
+	}
+	return s.RowBytes
+}
+
 // count adds a completed dispatch (or, combine true, its combine) to the
 // statistics: a combine moves the dispatch's rows back.
 func (g *Group[E]) count(s *handleState[E], combine bool) {
 	rb := int64(g.spec.dispatchRowBytes())
 	sent, recv := s.rowsTo, s.rowsFrom
 	if combine {
-		rb = int64(g.spec.RowBytes)
+		rb = int64(g.spec.combineRowBytes())
 		sent, recv = recv, sent
 		g.stats.Combines++
 	} else {

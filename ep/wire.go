@@ -109,6 +109,13 @@ func (f *fp8Forward) flush(x, side []byte) {
 	f.srcOff, f.sclOff = f.srcOff[:0], f.sclOff[:0]
 }
 
+// fp8Sizes are the sizes of rows of hidden elements in FP8: e4m3 codes,
+// and their float32 scales as side data (for laying out areas).
+type fp8Sizes int
+
+func (h fp8Sizes) rowBytes() int  { return int(h) }
+func (h fp8Sizes) sideBytes() int { return 4 * ScaleGroups(int(h)) }
+
 // scatterRows copies dst.len() rows of rowBytes from origin[srcOff[i]:] to
 // dst's addresses.
 func scatterRows(dst *addrTable, origin []byte, srcOff []int64, rowBytes int) {
