@@ -85,6 +85,7 @@ type bench[E ep.Element] struct {
 	floor        *netFloor       // across nodes: ep's own traffic moved by plain MPI (nil on one node)
 	nout         ep.Tensor[E]    // its result
 	nbytes       float64         // the bytes of its rows
+	cbytes       float64         // -combine fp8: the bytes of the combine's codes and scales
 }
 
 func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E], err error) {
@@ -97,11 +98,14 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	}()
 	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
 		TopK: c.topk, Timeout: o.timeout, Backend: devices[o.device]}
-	if c.wire().FP8() {
+	if c.wire().FP8() || c.combineFP8 { // the same work in the element type, timed in the same rounds
 		if b.native, err = ep.NewGroup[E](world, cfg); err != nil {
 			return nil, err
 		}
 		cfg.Wire = c.wire()
+		if c.combineFP8 {
+			cfg.CombineWire = ep.WireFP8
+		}
 	}
 	if b.g, err = ep.NewGroup[E](world, cfg); err != nil {
 		return nil, err
@@ -114,6 +118,7 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	}
 	if !o.skipBaseline {
 		cfg.Backend = ep.AlltoallvBlocking
+		cfg.CombineWire = ep.WireNative // the hand-written program combines in the element type
 		if b.base, err = ep.NewGroup[E](world, cfg); err != nil {
 			return nil, err
 		}
@@ -152,9 +157,14 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 		}
 	}
 	b.bytes = float64(pairs * c.hidden * ep.DTypeOf[E]().Size())
+	b.nbytes = b.bytes
 	if c.wire().FP8() { // codes and scales
-		b.nbytes = b.bytes
 		b.bytes = float64(pairs * (c.hidden + 4*ep.ScaleGroups(c.hidden)))
+	}
+	if c.combineFP8 {
+		b.cbytes = float64(pairs * (c.hidden + 4*ep.ScaleGroups(c.hidden)))
+	}
+	if b.native != nil {
 		if b.nout, err = ep.Alloc[E](b.g.Memory(), c.tokens*c.hidden); err != nil {
 			return nil, err
 		}

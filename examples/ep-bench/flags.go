@@ -20,6 +20,7 @@ type options struct {
 	modes                           []ep.Mode
 	tokens, hidden, topk, experts   []int
 	dtypes                          []string
+	combineFP8                      bool // -combine fp8: LL's low-precision combine, timed beside bf16
 	iters, warmup                   int
 	seed                            uint64
 	jsonOut, validate, skipBaseline bool
@@ -40,6 +41,7 @@ type config struct {
 	mode                          ep.Mode
 	tokens, hidden, topk, experts int
 	dtype                         string
+	combineFP8                    bool
 }
 
 func parseFlags(stderr io.Writer, args []string) (*options, error) {
@@ -52,6 +54,8 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	experts := fs.String("experts", "64", "experts in all (a multiple of the ranks)")
 	dtypes := fs.String("dtype", "bf16", "bf16, f32, fp8 (bf16 tokens dispatched in FP8 e4m3 with per-128 scales, "+
 		"timed beside the same dispatch in bf16), or a list")
+	combine := fs.String("combine", "bf16", "how LL's combine moves the expert outputs: bf16 (the element type) or fp8 (e4m3 with per-128 scales, "+
+		"Config.CombineWire; timed beside the same combine in the element type)")
 	iters := fs.Int("iters", 30, "timed iterations")
 	warmup := fs.Int("warmup", 5, "untimed iterations first")
 	seed := fs.Uint64("seed", 1, "seed of the routing and the data")
@@ -89,6 +93,13 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 			return nil, fmt.Errorf("-mode: %w", err)
 		}
 		o.modes = append(o.modes, mode)
+	}
+	switch *combine {
+	case "bf16":
+	case "fp8":
+		o.combineFP8 = true
+	default:
+		return nil, fmt.Errorf("-combine: %q is not bf16 or fp8", *combine)
 	}
 	for _, d := range strings.Split(*dtypes, ",") {
 		if d = strings.TrimSpace(d); d != "bf16" && d != "f32" && d != "fp8" {
@@ -145,7 +156,8 @@ func (o *options) configs() []config {
 				for _, k := range o.topk {
 					for _, h := range o.hidden {
 						for _, t := range o.tokens {
-							out = append(out, config{mode: m, tokens: t, hidden: h, topk: k, experts: e, dtype: d})
+							out = append(out, config{mode: m, tokens: t, hidden: h, topk: k, experts: e, dtype: d,
+								combineFP8: o.combineFP8 && m == ep.LowLatency})
 						}
 					}
 				}
@@ -156,7 +168,11 @@ func (o *options) configs() []config {
 }
 
 func (c config) String() string {
-	return fmt.Sprintf("%v %s tokens=%d hidden=%d topk=%d experts=%d", c.mode, c.dtype, c.tokens, c.hidden, c.topk, c.experts)
+	combine := ""
+	if c.combineFP8 {
+		combine = " combine=fp8"
+	}
+	return fmt.Sprintf("%v %s tokens=%d hidden=%d topk=%d experts=%d%s", c.mode, c.dtype, c.tokens, c.hidden, c.topk, c.experts, combine)
 }
 
 // wire is the wire format of a configuration's dispatch.

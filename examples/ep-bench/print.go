@@ -50,7 +50,17 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 		fmt.Fprintf(w, "  across nodes per dispatch+combine, all ranks: ep %.1f MB, a flat exchange (alltoallv) %.1f MB (%.2fx)\n",
 			r.NetworkBytesPerCall/1e6, r.FlatNetworkBytesPerCall/1e6, r.NetworkBytesPerCall/r.FlatNetworkBytesPerCall)
 	}
-	if r.BF16DispatchUS > 0 {
+	if r.FP8CombineSpeedup > 0 {
+		fmt.Fprintf(w, "  %-22s %12.1f %10s %12.1f %10s %12.1f\n", "ep, bf16 combine", r.BF16DispatchUS, "", r.BF16CombineUS, "",
+			r.BF16DispatchUS+r.BF16CombineUS)
+		fmt.Fprintf(w, "  fp8 combine: %.2f MB/rank per call (bf16: %.2f MB), %.2fx the speed of the bf16 combine", r.CombineBytesPerRank/1e6,
+			r.BytesPerRank/1e6, r.FP8CombineSpeedup)
+		if r.BF16NetworkBytesPerCall > 0 {
+			fmt.Fprintf(w, "; across nodes per dispatch+combine, all ranks: %.1f MB (bf16 combine: %.1f MB)", r.NetworkBytesPerCall/1e6,
+				r.BF16NetworkBytesPerCall/1e6)
+		}
+		fmt.Fprintln(w)
+	} else if r.BF16DispatchUS > 0 {
 		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep, bf16 on the wire", r.BF16DispatchUS,
 			r.BF16BytesPerRank/r.BF16DispatchUS/1e3, r.BF16CombineUS, r.BF16BytesPerRank/r.BF16CombineUS/1e3, r.BF16DispatchUS+r.BF16CombineUS)
 		fmt.Fprintf(w, "  fp8 dispatch: %.2f MB/rank per call (bf16: %.2f MB, %.2fx the bytes), %.2fx the speed of bf16\n",

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/goep/goep/ep"
 	"github.com/goep/goep/mpi"
 )
 
@@ -38,8 +39,8 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 		return sum / float64(R)
 	}
 	bw := func(i int) float64 { return bwOf(i, 5) }
-	combineBytes := 5 // the rows a combine moves: in fp8, the bf16 rows
-	if b.native != nil {
+	combineBytes := 5 // the rows a combine moves: with an fp8 dispatch, the bf16 rows
+	if b.c.wire().FP8() {
 		combineBytes = 11
 	}
 	c := b.c
@@ -70,14 +71,35 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 			return nil, err
 		}
 	}
-	if b.base != nil && res.Nodes > 1 {
-		if res.NetworkBytesPerCall, res.FlatNetworkBytesPerCall, err = b.networkBytes(); err != nil {
+	if res.Nodes > 1 {
+		if res.NetworkBytesPerCall, err = netBytesOf(b.world, b.g); err != nil {
 			return nil, err
+		}
+		if b.base != nil {
+			if res.FlatNetworkBytesPerCall, err = b.flatNetworkBytes(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if b.native != nil {
 		res.BF16DispatchUS, res.BF16CombineUS, res.BF16BytesPerRank = slices.Max(col(9)), slices.Max(col(10)), mean(col(11))
-		res.FP8DispatchSpeedup = res.BF16DispatchUS / res.DispatchUS
+		if b.c.wire().FP8() {
+			res.FP8DispatchSpeedup = res.BF16DispatchUS / res.DispatchUS
+		}
+	}
+	if b.c.combineFP8 {
+		res.CombineWire = "fp8"
+		res.FP8CombineSpeedup = res.BF16CombineUS / res.CombineUS
+		cb := make([]float64, 1)
+		if err := mpi.Allreduce(b.world, mpi.OpSum, []float64{b.cbytes}, cb); err != nil {
+			return nil, err
+		}
+		res.CombineBytesPerRank = cb[0] / float64(R)
+		if res.Nodes > 1 {
+			if res.BF16NetworkBytesPerCall, err = netBytesOf(b.world, b.native); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if res.MemcpyGBps > 0 {
 		res.DispatchOfMemcpy, res.CombineOfMemcpy = res.DispatchGBps/res.MemcpyGBps, res.CombineGBps/res.MemcpyGBps
@@ -132,13 +154,13 @@ func (b *bench[E]) floorBytes() float64 {
 	return float64(b.floor.halves[0].bytes + b.floor.halves[1].bytes)
 }
 
-// networkBytes is, per dispatch and combine and over all ranks, the bytes
-// ep put across nodes and those the baseline sent to and received from
-// ranks of other nodes (a flat exchange's), from the groups' Stats.
-func (b *bench[E]) networkBytes() (ep, flat float64, err error) {
-	st, base := b.g.Stats(), b.base.Stats()
-	if st.Dispatches == 0 || base.Dispatches == 0 {
-		return 0, 0, nil
+// flatNetworkBytes is, per dispatch and combine and over all ranks, the
+// bytes the baseline sent to and received from ranks of other nodes (a
+// flat exchange's), from its Stats.
+func (b *bench[E]) flatNetworkBytes() (float64, error) {
+	base := b.base.Stats()
+	if base.Dispatches == 0 {
+		return 0, nil
 	}
 	var cross int64
 	for p, n := range base.SentBytes {
@@ -146,12 +168,21 @@ func (b *bench[E]) networkBytes() (ep, flat float64, err error) {
 			cross += n
 		}
 	}
-	mine := []float64{float64(st.NetworkBytes) / float64(st.Dispatches), float64(cross) / float64(base.Dispatches)}
-	sum := make([]float64, 2)
-	if err := mpi.Allreduce(b.world, mpi.OpSum, mine, sum); err != nil {
-		return 0, 0, err
+	sum := make([]float64, 1)
+	err := mpi.Allreduce(b.world, mpi.OpSum, []float64{float64(cross) / float64(base.Dispatches)}, sum)
+	return sum[0], err
+}
+
+// netBytesOf is g's bytes across nodes per dispatch+combine, over all ranks.
+func netBytesOf[E ep.Element](world *mpi.Comm, g *ep.Group[E]) (float64, error) {
+	st := g.Stats()
+	mine := []float64{0}
+	if st.Dispatches > 0 {
+		mine[0] = float64(st.NetworkBytes) / float64(st.Dispatches)
 	}
-	return sum[0], sum[1], nil
+	sum := make([]float64, 1)
+	err := mpi.Allreduce(world, mpi.OpSum, mine, sum)
+	return sum[0], err
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

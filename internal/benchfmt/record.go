@@ -72,6 +72,16 @@ type Record struct {
 	BF16BytesPerRank   float64 `json:"bf16_bytes_per_rank,omitempty"`
 	FP8DispatchSpeedup float64 `json:"fp8_dispatch_speedup,omitempty"`
 
+	// With a low-precision combine (ep-bench -combine fp8, LL): "fp8", the
+	// bytes of a rank's combined codes and scales, the same dispatch and
+	// combine in the element type timed in the same rounds (BF16*US), its
+	// combine time over the fp8 one, and its bytes across nodes per call
+	// (beside NetworkBytesPerCall, the fp8 group's).
+	CombineWire             string  `json:"combine_wire,omitempty"`
+	CombineBytesPerRank     float64 `json:"combine_bytes_per_rank,omitempty"`
+	FP8CombineSpeedup       float64 `json:"fp8_combine_speedup,omitempty"`
+	BF16NetworkBytesPerCall float64 `json:"bf16_network_bytes_per_call,omitempty"`
+
 	// FlagRoundTripUS is the floor of a flag exchange between ranks 0 and 1
 	// of a node, measured in the same run (ep-bench -latency); absent when
 	// not measured.
