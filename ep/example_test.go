@@ -85,3 +85,64 @@ func ExampleConfig_fp8() {
 	fmt.Println(out[0].Float32(), out[1].Float32(), out[2].Float32(), out[3].Float32())
 	// Output: 7 1 0.3125 0
 }
+
+// Rows an FP8 GEMM produced, forwarded as they are (the scales-forward
+// recipe): the caller passes e4m3 codes and its scales, the experts get
+// them bit for bit, and combine is in the element type as always.
+func ExampleGroup_DispatchFP8() {
+	world, err := mpi.Init()
+	if err != nil {
+		log.Fatal(err)
+	}
+	const H = 4
+	cfg := ep.Config{Mode: ep.LowLatency, NumExperts: world.Size(), MaxTokensPerRank: 1, Hidden: H, TopK: 1,
+		Wire: ep.WireFP8Forward}
+	g, err := ep.NewGroup[ep.BF16](world, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Close()
+	codes := make([]ep.E4M3, H) // what the caller's FP8 kernel wrote, here by Quantize
+	scales := make([]float32, ep.ScaleGroups(H))
+	if err := ep.Quantize(codes, scales, []float32{7, 1, 0.3, 0}, H, ep.WireFP8UE8M0); err != nil {
+		log.Fatal(err)
+	}
+	h, err := g.DispatchFP8(ep.Host(codes), ep.Host(scales), []int32{int32(world.Rank())}, []float32{1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(h.RecvFP8().Host()[0] == codes[0], h.RecvScales().Host()[0])
+	if err := g.Combine(h, h.CombineBuffer(), ep.Host(make([]ep.BF16, H)), nil); err != nil {
+		log.Fatal(err)
+	}
+	// Output: true 0.015625
+}
+
+// A low-precision combine: the expert outputs travel as e4m3 with a scale
+// per 128 elements and are summed in float32 on arrival, so a token comes
+// back within the e4m3 rounding of its exact combine: with the row's
+// largest value 448 the scale is 1, 448 and 0.5 are e4m3 values, and 3.3
+// rounds to 3.25.
+func ExampleConfig_fp8Combine() {
+	world, err := mpi.Init()
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := ep.Config{Mode: ep.LowLatency, NumExperts: world.Size(), MaxTokensPerRank: 1, Hidden: 3, TopK: 1,
+		CombineWire: ep.WireFP8}
+	g, err := ep.NewGroup[float32](world, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Close()
+	h, err := g.Dispatch(ep.Host([]float32{448, 3.3, 0.5}), []int32{int32(world.Rank())}, []float32{0.5})
+	if err != nil {
+		log.Fatal(err)
+	}
+	out := make([]float32, 3)
+	if err := g.Combine(h, h.Recv(), ep.Host(out), nil); err != nil { // identity experts
+		log.Fatal(err)
+	}
+	fmt.Println(out)
+	// Output: [224 1.625 0.25]
+}
