@@ -97,11 +97,8 @@ func readTensor(name string, p *C.goepEpTensor_t) (*tensor, error) {
 		}
 	}
 	t.elems = elems
-	switch {
-	case t.data == nil && elems > 0:
+	if t.data == nil && elems > 0 {
 		return nil, invalidArgf("%s has shape %s but data is NULL", name, shapeString(t.shape))
-	case uintptr(t.data)%uintptr(t.dtype.size()) != 0:
-		return nil, invalidArgf("%s: data %p is not aligned to its %d-byte %s elements", name, t.data, t.dtype.size(), t.dtype)
 	}
 	return t, nil
 }
@@ -114,7 +111,8 @@ func need(name string, p *C.goepEpTensor_t) (*tensor, error) {
 	return readTensor(name, p)
 }
 
-// want checks the element type (one of types) and the shape: dims[i] < 0
+// want checks the element type (one of types), the data's alignment to it,
+// and the shape: dims[i] < 0
 // accepts any extent; what names the dimensions, e.g. "[num_tokens, hidden]".
 func (t *tensor) want(what string, types []dataType, dims ...int) error {
 	ok := false
@@ -127,6 +125,9 @@ func (t *tensor) want(what string, types []dataType, dims ...int) error {
 			names[i] = d.String()
 		}
 		return invalidArgf("%s has datatype %s, want %s", t.name, t.dtype, strings.Join(names, " or "))
+	}
+	if uintptr(t.data)%uintptr(t.dtype.size()) != 0 {
+		return invalidArgf("%s: data %p is not aligned to its %d-byte %s elements", t.name, t.data, t.dtype.size(), t.dtype)
 	}
 	match := len(t.shape) == len(dims)
 	for i := 0; match && i < len(dims); i++ {
