@@ -5,21 +5,27 @@
 // need no Go. The Go side sets the message with goep_ep_set_last_error from
 // the thread that called the failing function (a call from C into Go runs
 // on the calling thread), so each thread reads its own.
+#include <stdlib.h>
 #include <string.h>
 
 #include "goep_ep.h"
 
 void goep_ep_set_last_error(const char *msg, size_t n);
 
-static __thread char last_error[4096];
+// A pointer per thread, not the buffer: a library loaded by dlopen (ctypes)
+// gets its thread-local storage from a small static reserve, and the
+// general-dynamic model asks nothing of it.
+enum { LAST_ERROR_CAP = 4096 };
+static __thread char *last_error __attribute__((tls_model("global-dynamic")));
 
 void goep_ep_set_last_error(const char *msg, size_t n) {
-  if (n >= sizeof last_error) n = sizeof last_error - 1;
+  if (last_error == NULL && (last_error = malloc(LAST_ERROR_CAP)) == NULL) return;
+  if (n >= LAST_ERROR_CAP) n = LAST_ERROR_CAP - 1;
   memcpy(last_error, msg, n);
   last_error[n] = 0;
 }
 
-const char *goepEpGetLastError(void) { return last_error; }
+const char *goepEpGetLastError(void) { return last_error ? last_error : ""; }
 
 const char *goepEpGetErrorString(goepEpResult_t r) {
   switch (r) {

@@ -50,6 +50,11 @@ static int my_rank, n_ranks, failures, checks;
 
 enum { H = 32, K = 2, E_PER_RANK = 4, MAXT = 8 };
 static const uint16_t SENTINEL = 0x7fc1; /* a bfloat16 NaN no dispatch writes */
+/* The stall cases' group timeout, and how long the stalled rank sleeps: well past it. Not shorter: every
+ * collective of the group, its destroy included, waits at most the timeout for a peer, and on a shared
+ * machine a rank may lag by that much. */
+static const uint64_t STALL_TIMEOUT_NS = 1000ull * 1000 * 1000;
+static const double STALL_S = 2.5;
 
 static ref_shape_t shape(void) { return (ref_shape_t){n_ranks, E_PER_RANK * n_ranks, E_PER_RANK, K, H, MAXT}; }
 
@@ -381,14 +386,14 @@ static void sleep_s(double s) {
 static void test_stalled_peer(void) {
     int victim = n_ranks - 1;
     goepEpGroupConfig_t c = config(GOEP_EP_ALGO_LOW_LATENCY);
-    c.timeout_ns = 500ull * 1000 * 1000;
+    c.timeout_ns = STALL_TIMEOUT_NS;
     goepEpGroup_t g;
     char name[32];
     snprintf(name, sizeof name, "rank %d", victim);
     if (my_rank != victim) {
         EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpTimeout, name);
     } else {
-        sleep_s(1.5); /* skips goepEpCreateGroup */
+        sleep_s(STALL_S); /* skips goepEpCreateGroup */
     }
     MPI_Barrier(MPI_COMM_WORLD);
     OK(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c));
@@ -413,7 +418,7 @@ static void test_stalled_peer(void) {
         EXPECT(MPI_Wtime() - start < 10, "the timeout took %.1f s", MPI_Wtime() - start);
         EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, NULL), goepEpTimeout, "unusable after an earlier failure");
     } else {
-        sleep_s(1.5);
+        sleep_s(STALL_S);
     }
     MPI_Barrier(MPI_COMM_WORLD); /* everybody meets again before the collective destroy */
     OK(goepEpGroupDestroy(g));
@@ -426,7 +431,7 @@ static void test_mask(void) {
     int victim = n_ranks - 1;
     ref_shape_t s = shape();
     goepEpGroupConfig_t c = config(GOEP_EP_ALGO_LOW_LATENCY);
-    c.timeout_ns = 500ull * 1000 * 1000;
+    c.timeout_ns = STALL_TIMEOUT_NS;
     c.enable_mask = 1;
     goepEpGroup_t g;
     OK(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c));
@@ -475,7 +480,7 @@ static void test_mask(void) {
     OK(goepEpGetAsyncError(g, &flag));
     EXPECT(flag == 0, "async error %d before any stall", flag);
     if (my_rank == victim) {
-        sleep_s(2.0); /* stalls: the others mask it and go on */
+        sleep_s(STALL_S); /* stalls: the others mask it and go on */
         goepEpHandle_t h;
         OK(goepEpCreateHandle(&h, g, GOEP_EP_LAYOUT_EXPERT_MAJOR, &in.topk_t, NULL, NULL));
         EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, NULL), goepEpMasked, "masked");
