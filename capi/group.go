@@ -265,18 +265,37 @@ func (gi *groupImpl[E]) createHandle(layout C.goepEpLayout_t, topkDesc *C.goepEp
 		copy(topk, view[int32](t, T*K))
 	} else {
 		for i, e := range view[int64](t, T*K) {
-			if e < -1 || e >= int64(gi.gc.cfg.NumExperts) {
+			topk[i] = int32(max(min(e, 1<<31-1), -1<<31))
+			if int64(topk[i]) != e {
 				return nil, invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/K, i%K, e, gi.gc.cfg.NumExperts)
 			}
-			topk[i] = int32(e)
 		}
 	}
-	// The ids are checked now (range, repeats), locally, so that a bad one
-	// is this call's error and not a collective dispatch's.
-	if _, err := gi.g.Layout(topk); err != nil {
-		return nil, withCode(C.goepEpInvalidArgument, fmt.Errorf("topk_idx: %w", err))
+	if err := checkRouting(topk, K, gi.gc.cfg.NumExperts); err != nil {
+		return nil, err
 	}
 	return &handleImpl[E]{g: gi, layout: layout, T: T, topk: topk}, nil
+}
+
+// checkRouting checks the expert ids of [tokens][K] topk (in range or -1,
+// none twice in a token) when the handle is made, locally, so that a bad
+// one is this call's error and not a collective dispatch's. (ep checks them
+// again at dispatch.)
+func checkRouting(topk []int32, K, experts int) error {
+	for i, e := range topk {
+		if e < -1 || int(e) >= experts {
+			return invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/K, i%K, e, experts)
+		}
+		if e < 0 {
+			continue
+		}
+		for j := i - i%K; j < i; j++ {
+			if topk[j] == e {
+				return invalidArgf("topk_idx[%d] names expert %d twice (slots %d and %d)", i/K, e, j%K, i%K)
+			}
+		}
+	}
+	return nil
 }
 
 // noteMask sets the async error flag when a call masked a rank that was not

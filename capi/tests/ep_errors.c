@@ -4,7 +4,7 @@
  * that stalls into an error (goepEpTimeout) or, with enable_mask, into a masked rank
  * (goepEpGetAsyncError, goepEpMaskQuery, goepEpMaskClean), never a hang.
  *
- *   mpirun -np 2 bin/capi/ep_errors        (1 rank runs everything but the stalled-peer cases)
+ *   mpirun -np 2 bin/capi/ep_errors [-s]   (-s: also the stalled-peer cases, about 12 s; 2 ranks or more)
  *
  * Every rank passes the same bad input at the same time, so no collective call is left half made.
  * Exits non-zero if any check fails on any rank.
@@ -53,8 +53,8 @@ static const uint16_t SENTINEL = 0x7fc1; /* a bfloat16 NaN no dispatch writes */
 /* The stall cases' group timeout, and how long the stalled rank sleeps: well past it. Not shorter: every
  * collective of the group, its destroy included, waits at most the timeout for a peer, and on a shared
  * machine a rank may lag by that much. */
-static const uint64_t STALL_TIMEOUT_NS = 1000ull * 1000 * 1000;
-static const double STALL_S = 2.5;
+static const uint64_t STALL_TIMEOUT_NS = 2000ull * 1000 * 1000;
+static const double STALL_S = 3.5;
 
 static ref_shape_t shape(void) { return (ref_shape_t){n_ranks, E_PER_RANK * n_ranks, E_PER_RANK, K, H, MAXT}; }
 
@@ -515,6 +515,11 @@ int main(int argc, char** argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n_ranks);
+    int stalls = argc > 1 && !strcmp(argv[1], "-s");
+    if (stalls && n_ranks < 2) {
+        if (my_rank == 0) fprintf(stderr, "ep_errors: -s needs 2 ranks or more (a peer to stall)\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     int version = 0;
     OK(goepEpGetVersion(&version));
     EXPECT(version == GOEP_EP_VERSION_CODE, "goepEpGetVersion = %d, the header says %d", version, GOEP_EP_VERSION_CODE);
@@ -523,7 +528,7 @@ int main(int argc, char** argv) {
     test_group_config();
     test_handles_and_ll_dispatch();
     test_ht();
-    if (n_ranks > 1) {
+    if (stalls) {
         test_stalled_peer();
         test_mask();
     }

@@ -136,6 +136,8 @@ def main() -> int:
     p.add_argument("-e", type=int, default=8, help="experts per rank")
     args = p.parse_args()
     s = ref.Shape(nranks=R, num_experts=args.e * R, topk=args.k, hidden=args.d, max_tokens=args.t)
+    if me == 0:
+        print(f"ep_test.py: goep.ep from {os.path.dirname(nccl_ep.__file__)}, library {nccl_ep.get_lib_path()}")
 
     failed = False
     for name, algorithm in (("ll", nccl_ep.Algorithm.LOW_LATENCY), ("ht", nccl_ep.Algorithm.HIGH_THROUGHPUT)):
