@@ -63,6 +63,7 @@ func (gi *groupImpl[E]) bench(x, topk, weights unsafe.Pointer, tokens int, round
 			return err
 		}
 		start := time.Now()
+		gi.dispatches++
 		h, err := gi.g.Dispatch(xs, tk, w)
 		if err != nil {
 			return err

@@ -190,6 +190,17 @@ func goepEpComplete(handle C.goepEpHandle_t, config *C.goepEpCompleteConfig_t) (
 	return finish(fn, err)
 }
 
+//export goepEpHandleRecvTokens
+func goepEpHandleRecvTokens(handle C.goepEpHandle_t, tokens *C.goepEpTensor_t) (rc C.goepEpResult_t) {
+	const fn = "goepEpHandleRecvTokens"
+	defer recoverPanic(fn, &rc)
+	h, err := lookupHandle(handle)
+	if err == nil {
+		err = h.recvTokens(tokens)
+	}
+	return finish(fn, err)
+}
+
 // maskOf is the caller's int[nranks] of a mask call.
 func maskOf(group C.goepEpGroup_t, p *C.int, what string) (group, []C.int, error) {
 	g, _, err := lookupGroup(group)

@@ -229,11 +229,12 @@ typedef struct {
 typedef struct {
     unsigned int size;
     unsigned int magic;
-    goepEpTensor_t* tokens;       /* required. LL EXPERT_MAJOR: [local_experts, nranks *
-                                     max_dispatch_tokens_per_rank, hidden]; only each expert's first
-                                     expert_counters[l] rows are written. HT FLAT: [slots, hidden] with slots at
-                                     least the rows received (max_recv_tokens_per_rank always is); only the
-                                     first num_recv rows are written. */
+    goepEpTensor_t* tokens;       /* LL EXPERT_MAJOR: [local_experts, nranks * max_dispatch_tokens_per_rank,
+                                     hidden]; only each expert's first expert_counters[l] rows are written.
+                                     HT FLAT: [slots, hidden] with slots at least the rows received
+                                     (max_recv_tokens_per_rank always is); only the first num_recv rows are
+                                     written. NULL (a goep extension): nothing is copied; the rows stay in the
+                                     group's buffer, read in place with goepEpHandleRecvTokens. */
     goepEpTensor_t* topk_weights; /* HT FLAT: [slots, num_topk] float32, optional. LL: must be NULL. */
     goepEpTensor_t* scales;       /* must be NULL */
     goepEpTensor_t* topk_idx;     /* HT FLAT: [slots, num_topk] int32 or int64, optional. LL: must be NULL. */
@@ -389,6 +390,16 @@ goepEpResult_t goepEpDispatch(goepEpHandle_t handle, const goepEpDispatchInputs_
  * With config->send_only, goepEpComplete receives and reduces. config may be NULL. */
 goepEpResult_t goepEpCombine(goepEpHandle_t handle, const goepEpCombineInputs_t* inputs,
                              const goepEpCombineOutputs_t* outputs, const goepEpCombineConfig_t* config);
+
+/* goep extension: describe in *tokens the rows the handle's latest dispatch received, where they are, in
+ * the group's receive buffer: no copy, as a Go program reads them. tokens must be initialised
+ * (GOEP_EP_TENSOR_INIT) with sizes pointing at 3 size_t of the caller's; the call sets ndim, datatype,
+ * data and sizes: LL [local_experts, nranks * max_dispatch_tokens_per_rank, hidden] (the first
+ * expert_counters[l] rows of expert l valid), HT [num_recv, hidden]. The rows may be read and
+ * overwritten in place (an expert's outputs), and passed as the combine's inputs->tokens, which then
+ * reads them without a copy. They stay there until the group's next dispatch (HT) or the one after
+ * (LL); a later call refuses a handle whose rows are gone. The library owns the memory: never free it. */
+goepEpResult_t goepEpHandleRecvTokens(goepEpHandle_t handle, goepEpTensor_t* tokens);
 
 /* Finish the handle's send-only dispatch or combine (collective, as the call it finishes). With nothing
  * to finish it does nothing and succeeds. config may be NULL. */

@@ -125,7 +125,10 @@ type groupImpl[E ep.Element] struct {
 	// the async error flag: a call masked a rank not masked before
 	asyncErr bool
 	known    []bool // the mask as this layer last saw it
-	benchOut []E
+	// dispatches counts the group's completed dispatches, which reuse
+	// the receive buffers (goepEpHandleRecvTokens)
+	dispatches uint64
+	benchOut   []E
 }
 
 func openGroup[E ep.Element](c *mpi.Comm, gc groupConfig) (*groupImpl[E], error) {

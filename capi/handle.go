@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"strconv"
+	"unsafe"
 
 	"github.com/goep/goep/ep"
 )
@@ -23,6 +24,7 @@ type handleImpl[E ep.Element] struct {
 
 	eh         ep.Handle[E] // the latest completed dispatch
 	dispatched bool
+	number     uint64 // the group's dispatch count at eh's dispatch: its rows' lifetime
 	hasWeights bool // a dispatch was given gate weights (LL combine may apply them)
 
 	// A send-only call waiting for goepEpComplete.
@@ -32,8 +34,9 @@ type handleImpl[E ep.Element] struct {
 
 // sentDispatch is a send-only dispatch and the outputs its completion writes.
 type sentDispatch[E ep.Element] struct {
-	req ep.DispatchRequest[E]
-	out dispatchOut
+	req    ep.DispatchRequest[E]
+	out    dispatchOut
+	number uint64
 }
 
 // dispatchOut is a dispatch's checked outputs.
@@ -126,6 +129,8 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		weights = h.g.ones[:h.T*h.g.gc.cfg.TopK]
 	}
 	var req ep.DispatchRequest[E]
+	h.g.dispatches++ // even one that fails may have reused the receive buffer
+	number := h.g.dispatches
 	if h.dispatched {
 		req, err = h.g.g.DispatchCachedSend(h.eh, x, weights)
 	} else {
@@ -136,18 +141,18 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 	}
 	h.hasWeights = h.hasWeights || (weights != nil && in.topk_weights != nil)
 	if cfg.sendOnly {
-		h.sentDispatch = &sentDispatch[E]{req: req, out: o}
+		h.sentDispatch = &sentDispatch[E]{req: req, out: o, number: number}
 		return nil
 	}
-	return h.finishDispatch(req, o)
+	return h.finishDispatch(req, o, number)
 }
 
-func (h *handleImpl[E]) finishDispatch(req ep.DispatchRequest[E], o dispatchOut) error {
+func (h *handleImpl[E]) finishDispatch(req ep.DispatchRequest[E], o dispatchOut, number uint64) error {
 	eh, err := req.Wait()
 	if err != nil {
 		return err
 	}
-	h.eh, h.dispatched = eh, true
+	h.eh, h.dispatched, h.number = eh, true, number
 	return h.writeOutputs(o)
 }
 
@@ -202,22 +207,28 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 	H, K, maxT := gc.cfg.Hidden, gc.cfg.TopK, gc.cfg.MaxTokensPerRank
 	ll := gc.cfg.Mode == ep.LowLatency
 	var err error
-	if o.tokens, err = need("outputs->tokens", out.tokens); err != nil {
+	// outputs->tokens NULL: the rows stay in the group's buffer, read in
+	// place through goepEpHandleRecvTokens.
+	if o.tokens, err = readTensor("outputs->tokens", out.tokens); err != nil {
 		return o, err
 	}
 	if out.scales != nil {
 		return o, invalidUsagef("outputs->scales must be NULL: goep's C interface offers no quantisation recipe")
 	}
 	if ll {
-		if err := o.tokens.want("[local_experts, nranks * max_dispatch_tokens_per_rank, hidden]", []dataType{gc.elem}, L, R*maxT, H); err != nil {
-			return o, err
+		if o.tokens != nil {
+			if err := o.tokens.want("[local_experts, nranks * max_dispatch_tokens_per_rank, hidden]", []dataType{gc.elem}, L, R*maxT, H); err != nil {
+				return o, err
+			}
 		}
 		if out.topk_weights != nil || out.topk_idx != nil {
 			return o, invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in the LL EXPERT_MAJOR layout (a row's expert is its block; combine applies the weights)")
 		}
 	} else {
-		if err := o.tokens.want("[slots, hidden]", []dataType{gc.elem}, -1, H); err != nil {
-			return o, err
+		if o.tokens != nil {
+			if err := o.tokens.want("[slots, hidden]", []dataType{gc.elem}, -1, H); err != nil {
+				return o, err
+			}
 		}
 		if o.weights, err = readTensor("outputs->topk_weights", out.topk_weights); err == nil && o.weights != nil {
 			err = o.weights.want("[slots, num_topk]", []dataType{dtFloat32}, -1, K)
@@ -277,11 +288,14 @@ func (h *handleImpl[E]) writeOutputs(o dispatchOut) error {
 	H, K := gc.cfg.Hidden, gc.cfg.TopK
 	counts := h.eh.ExpertCounts()
 	n := h.eh.NumRecv()
+	// With o.tokens nil the rows stay where they are (goepEpHandleRecvTokens).
 	if gc.cfg.Mode == ep.LowLatency {
 		span := h.g.g.Size() * gc.cfg.MaxTokensPerRank * H
-		recv, dst := h.eh.Recv().Host(), view[E](o.tokens, o.tokens.elems)
-		for l, c := range counts {
-			copy(dst[l*span:l*span+c*H], recv[l*span:l*span+c*H])
+		if o.tokens != nil {
+			recv, dst := h.eh.Recv().Host(), view[E](o.tokens, o.tokens.elems)
+			for l, c := range counts {
+				copy(dst[l*span:l*span+c*H], recv[l*span:l*span+c*H])
+			}
 		}
 	} else {
 		max := "config.max_recv_tokens_per_rank rows always do"
@@ -292,7 +306,9 @@ func (h *handleImpl[E]) writeOutputs(o dispatchOut) error {
 				}
 			}
 		}
-		copy(view[E](o.tokens, n*H), h.eh.Recv().Host()[:n*H])
+		if o.tokens != nil {
+			copy(view[E](o.tokens, n*H), h.eh.Recv().Host()[:n*H])
+		}
 		if o.weights != nil {
 			copy(view[float32](o.weights, n*K), h.eh.RecvWeights().Host()[:n*K])
 		}
@@ -499,11 +515,65 @@ func (h *handleImpl[E]) complete(cfg *C.goepEpCompleteConfig_t) error {
 	}
 	if s := h.sentDispatch; s != nil {
 		h.sentDispatch = nil
-		return h.finishDispatch(s.req, s.out)
+		return h.finishDispatch(s.req, s.out, s.number)
 	}
 	if req := h.sentCombine; req != nil {
 		h.sentCombine = nil
 		return req.Wait()
+	}
+	return nil
+}
+
+// recvTokens describes, in v, the rows the handle's latest dispatch received,
+// where they are: in the group's buffer (goepEpHandleRecvTokens).
+func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
+	if err := h.lock(); err != nil {
+		return err
+	}
+	defer h.unlock()
+	if v == nil {
+		return invalidArgf("tokens is NULL")
+	}
+	if err := checkHeader("tokens", "goepEpTensor_t", uint32(v.size), uint32(v.magic), C.GOEP_EP_TENSOR_V1_SIZE,
+		C.GOEP_EP_TENSOR_MAGIC, "GOEP_EP_TENSOR_INIT"); err != nil {
+		return err
+	}
+	if v.sizes == nil {
+		return invalidArgf("tokens->sizes is NULL: point it at 3 size_t of yours, which the call fills")
+	}
+	if err := h.idle("goepEpHandleRecvTokens"); err != nil {
+		return err
+	}
+	if !h.dispatched {
+		return invalidUsagef("the handle has not been dispatched")
+	}
+	gc := h.g.gc
+	ll := gc.cfg.Mode == ep.LowLatency
+	// LL rows stay until the second dispatch after theirs, HT rows until the next.
+	if later := h.g.dispatches - h.number; (ll && later > 1) || (!ll && later > 0) {
+		return invalidUsagef("the handle's rows are gone: %d later dispatches of the group reused the buffer they were in", later)
+	}
+	rows := h.eh.Recv().Host()
+	if rows == nil {
+		return invalidUsagef("the handle's rows are gone: its record has been reused by later dispatches")
+	}
+	H := gc.cfg.Hidden
+	dims := []int{len(rows) / H, H}
+	if ll {
+		dims = []int{h.g.g.LocalExperts(), h.g.g.Size() * gc.cfg.MaxTokensPerRank, H}
+	}
+	sizes := unsafe.Slice(v.sizes, len(dims))
+	for i, d := range dims {
+		// the caller's array, declared const in the descriptor for the calls that only read it
+		*(*C.size_t)(unsafe.Pointer(&sizes[i])) = C.size_t(d)
+	}
+	v.ndim = C.uint(len(dims))
+	v.datatype = C.goepEpDataType_t(gc.elem)
+	v.data = nil
+	if len(rows) > 0 {
+		// The CPU engine's receive buffer is MPI shared memory, not Go memory:
+		// C may keep its address.
+		v.data = unsafe.Pointer(unsafe.SliceData(rows))
 	}
 	return nil
 }

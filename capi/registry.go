@@ -46,6 +46,7 @@ type handle interface {
 	dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t, cfg *C.goepEpDispatchConfig_t) error
 	combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombineOutputs_t, cfg *C.goepEpCombineConfig_t) error
 	complete(cfg *C.goepEpCompleteConfig_t) error
+	recvTokens(v *C.goepEpTensor_t) error
 }
 
 func newID() uint64 {

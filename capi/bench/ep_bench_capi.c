@@ -4,13 +4,15 @@
  *
  *   C:  goepEpCreateHandle(topk), goepEpDispatch into the caller's buffers, goepEpCombine of those
  *       buffers as the expert outputs (an identity expert) into the caller's output, goepEpHandleDestroy
+ *   C zero-copy: the same, but the dispatch leaves the rows in the group's buffer and the combine reads
+ *       them there (outputs->tokens NULL, goepEpHandleRecvTokens): the calls without the copies
  *   Go: g.Dispatch(x, topk, weights), g.Combine(h, h.Recv(), out) (the identity expert on the group's
  *       receive buffer in place, as a Go program would run it)
  *
  *   mpirun -np 2 bin/capi/ep_bench_capi -m ll -t 128 [-d 7168] [-k 8] [-e 256] [-i 200] [-r 5]
  *
  * Each timed round starts after a barrier. Prints one JSON line per interface (rank 0): the slowest
- * rank's median round in microseconds, its minimum, and the C round over the Go round.
+ * rank's median round in microseconds, its minimum, and the round over the Go round.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
@@ -126,6 +128,14 @@ int main(int argc, char** argv) {
     goepEpCombineOutputs_t cout = GOEP_EP_COMBINE_OUTPUTS_INIT;
     cout.tokens = &out_t;
 
+    goepEpDispatchOutputs_t dout_zc = dout;
+    dout_zc.tokens = NULL;
+    goepEpTensor_t view = GOEP_EP_TENSOR_INIT;
+    size_t view_dims[3];
+    view.sizes = view_dims;
+    goepEpCombineInputs_t cin_zc = GOEP_EP_COMBINE_INPUTS_INIT;
+    cin_zc.tokens = &view;
+    double* zc_us = malloc(sizeof(double) * iters * repeats);
     double* c_us = malloc(sizeof(double) * iters * repeats);
     double* go_us = malloc(sizeof(double) * iters * repeats);
     double* warm = malloc(sizeof(double) * 5);
@@ -143,10 +153,23 @@ int main(int argc, char** argv) {
             double us = (MPI_Wtime() - t0) * 1e6;
             if (rep >= 0) c_us[rep * iters + i] = us;
         }
+        for (int i = 0; i < n; i++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            goepEpHandle_t h;
+            CHECK(goepEpCreateHandle(&h, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_t, NULL, NULL));
+            CHECK(goepEpDispatch(h, &din, &dout_zc, &info, NULL));
+            CHECK(goepEpHandleRecvTokens(h, &view));
+            CHECK(goepEpCombine(h, &cin_zc, &cout, NULL));
+            CHECK(goepEpHandleDestroy(h));
+            double us = (MPI_Wtime() - t0) * 1e6;
+            if (rep >= 0) zc_us[rep * iters + i] = us;
+        }
     }
-    double go_med, go_min, c_med, c_min;
+    double go_med, go_min, c_med, c_min, zc_med, zc_min;
     stats(go_us, iters * repeats, &go_med, &go_min);
     stats(c_us, iters * repeats, &c_med, &c_min);
+    stats(zc_us, iters * repeats, &zc_med, &zc_min);
     int nodes = 1;
     const char* rpn = getenv("GOEP_RANKS_PER_NODE");
     if (rpn && atoi(rpn) > 0) nodes = (n_ranks + atoi(rpn) - 1) / atoi(rpn);
@@ -156,11 +179,12 @@ int main(int argc, char** argv) {
             "\"experts\":%d,\"dtype\":\"bf16\",\"iters\":%d,\"round_us\":%.1f,\"round_min_us\":%.1f,\"vs_go\":%.3f}\n";
         printf(fmt, "go", mode, n_ranks, nodes, T, H, K, E, iters * repeats, go_med, go_min, 1.0);
         printf(fmt, "c", mode, n_ranks, nodes, T, H, K, E, iters * repeats, c_med, c_min, c_med / go_med);
+        printf(fmt, "c-zero-copy", mode, n_ranks, nodes, T, H, K, E, iters * repeats, zc_med, zc_min, zc_med / go_med);
         fflush(stdout);
     }
     CHECK(goepEpGroupDestroy(group));
     free(x), free(topk), free(w), free(recv), free(out), free(recv_w), free(recv_idx), free(counts);
-    free(c_us), free(go_us), free(warm);
+    free(c_us), free(zc_us), free(go_us), free(warm);
     MPI_Finalize();
     return 0;
 }

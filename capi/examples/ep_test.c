@@ -4,12 +4,14 @@
  * uses its API: a group from the program's MPI communicator, a handle per step's routing, dispatch
  * into the caller's buffers, the experts, combine, and the send-only halves with goepEpComplete.
  *
- *   mpirun -np 4 bin/capi/ep_test [-a ll,ht] [-s none,dispatch,combine,both] [-c] [-t tokens] [-d hidden]
- *                                 [-k topk] [-e experts_per_rank] [-f bf16|f32]
+ *   mpirun -np 4 bin/capi/ep_test [-a ll,ht] [-s none,dispatch,combine,both] [-c] [-z] [-t tokens]
+ *                                 [-d hidden] [-k topk] [-e experts_per_rank] [-f bf16|f32]
  *
  * -a and -s take lists (default: every algorithm, send-only none and both); -c repeats each round
- * with the same handle (a cached dispatch and combine) and checks it gives the same. Prints one
- * line per round on rank 0 and exits non-zero on any rank's mismatch.
+ * with the same handle (a cached dispatch and combine) and checks it gives the same; -z runs each
+ * round a second time without copies (goep's extension: the rows read and overwritten in place in
+ * the group's buffer, goepEpHandleRecvTokens). Prints one line per round on rank 0 and exits
+ * non-zero on any rank's mismatch.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
@@ -75,7 +77,7 @@ static void set_tok(host_tensor_t* h, size_t i, float v) {
 
 typedef struct {
     goepEpAlgorithm_t algo;
-    int send_dispatch, send_combine, cached;
+    int send_dispatch, send_combine, cached, zero_copy;
     goepEpDataType_t dtype;
 } round_opts_t;
 
@@ -169,6 +171,16 @@ static void check_combine(const ref_shape_t* s, const host_tensor_t* out) {
         }
 }
 
+/* The HT experts: each received row times the sum of its local slots' weights (the expert side applies
+ * them in HT), from src into dst (which may be src: in place). */
+static void ht_expert(host_tensor_t* dst, const host_tensor_t* src, const host_tensor_t* recv_w, int n, int K, int H) {
+    for (int r = 0; r < n; r++) {
+        float wsum = 0;
+        for (int k = 0; k < K; k++) wsum += ((const float*)recv_w->t.data)[r * K + k];
+        for (int h = 0; h < H; h++) set_tok(dst, (size_t)r * H + h, wsum * get_tok(src, (size_t)r * H + h));
+    }
+}
+
 static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opts_t* o) {
     int T = num_tokens_of(s, my_rank), H = s->hidden, K = s->topk, L = s->local_experts, R = n_ranks;
     int ll = o->algo == GOEP_EP_ALGO_LOW_LATENCY;
@@ -204,7 +216,7 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
     din.tokens = &x.t;
     din.topk_weights = &topk_w.t;
     goepEpDispatchOutputs_t dout = GOEP_EP_DISPATCH_OUTPUTS_INIT;
-    dout.tokens = &recv.t;
+    dout.tokens = o->zero_copy ? NULL : &recv.t; /* NULL: the rows stay in the group's buffer */
     if (!ll) {
         dout.topk_weights = &recv_w.t;
         dout.topk_idx = &recv_idx.t;
@@ -216,22 +228,30 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
     dcfg.send_only = o->send_dispatch;
     CHECK(goepEpDispatch(handle, &din, &dout, &info, &dcfg));
     CHECK(goepEpComplete(handle, NULL)); /* as NCCL EP's test: a no-op after a call that was not send-only */
-    check_dispatch(s, o, &recv, &counts, &recv_w, &recv_idx, &total);
+    host_tensor_t view; /* zero-copy: the rows where they are, in the group's buffer */
+    if (o->zero_copy) {
+        view.t = (goepEpTensor_t)GOEP_EP_TENSOR_INIT;
+        view.t.sizes = view.dims;
+        CHECK(goepEpHandleRecvTokens(handle, &view.t));
+        EXPECT(view.t.ndim == recv.t.ndim && view.t.datatype == o->dtype && view.dims[0] == (ll ? (size_t)L : (size_t)((int32_t*)total.t.data)[0]),
+               "goepEpHandleRecvTokens: ndim %u, datatype %d, sizes[0] %zu", view.t.ndim, (int)view.t.datatype, view.dims[0]);
+    }
+    host_tensor_t* rows = o->zero_copy ? &view : &recv;
+    check_dispatch(s, o, rows, &counts, &recv_w, &recv_idx, &total);
+    if (o->zero_copy) { /* a copy of the first dispatch's rows, for the cached round to compare with */
+        size_t n = view.dims[0] * view.dims[1] * (view.t.ndim == 3 ? view.dims[2] : 1);
+        memcpy(recv.t.data, view.t.data, n * dtype_size(o->dtype));
+    }
 
     /* The experts: LL, the identity on the received rows in place; HT, each row times the sum of its
-     * local slots' weights (the expert side applies them in HT). */
-    host_tensor_t* y = &recv;
+     * local slots' weights (the expert side applies them in HT), written in place when zero-copy. */
+    host_tensor_t* y = rows;
     host_tensor_t y_ht;
-    if (!ll) {
+    if (!ll && !o->zero_copy) {
         make_tensor(&y_ht, o->dtype, 2, slots, H, 0);
-        int n = ((int32_t*)total.t.data)[0];
-        for (int r = 0; r < n; r++) {
-            float wsum = 0;
-            for (int k = 0; k < K; k++) wsum += ((float*)recv_w.t.data)[r * K + k];
-            for (int h = 0; h < H; h++) set_tok(&y_ht, (size_t)r * H + h, wsum * get_tok(&recv, (size_t)r * H + h));
-        }
         y = &y_ht;
     }
+    if (!ll) ht_expert(y, rows, &recv_w, ((int32_t*)total.t.data)[0], K, H);
     host_tensor_t out;
     make_tensor(&out, o->dtype, 2, T, H, 0);
     goepEpCombineInputs_t cin = GOEP_EP_COMBINE_INPUTS_INIT;
@@ -272,6 +292,7 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
         goepEpCombineOutputs_t cout2 = GOEP_EP_COMBINE_OUTPUTS_INIT;
         cout2.tokens = &out2.t;
         if (ll) cin.tokens = &recv2.t;
+        if (!ll && o->zero_copy) ht_expert(&view, &view, &recv_w, n, K, H); /* the second dispatch refilled it */
         CHECK(goepEpCombine(handle, &cin, &cout2, &ccfg));
         CHECK(goepEpComplete(handle, NULL));
         EXPECT(!memcmp(out2.t.data, out.t.data, out.bytes), "cached combine: the output differs from the first combine's");
@@ -279,7 +300,7 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
         free_tensor(&out2);
     }
     CHECK(goepEpHandleDestroy(handle));
-    if (!ll) free_tensor(&y_ht);
+    if (!ll && !o->zero_copy) free_tensor(&y_ht);
     host_tensor_t* all[] = {&x, &topk_idx, &topk_w, &recv, &counts, &total, &recv_w, &recv_idx, &out};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_tensor(all[i]);
 }
@@ -299,12 +320,13 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &n_ranks);
 
     const char *algos = "ll,ht", *sends = "none,both", *dtype_name = "bf16";
-    int cached = 0, tokens = 24, hidden = 64, topk = 4, experts_per_rank = 8, opt;
-    while ((opt = getopt(argc, argv, "a:s:ct:d:k:e:f:")) != -1) {
+    int cached = 0, zero_copy = 0, tokens = 24, hidden = 64, topk = 4, experts_per_rank = 8, opt;
+    while ((opt = getopt(argc, argv, "a:s:czt:d:k:e:f:")) != -1) {
         switch (opt) {
             case 'a': algos = optarg; break;
             case 's': sends = optarg; break;
             case 'c': cached = 1; break;
+            case 'z': zero_copy = 1; break;
             case 't': tokens = atoi(optarg); break;
             case 'd': hidden = atoi(optarg); break;
             case 'k': topk = atoi(optarg); break;
@@ -336,17 +358,18 @@ int main(int argc, char** argv) {
         cfg.timeout_ns = 30ull * 1000 * 1000 * 1000;
         goepEpGroup_t group;
         CHECK(goepEpCreateGroup(&group, MPI_COMM_WORLD, &cfg));
-        for (int sm = 0; sm < 4; sm++) {
-            if (!has(sends, send_names[sm])) continue;
-            round_opts_t o = {cfg.algorithm, sm & 1, (sm >> 1) & 1, cached, dtype};
-            snprintf(round_name, sizeof round_name, "%s %s send-only=%s%s", algo_names[a], dtype_name,
-                     send_names[sm], cached ? " cached" : "");
+        for (int rnd = 0; rnd < 8; rnd++) {
+            int sm = rnd % 4, zc = rnd / 4;
+            if (!has(sends, send_names[sm]) || (zc && !zero_copy)) continue;
+            round_opts_t o = {cfg.algorithm, sm & 1, (sm >> 1) & 1, cached, zc, dtype};
+            snprintf(round_name, sizeof round_name, "%s %s send-only=%s%s%s", algo_names[a], dtype_name,
+                     send_names[sm], cached ? " cached" : "", zc ? " zero-copy" : "");
             int before = failures;
             run_round(group, &s, &o);
             int bad = failures > before, any;
             MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
             if (my_rank == 0)
-                printf("ep_test: %-40s %d ranks: %s\n", round_name, n_ranks, any ? "FAILED" : "ok");
+                printf("ep_test: %-50s %d ranks: %s\n", round_name, n_ranks, any ? "FAILED" : "ok");
         }
         CHECK(goepEpGroupDestroy(group));
     }

@@ -372,6 +372,25 @@ static void test_ht(void) {
     cbwd.pass_direction = GOEP_EP_BWD_PASS;
     EXPECT_RC(goepEpCombine(h, &cin, &cout, &cbwd), goepEpInvalidArgument, "backward (GOEP_EP_BWD_PASS) HT combine needs");
     OK(goepEpCombine(h, &cin, &cout, NULL));
+
+    /* The rows in place (goepEpHandleRecvTokens): described while they are there, refused after the
+     * next dispatch reused the buffer. */
+    goepEpTensor_t v = GOEP_EP_TENSOR_INIT;
+    size_t vd[3] = {0, 0, 0};
+    EXPECT_RC(goepEpHandleRecvTokens(h, &v), goepEpInvalidArgument, "tokens->sizes is NULL");
+    v.sizes = vd;
+    OK(goepEpHandleRecvTokens(h, &v));
+    EXPECT(v.ndim == 2 && vd[0] == (size_t)want_rows && vd[1] == H && v.datatype == goepEpBfloat16 && (v.data || !want_rows),
+           "goepEpHandleRecvTokens: ndim %u, sizes [%zu, %zu], datatype %d", v.ndim, vd[0], vd[1], (int)v.datatype);
+    goepEpHandle_t h2;
+    OK(goepEpCreateHandle(&h2, g, GOEP_EP_LAYOUT_FLAT, &in.topk_t, NULL, NULL));
+    EXPECT_RC(goepEpHandleRecvTokens(h2, &v), goepEpInvalidUsage, "has not been dispatched");
+    dout.tokens = NULL;
+    OK(goepEpDispatch(h2, &din, &dout, &li, NULL));
+    EXPECT(total == want_rows, "recv_total_counter = %d, want %d", total, want_rows);
+    EXPECT_RC(goepEpHandleRecvTokens(h, &v), goepEpInvalidUsage, "the handle's rows are gone");
+    OK(goepEpHandleRecvTokens(h2, &v));
+    OK(goepEpHandleDestroy(h2));
     OK(goepEpHandleDestroy(h));
     OK(goepEpGroupDestroy(g));
     free(recv);

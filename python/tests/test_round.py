@@ -127,6 +127,43 @@ def test_ht_global_ids_and_slot_values(comm):
         handle.destroy()
 
 
+@pytest.mark.parametrize("algorithm", [LL, HT], ids=["ll", "ht"])
+def test_zero_copy_round(comm, algorithm):
+    """Dispatch without outputs->tokens: the rows are read, and overwritten by
+    the experts, in place in the group's buffer (recv_tokens), and combined
+    from there; the result is the reference's."""
+    s = shape(comm)
+    me, R = comm.Get_rank(), comm.Get_size()
+    T, H, K, L = s.tokens_of(me), s.hidden, s.topk, s.local_experts
+    ll = algorithm == LL
+    with group_for(comm, s, algorithm) as group:
+        handle = group.create_handle(nccl_ep.Layout.EXPERT_MAJOR if ll else nccl_ep.Layout.FLAT, ref.experts(s, me))
+        counts = np.zeros(L, dtype=np.int32)
+        recv_w = np.zeros((R * s.max_tokens, K), dtype=np.float32)
+        w = ref.weights(T, K)
+        handle.dispatch(nccl_ep.DispatchInputs(tokens=ref.to_bf16(ref.values(me, T, H)), topk_weights=w),
+                        nccl_ep.DispatchOutputs(tokens=None, topk_weights=None if ll else recv_w),
+                        layout_info=nccl_ep.LayoutInfo(expert_counters=counts))
+        rows = handle.recv_tokens()
+        if ll:
+            assert rows.shape == (L, R * s.max_tokens, H) and rows.dtype == np.uint16
+            for l, want in enumerate(ref.received_ll(s, me)):
+                assert counts[l] == len(want)
+                for j, (src, t) in enumerate(want):
+                    np.testing.assert_array_equal(ref.from_bf16(rows[l, j]), ref.values(src, t + 1, H)[t])
+        else:
+            want = ref.received_ht(s, me)
+            assert rows.shape == (len(want), H)
+            for j, (src, t, _, _) in enumerate(want):
+                np.testing.assert_array_equal(ref.from_bf16(rows[j]), ref.values(src, t + 1, H)[t])
+            n = len(want)  # the experts, in place
+            rows[:] = ref.to_bf16(ref.from_bf16(rows) * recv_w[:n].sum(axis=1, keepdims=True))
+        out = np.zeros((T, H), dtype=np.uint16)
+        handle.combine(nccl_ep.CombineInputs(tokens=rows), nccl_ep.CombineOutputs(tokens=out))
+        np.testing.assert_array_equal(ref.from_bf16(out), ref.combined(s, me))
+        handle.destroy()
+
+
 def test_memory_queries(comm):
     s = shape(comm)
     cfg = nccl_ep.GroupConfig(algorithm=LL, num_experts=8, max_dispatch_tokens_per_rank=16, max_token_bytes=256,

@@ -3,8 +3,8 @@
 # building bin/capi/ with make capi). About a minute here:
 #
 #   - the public header against what the library exports (capi/tests/check_header.py)
-#   - the C example (capi/examples/ep_test.c): full LL and HT rounds with the send-only splits and
-#     cached rounds, against its own reference, at 1, 2 and 4 ranks and 4 ranks on 2 simulated
+#   - the C example (capi/examples/ep_test.c): full LL and HT rounds with the send-only splits,
+#     cached rounds and zero-copy rounds (goepEpHandleRecvTokens), against its own reference, at 1, 2 and 4 ranks and 4 ranks on 2 simulated
 #     nodes, in bfloat16 and float32; and once linked with the static archive
 #   - the C error tests (capi/tests/ep_errors.c): bad input and destroyed objects at 1, 2 and 4
 #     ranks on 2 simulated nodes; a stalled peer (goepEpTimeout) and a masked rank at 2 ranks
@@ -42,9 +42,9 @@ step "the header against the library"
 
 step "C: ep_test (full rounds against the reference)"
 mpi 1 - bin/capi/ep_test -c
-mpi 2 - bin/capi/ep_test -c -s none,dispatch,combine,both
+mpi 2 - bin/capi/ep_test -c -z -s none,dispatch,combine,both
 mpi 4 - bin/capi/ep_test -c -f f32
-mpi 4 sim bin/capi/ep_test -c -s none,dispatch,combine,both
+mpi 4 sim bin/capi/ep_test -c -z -s none,dispatch,combine,both
 mpi 2 - bin/capi/ep_test_static
 
 step "C: ep_errors (bad input, destroyed objects, stalled and masked peers)"

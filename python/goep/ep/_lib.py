@@ -163,6 +163,7 @@ _PROTOTYPES = {
                        POINTER(DispatchConfig_c)],
     "goepEpCombine": [_G, POINTER(CombineInputs_c), POINTER(CombineOutputs_c), POINTER(CombineConfig_c)],
     "goepEpComplete": [_G, POINTER(CompleteConfig_c)],
+    "goepEpHandleRecvTokens": [_G, POINTER(Tensor_c)],
     "goepEpMaskQuery": [_G, POINTER(c_int)],
     "goepEpMaskUpdate": [_G, POINTER(c_int)],
     "goepEpMaskClean": [_G],

@@ -13,8 +13,10 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from goep.ep import _lib
-from goep.ep.enums import CombineQuantizationRecipe, DispatchQuantizationRecipe, ExpertIdKind, PassDir
+from goep.ep.enums import CombineQuantizationRecipe, DataType, DispatchQuantizationRecipe, ExpertIdKind, PassDir
 from goep.ep.errors import NcclInvalid
 from goep.ep.tensor import Tensor, as_tensor
 
@@ -200,6 +202,27 @@ class Handle:
         _lib.call("goepEpCombine", self._ptr, ctypes.byref(cin), ctypes.byref(cout), _cfg_ptr(config))
         if config is not None and config.send_only:
             self._pending = keep
+
+    def recv_tokens(self) -> np.ndarray:
+        """goep extension: the rows the latest dispatch received, where they are,
+        in the group's receive buffer (no copy), as a numpy array (uint16 for
+        bfloat16): LL ``[local_experts, nranks * max_tokens, hidden]``, HT
+        ``[num_recv, hidden]``. Dispatch with ``DispatchOutputs(tokens=None)``
+        to skip the copy into your own array. The rows may be overwritten in
+        place (an expert's outputs) and passed as ``CombineInputs(tokens=...)``,
+        which then reads them without a copy. The array is valid until the
+        group's next dispatch (HT) or the one after (LL): do not keep it."""
+        self._check_valid("recv_tokens")
+        sizes = (ctypes.c_size_t * 3)()
+        t = _lib.new(_lib.Tensor_c, _lib.TENSOR_MAGIC, sizes=sizes)
+        _lib.call("goepEpHandleRecvTokens", self._ptr, ctypes.byref(t))
+        shape = tuple(sizes[: t.ndim])
+        dtype = np.uint16 if t.datatype == DataType.BFLOAT16 else np.float32
+        n = int(np.prod(shape))
+        if n == 0:
+            return np.zeros(shape, dtype=dtype)
+        buf = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(t.data)
+        return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
     def complete(self, *, config: int = 0, stream=None) -> None:
         """Finish a send-only dispatch or combine (collective); with nothing to
