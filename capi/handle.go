@@ -25,7 +25,7 @@ type handleImpl[E ep.Element] struct {
 	eh         ep.Handle[E] // the latest completed dispatch
 	dispatched bool
 	number     uint64 // the group's dispatch count at eh's dispatch: its rows' lifetime
-	hasWeights bool // a dispatch was given gate weights (LL combine may apply them)
+	hasWeights bool   // a dispatch was given gate weights (LL combine may apply them)
 
 	// A send-only call waiting for goepEpComplete.
 	sentDispatch *sentDispatch[E]
