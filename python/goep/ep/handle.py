@@ -99,8 +99,9 @@ class DispatchInputs:
 
 @dataclass
 class DispatchOutputs:
-    """``tokens`` (required; LL ``[local_experts, nranks*max_tokens, hidden]``,
-    HT ``[slots, hidden]``), HT's ``topk_weights`` and ``topk_idx``
+    """``tokens``: LL ``[local_experts, nranks*max_tokens, hidden]``, HT
+    ``[slots, hidden]``; None leaves the rows in the group's buffer
+    (:meth:`Handle.recv_tokens`). HT's ``topk_weights`` and ``topk_idx``
     ``[slots, num_topk]``."""
 
     tokens: TensorLike = None
