@@ -19,24 +19,24 @@ import (
 //
 //export goepEpBenchGoRounds
 func goepEpBenchGoRounds(group C.goepEpGroup_t, x unsafe.Pointer, topk *C.int32_t, weights *C.float, tokens, iters C.int,
-	roundUS *C.double) (rc C.goepEpResult_t) {
-	const fn = "goepEpBenchGoRounds"
-	defer recoverPanic(fn, &rc)
-	if roundUS == nil || iters < 0 {
-		return finish(fn, invalidArgf("round_us is NULL or iters = %d is negative", int(iters)))
-	}
-	g, _, err := lookupGroup(group)
-	if err != nil {
-		return finish(fn, err)
-	}
-	out := make([]float64, int(iters))
-	if err := g.bench(x, unsafe.Pointer(topk), unsafe.Pointer(weights), int(tokens), out); err != nil {
-		return finish(fn, err)
-	}
-	for i, us := range out {
-		unsafe.Slice(roundUS, len(out))[i] = C.double(us)
-	}
-	return C.goepEpSuccess
+	roundUS *C.double) C.goepEpResult_t {
+	return guard("goepEpBenchGoRounds", func() error {
+		if roundUS == nil || iters < 0 {
+			return invalidArgf("round_us is NULL or iters = %d is negative", int(iters))
+		}
+		g, _, err := lookupGroup(group)
+		if err != nil {
+			return err
+		}
+		out := make([]float64, int(iters))
+		if err := g.bench(x, unsafe.Pointer(topk), unsafe.Pointer(weights), int(tokens), out); err != nil {
+			return err
+		}
+		for i, us := range out {
+			unsafe.Slice(roundUS, len(out))[i] = C.double(us)
+		}
+		return nil
+	})
 }
 
 func (gi *groupImpl[E]) bench(x, topk, weights unsafe.Pointer, tokens int, roundUS []float64) error {

@@ -8,6 +8,7 @@
 
 // lasterror.c: the calling thread's last error message.
 void goep_ep_set_last_error(const char *msg, size_t n);
+const char *goepEpGetLastError(void);
 
 // Opaque handles are numbers the library hands out; these convert them to
 // and from the pointer types of the header (never dereferenced).

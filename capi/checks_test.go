@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 	"unsafe"
@@ -97,4 +98,29 @@ func TestResultCodes(t *testing.T) {
 	for _, c := range cases {
 		assert.Equal(t, c.code, int(resultOf(c.err)), "%v", c.err)
 	}
+}
+
+// Nothing unwinds into C: a panic in a function's body is
+// goepEpInternalError with its message; errors keep theirs as the thread's
+// last error, which a success leaves as it was.
+func TestGuard(t *testing.T) {
+	runtime.LockOSThread() // the last error is the OS thread's
+	defer runtime.UnlockOSThread()
+	rc := guard("goepEpTest", func() error {
+		var counts map[string]int
+		counts["x"]++
+		return nil
+	})
+	assert.Equal(t, 3, int(rc), "goepEpInternalError")
+	assert.Contains(t, lastError(), "goepEpTest: internal error (a Go panic, recovered; please report it): assignment to entry in nil map")
+	rc = guard("goepEpTest", func() error {
+		var p *tensor
+		return checkHeader(p.name, "", 0, 0, 0, 0, "")
+	})
+	assert.Equal(t, 3, int(rc), "a nil dereference")
+	assert.Contains(t, lastError(), "invalid memory address or nil pointer dereference")
+	assert.Equal(t, 4, int(guard("goepEpTest", func() error { return invalidArgf("x = %d", 3) })))
+	assert.Equal(t, "goepEpTest: x = 3", lastError())
+	assert.Equal(t, 0, int(guard("goepEpTest", func() error { return nil })))
+	assert.Equal(t, "goepEpTest: x = 3", lastError(), "a success leaves the last error")
 }

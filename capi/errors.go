@@ -87,7 +87,18 @@ func setLastError(msg string) {
 	C.goep_ep_set_last_error((*C.char)(unsafe.Pointer(&b[0])), C.size_t(len(b)))
 }
 
-// recoverPanic, deferred by every exported function, turns a Go panic into
+// guard runs f, the body of the exported function fn: f's error becomes fn's
+// result code and the calling thread's last error, and a panic
+// goepEpInternalError.
+func guard(fn string, f func() error) (rc C.goepEpResult_t) {
+	defer recoverPanic(fn, &rc)
+	return finish(fn, f())
+}
+
+// lastError is the calling thread's last error message.
+func lastError() string { return C.GoString(C.goepEpGetLastError()) }
+
+// recoverPanic, deferred by guard, turns a Go panic into
 // goepEpInternalError with its message and stack, so that nothing unwinds
 // into the caller's C frames.
 func recoverPanic(fn string, rc *C.goepEpResult_t) {

@@ -13,25 +13,26 @@ import (
 	"github.com/goep/goep/ep"
 )
 
-// The functions of goep_ep.h. Each recovers a panic into
-// goepEpInternalError and leaves its error's message, named after it, as the
-// calling thread's last error.
+// The functions of goep_ep.h. Each runs its body under guard, which
+// recovers a panic into goepEpInternalError and leaves the error's message,
+// named after the function, as the calling thread's last error.
 
 //export goepEpGetVersion
-func goepEpGetVersion(version *C.int) (rc C.goepEpResult_t) {
-	defer recoverPanic("goepEpGetVersion", &rc)
-	if version == nil {
-		return finish("goepEpGetVersion", invalidArgf("version is NULL"))
-	}
-	*version = C.GOEP_EP_VERSION_CODE
-	return C.goepEpSuccess
+func goepEpGetVersion(version *C.int) C.goepEpResult_t {
+	return guard("goepEpGetVersion", func() error {
+		if version == nil {
+			return invalidArgf("version is NULL")
+		}
+		*version = C.GOEP_EP_VERSION_CODE
+		return nil
+	})
 }
 
 //export goepEpBufferPlan
-func goepEpBufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes C.int, info *C.goepEpMemInfo_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpBufferPlan"
-	defer recoverPanic(fn, &rc)
-	return finish(fn, bufferPlan(config, int(nranks), int(nnodes), info))
+func goepEpBufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes C.int, info *C.goepEpMemInfo_t) C.goepEpResult_t {
+	return guard("goepEpBufferPlan", func() error {
+		return bufferPlan(config, int(nranks), int(nnodes), info)
+	})
 }
 
 func bufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes int, info *C.goepEpMemInfo_t) error {
@@ -66,139 +67,139 @@ func bufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes int, info *C.goepE
 }
 
 //export goepEpCreateGroup
-func goepEpCreateGroup(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupConfig_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpCreateGroup"
-	defer recoverPanic(fn, &rc)
-	if group == nil {
-		return finish(fn, invalidArgf("group is NULL"))
-	}
-	g, err := newGroup(comm, config)
-	if err != nil {
-		return finish(fn, err)
-	}
-	*group = C.goep_ep_group_of(C.uint64_t(addGroup(g)))
-	return C.goepEpSuccess
+func goepEpCreateGroup(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupConfig_t) C.goepEpResult_t {
+	return guard("goepEpCreateGroup", func() error {
+		if group == nil {
+			return invalidArgf("group is NULL")
+		}
+		g, err := newGroup(comm, config)
+		if err != nil {
+			return err
+		}
+		*group = C.goep_ep_group_of(C.uint64_t(addGroup(g)))
+		return nil
+	})
 }
 
 //export goepEpGroupDestroy
-func goepEpGroupDestroy(group C.goepEpGroup_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpGroupDestroy"
-	defer recoverPanic(fn, &rc)
-	g, id, err := lookupGroup(group)
-	if err == nil {
-		if err = g.destroy(); err == nil || resultOf(err) != C.goepEpTimeout {
-			removeGroup(id) // kept only when a rank did not come: the caller may call again
+func goepEpGroupDestroy(group C.goepEpGroup_t) C.goepEpResult_t {
+	return guard("goepEpGroupDestroy", func() error {
+		g, id, err := lookupGroup(group)
+		if err == nil {
+			if err = g.destroy(); err == nil || resultOf(err) != C.goepEpTimeout {
+				removeGroup(id) // kept only when a rank did not come: the caller may call again
+			}
 		}
-	}
-	return finish(fn, err)
+		return err
+	})
 }
 
 //export goepEpGroupBufferBytes
-func goepEpGroupBufferBytes(group C.goepEpGroup_t, bytes *C.size_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpGroupBufferBytes"
-	defer recoverPanic(fn, &rc)
-	if bytes == nil {
-		return finish(fn, invalidArgf("bytes is NULL"))
-	}
-	g, _, err := lookupGroup(group)
-	if err == nil {
-		var n int
-		if n, err = g.bufferBytes(); err == nil {
-			*bytes = C.size_t(n)
+func goepEpGroupBufferBytes(group C.goepEpGroup_t, bytes *C.size_t) C.goepEpResult_t {
+	return guard("goepEpGroupBufferBytes", func() error {
+		if bytes == nil {
+			return invalidArgf("bytes is NULL")
 		}
-	}
-	return finish(fn, err)
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			var n int
+			if n, err = g.bufferBytes(); err == nil {
+				*bytes = C.size_t(n)
+			}
+		}
+		return err
+	})
 }
 
 //export goepEpHandleMemSize
 func goepEpHandleMemSize(group C.goepEpGroup_t, layout C.goepEpLayout_t, config *C.goepEpHandleConfig_t, sizeOut *C.size_t,
-	numTopK C.int) (rc C.goepEpResult_t) {
-	const fn = "goepEpHandleMemSize"
-	defer recoverPanic(fn, &rc)
-	if sizeOut == nil {
-		return finish(fn, invalidArgf("size_out is NULL"))
-	}
-	g, _, err := lookupGroup(group)
-	if err == nil {
-		var n int
-		if n, err = g.handleMemSize(layout, config, int(numTopK)); err == nil {
-			*sizeOut = C.size_t(n)
+	numTopK C.int) C.goepEpResult_t {
+	return guard("goepEpHandleMemSize", func() error {
+		if sizeOut == nil {
+			return invalidArgf("size_out is NULL")
 		}
-	}
-	return finish(fn, err)
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			var n int
+			if n, err = g.handleMemSize(layout, config, int(numTopK)); err == nil {
+				*sizeOut = C.size_t(n)
+			}
+		}
+		return err
+	})
 }
 
 //export goepEpCreateHandle
 func goepEpCreateHandle(handle *C.goepEpHandle_t, group C.goepEpGroup_t, layout C.goepEpLayout_t, topk *C.goepEpTensor_t,
-	info *C.goepEpLayoutInfo_t, config *C.goepEpHandleConfig_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpCreateHandle"
-	defer recoverPanic(fn, &rc)
-	if handle == nil {
-		return finish(fn, invalidArgf("handle is NULL"))
-	}
-	g, gid, err := lookupGroup(group)
-	if err != nil {
-		return finish(fn, err)
-	}
-	h, err := g.createHandle(layout, topk, info, config)
-	if err != nil {
-		return finish(fn, err)
-	}
-	*handle = C.goep_ep_handle_of(C.uint64_t(addHandle(h, gid)))
-	return C.goepEpSuccess
+	info *C.goepEpLayoutInfo_t, config *C.goepEpHandleConfig_t) C.goepEpResult_t {
+	return guard("goepEpCreateHandle", func() error {
+		if handle == nil {
+			return invalidArgf("handle is NULL")
+		}
+		g, gid, err := lookupGroup(group)
+		if err != nil {
+			return err
+		}
+		h, err := g.createHandle(layout, topk, info, config)
+		if err != nil {
+			return err
+		}
+		*handle = C.goep_ep_handle_of(C.uint64_t(addHandle(h, gid)))
+		return nil
+	})
 }
 
 //export goepEpHandleDestroy
-func goepEpHandleDestroy(handle C.goepEpHandle_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpHandleDestroy"
-	defer recoverPanic(fn, &rc)
-	return finish(fn, removeHandle(handle))
+func goepEpHandleDestroy(handle C.goepEpHandle_t) C.goepEpResult_t {
+	return guard("goepEpHandleDestroy", func() error {
+		return removeHandle(handle)
+	})
 }
 
 //export goepEpDispatch
 func goepEpDispatch(handle C.goepEpHandle_t, inputs *C.goepEpDispatchInputs_t, outputs *C.goepEpDispatchOutputs_t,
-	info *C.goepEpLayoutInfo_t, config *C.goepEpDispatchConfig_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpDispatch"
-	defer recoverPanic(fn, &rc)
-	h, err := lookupHandle(handle)
-	if err == nil {
-		err = h.dispatch(inputs, outputs, info, config)
-	}
-	return finish(fn, err)
+	info *C.goepEpLayoutInfo_t, config *C.goepEpDispatchConfig_t) C.goepEpResult_t {
+	return guard("goepEpDispatch", func() error {
+		h, err := lookupHandle(handle)
+		if err == nil {
+			err = h.dispatch(inputs, outputs, info, config)
+		}
+		return err
+	})
 }
 
 //export goepEpCombine
 func goepEpCombine(handle C.goepEpHandle_t, inputs *C.goepEpCombineInputs_t, outputs *C.goepEpCombineOutputs_t,
-	config *C.goepEpCombineConfig_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpCombine"
-	defer recoverPanic(fn, &rc)
-	h, err := lookupHandle(handle)
-	if err == nil {
-		err = h.combine(inputs, outputs, config)
-	}
-	return finish(fn, err)
+	config *C.goepEpCombineConfig_t) C.goepEpResult_t {
+	return guard("goepEpCombine", func() error {
+		h, err := lookupHandle(handle)
+		if err == nil {
+			err = h.combine(inputs, outputs, config)
+		}
+		return err
+	})
 }
 
 //export goepEpComplete
-func goepEpComplete(handle C.goepEpHandle_t, config *C.goepEpCompleteConfig_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpComplete"
-	defer recoverPanic(fn, &rc)
-	h, err := lookupHandle(handle)
-	if err == nil {
-		err = h.complete(config)
-	}
-	return finish(fn, err)
+func goepEpComplete(handle C.goepEpHandle_t, config *C.goepEpCompleteConfig_t) C.goepEpResult_t {
+	return guard("goepEpComplete", func() error {
+		h, err := lookupHandle(handle)
+		if err == nil {
+			err = h.complete(config)
+		}
+		return err
+	})
 }
 
 //export goepEpHandleRecvTokens
-func goepEpHandleRecvTokens(handle C.goepEpHandle_t, tokens *C.goepEpTensor_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpHandleRecvTokens"
-	defer recoverPanic(fn, &rc)
-	h, err := lookupHandle(handle)
-	if err == nil {
-		err = h.recvTokens(tokens)
-	}
-	return finish(fn, err)
+func goepEpHandleRecvTokens(handle C.goepEpHandle_t, tokens *C.goepEpTensor_t) C.goepEpResult_t {
+	return guard("goepEpHandleRecvTokens", func() error {
+		h, err := lookupHandle(handle)
+		if err == nil {
+			err = h.recvTokens(tokens)
+		}
+		return err
+	})
 }
 
 // maskOf is the caller's int[nranks] of a mask call.
@@ -214,65 +215,65 @@ func maskOf(group C.goepEpGroup_t, p *C.int, what string) (group, []C.int, error
 }
 
 //export goepEpMaskQuery
-func goepEpMaskQuery(group C.goepEpGroup_t, status *C.int) (rc C.goepEpResult_t) {
-	const fn = "goepEpMaskQuery"
-	defer recoverPanic(fn, &rc)
-	g, s, err := maskOf(group, status, "mask_status")
-	if err == nil {
-		err = g.maskQuery(s)
-	}
-	return finish(fn, err)
+func goepEpMaskQuery(group C.goepEpGroup_t, status *C.int) C.goepEpResult_t {
+	return guard("goepEpMaskQuery", func() error {
+		g, s, err := maskOf(group, status, "mask_status")
+		if err == nil {
+			err = g.maskQuery(s)
+		}
+		return err
+	})
 }
 
 //export goepEpMaskUpdate
-func goepEpMaskUpdate(group C.goepEpGroup_t, mask *C.int) (rc C.goepEpResult_t) {
-	const fn = "goepEpMaskUpdate"
-	defer recoverPanic(fn, &rc)
-	g, m, err := maskOf(group, mask, "mask")
-	if err == nil {
-		err = g.maskUpdate(m)
-	}
-	return finish(fn, err)
+func goepEpMaskUpdate(group C.goepEpGroup_t, mask *C.int) C.goepEpResult_t {
+	return guard("goepEpMaskUpdate", func() error {
+		g, m, err := maskOf(group, mask, "mask")
+		if err == nil {
+			err = g.maskUpdate(m)
+		}
+		return err
+	})
 }
 
 //export goepEpMaskClean
-func goepEpMaskClean(group C.goepEpGroup_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpMaskClean"
-	defer recoverPanic(fn, &rc)
-	g, _, err := lookupGroup(group)
-	if err == nil {
-		err = g.maskClean()
-	}
-	return finish(fn, err)
+func goepEpMaskClean(group C.goepEpGroup_t) C.goepEpResult_t {
+	return guard("goepEpMaskClean", func() error {
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			err = g.maskClean()
+		}
+		return err
+	})
 }
 
 //export goepEpGetAsyncError
-func goepEpGetAsyncError(group C.goepEpGroup_t, errorOut *C.int) (rc C.goepEpResult_t) {
-	const fn = "goepEpGetAsyncError"
-	defer recoverPanic(fn, &rc)
-	if errorOut == nil {
-		return finish(fn, invalidArgf("error_out is NULL"))
-	}
-	g, _, err := lookupGroup(group)
-	if err == nil {
-		var set bool
-		if set, err = g.asyncError(); err == nil {
-			*errorOut = 0
-			if set {
-				*errorOut = 1
+func goepEpGetAsyncError(group C.goepEpGroup_t, errorOut *C.int) C.goepEpResult_t {
+	return guard("goepEpGetAsyncError", func() error {
+		if errorOut == nil {
+			return invalidArgf("error_out is NULL")
+		}
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			var set bool
+			if set, err = g.asyncError(); err == nil {
+				*errorOut = 0
+				if set {
+					*errorOut = 1
+				}
 			}
 		}
-	}
-	return finish(fn, err)
+		return err
+	})
 }
 
 //export goepEpErrorClear
-func goepEpErrorClear(group C.goepEpGroup_t) (rc C.goepEpResult_t) {
-	const fn = "goepEpErrorClear"
-	defer recoverPanic(fn, &rc)
-	g, _, err := lookupGroup(group)
-	if err == nil {
-		err = g.errorClear()
-	}
-	return finish(fn, err)
+func goepEpErrorClear(group C.goepEpGroup_t) C.goepEpResult_t {
+	return guard("goepEpErrorClear", func() error {
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			err = g.errorClear()
+		}
+		return err
+	})
 }
