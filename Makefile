@@ -23,7 +23,7 @@ MPI_TEST_SERVE_SIM ?= 4/2
 
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps deps-nvrtc build run hello test test-unit test-mpi test-gpu test-slurm test-cluster lint clean
+.PHONY: all deps deps-nvrtc deps-python build run hello test test-unit test-mpi test-capi capi bench-capi test-gpu test-slurm test-cluster lint clean
 
 all: build
 
@@ -34,6 +34,11 @@ deps:
 # with it, no GPU needed, and under make test fails rather than skips without it.
 deps-nvrtc:
 	@scripts/install-deps.sh --nvrtc
+
+# Debian's python3 (numpy, mpi4py, pytest from apt) for the Python interface's tests: not the first
+# python3 on PATH, which may be another (pyenv's) without them.
+deps-python:
+	@scripts/install-deps.sh --python
 
 bin/ep-plot: deps FORCE
 	$(GO) build -o $@ ./cmd/ep-plot
@@ -67,8 +72,9 @@ run: bin/moe-train
 hello: bin/mpi-hello
 	$(MPIRUN) $(MPIRUN_FLAGS) -np $(NP) bin/mpi-hello
 
-## test: formatting, vet, single-rank tests, then the multi-rank tests under mpirun.
-test: lint test-unit test-mpi
+## test: formatting, vet, single-rank tests, then the multi-rank tests under mpirun, then the C and
+## Python interfaces.
+test: lint test-unit test-mpi test-capi
 
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -92,6 +98,30 @@ test-mpi: deps
 	# the serving loop (moe/serve): served tokens against the reference, overlap on and off, a stalled rank masked
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_SERVE_NP) -sim $(MPI_TEST_SERVE_SIM) ./moe/serve
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
+
+## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
+## capi/goep_ep.h, and the C example, tests and benchmark linked with them.
+PYTHON      ?= /usr/bin/python3
+MPICC       ?= mpicc
+CAPI_CFLAGS ?= -std=c11 -O2 -Wall -Wextra -Werror -Icapi
+CAPI_LINK   := -Lbin/capi -lgoep_ep -Wl,-rpath,'$$ORIGIN'
+capi: deps
+	$(GO) build -tags mpi -buildmode=c-shared -o bin/capi/libgoep_ep.so ./capi
+	$(GO) build -tags mpi -buildmode=c-archive -o bin/capi/libgoep_ep.a ./capi
+	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test capi/examples/ep_test.c $(CAPI_LINK)
+	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test_static capi/examples/ep_test.c bin/capi/libgoep_ep.a -lpthread -ldl -lm
+	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_errors capi/tests/ep_errors.c $(CAPI_LINK)
+	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_bench_capi capi/bench/ep_bench_capi.c $(CAPI_LINK)
+
+## test-capi: the C and Python interfaces under mpirun at 1, 2, 4 ranks and simulated nodes, and an
+## offline pip install of the Python package (scripts/capi/test-capi.sh); about a minute.
+test-capi: deps-python capi
+	$(GO) test -count=1 -tags mpi ./capi
+	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) GO=$(GO) scripts/capi/test-capi.sh
+
+## bench-capi: the cost of the C and Python boundaries against the same round in Go (JSON lines).
+bench-capi: deps-python capi
+	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) scripts/capi/bench-boundary.sh
 
 ## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that
 ## runs them: package gpu's (device, kernels, NCCL), the ep conformance suite on the CUDA backend (epgpu),

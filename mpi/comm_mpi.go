@@ -25,9 +25,10 @@ import (
 const Built = true
 
 type commHandle struct {
-	c       C.MPI_Comm
-	world   bool
-	isFreed bool
+	c        C.MPI_Comm
+	world    bool
+	borrowed bool // the caller's (Adopt): never freed here
+	isFreed  bool
 }
 
 func (h commHandle) freed() bool { return h.isFreed }
@@ -241,7 +242,7 @@ func newComm(nc C.MPI_Comm) (*Comm, error) {
 }
 
 func (c *Comm) free() error {
-	if c.h.world {
+	if c.h.world || c.h.borrowed {
 		return nil
 	}
 	if rc := C.MPI_Comm_free(&c.h.c); rc != C.MPI_SUCCESS {

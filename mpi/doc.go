@@ -19,6 +19,14 @@
 // communicator (split, barrier, broadcast, allgather, alltoall(v), allreduce,
 // windows) is a small cgo call of this package against the same MPI library.
 //
+// # Inside another program's MPI
+//
+// Adopt makes a Comm of a communicator that a C program or mpi4py created,
+// when MPI was initialised by them: it duplicates it (so that this package's
+// messages and error handler stay on its own copy) and neither initialises
+// nor finalises MPI. Init is then not called. The C library of package capi
+// works this way.
+//
 // # Threads
 //
 // Go moves goroutines between OS threads, so the package asks MPI for

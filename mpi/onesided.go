@@ -28,7 +28,9 @@ type OneSidedChoice struct {
 }
 
 // oneSided is the choice Init made; read by OneSided.
-var oneSided = OneSidedChoice{Reason: "MPI is not initialised"}
+var oneSided = OneSidedChoice{Reason: notInitialised}
+
+const notInitialised = "MPI is not initialised"
 
 // OneSided reports how the one-sided components were chosen. Valid after Init.
 func OneSided() OneSidedChoice {

@@ -34,6 +34,21 @@ int goep_wait(MPI_Request *req, int64_t timeout_ns) {
   }
 }
 
+MPI_Comm goep_comm_of(uintptr_t handle) { return (MPI_Comm)handle; }
+
+int goep_comm_idup(MPI_Comm comm, MPI_Comm *dup, int64_t timeout_ns) {
+  MPI_Request r;
+  int rc = MPI_Comm_idup(comm, dup, &r);
+  if (rc == MPI_SUCCESS) rc = goep_wait(&r, timeout_ns);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(*dup, MPI_ERRORS_RETURN);
+  return rc;
+}
+
+void goep_mpi_state(int *initialized, int *finalized) {
+  MPI_Initialized(initialized);
+  MPI_Finalized(finalized);
+}
+
 int goep_iprobe_any(MPI_Comm comm) {
   int flag = 0;  // here, not in Go: a Go variable whose address cgo takes escapes to the heap
   return MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);

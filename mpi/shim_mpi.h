@@ -29,6 +29,15 @@ int goep_error_string(int code, char *buf, int cap);
 int goep_iprobe_any(MPI_Comm comm);
 int goep_arrive(MPI_Comm comm, int tag, int64_t timeout_ns, int *missing);
 
+// Adopting a communicator that the caller owns (adopt_mpi.go). goep_comm_of
+// turns the handle, as an integer, back into an MPI_Comm. goep_comm_idup
+// duplicates comm by MPI_Comm_idup, waited as the collectives are (timeout_ns,
+// 0: no limit), and sets MPI_ERRORS_RETURN on the duplicate. goep_mpi_state
+// reports MPI_Initialized and MPI_Finalized.
+MPI_Comm goep_comm_of(uintptr_t handle);
+int goep_comm_idup(MPI_Comm comm, MPI_Comm *dup, int64_t timeout_ns);
+void goep_mpi_state(int *initialized, int *finalized);
+
 // Point-to-point messages of an Exchange. goep_p2p_start posts n messages
 // (recv[i]: MPI_Irecv, else MPI_Isend) of bytes[i] bytes at addr[i] with
 // peer[i], into reqs; it returns 0, or the MPI code plus, in bits 32 and up,

@@ -1,0 +1,279 @@
+//go:build mpi
+
+package main
+
+/*
+#include "capi_internal.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/goep/goep/ep"
+)
+
+// The functions of goep_ep.h. Each runs its body under guard, which
+// recovers a panic into goepEpInternalError and leaves the error's message,
+// named after the function, as the calling thread's last error.
+
+//export goepEpGetVersion
+func goepEpGetVersion(version *C.int) C.goepEpResult_t {
+	return guard("goepEpGetVersion", func() error {
+		if version == nil {
+			return invalidArgf("version is NULL")
+		}
+		*version = C.GOEP_EP_VERSION_CODE
+		return nil
+	})
+}
+
+//export goepEpBufferPlan
+func goepEpBufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes C.int, info *C.goepEpMemInfo_t) C.goepEpResult_t {
+	return guard("goepEpBufferPlan", func() error {
+		return bufferPlan(config, int(nranks), int(nnodes), info)
+	})
+}
+
+func bufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes int, info *C.goepEpMemInfo_t) error {
+	if info == nil {
+		return invalidArgf("info is NULL")
+	}
+	if err := checkHeader("info", "goepEpMemInfo_t", uint32(info.size), uint32(info.magic), C.GOEP_EP_MEM_INFO_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_MEM_INFO_INIT"); err != nil {
+		return err
+	}
+	gc, err := readGroupConfig(config)
+	if err != nil {
+		return err
+	}
+	if nranks < 1 {
+		return invalidArgf("nranks = %d, want at least 1", nranks)
+	}
+	elem := ep.BFloat16
+	if gc.elem == dtFloat32 {
+		elem = ep.Float32
+	}
+	f, err := ep.BufferPlan(gc.cfg, elem, nranks, nnodes)
+	if err != nil {
+		return withCode(C.goepEpInvalidArgument, err)
+	}
+	info.shared_per_rank = C.uint64_t(f.SharedPerRank)
+	info.window_per_rank = C.uint64_t(f.WindowPerRank)
+	info.copies_per_rank = C.uint64_t(f.CopiesPerRank)
+	info.per_node = C.uint64_t(f.PerNode)
+	info.ranks_per_node = C.uint(f.RanksPerNode)
+	return nil
+}
+
+//export goepEpCreateGroup
+func goepEpCreateGroup(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupConfig_t) C.goepEpResult_t {
+	return guard("goepEpCreateGroup", func() error {
+		if group == nil {
+			return invalidArgf("group is NULL")
+		}
+		g, err := newGroup(comm, config)
+		if err != nil {
+			return err
+		}
+		*group = C.goep_ep_group_of(C.uint64_t(addGroup(g)))
+		return nil
+	})
+}
+
+//export goepEpGroupDestroy
+func goepEpGroupDestroy(group C.goepEpGroup_t) C.goepEpResult_t {
+	return guard("goepEpGroupDestroy", func() error {
+		g, id, err := lookupGroup(group)
+		if err == nil {
+			if err = g.destroy(); err == nil || resultOf(err) != C.goepEpTimeout {
+				removeGroup(id) // kept only when a rank did not come: the caller may call again
+			}
+		}
+		return err
+	})
+}
+
+//export goepEpGroupBufferBytes
+func goepEpGroupBufferBytes(group C.goepEpGroup_t, bytes *C.size_t) C.goepEpResult_t {
+	return guard("goepEpGroupBufferBytes", func() error {
+		if bytes == nil {
+			return invalidArgf("bytes is NULL")
+		}
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			var n int
+			if n, err = g.bufferBytes(); err == nil {
+				*bytes = C.size_t(n)
+			}
+		}
+		return err
+	})
+}
+
+//export goepEpHandleMemSize
+func goepEpHandleMemSize(group C.goepEpGroup_t, layout C.goepEpLayout_t, config *C.goepEpHandleConfig_t, sizeOut *C.size_t,
+	numTopK C.int) C.goepEpResult_t {
+	return guard("goepEpHandleMemSize", func() error {
+		if sizeOut == nil {
+			return invalidArgf("size_out is NULL")
+		}
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			var n int
+			if n, err = g.handleMemSize(layout, config, int(numTopK)); err == nil {
+				*sizeOut = C.size_t(n)
+			}
+		}
+		return err
+	})
+}
+
+//export goepEpCreateHandle
+func goepEpCreateHandle(handle *C.goepEpHandle_t, group C.goepEpGroup_t, layout C.goepEpLayout_t, topk *C.goepEpTensor_t,
+	info *C.goepEpLayoutInfo_t, config *C.goepEpHandleConfig_t) C.goepEpResult_t {
+	return guard("goepEpCreateHandle", func() error {
+		if handle == nil {
+			return invalidArgf("handle is NULL")
+		}
+		g, gid, err := lookupGroup(group)
+		if err != nil {
+			return err
+		}
+		h, err := g.createHandle(layout, topk, info, config)
+		if err != nil {
+			return err
+		}
+		*handle = C.goep_ep_handle_of(C.uint64_t(addHandle(h, gid)))
+		return nil
+	})
+}
+
+//export goepEpHandleDestroy
+func goepEpHandleDestroy(handle C.goepEpHandle_t) C.goepEpResult_t {
+	return guard("goepEpHandleDestroy", func() error {
+		return removeHandle(handle)
+	})
+}
+
+//export goepEpDispatch
+func goepEpDispatch(handle C.goepEpHandle_t, inputs *C.goepEpDispatchInputs_t, outputs *C.goepEpDispatchOutputs_t,
+	info *C.goepEpLayoutInfo_t, config *C.goepEpDispatchConfig_t) C.goepEpResult_t {
+	return guard("goepEpDispatch", func() error {
+		h, err := lookupHandle(handle)
+		if err == nil {
+			err = h.dispatch(inputs, outputs, info, config)
+		}
+		return err
+	})
+}
+
+//export goepEpCombine
+func goepEpCombine(handle C.goepEpHandle_t, inputs *C.goepEpCombineInputs_t, outputs *C.goepEpCombineOutputs_t,
+	config *C.goepEpCombineConfig_t) C.goepEpResult_t {
+	return guard("goepEpCombine", func() error {
+		h, err := lookupHandle(handle)
+		if err == nil {
+			err = h.combine(inputs, outputs, config)
+		}
+		return err
+	})
+}
+
+//export goepEpComplete
+func goepEpComplete(handle C.goepEpHandle_t, config *C.goepEpCompleteConfig_t) C.goepEpResult_t {
+	return guard("goepEpComplete", func() error {
+		h, err := lookupHandle(handle)
+		if err == nil {
+			err = h.complete(config)
+		}
+		return err
+	})
+}
+
+//export goepEpHandleRecvTokens
+func goepEpHandleRecvTokens(handle C.goepEpHandle_t, tokens *C.goepEpTensor_t) C.goepEpResult_t {
+	return guard("goepEpHandleRecvTokens", func() error {
+		h, err := lookupHandle(handle)
+		if err == nil {
+			err = h.recvTokens(tokens)
+		}
+		return err
+	})
+}
+
+// maskOf is the caller's int[nranks] of a mask call.
+func maskOf(group C.goepEpGroup_t, p *C.int, what string) (group, []C.int, error) {
+	g, _, err := lookupGroup(group)
+	if err != nil {
+		return nil, nil, err
+	}
+	if p == nil {
+		return nil, nil, invalidArgf("%s is NULL (want int[nranks])", what)
+	}
+	return g, unsafe.Slice(p, g.size()), nil
+}
+
+//export goepEpMaskQuery
+func goepEpMaskQuery(group C.goepEpGroup_t, status *C.int) C.goepEpResult_t {
+	return guard("goepEpMaskQuery", func() error {
+		g, s, err := maskOf(group, status, "mask_status")
+		if err == nil {
+			err = g.maskQuery(s)
+		}
+		return err
+	})
+}
+
+//export goepEpMaskUpdate
+func goepEpMaskUpdate(group C.goepEpGroup_t, mask *C.int) C.goepEpResult_t {
+	return guard("goepEpMaskUpdate", func() error {
+		g, m, err := maskOf(group, mask, "mask")
+		if err == nil {
+			err = g.maskUpdate(m)
+		}
+		return err
+	})
+}
+
+//export goepEpMaskClean
+func goepEpMaskClean(group C.goepEpGroup_t) C.goepEpResult_t {
+	return guard("goepEpMaskClean", func() error {
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			err = g.maskClean()
+		}
+		return err
+	})
+}
+
+//export goepEpGetAsyncError
+func goepEpGetAsyncError(group C.goepEpGroup_t, errorOut *C.int) C.goepEpResult_t {
+	return guard("goepEpGetAsyncError", func() error {
+		if errorOut == nil {
+			return invalidArgf("error_out is NULL")
+		}
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			var set bool
+			if set, err = g.asyncError(); err == nil {
+				*errorOut = 0
+				if set {
+					*errorOut = 1
+				}
+			}
+		}
+		return err
+	})
+}
+
+//export goepEpErrorClear
+func goepEpErrorClear(group C.goepEpGroup_t) C.goepEpResult_t {
+	return guard("goepEpErrorClear", func() error {
+		g, _, err := lookupGroup(group)
+		if err == nil {
+			err = g.errorClear()
+		}
+		return err
+	})
+}

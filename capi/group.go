@@ -1,0 +1,407 @@
+//go:build mpi
+
+package main
+
+/*
+#include "capi_internal.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/goep/goep/ep"
+	"github.com/goep/goep/mpi"
+)
+
+// groupConfig is a checked goepEpGroupConfig_t: the ep.Config and the token
+// element type.
+type groupConfig struct {
+	cfg  ep.Config
+	elem dataType
+}
+
+// readGroupConfig checks p and maps it onto an ep.Config. It checks what
+// this layer adds (the struct, the version, the element type, hidden from
+// max_token_bytes); ep checks the rest.
+func readGroupConfig(p *C.goepEpGroupConfig_t) (groupConfig, error) {
+	if p == nil {
+		return groupConfig{}, invalidArgf("config is NULL")
+	}
+	if err := checkHeader("config", "goepEpGroupConfig_t", uint32(p.size), uint32(p.magic), C.GOEP_EP_GROUP_CONFIG_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_GROUP_CONFIG_INIT"); err != nil {
+		return groupConfig{}, err
+	}
+	var gc groupConfig
+	switch v := int(p.version); {
+	case v == 0:
+		return gc, invalidArgf("config.version = 0: set it to GOEP_EP_API_VERSION (%d), as GOEP_EP_GROUP_CONFIG_INIT does", C.GOEP_EP_API_VERSION)
+	case v > C.GOEP_EP_API_VERSION:
+		return gc, invalidArgf("config.version = %d: the program was built for a newer API than this library's version %d", v, C.GOEP_EP_API_VERSION)
+	}
+	switch p.algorithm {
+	case C.GOEP_EP_ALGO_LOW_LATENCY:
+		gc.cfg.Mode = ep.LowLatency
+	case C.GOEP_EP_ALGO_HIGH_THROUGHPUT:
+		gc.cfg.Mode = ep.HighThroughput
+	default:
+		return gc, invalidArgf("config.algorithm = %d: want GOEP_EP_ALGO_LOW_LATENCY (0) or GOEP_EP_ALGO_HIGH_THROUGHPUT (1)", int(p.algorithm))
+	}
+	gc.elem = dataType(p.datatype)
+	if gc.elem != dtBfloat16 && gc.elem != dtFloat32 {
+		return gc, invalidArgf("config.datatype = %v (%d): want goepEpBfloat16 (%d) or goepEpFloat32 (%d), the token element types",
+			gc.elem, int(p.datatype), int(dtBfloat16), int(dtFloat32))
+	}
+	es := gc.elem.size()
+	if p.max_token_bytes == 0 || int(p.max_token_bytes)%es != 0 {
+		return gc, invalidArgf("config.max_token_bytes = %d: want hidden * %d (a %v row's bytes), > 0", uint(p.max_token_bytes), es, gc.elem)
+	}
+	if p.num_topk == 0 {
+		return gc, invalidArgf("config.num_topk = 0: goep needs the top-k when the group is created (NCCL EP takes it from each handle's topk_idx)")
+	}
+	gc.cfg.NumExperts = int(p.num_experts)
+	gc.cfg.MaxTokensPerRank = int(p.max_dispatch_tokens_per_rank)
+	if gc.cfg.Mode == ep.HighThroughput {
+		gc.cfg.MaxRecvTokensPerRank = int(p.max_recv_tokens_per_rank)
+	}
+	gc.cfg.Hidden = int(p.max_token_bytes) / es
+	gc.cfg.TopK = int(p.num_topk)
+	gc.cfg.MaskStalledRanks = p.enable_mask != 0
+	if uint64(p.timeout_ns) > 1<<62 {
+		return gc, invalidArgf("config.timeout_ns = %d: too large", uint64(p.timeout_ns))
+	}
+	gc.cfg.Timeout = time.Duration(p.timeout_ns)
+	if gc.cfg.Timeout == 0 {
+		gc.cfg.Timeout = ep.DefaultTimeout
+	}
+	return gc, nil
+}
+
+// newGroup creates the group over a duplicate of comm (collective).
+func newGroup(comm C.MPI_Comm, p *C.goepEpGroupConfig_t) (group, error) {
+	gc, err := readGroupConfig(p)
+	if err != nil {
+		return nil, err
+	}
+	c, err := mpi.Adopt(uintptr(C.goep_ep_comm_handle(comm)), "goepEp", gc.cfg.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	var g group
+	if gc.elem == dtBfloat16 {
+		g, err = openGroup[ep.BF16](c, gc)
+	} else {
+		g, err = openGroup[float32](c, gc)
+	}
+	if err != nil {
+		return nil, errors.Join(groupError(err), c.Free())
+	}
+	return g, nil
+}
+
+// groupError gives NewGroup's errors about the config (checked, and
+// compared across ranks) goepEpInvalidArgument.
+func groupError(err error) error {
+	var me *mpi.Error
+	if errors.Is(err, ep.ErrTimeout) || errors.Is(err, mpi.ErrTimeout) || errors.Is(err, ep.ErrUnsupported) || errors.As(err, &me) {
+		return err
+	}
+	return withCode(C.goepEpInvalidArgument, err)
+}
+
+// groupImpl is a group of element type E: an ep.Group and what the C
+// interface keeps beside it.
+type groupImpl[E ep.Element] struct {
+	mu        sync.Mutex // calls on a group are serialised
+	g         *ep.Group[E]
+	comm      *mpi.Comm // the duplicate of the caller's communicator
+	gc        groupConfig
+	destroyed bool
+	ones      []float32 // LL weights of a dispatch given none: MaxTokensPerRank*TopK ones
+	// the async error flag: a call masked a rank not masked before
+	asyncErr bool
+	known    []bool // the mask as this layer last saw it
+	// dispatches counts the group's completed dispatches, which reuse
+	// the receive buffers (goepEpHandleRecvTokens)
+	dispatches uint64
+	benchOut   []E
+}
+
+func openGroup[E ep.Element](c *mpi.Comm, gc groupConfig) (*groupImpl[E], error) {
+	g, err := ep.NewGroup[E](c, gc.cfg)
+	if err != nil {
+		return nil, err
+	}
+	ones := make([]float32, gc.cfg.MaxTokensPerRank*gc.cfg.TopK)
+	for i := range ones {
+		ones[i] = 1
+	}
+	return &groupImpl[E]{g: g, comm: c, gc: gc, ones: ones, known: make([]bool, g.Size())}, nil
+}
+
+// lock takes the group for a call, refusing a destroyed one.
+func (gi *groupImpl[E]) lock() error {
+	gi.mu.Lock()
+	if gi.destroyed {
+		gi.mu.Unlock()
+		return invalidArgf("the group has been destroyed")
+	}
+	return nil
+}
+
+func (gi *groupImpl[E]) size() int { return gi.g.Size() }
+
+func (gi *groupImpl[E]) destroy() error {
+	if err := gi.lock(); err != nil {
+		return err
+	}
+	defer gi.mu.Unlock()
+	if err := gi.g.Close(); err != nil {
+		return err // a rank did not come: nothing freed, and Close may be called again
+	}
+	gi.destroyed = true
+	return gi.comm.Free()
+}
+
+func (gi *groupImpl[E]) bufferBytes() (int, error) {
+	if err := gi.lock(); err != nil {
+		return 0, err
+	}
+	defer gi.mu.Unlock()
+	return gi.g.BufferBytes(), nil
+}
+
+// layoutFor checks that layout is one goep offers in the group's mode.
+func (gi *groupImpl[E]) layoutFor(layout C.goepEpLayout_t) error {
+	mode := gi.gc.cfg.Mode
+	switch {
+	case layout == C.GOEP_EP_LAYOUT_EXPERT_MAJOR && mode == ep.LowLatency, layout == C.GOEP_EP_LAYOUT_FLAT && mode == ep.HighThroughput:
+		return nil
+	case layout == C.GOEP_EP_LAYOUT_UNSET:
+		return invalidArgf("layout is GOEP_EP_LAYOUT_UNSET: choose GOEP_EP_LAYOUT_EXPERT_MAJOR (LL) or GOEP_EP_LAYOUT_FLAT (HT)")
+	case layout == C.GOEP_EP_LAYOUT_RANK_MAJOR, layout == C.GOEP_EP_LAYOUT_EXPERT_MAJOR:
+		return invalidUsagef("layout %s in %v mode is not offered by goep: LL groups take GOEP_EP_LAYOUT_EXPERT_MAJOR, HT groups GOEP_EP_LAYOUT_FLAT",
+			layoutName(layout), mode)
+	case layout == C.GOEP_EP_LAYOUT_FLAT:
+		return invalidUsagef("layout GOEP_EP_LAYOUT_FLAT is for HT groups; this is an LL group: use GOEP_EP_LAYOUT_EXPERT_MAJOR")
+	}
+	return invalidArgf("layout %d is not a goepEpLayout_t", int(layout))
+}
+
+func layoutName(l C.goepEpLayout_t) string {
+	switch l {
+	case C.GOEP_EP_LAYOUT_EXPERT_MAJOR:
+		return "GOEP_EP_LAYOUT_EXPERT_MAJOR"
+	case C.GOEP_EP_LAYOUT_RANK_MAJOR:
+		return "GOEP_EP_LAYOUT_RANK_MAJOR"
+	case C.GOEP_EP_LAYOUT_FLAT:
+		return "GOEP_EP_LAYOUT_FLAT"
+	}
+	return fmt.Sprintf("goepEpLayout_t(%d)", int(l))
+}
+
+func readHandleConfig(p *C.goepEpHandleConfig_t) error {
+	if p == nil {
+		return nil
+	}
+	if err := checkHeader("config", "goepEpHandleConfig_t", uint32(p.size), uint32(p.magic), C.GOEP_EP_HANDLE_CONFIG_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_HANDLE_CONFIG_INIT"); err != nil {
+		return err
+	}
+	if a := uint64(p.dispatch_output_per_expert_alignment); a > 1 {
+		return invalidUsagef("config.dispatch_output_per_expert_alignment = %d: it pads HT EXPERT_MAJOR zones, a layout goep does not offer (want 0 or 1)", a)
+	}
+	return nil
+}
+
+func (gi *groupImpl[E]) handleMemSize(layout C.goepEpLayout_t, cfg *C.goepEpHandleConfig_t, topk int) (int, error) {
+	if err := gi.lock(); err != nil {
+		return 0, err
+	}
+	defer gi.mu.Unlock()
+	if err := gi.layoutFor(layout); err != nil {
+		return 0, err
+	}
+	if err := readHandleConfig(cfg); err != nil {
+		return 0, err
+	}
+	K := gi.gc.cfg.TopK
+	if topk > 0 && topk != K {
+		return 0, invalidArgf("num_topk = %d, but the group's config.num_topk is %d", topk, K)
+	}
+	return gi.gc.cfg.MaxTokensPerRank * K * 4, nil // the copy of topk_idx, as int32
+}
+
+func (gi *groupImpl[E]) createHandle(layout C.goepEpLayout_t, topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t,
+	cfg *C.goepEpHandleConfig_t) (handle, error) {
+	if err := gi.lock(); err != nil {
+		return nil, err
+	}
+	defer gi.mu.Unlock()
+	if err := gi.layoutFor(layout); err != nil {
+		return nil, err
+	}
+	if err := readHandleConfig(cfg); err != nil {
+		return nil, err
+	}
+	if info != nil {
+		return nil, invalidUsagef("layout_info must be NULL: goep writes the layout counters at dispatch (pass layout_info to goepEpDispatch)")
+	}
+	t, err := need("topk_idx", topkDesc)
+	if err != nil {
+		return nil, err
+	}
+	K, maxT := gi.gc.cfg.TopK, gi.gc.cfg.MaxTokensPerRank
+	if err := t.want("[num_tokens, num_topk]", []dataType{dtInt32, dtInt64}, -1, K); err != nil {
+		return nil, err
+	}
+	T := t.shape[0]
+	if T > maxT {
+		return nil, invalidArgf("topk_idx has %d tokens (shape %s), more than config.max_dispatch_tokens_per_rank = %d", T, shapeString(t.shape), maxT)
+	}
+	topk := make([]int32, T*K)
+	if t.dtype == dtInt32 {
+		copy(topk, view[int32](t, T*K))
+	} else {
+		for i, e := range view[int64](t, T*K) {
+			topk[i] = int32(max(min(e, 1<<31-1), -1<<31))
+			if int64(topk[i]) != e {
+				return nil, invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/K, i%K, e, gi.gc.cfg.NumExperts)
+			}
+		}
+	}
+	if err := checkRouting(topk, K, gi.gc.cfg.NumExperts); err != nil {
+		return nil, err
+	}
+	return &handleImpl[E]{g: gi, layout: layout, T: T, topk: topk}, nil
+}
+
+// checkRouting checks the expert ids of [tokens][K] topk (in range or -1,
+// none twice in a token) when the handle is made, locally, so that a bad
+// one is this call's error and not a collective dispatch's. (ep checks them
+// again at dispatch.)
+func checkRouting(topk []int32, K, experts int) error {
+	for i, e := range topk {
+		if e < -1 || int(e) >= experts {
+			return invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/K, i%K, e, experts)
+		}
+		if e < 0 {
+			continue
+		}
+		for j := i - i%K; j < i; j++ {
+			if topk[j] == e {
+				return invalidArgf("topk_idx[%d] names expert %d twice (slots %d and %d)", i/K, e, j%K, i%K)
+			}
+		}
+	}
+	return nil
+}
+
+// noteMask sets the async error flag when a call masked a rank that was not
+// masked before (groups with enable_mask).
+func (gi *groupImpl[E]) noteMask() {
+	if !gi.gc.cfg.MaskStalledRanks {
+		return
+	}
+	for _, r := range gi.g.Masked() {
+		if !gi.known[r] {
+			gi.known[r] = true
+			gi.asyncErr = true
+		}
+	}
+}
+
+func (gi *groupImpl[E]) needMask(op string) error {
+	if !gi.gc.cfg.MaskStalledRanks {
+		return invalidUsagef("%s needs a group created with config.enable_mask = 1", op)
+	}
+	return nil
+}
+
+func (gi *groupImpl[E]) maskQuery(status []C.int) error {
+	if err := gi.lock(); err != nil {
+		return err
+	}
+	defer gi.mu.Unlock()
+	if err := gi.needMask("goepEpMaskQuery"); err != nil {
+		return err
+	}
+	for r := range status {
+		status[r] = 1
+	}
+	for _, r := range gi.g.Masked() {
+		status[r] = 0
+	}
+	return nil
+}
+
+func (gi *groupImpl[E]) maskUpdate(mask []C.int) error {
+	if err := gi.lock(); err != nil {
+		return err
+	}
+	defer gi.mu.Unlock()
+	if err := gi.needMask("goepEpMaskUpdate"); err != nil {
+		return err
+	}
+	var masked []int
+	for r, m := range mask {
+		switch m {
+		case 0:
+			masked = append(masked, r)
+		case 1:
+		default:
+			return invalidArgf("mask[%d] = %d: want 1 (active) or 0 (masked)", r, int(m))
+		}
+	}
+	return gi.setMask(masked)
+}
+
+func (gi *groupImpl[E]) maskClean() error {
+	if err := gi.lock(); err != nil {
+		return err
+	}
+	defer gi.mu.Unlock()
+	if err := gi.needMask("goepEpMaskClean"); err != nil {
+		return err
+	}
+	return gi.setMask(nil)
+}
+
+func (gi *groupImpl[E]) setMask(masked []int) error {
+	if err := gi.g.SetMask(masked); err != nil {
+		return err
+	}
+	for r := range gi.known {
+		gi.known[r] = slices.Contains(masked, r)
+	}
+	return nil
+}
+
+func (gi *groupImpl[E]) asyncError() (bool, error) {
+	if err := gi.lock(); err != nil {
+		return false, err
+	}
+	defer gi.mu.Unlock()
+	if err := gi.needMask("goepEpGetAsyncError"); err != nil {
+		return false, err
+	}
+	gi.noteMask()
+	return gi.asyncErr, nil
+}
+
+func (gi *groupImpl[E]) errorClear() error {
+	if err := gi.lock(); err != nil {
+		return err
+	}
+	defer gi.mu.Unlock()
+	if err := gi.needMask("goepEpErrorClear"); err != nil {
+		return err
+	}
+	gi.noteMask()
+	gi.asyncErr = false
+	return nil
+}

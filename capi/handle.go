@@ -1,0 +1,579 @@
+//go:build mpi
+
+package main
+
+/*
+#include "capi_internal.h"
+*/
+import "C"
+
+import (
+	"strconv"
+	"unsafe"
+
+	"github.com/goep/goep/ep"
+)
+
+// handleImpl is one step's routing (its copy of topk_idx) and the ep
+// handle of its latest dispatch.
+type handleImpl[E ep.Element] struct {
+	g      *groupImpl[E]
+	layout C.goepEpLayout_t
+	T      int
+	topk   []int32
+
+	eh         ep.Handle[E] // the latest completed dispatch
+	dispatched bool
+	number     uint64 // the group's dispatch count at eh's dispatch: its rows' lifetime
+	hasWeights bool   // a dispatch was given gate weights (LL combine may apply them)
+
+	// A send-only call waiting for goepEpComplete.
+	sentDispatch *sentDispatch[E]
+	sentCombine  *ep.CombineRequest[E]
+}
+
+// sentDispatch is a send-only dispatch and the outputs its completion writes.
+type sentDispatch[E ep.Element] struct {
+	req    ep.DispatchRequest[E]
+	out    dispatchOut
+	number uint64
+}
+
+// dispatchOut is a dispatch's checked outputs.
+type dispatchOut struct {
+	tokens, weights, topkIdx *tensor
+	expertCounts, total      *tensor
+	global                   bool // recv_topk_idx_kind GLOBAL
+}
+
+// lock takes the handle's group for a call.
+func (h *handleImpl[E]) lock() error { return h.g.lock() }
+
+func (h *handleImpl[E]) unlock() {
+	h.g.noteMask()
+	h.g.mu.Unlock()
+}
+
+func (h *handleImpl[E]) idle(op string) error {
+	switch {
+	case h.sentDispatch != nil:
+		return invalidUsagef("%s: the handle's send-only dispatch has not been completed: call goepEpComplete first", op)
+	case h.sentCombine != nil:
+		return invalidUsagef("%s: the handle's send-only combine has not been completed: call goepEpComplete first", op)
+	}
+	return nil
+}
+
+type dispatchConfig struct {
+	sendOnly, backward bool
+}
+
+func readDispatchConfig(p *C.goepEpDispatchConfig_t) (dispatchConfig, error) {
+	var c dispatchConfig
+	if p == nil {
+		return c, nil
+	}
+	if err := checkHeader("config", "goepEpDispatchConfig_t", uint32(p.size), uint32(p.magic), C.GOEP_EP_DISPATCH_CONFIG_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_CONFIG_INIT"); err != nil {
+		return c, err
+	}
+	switch {
+	case p.round_scales != 0:
+		return c, invalidUsagef("config.round_scales = %d: it rounds quantisation scales, and goep's C interface offers no quantisation recipe (want 0)", uint(p.round_scales))
+	case p.quantization_recipe != C.GOEP_EP_DISPATCH_QUANT_NONE:
+		return c, invalidUsagef("config.quantization_recipe = %d: only GOEP_EP_DISPATCH_QUANT_NONE is offered", int(p.quantization_recipe))
+	case p.pass_direction != C.GOEP_EP_FWD_PASS && p.pass_direction != C.GOEP_EP_BWD_PASS:
+		return c, invalidArgf("config.pass_direction = %d: want GOEP_EP_FWD_PASS (0) or GOEP_EP_BWD_PASS (1)", int(p.pass_direction))
+	}
+	c.sendOnly = p.send_only != 0
+	c.backward = p.pass_direction == C.GOEP_EP_BWD_PASS
+	return c, nil
+}
+
+func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t,
+	cfgp *C.goepEpDispatchConfig_t) error {
+	if err := h.lock(); err != nil {
+		return err
+	}
+	defer h.unlock()
+	if err := h.idle("dispatch"); err != nil {
+		return err
+	}
+	cfg, err := readDispatchConfig(cfgp)
+	if err != nil {
+		return err
+	}
+	x, weights, err := h.dispatchInputs(in)
+	if err != nil {
+		return err
+	}
+	o, err := h.dispatchOutputs(out, info)
+	if err != nil {
+		return err
+	}
+	ll := h.g.gc.cfg.Mode == ep.LowLatency
+	if cfg.backward && !ll {
+		switch {
+		case !h.dispatched:
+			return invalidUsagef("a backward (GOEP_EP_BWD_PASS) dispatch reuses the routing of an earlier dispatch of the handle, and this handle has none")
+		case weights != nil:
+			return invalidArgf("inputs->topk_weights must be NULL in a backward dispatch")
+		case o.weights != nil || o.topkIdx != nil:
+			return invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in a backward dispatch")
+		}
+	}
+	if !h.dispatched && weights == nil {
+		if !ll {
+			return invalidArgf("inputs->topk_weights is required by an HT handle's first dispatch ([num_tokens, num_topk] float32)")
+		}
+		weights = h.g.ones[:h.T*h.g.gc.cfg.TopK]
+	}
+	var req ep.DispatchRequest[E]
+	h.g.dispatches++ // even one that fails may have reused the receive buffer
+	number := h.g.dispatches
+	if h.dispatched {
+		req, err = h.g.g.DispatchCachedSend(h.eh, x, weights)
+	} else {
+		req, err = h.g.g.DispatchSend(x, h.topk, weights)
+	}
+	if err != nil {
+		return err
+	}
+	h.hasWeights = h.hasWeights || (weights != nil && in.topk_weights != nil)
+	if cfg.sendOnly {
+		h.sentDispatch = &sentDispatch[E]{req: req, out: o, number: number}
+		return nil
+	}
+	return h.finishDispatch(req, o, number)
+}
+
+func (h *handleImpl[E]) finishDispatch(req ep.DispatchRequest[E], o dispatchOut, number uint64) error {
+	eh, err := req.Wait()
+	if err != nil {
+		return err
+	}
+	h.eh, h.dispatched, h.number = eh, true, number
+	return h.writeOutputs(o)
+}
+
+// dispatchInputs checks the inputs: the tokens and the optional weights.
+func (h *handleImpl[E]) dispatchInputs(in *C.goepEpDispatchInputs_t) (ep.Tensor[E], []float32, error) {
+	var x ep.Tensor[E]
+	if in == nil {
+		return x, nil, invalidArgf("inputs is NULL")
+	}
+	if err := checkHeader("inputs", "goepEpDispatchInputs_t", uint32(in.size), uint32(in.magic), C.GOEP_EP_DISPATCH_INPUTS_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_INPUTS_INIT"); err != nil {
+		return x, nil, err
+	}
+	cfg := h.g.gc
+	H, K := cfg.cfg.Hidden, cfg.cfg.TopK
+	tok, err := need("inputs->tokens", in.tokens)
+	if err == nil {
+		err = tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{cfg.elem}, h.T, H)
+	}
+	if err != nil {
+		return x, nil, err
+	}
+	if in.scales != nil {
+		return x, nil, invalidUsagef("inputs->scales must be NULL: goep's C interface offers no quantisation recipe")
+	}
+	w, err := readTensor("inputs->topk_weights", in.topk_weights)
+	if err == nil && w != nil {
+		err = w.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, K)
+	}
+	if err != nil {
+		return x, nil, err
+	}
+	var weights []float32
+	if w != nil {
+		weights = view[float32](w, h.T*K)
+	}
+	return ep.Host(view[E](tok, h.T*H)), weights, nil
+}
+
+// dispatchOutputs checks the outputs and the layout info against the layout.
+func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t) (dispatchOut, error) {
+	var o dispatchOut
+	if out == nil {
+		return o, invalidArgf("outputs is NULL")
+	}
+	if err := checkHeader("outputs", "goepEpDispatchOutputs_t", uint32(out.size), uint32(out.magic), C.GOEP_EP_DISPATCH_OUTPUTS_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_OUTPUTS_INIT"); err != nil {
+		return o, err
+	}
+	gc := h.g.gc
+	R, L := h.g.g.Size(), h.g.g.LocalExperts()
+	H, K, maxT := gc.cfg.Hidden, gc.cfg.TopK, gc.cfg.MaxTokensPerRank
+	ll := gc.cfg.Mode == ep.LowLatency
+	var err error
+	// outputs->tokens NULL: the rows stay in the group's buffer, read in
+	// place through goepEpHandleRecvTokens.
+	if o.tokens, err = readTensor("outputs->tokens", out.tokens); err != nil {
+		return o, err
+	}
+	if out.scales != nil {
+		return o, invalidUsagef("outputs->scales must be NULL: goep's C interface offers no quantisation recipe")
+	}
+	if ll {
+		if o.tokens != nil {
+			if err := o.tokens.want("[local_experts, nranks * max_dispatch_tokens_per_rank, hidden]", []dataType{gc.elem}, L, R*maxT, H); err != nil {
+				return o, err
+			}
+		}
+		if out.topk_weights != nil || out.topk_idx != nil {
+			return o, invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in the LL EXPERT_MAJOR layout (a row's expert is its block; combine applies the weights)")
+		}
+	} else {
+		if o.tokens != nil {
+			if err := o.tokens.want("[slots, hidden]", []dataType{gc.elem}, -1, H); err != nil {
+				return o, err
+			}
+		}
+		if o.weights, err = readTensor("outputs->topk_weights", out.topk_weights); err == nil && o.weights != nil {
+			err = o.weights.want("[slots, num_topk]", []dataType{dtFloat32}, -1, K)
+		}
+		if err != nil {
+			return o, err
+		}
+		if o.topkIdx, err = readTensor("outputs->topk_idx", out.topk_idx); err == nil && o.topkIdx != nil {
+			err = o.topkIdx.want("[slots, num_topk]", []dataType{dtInt32, dtInt64}, -1, K)
+		}
+		if err != nil {
+			return o, err
+		}
+	}
+	if info == nil {
+		if ll {
+			return o, invalidArgf("layout_info is required by an LL EXPERT_MAJOR dispatch: its expert_counters say how many rows of each expert are valid")
+		}
+		return o, nil
+	}
+	if err := checkHeader("layout_info", "goepEpLayoutInfo_t", uint32(info.size), uint32(info.magic), C.GOEP_EP_LAYOUT_INFO_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_LAYOUT_INFO_INIT"); err != nil {
+		return o, err
+	}
+	switch {
+	case info.src_rank_counters != nil:
+		return o, invalidUsagef("layout_info->src_rank_counters is for the RANK_MAJOR layout, which goep does not offer: leave it NULL")
+	case info.expert_offsets != nil:
+		return o, invalidUsagef("layout_info->expert_offsets is for the HT EXPERT_MAJOR layout, which goep does not offer: leave it NULL")
+	}
+	switch info.recv_topk_idx_kind {
+	case C.GOEP_EP_EXPERT_ID_AUTO, C.GOEP_EP_EXPERT_ID_LOCAL:
+	case C.GOEP_EP_EXPERT_ID_GLOBAL:
+		o.global = true
+	default:
+		return o, invalidArgf("layout_info->recv_topk_idx_kind = %d: want AUTO (0), LOCAL (1) or GLOBAL (2)", int(info.recv_topk_idx_kind))
+	}
+	if o.expertCounts, err = readTensor("layout_info->expert_counters", info.expert_counters); err == nil && o.expertCounts != nil {
+		err = o.expertCounts.want("[local_experts]", []dataType{dtInt32, dtInt64}, L)
+	}
+	if err != nil {
+		return o, err
+	}
+	if ll && o.expertCounts == nil {
+		return o, invalidArgf("layout_info->expert_counters is required by an LL EXPERT_MAJOR dispatch ([local_experts] int32)")
+	}
+	if o.total, err = readTensor("layout_info->recv_total_counter", info.recv_total_counter); err == nil && o.total != nil {
+		err = o.total.want("[1]", []dataType{dtInt32, dtInt64}, 1)
+	}
+	return o, err
+}
+
+// writeOutputs copies what the dispatch received into the caller's outputs,
+// after checking that they hold it: nothing is written otherwise.
+func (h *handleImpl[E]) writeOutputs(o dispatchOut) error {
+	gc := h.g.gc
+	H, K := gc.cfg.Hidden, gc.cfg.TopK
+	counts := h.eh.ExpertCounts()
+	n := h.eh.NumRecv()
+	// With o.tokens nil the rows stay where they are (goepEpHandleRecvTokens).
+	if gc.cfg.Mode == ep.LowLatency {
+		span := h.g.g.Size() * gc.cfg.MaxTokensPerRank * H
+		if o.tokens != nil {
+			recv, dst := h.eh.Recv().Host(), view[E](o.tokens, o.tokens.elems)
+			for l, c := range counts {
+				copy(dst[l*span:l*span+c*H], recv[l*span:l*span+c*H])
+			}
+		}
+	} else {
+		max := "config.max_recv_tokens_per_rank rows always do"
+		for _, t := range []*tensor{o.tokens, o.weights, o.topkIdx} {
+			if t != nil {
+				if err := t.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows: "+max); err != nil {
+					return err
+				}
+			}
+		}
+		if o.tokens != nil {
+			copy(view[E](o.tokens, n*H), h.eh.Recv().Host()[:n*H])
+		}
+		if o.weights != nil {
+			copy(view[float32](o.weights, n*K), h.eh.RecvWeights().Host()[:n*K])
+		}
+		if o.topkIdx != nil {
+			base := int32(0)
+			if o.global {
+				base = int32(h.g.g.Rank() * h.g.g.LocalExperts())
+			}
+			ids := h.eh.RecvTopK().Host()[:n*K]
+			if o.topkIdx.dtype == dtInt32 {
+				dst := view[int32](o.topkIdx, n*K)
+				for i, e := range ids {
+					dst[i] = shift(e, base)
+				}
+			} else {
+				dst := view[int64](o.topkIdx, n*K)
+				for i, e := range ids {
+					dst[i] = int64(shift(e, base))
+				}
+			}
+		}
+	}
+	if o.expertCounts != nil {
+		writeInts(o.expertCounts, counts)
+	}
+	if o.total != nil {
+		writeInts(o.total, []int{n})
+	}
+	return nil
+}
+
+func shift(e, base int32) int32 {
+	if e < 0 {
+		return -1
+	}
+	return e + base
+}
+
+// writeInts writes v into an int32 or int64 tensor of len(v) elements.
+func writeInts(t *tensor, v []int) {
+	if t.dtype == dtInt32 {
+		dst := view[int32](t, len(v))
+		for i, x := range v {
+			dst[i] = int32(x)
+		}
+		return
+	}
+	dst := view[int64](t, len(v))
+	for i, x := range v {
+		dst[i] = int64(x)
+	}
+}
+
+type combineConfig struct {
+	sendOnly, backward bool
+}
+
+func readCombineConfig(p *C.goepEpCombineConfig_t) (combineConfig, error) {
+	var c combineConfig
+	if p == nil {
+		return c, nil
+	}
+	if err := checkHeader("config", "goepEpCombineConfig_t", uint32(p.size), uint32(p.magic), C.GOEP_EP_COMBINE_CONFIG_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_CONFIG_INIT"); err != nil {
+		return c, err
+	}
+	switch {
+	case p.quantization_recipe != C.GOEP_EP_COMBINE_QUANT_NONE:
+		return c, invalidUsagef("config.quantization_recipe = %d: only GOEP_EP_COMBINE_QUANT_NONE is offered", int(p.quantization_recipe))
+	case p.pass_direction != C.GOEP_EP_FWD_PASS && p.pass_direction != C.GOEP_EP_BWD_PASS:
+		return c, invalidArgf("config.pass_direction = %d: want GOEP_EP_FWD_PASS (0) or GOEP_EP_BWD_PASS (1)", int(p.pass_direction))
+	}
+	c.sendOnly = p.send_only != 0
+	c.backward = p.pass_direction == C.GOEP_EP_BWD_PASS
+	return c, nil
+}
+
+func (h *handleImpl[E]) combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombineOutputs_t, cfgp *C.goepEpCombineConfig_t) error {
+	if err := h.lock(); err != nil {
+		return err
+	}
+	defer h.unlock()
+	if err := h.idle("combine"); err != nil {
+		return err
+	}
+	if !h.dispatched {
+		return invalidUsagef("the handle has not been dispatched: goepEpDispatch (and goepEpComplete after a send-only one) comes first")
+	}
+	cfg, err := readCombineConfig(cfgp)
+	if err != nil {
+		return err
+	}
+	y, outTok, opts, err := h.combineArgs(in, out, cfg)
+	if err != nil {
+		return err
+	}
+	req, err := h.g.g.CombineSend(h.eh, y, outTok, opts)
+	if err != nil {
+		return err
+	}
+	if cfg.sendOnly {
+		h.sentCombine = &req
+		return nil
+	}
+	return req.Wait()
+}
+
+// combineArgs checks a combine's tensors and makes ep's arguments of them.
+func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCombineOutputs_t, cfg combineConfig) (y, outTok ep.Tensor[E],
+	opts *ep.CombineOptions, err error) {
+	if in == nil {
+		return y, outTok, nil, invalidArgf("inputs is NULL")
+	}
+	if out == nil {
+		return y, outTok, nil, invalidArgf("outputs is NULL")
+	}
+	if err := checkHeader("inputs", "goepEpCombineInputs_t", uint32(in.size), uint32(in.magic), C.GOEP_EP_COMBINE_INPUTS_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_INPUTS_INIT"); err != nil {
+		return y, outTok, nil, err
+	}
+	if err := checkHeader("outputs", "goepEpCombineOutputs_t", uint32(out.size), uint32(out.magic), C.GOEP_EP_COMBINE_OUTPUTS_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_OUTPUTS_INIT"); err != nil {
+		return y, outTok, nil, err
+	}
+	gc := h.g.gc
+	R, L := h.g.g.Size(), h.g.g.LocalExperts()
+	H, K, maxT := gc.cfg.Hidden, gc.cfg.TopK, gc.cfg.MaxTokensPerRank
+	ll := gc.cfg.Mode == ep.LowLatency
+	n := h.eh.NumRecv()
+	tok, err := need("inputs->tokens", in.tokens)
+	if err != nil {
+		return y, outTok, nil, err
+	}
+	rows := n
+	if ll {
+		rows = L * R * maxT
+		err = tok.want("[local_experts, nranks * max_dispatch_tokens_per_rank, hidden] (as the dispatch's outputs->tokens)", []dataType{gc.elem}, L, R*maxT, H)
+	} else if err = tok.want("[slots, hidden] (as the dispatch's outputs->tokens)", []dataType{gc.elem}, -1, H); err == nil {
+		err = tok.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows in the dispatch")
+	}
+	if err != nil {
+		return y, outTok, nil, err
+	}
+	o, err := need("outputs->tokens", out.tokens)
+	if err == nil {
+		err = o.want("[num_tokens of the handle, hidden]", []dataType{gc.elem}, h.T, H)
+	}
+	if err != nil {
+		return y, outTok, nil, err
+	}
+	inW, err := readTensor("inputs->topk_weights", in.topk_weights)
+	if err != nil {
+		return y, outTok, nil, err
+	}
+	outW, err := readTensor("outputs->topk_weights", out.topk_weights)
+	if err == nil && outW != nil {
+		err = outW.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, K)
+	}
+	if err != nil {
+		return y, outTok, nil, err
+	}
+	opts = &ep.CombineOptions{}
+	if ll {
+		if inW != nil {
+			return y, outTok, nil, invalidArgf("inputs->topk_weights is for HT combines; an LL combine takes the weights it applies in outputs->topk_weights")
+		}
+		if outW != nil {
+			opts.WeightsOverride = view[float32](outW, h.T*K)
+		} else if !h.hasWeights {
+			return y, outTok, nil, invalidArgf("an LL combine applies the gate weights: give them in outputs->topk_weights ([num_tokens, num_topk] float32), or in the dispatch's inputs->topk_weights")
+		}
+	} else {
+		if inW != nil {
+			if err := inW.want("[slots, num_topk]", []dataType{dtFloat32}, -1, K); err != nil {
+				return y, outTok, nil, err
+			}
+			if err := inW.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows in the dispatch"); err != nil {
+				return y, outTok, nil, err
+			}
+		}
+		switch {
+		case (inW == nil) != (outW == nil):
+			return y, outTok, nil, invalidArgf("give inputs->topk_weights and outputs->topk_weights together (values per received row and slot, summed back to each token's slots), or neither")
+		case cfg.backward && inW == nil:
+			return y, outTok, nil, invalidArgf("a backward (GOEP_EP_BWD_PASS) HT combine needs inputs->topk_weights and outputs->topk_weights")
+		case inW != nil:
+			opts.RowValues = ep.Host(view[float32](inW, n*K))
+			opts.SlotValues = ep.Host(view[float32](outW, h.T*K))
+		}
+	}
+	return ep.Host(view[E](tok, rows*H)), ep.Host(view[E](o, h.T*H)), opts, nil
+}
+
+func (h *handleImpl[E]) complete(cfg *C.goepEpCompleteConfig_t) error {
+	if err := h.lock(); err != nil {
+		return err
+	}
+	defer h.unlock()
+	if cfg != nil {
+		if err := checkHeader("config", "goepEpCompleteConfig_t", uint32(cfg.size), uint32(cfg.magic), C.GOEP_EP_COMPLETE_CONFIG_V1_SIZE,
+			C.GOEP_EP_MAGIC, "GOEP_EP_COMPLETE_CONFIG_INIT"); err != nil {
+			return err
+		}
+	}
+	if s := h.sentDispatch; s != nil {
+		h.sentDispatch = nil
+		return h.finishDispatch(s.req, s.out, s.number)
+	}
+	if req := h.sentCombine; req != nil {
+		h.sentCombine = nil
+		return req.Wait()
+	}
+	return nil
+}
+
+// recvTokens describes, in v, the rows the handle's latest dispatch received,
+// where they are: in the group's buffer (goepEpHandleRecvTokens).
+func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
+	if err := h.lock(); err != nil {
+		return err
+	}
+	defer h.unlock()
+	if v == nil {
+		return invalidArgf("tokens is NULL")
+	}
+	if err := checkHeader("tokens", "goepEpTensor_t", uint32(v.size), uint32(v.magic), C.GOEP_EP_TENSOR_V1_SIZE,
+		C.GOEP_EP_TENSOR_MAGIC, "GOEP_EP_TENSOR_INIT"); err != nil {
+		return err
+	}
+	if v.sizes == nil {
+		return invalidArgf("tokens->sizes is NULL: point it at 3 size_t of yours, which the call fills")
+	}
+	if err := h.idle("goepEpHandleRecvTokens"); err != nil {
+		return err
+	}
+	if !h.dispatched {
+		return invalidUsagef("the handle has not been dispatched")
+	}
+	gc := h.g.gc
+	ll := gc.cfg.Mode == ep.LowLatency
+	// LL rows stay until the second dispatch after theirs, HT rows until the next.
+	if later := h.g.dispatches - h.number; (ll && later > 1) || (!ll && later > 0) {
+		return invalidUsagef("the handle's rows are gone: %d later dispatches of the group reused the buffer they were in", later)
+	}
+	rows := h.eh.Recv().Host()
+	if rows == nil {
+		return invalidUsagef("the handle's rows are gone: its record has been reused by later dispatches")
+	}
+	H := gc.cfg.Hidden
+	dims := []int{len(rows) / H, H}
+	if ll {
+		dims = []int{h.g.g.LocalExperts(), h.g.g.Size() * gc.cfg.MaxTokensPerRank, H}
+	}
+	sizes := unsafe.Slice(v.sizes, len(dims))
+	for i, d := range dims {
+		// the caller's array, declared const in the descriptor for the calls that only read it
+		*(*C.size_t)(unsafe.Pointer(&sizes[i])) = C.size_t(d)
+	}
+	v.ndim = C.uint(len(dims))
+	v.datatype = C.goepEpDataType_t(gc.elem)
+	v.data = nil
+	if len(rows) > 0 {
+		// The CPU engine's receive buffer is MPI shared memory, not Go memory:
+		// C may keep its address.
+		v.data = unsafe.Pointer(unsafe.SliceData(rows))
+	}
+	return nil
+}

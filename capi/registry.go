@@ -1,0 +1,125 @@
+//go:build mpi
+
+package main
+
+/*
+#include "capi_internal.h"
+*/
+import "C"
+
+import (
+	"sync"
+	"unsafe"
+)
+
+// The registry maps the numbers handed out as goepEpGroup_t and
+// goepEpHandle_t to the objects behind them, so that C never holds a Go
+// pointer and a destroyed or made-up handle is an error, not a crash. Numbers
+// are never reused.
+var reg = struct {
+	sync.Mutex
+	next    uint64
+	groups  map[uint64]group
+	handles map[uint64]handle
+	// handleGroup is the group of each live handle, so that destroying a
+	// group ends its handles.
+	handleGroup map[uint64]uint64
+}{next: 0x6e0, groups: map[uint64]group{}, handles: map[uint64]handle{}, handleGroup: map[uint64]uint64{}}
+
+// group is a group of either element type, as the exported functions use it.
+type group interface {
+	createHandle(layout C.goepEpLayout_t, topk *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t, cfg *C.goepEpHandleConfig_t) (handle, error)
+	handleMemSize(layout C.goepEpLayout_t, cfg *C.goepEpHandleConfig_t, topk int) (int, error)
+	destroy() error
+	bufferBytes() (int, error)
+	maskQuery(status []C.int) error
+	maskUpdate(mask []C.int) error
+	maskClean() error
+	asyncError() (bool, error)
+	errorClear() error
+	size() int
+	bench(x, topk, weights unsafe.Pointer, tokens int, roundUS []float64) error
+}
+
+// handle is a handle of either element type.
+type handle interface {
+	dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t, cfg *C.goepEpDispatchConfig_t) error
+	combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombineOutputs_t, cfg *C.goepEpCombineConfig_t) error
+	complete(cfg *C.goepEpCompleteConfig_t) error
+	recvTokens(v *C.goepEpTensor_t) error
+}
+
+func newID() uint64 {
+	reg.next++
+	return reg.next
+}
+
+func addGroup(g group) uint64 {
+	reg.Lock()
+	defer reg.Unlock()
+	id := newID()
+	reg.groups[id] = g
+	return id
+}
+
+func addHandle(h handle, groupID uint64) uint64 {
+	reg.Lock()
+	defer reg.Unlock()
+	id := newID()
+	reg.handles[id] = h
+	reg.handleGroup[id] = groupID
+	return id
+}
+
+func lookupGroup(g C.goepEpGroup_t) (group, uint64, error) {
+	id := uint64(C.goep_ep_group_id(g))
+	reg.Lock()
+	defer reg.Unlock()
+	if gr, ok := reg.groups[id]; ok {
+		return gr, id, nil
+	}
+	if g == nil {
+		return nil, 0, invalidArgf("the group is NULL")
+	}
+	return nil, 0, invalidArgf("group %#x is not a live group (destroyed, or never created by goepEpCreateGroup)", id)
+}
+
+func lookupHandle(h C.goepEpHandle_t) (handle, error) {
+	id := uint64(C.goep_ep_handle_id(h))
+	reg.Lock()
+	defer reg.Unlock()
+	if hd, ok := reg.handles[id]; ok {
+		return hd, nil
+	}
+	if h == nil {
+		return nil, invalidArgf("the handle is NULL")
+	}
+	return nil, invalidArgf("handle %#x is not a live handle (destroyed, its group destroyed, or never created by goepEpCreateHandle)", id)
+}
+
+func removeGroup(id uint64) {
+	reg.Lock()
+	defer reg.Unlock()
+	delete(reg.groups, id)
+	for h, g := range reg.handleGroup {
+		if g == id {
+			delete(reg.handles, h)
+			delete(reg.handleGroup, h)
+		}
+	}
+}
+
+func removeHandle(h C.goepEpHandle_t) error {
+	id := uint64(C.goep_ep_handle_id(h))
+	reg.Lock()
+	defer reg.Unlock()
+	if _, ok := reg.handles[id]; !ok {
+		if h == nil {
+			return invalidArgf("the handle is NULL")
+		}
+		return invalidArgf("handle %#x is not a live handle (destroyed, its group destroyed, or never created by goepEpCreateHandle)", id)
+	}
+	delete(reg.handles, id)
+	delete(reg.handleGroup, id)
+	return nil
+}

@@ -1,0 +1,190 @@
+//go:build mpi
+
+package main
+
+/*
+#include "capi_internal.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"strings"
+	"unsafe"
+)
+
+// dataType is a goepEpDataType_t.
+type dataType int
+
+const (
+	dtInt8     dataType = C.goepEpInt8
+	dtUint8    dataType = C.goepEpUint8
+	dtInt32    dataType = C.goepEpInt32
+	dtUint32   dataType = C.goepEpUint32
+	dtInt64    dataType = C.goepEpInt64
+	dtUint64   dataType = C.goepEpUint64
+	dtFloat16  dataType = C.goepEpFloat16
+	dtFloat32  dataType = C.goepEpFloat32
+	dtFloat64  dataType = C.goepEpFloat64
+	dtBfloat16 dataType = C.goepEpBfloat16
+)
+
+var dataTypes = map[dataType]struct {
+	name string
+	size int
+}{
+	dtInt8: {"int8", 1}, dtUint8: {"uint8", 1}, dtInt32: {"int32", 4}, dtUint32: {"uint32", 4},
+	dtInt64: {"int64", 8}, dtUint64: {"uint64", 8}, dtFloat16: {"float16", 2}, dtFloat32: {"float32", 4},
+	dtFloat64: {"float64", 8}, dtBfloat16: {"bfloat16", 2},
+}
+
+func (d dataType) String() string {
+	if t, ok := dataTypes[d]; ok {
+		return t.name
+	}
+	return fmt.Sprintf("goepEpDataType_t(%d)", int(d))
+}
+
+// size is the element size in bytes (0 for an unknown type).
+func (d dataType) size() int { return dataTypes[d].size }
+
+// maxDims bounds a tensor's ndim; maxBytes its size (far beyond any host).
+const (
+	maxDims  = 8
+	maxBytes = 1 << 48
+)
+
+// tensor is a checked goepEpTensor_t: the caller's memory, never copied.
+type tensor struct {
+	name  string // where it was passed, e.g. "inputs->tokens"
+	dtype dataType
+	shape []int
+	data  unsafe.Pointer
+	elems int
+}
+
+// readTensor checks the descriptor p ("name" in messages): size and magic,
+// element type, extents and data pointer. A nil p is (nil, nil): not given.
+func readTensor(name string, p *C.goepEpTensor_t) (*tensor, error) {
+	if p == nil {
+		return nil, nil
+	}
+	if err := checkHeader(name, "goepEpTensor_t", uint32(p.size), uint32(p.magic), C.GOEP_EP_TENSOR_V1_SIZE,
+		C.GOEP_EP_TENSOR_MAGIC, "GOEP_EP_TENSOR_INIT"); err != nil {
+		return nil, err
+	}
+	t := &tensor{name: name, dtype: dataType(p.datatype), data: p.data}
+	if t.dtype.size() == 0 {
+		return nil, invalidArgf("%s has datatype %d, which is not a goepEpDataType_t", name, int(p.datatype))
+	}
+	nd := int(p.ndim)
+	if nd < 1 || nd > maxDims {
+		return nil, invalidArgf("%s has ndim = %d, want 1 to %d", name, nd, maxDims)
+	}
+	if p.sizes == nil {
+		return nil, invalidArgf("%s has ndim = %d but sizes is NULL", name, nd)
+	}
+	t.shape = make([]int, nd)
+	elems := 1
+	for i, s := range unsafe.Slice(p.sizes, nd) {
+		if uint64(s) > maxBytes {
+			return nil, invalidArgf("%s has sizes[%d] = %d: too large", name, i, uint64(s))
+		}
+		t.shape[i] = int(s)
+		elems *= int(s)
+		if elems*t.dtype.size() > maxBytes {
+			return nil, invalidArgf("%s has shape %s: too large", name, shapeString(t.shape[:i+1]))
+		}
+	}
+	t.elems = elems
+	if t.data == nil && elems > 0 {
+		return nil, invalidArgf("%s has shape %s but data is NULL", name, shapeString(t.shape))
+	}
+	return t, nil
+}
+
+// need is a required tensor: nil is an error.
+func need(name string, p *C.goepEpTensor_t) (*tensor, error) {
+	if p == nil {
+		return nil, invalidArgf("%s is required (it is NULL)", name)
+	}
+	return readTensor(name, p)
+}
+
+// want checks the element type (one of types), the data's alignment to it,
+// and the shape: dims[i] < 0
+// accepts any extent; what names the dimensions, e.g. "[num_tokens, hidden]".
+func (t *tensor) want(what string, types []dataType, dims ...int) error {
+	ok := false
+	for _, d := range types {
+		ok = ok || t.dtype == d
+	}
+	if !ok {
+		names := make([]string, len(types))
+		for i, d := range types {
+			names[i] = d.String()
+		}
+		return invalidArgf("%s has datatype %s, want %s", t.name, t.dtype, strings.Join(names, " or "))
+	}
+	if uintptr(t.data)%uintptr(t.dtype.size()) != 0 {
+		return invalidArgf("%s: data %p is not aligned to its %d-byte %s elements", t.name, t.data, t.dtype.size(), t.dtype)
+	}
+	match := len(t.shape) == len(dims)
+	for i := 0; match && i < len(dims); i++ {
+		match = dims[i] < 0 || dims[i] == t.shape[i]
+	}
+	if !match {
+		return invalidArgf("%s has shape %s, want %s = %s", t.name, shapeString(t.shape), what, wantString(dims))
+	}
+	return nil
+}
+
+// atLeastRows checks that a [rows, ...] tensor has at least n rows.
+func (t *tensor) atLeastRows(n int, why string) error {
+	if t.shape[0] < n {
+		return invalidArgf("%s has %d rows (shape %s) but %s", t.name, t.shape[0], shapeString(t.shape), why)
+	}
+	return nil
+}
+
+func shapeString(s []int) string {
+	parts := make([]string, len(s))
+	for i, n := range s {
+		parts[i] = fmt.Sprint(n)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+func wantString(dims []int) string {
+	parts := make([]string, len(dims))
+	for i, n := range dims {
+		if n < 0 {
+			parts[i] = "any"
+		} else {
+			parts[i] = fmt.Sprint(n)
+		}
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// view is the first n elements of t's memory as a Go slice (no copy).
+func view[T any](t *tensor, n int) []T {
+	if n == 0 {
+		return []T{}
+	}
+	return unsafe.Slice((*T)(t.data), n)
+}
+
+// checkHeader checks a versioned struct's size and magic. min is the size of
+// its first version: a smaller one is not this struct; a larger one is a
+// newer caller's, whose tail is ignored.
+func checkHeader(name, typ string, size, magic, min, wantMagic uint32, init string) error {
+	if magic != wantMagic {
+		return invalidArgf("%s (%s) has magic 0x%08x, want 0x%08x: initialise it with %s", name, typ, magic, wantMagic, init)
+	}
+	if size < min {
+		return invalidArgf("%s (%s) has size %d, want at least %d (sizeof(%s) in API version 1): initialise it with %s",
+			name, typ, size, min, typ, init)
+	}
+	return nil
+}

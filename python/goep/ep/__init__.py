@@ -1,0 +1,76 @@
+"""goep.ep: expert-parallel dispatch and combine over MPI, shaped after NCCL
+EP's ``nccl.ep`` so that a program written for it ports by changing its
+imports and its device buffers to numpy arrays::
+
+    from mpi4py import MPI
+    import goep.ep as nccl_ep
+
+    group = nccl_ep.Group.create(MPI.COMM_WORLD, nccl_ep.GroupConfig(
+        algorithm=nccl_ep.Algorithm.LOW_LATENCY, num_experts=..., num_topk=...,
+        max_dispatch_tokens_per_rank=..., max_token_bytes=hidden * 2))
+    handle = group.create_handle(nccl_ep.Layout.EXPERT_MAJOR, topk_idx)
+    handle.dispatch(nccl_ep.DispatchInputs(tokens=x, topk_weights=w),
+                    nccl_ep.DispatchOutputs(tokens=recv),
+                    layout_info=nccl_ep.LayoutInfo(expert_counters=counts))
+    handle.combine(nccl_ep.CombineInputs(tokens=expert_out),
+                   nccl_ep.CombineOutputs(tokens=out, topk_weights=w))
+    handle.destroy(); group.destroy()
+
+It calls goep's C library (libgoep_ep.so) through ctypes; docs/capi.md
+describes both.
+"""
+
+from goep.ep._lib import path as _lib_path
+from goep.ep.enums import (
+    Algorithm,
+    CombineQuantizationRecipe,
+    DataType,
+    DispatchQuantizationRecipe,
+    ExpertIdKind,
+    Layout,
+    PassDir,
+    Result,
+)
+from goep.ep.errors import NCCLError, NcclInvalid, NcclMasked, NcclRemoteError, NcclTimeout
+from goep.ep.group import Group, GroupConfig, MemInfo, buffer_plan
+from goep.ep.handle import (
+    CombineConfig,
+    CombineInputs,
+    CombineOutputs,
+    DispatchConfig,
+    DispatchInputs,
+    DispatchOutputs,
+    Handle,
+    HandleConfig,
+    LayoutInfo,
+)
+from goep.ep.tensor import Tensor
+
+BFLOAT16 = DataType.BFLOAT16
+FLOAT32 = DataType.FLOAT32
+INT32 = DataType.INT32
+INT64 = DataType.INT64
+
+__all__ = [
+    "Algorithm", "BFLOAT16", "CombineConfig", "CombineInputs", "CombineOutputs", "CombineQuantizationRecipe",
+    "DataType", "DispatchConfig", "DispatchInputs", "DispatchOutputs", "DispatchQuantizationRecipe", "ExpertIdKind",
+    "FLOAT32", "Group", "GroupConfig", "Handle", "HandleConfig", "INT32", "INT64", "Layout", "LayoutInfo", "MemInfo",
+    "NCCLError", "NcclInvalid", "NcclMasked", "NcclRemoteError", "NcclTimeout", "PassDir", "Result", "Tensor",
+    "buffer_plan", "get_lib_path", "get_lib_version",
+]
+
+
+def get_lib_version() -> tuple[int, int, int]:
+    """The loaded library's version (major, minor, patch)."""
+    import ctypes
+
+    from goep.ep import _lib
+
+    v = ctypes.c_int()
+    _lib.call("goepEpGetVersion", ctypes.byref(v))
+    return v.value // 10000, v.value // 100 % 100, v.value % 100
+
+
+def get_lib_path():
+    """The path of the loaded libgoep_ep.so."""
+    return _lib_path

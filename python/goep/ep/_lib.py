@@ -1,0 +1,184 @@
+"""The C library (libgoep_ep.so) through ctypes: its structs and functions.
+
+The struct layouts below mirror goep_ep.h; at import they are checked against
+the library's own sizes (goepEpStructSize), so that a mismatch fails at once
+instead of corrupting memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import POINTER, Structure, c_char_p, c_double, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from pathlib import Path
+
+from goep.ep.errors import raise_for
+
+MAGIC = 0x60E9E9A1
+TENSOR_MAGIC = 0x60E97E50
+API_VERSION = 1
+LIB_NAME = "libgoep_ep.so"
+
+
+def _candidates() -> list[Path]:
+    here = Path(__file__).resolve().parent
+    paths = []
+    if os.environ.get("GOEP_EP_LIB"):
+        paths.append(Path(os.environ["GOEP_EP_LIB"]))
+    paths.append(here / LIB_NAME)  # installed by pip with the package
+    paths.append(here.parents[2] / "bin" / "capi" / LIB_NAME)  # a checkout after `make capi`
+    return paths
+
+
+def find_library() -> Path:
+    """The library this package loads: $GOEP_EP_LIB, the one installed with
+    the package, or bin/capi/ of the checkout it runs from."""
+    tried = _candidates()
+    for p in tried:
+        if p.is_file():
+            return p
+    raise ImportError(
+        f"goep.ep: {LIB_NAME} not found (tried {', '.join(str(p) for p in tried)}): "
+        "install the package (pip install ./python builds it) or run `make capi` and set GOEP_EP_LIB"
+    )
+
+
+class Tensor_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("ndim", c_uint), ("datatype", c_int),
+                ("data", c_void_p), ("sizes", POINTER(c_size_t))]
+
+
+_TP = POINTER(Tensor_c)
+
+
+class GroupConfig_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("version", c_uint), ("algorithm", c_int),
+                ("num_experts", c_uint), ("max_dispatch_tokens_per_rank", c_uint),
+                ("max_recv_tokens_per_rank", c_uint), ("max_token_bytes", c_uint), ("num_topk", c_uint),
+                ("datatype", c_int), ("enable_mask", c_uint), ("padding_v1", c_uint), ("timeout_ns", c_uint64)]
+
+
+class LayoutInfo_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("expert_counters", _TP), ("src_rank_counters", _TP),
+                ("expert_offsets", _TP), ("recv_total_counter", _TP), ("recv_topk_idx_kind", c_int),
+                ("padding_v1", ctypes.c_ubyte * 4)]
+
+
+class DispatchInputs_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP), ("scales", _TP)]
+
+
+class DispatchOutputs_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP), ("scales", _TP),
+                ("topk_idx", _TP)]
+
+
+class CombineInputs_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP)]
+
+
+class CombineOutputs_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP)]
+
+
+class HandleConfig_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("dispatch_output_per_expert_alignment", c_size_t)]
+
+
+class DispatchConfig_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("send_only", c_uint), ("round_scales", c_uint),
+                ("pass_direction", c_int), ("quantization_recipe", c_int)]
+
+
+class CombineConfig_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("send_only", c_uint), ("pass_direction", c_int),
+                ("quantization_recipe", c_int)]
+
+
+class CompleteConfig_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint)]
+
+
+class MemInfo_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("shared_per_rank", c_uint64), ("window_per_rank", c_uint64),
+                ("copies_per_rank", c_uint64), ("per_node", c_uint64), ("ranks_per_node", c_uint),
+                ("padding_v1", c_uint)]
+
+
+_STRUCTS = {
+    "goepEpTensor_t": Tensor_c, "goepEpGroupConfig_t": GroupConfig_c, "goepEpLayoutInfo_t": LayoutInfo_c,
+    "goepEpDispatchInputs_t": DispatchInputs_c, "goepEpDispatchOutputs_t": DispatchOutputs_c,
+    "goepEpCombineInputs_t": CombineInputs_c, "goepEpCombineOutputs_t": CombineOutputs_c,
+    "goepEpHandleConfig_t": HandleConfig_c, "goepEpDispatchConfig_t": DispatchConfig_c,
+    "goepEpCombineConfig_t": CombineConfig_c, "goepEpCompleteConfig_t": CompleteConfig_c, "goepEpMemInfo_t": MemInfo_c,
+}
+
+
+def new(cls, magic: int = MAGIC, **fields):
+    """A struct with its size and magic set, as the C INIT macros make it."""
+    s = cls(**fields)
+    s.size = ctypes.sizeof(cls)
+    s.magic = magic
+    return s
+
+
+def comm_type():
+    """The ctypes type of MPI_Comm: a pointer in Open MPI, an int in MPICH."""
+    try:
+        from mpi4py import MPI
+
+        return c_void_p if MPI._sizeof(MPI.Comm) == ctypes.sizeof(c_void_p) else c_int
+    except ImportError:
+        return c_void_p
+
+
+path = find_library()
+lib = ctypes.CDLL(str(path))
+
+lib.goepEpStructSize.restype = c_size_t
+lib.goepEpStructSize.argtypes = [c_char_p]
+for _name, _cls in _STRUCTS.items():
+    if lib.goepEpStructSize(_name.encode()) != ctypes.sizeof(_cls):
+        raise ImportError(
+            f"goep.ep: {_name} is {lib.goepEpStructSize(_name.encode())} bytes in {path} but "
+            f"{ctypes.sizeof(_cls)} in this package: the package and the library are of different versions"
+        )
+
+lib.goepEpGetLastError.restype = c_char_p
+lib.goepEpGetLastError.argtypes = []
+lib.goepEpGetErrorString.restype = c_char_p
+lib.goepEpGetErrorString.argtypes = [c_int]
+
+_G = c_void_p  # goepEpGroup_t, goepEpHandle_t: numbers, carried as pointers
+_PROTOTYPES = {
+    "goepEpGetVersion": [POINTER(c_int)],
+    "goepEpBufferPlan": [POINTER(GroupConfig_c), c_int, c_int, POINTER(MemInfo_c)],
+    "goepEpCreateGroup": [POINTER(_G), comm_type(), POINTER(GroupConfig_c)],
+    "goepEpGroupDestroy": [_G],
+    "goepEpGroupBufferBytes": [_G, POINTER(c_size_t)],
+    "goepEpHandleMemSize": [_G, c_int, POINTER(HandleConfig_c), POINTER(c_size_t), c_int],
+    "goepEpCreateHandle": [POINTER(_G), _G, c_int, _TP, POINTER(LayoutInfo_c), POINTER(HandleConfig_c)],
+    "goepEpHandleDestroy": [_G],
+    "goepEpDispatch": [_G, POINTER(DispatchInputs_c), POINTER(DispatchOutputs_c), POINTER(LayoutInfo_c),
+                       POINTER(DispatchConfig_c)],
+    "goepEpCombine": [_G, POINTER(CombineInputs_c), POINTER(CombineOutputs_c), POINTER(CombineConfig_c)],
+    "goepEpComplete": [_G, POINTER(CompleteConfig_c)],
+    "goepEpHandleRecvTokens": [_G, POINTER(Tensor_c)],
+    "goepEpMaskQuery": [_G, POINTER(c_int)],
+    "goepEpMaskUpdate": [_G, POINTER(c_int)],
+    "goepEpMaskClean": [_G],
+    "goepEpGetAsyncError": [_G, POINTER(c_int)],
+    "goepEpErrorClear": [_G],
+    "goepEpBenchGoRounds": [_G, c_void_p, c_void_p, c_void_p, c_int, c_int, POINTER(c_double)],
+}
+for _name, _args in _PROTOTYPES.items():
+    _fn = getattr(lib, _name)
+    _fn.restype = c_int
+    _fn.argtypes = _args
+
+
+def call(name: str, *args) -> None:
+    """Call a function of the library; raise its error class on failure."""
+    rc = getattr(lib, name)(*args)
+    if rc != 0:
+        raise_for(rc, lib.goepEpGetLastError().decode(errors="replace"))

@@ -1,0 +1,94 @@
+"""Enums of the C interface (goep_ep.h), named and numbered as ``nccl.ep``'s."""
+
+from enum import IntEnum
+
+__all__ = [
+    "Algorithm",
+    "CombineQuantizationRecipe",
+    "DataType",
+    "DispatchQuantizationRecipe",
+    "ExpertIdKind",
+    "Layout",
+    "PassDir",
+    "Result",
+]
+
+
+class Algorithm(IntEnum):
+    """The group's mode (``goepEpAlgorithm_t``)."""
+
+    LOW_LATENCY = 0
+    """LL: decode, up to a few hundred tokens per rank, expert-major buffers."""
+
+    HIGH_THROUGHPUT = 1
+    """HT: training and prefill, thousands of tokens per rank, once per rank."""
+
+
+class Layout(IntEnum):
+    """The receive layout of a handle (``goepEpLayout_t``).
+
+    goep offers ``EXPERT_MAJOR`` in LL groups and ``FLAT`` in HT groups.
+    """
+
+    UNSET = 0
+    EXPERT_MAJOR = 1
+    """LL: tokens ``[local_experts, nranks * max_dispatch_tokens_per_rank, hidden]``;
+    the first ``expert_counters[l]`` rows of expert ``l`` are valid."""
+
+    RANK_MAJOR = 2
+    """Not offered by goep."""
+
+    FLAT = 3
+    """HT: tokens ``[num_recv, hidden]`` with their ``topk_weights`` and
+    ``topk_idx`` ``[num_recv, num_topk]``."""
+
+
+class PassDir(IntEnum):
+    """Forward or backward pass (``goepEpPassDir_t``); HT only."""
+
+    FWD = 0
+    BWD = 1
+
+
+class ExpertIdKind(IntEnum):
+    """How an HT dispatch numbers the received expert ids."""
+
+    AUTO = 0
+    LOCAL = 1
+    GLOBAL = 2
+
+
+class DispatchQuantizationRecipe(IntEnum):
+    NONE = 0
+
+
+class CombineQuantizationRecipe(IntEnum):
+    NONE = 0
+
+
+class DataType(IntEnum):
+    """Element types (``goepEpDataType_t``), numbered as NCCL's ``ncclDataType_t``."""
+
+    INT8 = 0
+    UINT8 = 1
+    INT32 = 2
+    UINT32 = 3
+    INT64 = 4
+    UINT64 = 5
+    FLOAT16 = 6
+    FLOAT32 = 7
+    FLOAT64 = 8
+    BFLOAT16 = 9
+
+
+class Result(IntEnum):
+    """Result codes of the C interface (``goepEpResult_t``)."""
+
+    Success = 0
+    SystemError = 2
+    InternalError = 3
+    InvalidArgument = 4
+    InvalidUsage = 5
+    RemoteError = 6
+    Timeout = 64
+    Masked = 65

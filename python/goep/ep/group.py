@@ -1,0 +1,216 @@
+"""``Group`` and its ``GroupConfig``; the memory plan (``buffer_plan``)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from goep.ep import _lib
+from goep.ep.enums import Algorithm, DataType, Layout
+from goep.ep.errors import NcclInvalid
+from goep.ep.handle import Handle, HandleConfig, LayoutInfo
+from goep.ep.tensor import as_tensor
+
+__all__ = ["Group", "GroupConfig", "MemInfo", "buffer_plan"]
+
+
+@dataclass
+class GroupConfig:
+    """``goepEpGroupConfig_t``: the same on every rank (checked).
+
+    Attributes:
+        algorithm: LOW_LATENCY (default) or HIGH_THROUGHPUT.
+        num_experts: a multiple of the number of ranks; rank r owns experts
+            [r*L, (r+1)*L), L = num_experts / nranks.
+        max_dispatch_tokens_per_rank: the most tokens one rank dispatches.
+        max_recv_tokens_per_rank: HT, the most rows one rank receives (0: nranks
+            * max_dispatch_tokens_per_rank); LL ignores it.
+        max_token_bytes: bytes of one token row: hidden * element size.
+        num_topk: experts per token; required (``nccl.ep`` takes it from each
+            handle's topk_idx).
+        datatype: the tokens' element type, BFLOAT16 (numpy uint16 bits) or
+            FLOAT32.
+        enable_mask: LL only: mask a rank that stalls past the timeout instead
+            of failing (:meth:`Group.mask_query`, :meth:`Group.get_async_error`).
+        timeout_ns: bound on every wait for a peer; 0 is 60 s.
+    """
+
+    algorithm: Algorithm = Algorithm.LOW_LATENCY
+    num_experts: int = 0
+    max_dispatch_tokens_per_rank: int = 0
+    max_recv_tokens_per_rank: int = 0
+    max_token_bytes: int = 0
+    num_topk: int = 0
+    datatype: DataType = DataType.BFLOAT16
+    enable_mask: bool = False
+    timeout_ns: int = 0
+
+    def _c(self):
+        for name in ("num_experts", "max_dispatch_tokens_per_rank", "max_recv_tokens_per_rank", "max_token_bytes",
+                     "num_topk"):
+            v = getattr(self, name)
+            if not 0 <= int(v) < 1 << 32:
+                raise NcclInvalid(f"GroupConfig.{name} = {v!r}: want 0 to 2**32-1")
+        if not 0 <= int(self.timeout_ns) < 1 << 64:
+            raise NcclInvalid(f"GroupConfig.timeout_ns = {self.timeout_ns!r}: want a non-negative number of nanoseconds")
+        return _lib.new(_lib.GroupConfig_c, version=_lib.API_VERSION, algorithm=int(self.algorithm),
+                        num_experts=int(self.num_experts), max_dispatch_tokens_per_rank=int(self.max_dispatch_tokens_per_rank),
+                        max_recv_tokens_per_rank=int(self.max_recv_tokens_per_rank),
+                        max_token_bytes=int(self.max_token_bytes), num_topk=int(self.num_topk),
+                        datatype=int(self.datatype), enable_mask=int(bool(self.enable_mask)),
+                        timeout_ns=int(self.timeout_ns))
+
+
+@dataclass
+class MemInfo:
+    """The memory a group holds (``goepEpMemInfo_t``), in bytes."""
+
+    shared_per_rank: int
+    window_per_rank: int
+    copies_per_rank: int
+    per_node: int
+    ranks_per_node: int
+
+
+def buffer_plan(config: GroupConfig, nranks: int, nnodes: int = 1) -> MemInfo:
+    """The memory a group of ``config`` would hold over ``nranks`` ranks on
+    ``nnodes`` nodes, computed without allocating anything. Not collective."""
+    info = _lib.new(_lib.MemInfo_c)
+    _lib.call("goepEpBufferPlan", ctypes.byref(config._c()), int(nranks), int(nnodes), ctypes.byref(info))
+    return MemInfo(info.shared_per_rank, info.window_per_rank, info.copies_per_rank, info.per_node, info.ranks_per_node)
+
+
+def _comm_handle(comm) -> int:
+    """The MPI_Comm of an mpi4py communicator (or an integer handle)."""
+    if isinstance(comm, int):
+        return comm
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise NcclInvalid("comm: pass an mpi4py communicator (mpi4py is not importable) or an MPI_Comm handle") from e
+    if not isinstance(comm, MPI.Comm):
+        raise NcclInvalid(f"comm is a {type(comm).__name__}; want an mpi4py communicator (e.g. MPI.COMM_WORLD)")
+    return MPI._handleof(comm)
+
+
+class Group:
+    """A group of ranks that dispatch and combine together, over an mpi4py
+    communicator. Create it with :meth:`create` (collective), release it
+    with :meth:`destroy` (collective)."""
+
+    def __init__(self, ptr: int, config: GroupConfig, nranks: int, rank: int) -> None:
+        self._ptr = ptr
+        self.config = config
+        self.nranks = nranks
+        self.rank = rank
+
+    @classmethod
+    def create(cls, comm, config: GroupConfig) -> Group:
+        """Create a group over the ranks of ``comm`` (an mpi4py communicator;
+        MPI is initialised by mpi4py, never by goep). Collective, with the
+        same config on every rank. The group works on a duplicate of comm."""
+        from mpi4py import MPI
+
+        if isinstance(comm, MPI.Comm):
+            nranks, rank = comm.Get_size(), comm.Get_rank()
+        else:
+            nranks, rank = -1, -1
+        ptr = ctypes.c_void_p()
+        _lib.call("goepEpCreateGroup", ctypes.byref(ptr), _comm_handle(comm), ctypes.byref(config._c()))
+        return cls(ptr.value, config, nranks, rank)
+
+    def _check_valid(self, operation: str) -> None:
+        if not self._ptr:
+            raise NcclInvalid(f"cannot {operation}: the group is destroyed", status=5)
+
+    @property
+    def ptr(self) -> int:
+        """The goepEpGroup_t."""
+        self._check_valid("read ptr")
+        return self._ptr
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.config.num_experts // self.nranks
+
+    def create_handle(self, layout: Layout, topk_idx, *, layout_info: LayoutInfo | None = None,
+                      config: HandleConfig | None = None, stream=None) -> Handle:
+        """A handle for one step's routing: ``topk_idx`` ``[num_tokens,
+        num_topk]`` int32 or int64 expert ids (-1 = none), copied and checked.
+        Local. ``layout_info`` must be None (goep writes the counters at
+        dispatch); ``stream`` is ignored."""
+        self._check_valid("create_handle")
+        t = as_tensor(topk_idx, "topk_idx")
+        if layout_info is not None:
+            raise NcclInvalid("create_handle: layout_info must be None: goep writes the layout counters at dispatch "
+                              "(pass layout_info to Handle.dispatch)", status=5)
+        ptr = ctypes.c_void_p()
+        _lib.call("goepEpCreateHandle", ctypes.byref(ptr), self._ptr, int(layout), t.ptr if t is not None else None,
+                  None, ctypes.pointer(config._c()) if config is not None else None)
+        return Handle(ptr.value, self)
+
+    def handle_mem_size(self, layout: Layout, num_topk: int = 0, config: HandleConfig | None = None) -> int:
+        """The host bytes a handle holds at most."""
+        self._check_valid("handle_mem_size")
+        n = ctypes.c_size_t()
+        _lib.call("goepEpHandleMemSize", self._ptr, int(layout), ctypes.pointer(config._c()) if config else None,
+                  ctypes.byref(n), int(num_topk))
+        return n.value
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The bytes of buffers the group holds on this rank."""
+        self._check_valid("read buffer_bytes")
+        n = ctypes.c_size_t()
+        _lib.call("goepEpGroupBufferBytes", self._ptr, ctypes.byref(n))
+        return n.value
+
+    def mask_query(self) -> np.ndarray:
+        """The mask: int32 ``[nranks]``, 1 = active, 0 = masked. Local."""
+        self._check_valid("mask_query")
+        out = np.zeros(self.nranks, dtype=np.intc)
+        _lib.call("goepEpMaskQuery", self._ptr, out.ctypes.data_as(ctypes.POINTER(ctypes.c_int)))
+        return out
+
+    def mask_update(self, mask) -> None:
+        """Make ``mask`` (``[nranks]``, 1 active, 0 masked) the mask; collective
+        over the ranks it leaves active."""
+        self._check_valid("mask_update")
+        m = np.ascontiguousarray(mask, dtype=np.intc)
+        if m.shape != (self.nranks,):
+            raise NcclInvalid(f"mask has shape {m.shape}; want ({self.nranks},)")
+        _lib.call("goepEpMaskUpdate", self._ptr, m.ctypes.data_as(ctypes.POINTER(ctypes.c_int)))
+
+    def mask_clean(self) -> None:
+        """Make every rank active again; collective over every rank, a masked
+        one that came back included."""
+        self._check_valid("mask_clean")
+        _lib.call("goepEpMaskClean", self._ptr)
+
+    def get_async_error(self) -> int:
+        """1 once a call has masked a stalled rank, until :meth:`error_clear`."""
+        self._check_valid("get_async_error")
+        v = ctypes.c_int()
+        _lib.call("goepEpGetAsyncError", self._ptr, ctypes.byref(v))
+        return v.value
+
+    def error_clear(self) -> None:
+        self._check_valid("error_clear")
+        _lib.call("goepEpErrorClear", self._ptr)
+
+    def destroy(self) -> None:
+        """Release the group (collective). Its handles become invalid."""
+        if self._ptr:
+            _lib.call("goepEpGroupDestroy", self._ptr)
+            self._ptr = 0
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        return f"<Group {self._ptr:#x} rank {self.rank} of {self.nranks}>" if self._ptr else "<Group destroyed>"

@@ -1,0 +1,252 @@
+"""``Handle`` (one step's routing) and the bundles its calls take, named as
+``nccl.ep``'s: HandleConfig, DispatchConfig, CombineConfig, LayoutInfo,
+DispatchInputs, DispatchOutputs, CombineInputs, CombineOutputs.
+
+Tensors are numpy arrays (or :class:`Tensor`) in host memory; calls are
+synchronous, so the ``stream`` arguments ``nccl.ep`` takes are accepted and
+ignored.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from goep.ep import _lib
+from goep.ep.enums import CombineQuantizationRecipe, DataType, DispatchQuantizationRecipe, ExpertIdKind, PassDir
+from goep.ep.errors import NcclInvalid
+from goep.ep.tensor import Tensor, as_tensor
+
+__all__ = [
+    "CombineConfig",
+    "CombineInputs",
+    "CombineOutputs",
+    "DispatchConfig",
+    "DispatchInputs",
+    "DispatchOutputs",
+    "Handle",
+    "HandleConfig",
+    "LayoutInfo",
+]
+
+TensorLike = Any  # a numpy array, a Tensor, or None
+
+
+@dataclass
+class HandleConfig:
+    """``goepEpHandleConfig_t``: ``dispatch_output_per_expert_alignment`` must be 0 or 1
+    (it pads the HT EXPERT_MAJOR layout, which goep does not offer)."""
+
+    dispatch_output_per_expert_alignment: int = 0
+
+    def _c(self):
+        return _lib.new(_lib.HandleConfig_c, dispatch_output_per_expert_alignment=self.dispatch_output_per_expert_alignment)
+
+
+@dataclass
+class DispatchConfig:
+    """``goepEpDispatchConfig_t``. ``send_only``: only send; :meth:`Handle.complete`
+    receives and writes the outputs (keep them alive until then)."""
+
+    send_only: int = 0
+    round_scales: int = 0
+    pass_direction: PassDir = PassDir.FWD
+    quantization_recipe: DispatchQuantizationRecipe = DispatchQuantizationRecipe.NONE
+
+    def _c(self):
+        return _lib.new(_lib.DispatchConfig_c, send_only=int(self.send_only), round_scales=int(self.round_scales),
+                        pass_direction=int(self.pass_direction), quantization_recipe=int(self.quantization_recipe))
+
+
+@dataclass
+class CombineConfig:
+    """``goepEpCombineConfig_t``."""
+
+    send_only: int = 0
+    pass_direction: PassDir = PassDir.FWD
+    quantization_recipe: CombineQuantizationRecipe = CombineQuantizationRecipe.NONE
+
+    def _c(self):
+        return _lib.new(_lib.CombineConfig_c, send_only=int(self.send_only), pass_direction=int(self.pass_direction),
+                        quantization_recipe=int(self.quantization_recipe))
+
+
+@dataclass
+class LayoutInfo:
+    """``goepEpLayoutInfo_t``: counters a dispatch writes. ``expert_counters``
+    ``[local_experts]`` int32/int64 (required in LL); ``recv_total_counter``
+    ``[1]``: the rows received."""
+
+    expert_counters: TensorLike = None
+    src_rank_counters: TensorLike = None
+    expert_offsets: TensorLike = None
+    recv_total_counter: TensorLike = None
+    recv_topk_idx_kind: ExpertIdKind = ExpertIdKind.AUTO
+
+
+@dataclass
+class DispatchInputs:
+    """``tokens`` ``[num_tokens, hidden]`` (required), ``topk_weights``
+    ``[num_tokens, num_topk]`` float32, ``scales`` (must be None)."""
+
+    tokens: TensorLike = None
+    topk_weights: TensorLike = None
+    scales: TensorLike = None
+
+
+@dataclass
+class DispatchOutputs:
+    """``tokens``: LL ``[local_experts, nranks*max_tokens, hidden]``, HT
+    ``[slots, hidden]``; None leaves the rows in the group's buffer
+    (:meth:`Handle.recv_tokens`). HT's ``topk_weights`` and ``topk_idx``
+    ``[slots, num_topk]``."""
+
+    tokens: TensorLike = None
+    topk_weights: TensorLike = None
+    scales: TensorLike = None
+    topk_idx: TensorLike = None
+
+
+@dataclass
+class CombineInputs:
+    """``tokens``: the expert outputs, shaped as the dispatch's output tokens;
+    HT ``topk_weights`` ``[slots, num_topk]``: values summed back per slot."""
+
+    tokens: TensorLike = None
+    topk_weights: TensorLike = None
+
+
+@dataclass
+class CombineOutputs:
+    """``tokens`` ``[num_tokens, hidden]``; ``topk_weights`` ``[num_tokens, num_topk]``
+    float32: LL, the weights applied; HT, the sums of the inputs' values."""
+
+    tokens: TensorLike = None
+    topk_weights: TensorLike = None
+
+
+def _ptr(t: Tensor | None):
+    return t.ptr if t is not None else None
+
+
+def _cfg_ptr(c):
+    return ctypes.pointer(c._c()) if c is not None else None
+
+
+class Handle:
+    """One step's routing: created by :meth:`Group.create_handle`, released by
+    :meth:`destroy`. A second dispatch of the same handle reuses its routing
+    (a cached dispatch)."""
+
+    def __init__(self, ptr: int, group) -> None:
+        self._ptr = ptr
+        self._group = group  # keeps the group object alive while the handle is
+        self._pending = None  # the tensors a send-only call still uses
+
+    def _check_valid(self, operation: str) -> None:
+        if not self._ptr:
+            raise NcclInvalid(f"cannot {operation}: the handle is destroyed", status=5)
+
+    @property
+    def ptr(self) -> int:
+        """The goepEpHandle_t."""
+        self._check_valid("read ptr")
+        return self._ptr
+
+    def dispatch(self, inputs: DispatchInputs, outputs: DispatchOutputs, *, layout_info: LayoutInfo | None = None,
+                 config: DispatchConfig | None = None, stream=None) -> None:
+        """Send each token to the ranks owning its experts and write what this
+        rank receives into ``outputs`` (and the counters into ``layout_info``).
+        Collective. ``stream`` is ignored (host memory, synchronous calls)."""
+        self._check_valid("dispatch")
+        keep = []
+
+        def t(x, name, writable=False):
+            tt = as_tensor(x, name, writable)
+            keep.append(tt)
+            return tt
+
+        cin = _lib.new(_lib.DispatchInputs_c, tokens=_ptr(t(inputs.tokens, "inputs.tokens")),
+                       topk_weights=_ptr(t(inputs.topk_weights, "inputs.topk_weights")),
+                       scales=_ptr(t(inputs.scales, "inputs.scales")))
+        cout = _lib.new(_lib.DispatchOutputs_c, tokens=_ptr(t(outputs.tokens, "outputs.tokens", True)),
+                        topk_weights=_ptr(t(outputs.topk_weights, "outputs.topk_weights", True)),
+                        scales=_ptr(t(outputs.scales, "outputs.scales", True)),
+                        topk_idx=_ptr(t(outputs.topk_idx, "outputs.topk_idx", True)))
+        info = None
+        if layout_info is not None:
+            li = layout_info
+            info = ctypes.pointer(_lib.new(
+                _lib.LayoutInfo_c,
+                expert_counters=_ptr(t(li.expert_counters, "layout_info.expert_counters", True)),
+                src_rank_counters=_ptr(t(li.src_rank_counters, "layout_info.src_rank_counters", True)),
+                expert_offsets=_ptr(t(li.expert_offsets, "layout_info.expert_offsets", True)),
+                recv_total_counter=_ptr(t(li.recv_total_counter, "layout_info.recv_total_counter", True)),
+                recv_topk_idx_kind=int(li.recv_topk_idx_kind)))
+        _lib.call("goepEpDispatch", self._ptr, ctypes.byref(cin), ctypes.byref(cout), info, _cfg_ptr(config))
+        if config is not None and config.send_only:
+            self._pending = keep
+
+    def combine(self, inputs: CombineInputs, outputs: CombineOutputs, *, config: CombineConfig | None = None,
+                stream=None) -> None:
+        """Bring the expert outputs back to each token's rank and reduce them
+        into ``outputs.tokens``. Collective. ``stream`` is ignored."""
+        self._check_valid("combine")
+        keep = [as_tensor(inputs.tokens, "inputs.tokens"), as_tensor(inputs.topk_weights, "inputs.topk_weights"),
+                as_tensor(outputs.tokens, "outputs.tokens", True),
+                as_tensor(outputs.topk_weights, "outputs.topk_weights", True)]
+        cin = _lib.new(_lib.CombineInputs_c, tokens=_ptr(keep[0]), topk_weights=_ptr(keep[1]))
+        cout = _lib.new(_lib.CombineOutputs_c, tokens=_ptr(keep[2]), topk_weights=_ptr(keep[3]))
+        _lib.call("goepEpCombine", self._ptr, ctypes.byref(cin), ctypes.byref(cout), _cfg_ptr(config))
+        if config is not None and config.send_only:
+            self._pending = keep
+
+    def recv_tokens(self) -> np.ndarray:
+        """goep extension: the rows the latest dispatch received, where they are,
+        in the group's receive buffer (no copy), as a numpy array (uint16 for
+        bfloat16): LL ``[local_experts, nranks * max_tokens, hidden]``, HT
+        ``[num_recv, hidden]``. Dispatch with ``DispatchOutputs(tokens=None)``
+        to skip the copy into your own array. The rows may be overwritten in
+        place (an expert's outputs) and passed as ``CombineInputs(tokens=...)``,
+        which then reads them without a copy. The array is valid until the
+        group's next dispatch (HT) or the one after (LL): do not keep it."""
+        self._check_valid("recv_tokens")
+        sizes = (ctypes.c_size_t * 3)()
+        t = _lib.new(_lib.Tensor_c, _lib.TENSOR_MAGIC, sizes=sizes)
+        _lib.call("goepEpHandleRecvTokens", self._ptr, ctypes.byref(t))
+        shape = tuple(sizes[: t.ndim])
+        dtype = np.uint16 if t.datatype == DataType.BFLOAT16 else np.float32
+        n = int(np.prod(shape))
+        if n == 0:
+            return np.zeros(shape, dtype=dtype)
+        buf = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(t.data)
+        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+    def complete(self, *, config: int = 0, stream=None) -> None:
+        """Finish a send-only dispatch or combine (collective); with nothing to
+        finish, do nothing. ``config`` must be 0 (reserved, as ``nccl.ep``'s)."""
+        self._check_valid("complete")
+        if config:
+            raise NcclInvalid(f"complete: config = {config!r} is reserved and must be 0")
+        try:
+            _lib.call("goepEpComplete", self._ptr, None)
+        finally:
+            self._pending = None
+
+    def destroy(self) -> None:
+        """Release the handle. Later operations on it raise NcclInvalid."""
+        if self._ptr:
+            ptr, self._ptr = self._ptr, 0
+            _lib.call("goepEpHandleDestroy", ptr)
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        return f"<Handle {self._ptr:#x}>" if self._ptr else "<Handle destroyed>"

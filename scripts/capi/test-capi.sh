@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# test-capi.sh: goep's C and Python interfaces under mpirun (make test-capi runs it after
+# building bin/capi/ with make capi). About a minute here:
+#
+#   - the public header against what the library exports (capi/tests/check_header.py)
+#   - the C example (capi/examples/ep_test.c): full LL and HT rounds with the send-only splits,
+#     cached rounds and zero-copy rounds (goepEpHandleRecvTokens), against its own reference, at 1, 2 and 4 ranks and 4 ranks on 2 simulated
+#     nodes, in bfloat16 and float32; and once linked with the static archive
+#   - the C error tests (capi/tests/ep_errors.c): bad input and destroyed objects at 1, 2 and 4
+#     ranks on 2 simulated nodes; a stalled peer (goepEpTimeout) and a masked rank at 2 ranks
+#   - the Python example (python/examples/ep_test.py) and the pytest tests (python/tests), the
+#     same matrix, with MPI initialised by mpi4py (the stalled-rank tests at 2 ranks)
+#   - pip install ./python into a throw-away venv, offline, and a round with the installed package
+#
+# PYTHON is Debian's /usr/bin/python3 (python3-numpy, python3-mpi4py, python3-pytest), not the
+# first python3 on PATH. Each mpirun is bounded by `timeout`, so a hang fails the run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+MPIRUN=${MPIRUN:-mpirun}
+PYTHON=${PYTHON:-/usr/bin/python3}
+LIMIT=${CAPI_TEST_TIMEOUT:-180}
+flags=(--oversubscribe)
+[ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
+export PYTHONPATH="$PWD/python" PYTHONDONTWRITEBYTECODE=1
+unset GOEP_EP_LIB
+
+step() { echo "== $*"; }
+mpi() { # mpi NP [sim] CMD...: NP ranks, or with sim 2 ranks per simulated node
+  local np=$1 sim=$2
+  shift 2
+  local env=(-x PYTHONPATH -x PYTHONDONTWRITEBYTECODE)
+  if [ "$sim" = sim ]; then
+    env+=(-x GOEP_RANKS_PER_NODE=2)
+  fi
+  echo "+ mpirun -np $np ${env[*]} $*"
+  timeout "$LIMIT" "$MPIRUN" "${flags[@]}" "${env[@]}" -np "$np" "$@"
+}
+
+step "the header against the library"
+"$PYTHON" capi/tests/check_header.py capi/goep_ep.h bin/capi/libgoep_ep.h bin/capi/libgoep_ep.so
+
+step "C: ep_test (full rounds against the reference)"
+mpi 1 - bin/capi/ep_test -c
+mpi 2 - bin/capi/ep_test -c -z -s none,dispatch,combine,both
+mpi 4 - bin/capi/ep_test -c -f f32
+mpi 4 sim bin/capi/ep_test -c -z -s none,dispatch,combine,both
+mpi 2 - bin/capi/ep_test_static
+
+step "C: ep_errors (bad input, destroyed objects, stalled and masked peers)"
+mpi 1 - bin/capi/ep_errors
+mpi 2 - bin/capi/ep_errors -s
+mpi 4 sim bin/capi/ep_errors
+
+step "Python: ep_test.py and the pytest tests (MPI initialised by mpi4py)"
+pytest=("$PYTHON" -m pytest -q -p no:cacheprovider --color=no python/tests)
+mpi 1 - "$PYTHON" python/examples/ep_test.py -c
+mpi 2 - "$PYTHON" python/examples/ep_test.py -c -s none,dispatch,combine,both
+mpi 4 sim "$PYTHON" python/examples/ep_test.py -c
+mpi 1 - "${pytest[@]}" -m "not multirank"
+mpi 2 - "${pytest[@]}"
+mpi 4 sim "${pytest[@]}" -m "not multirank"
+
+step "Python: pip install ./python, offline, into a throw-away venv"
+venv=$(mktemp -d /tmp/goep-venv.XXXXXX)
+trap 'rm -rf "$venv"' EXIT
+"$PYTHON" -m venv --system-site-packages "$venv"
+# The library is the one just built (GOEP_EP_LIB is copied, not rebuilt); --no-index: no network.
+GOEP_EP_LIB="$PWD/bin/capi/libgoep_ep.so" "$venv/bin/pip" install --quiet --no-index --no-build-isolation ./python
+rm -rf python/build python/goep.egg-info
+(cd /tmp && unset PYTHONPATH && "$venv/bin/python" -c 'import goep.ep as e, sys; p = str(e.get_lib_path()); print("installed:", p); sys.exit(not p.startswith(sys.argv[1]))' "$venv")
+PYTHONPATH= mpi 2 - "$venv/bin/python" python/examples/ep_test.py -a ll,ht
+echo "test-capi: ok"
