@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"strconv"
 	"unsafe"
 
@@ -99,34 +100,18 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 	if err := h.idle("dispatch"); err != nil {
 		return err
 	}
-	cfg, err := readDispatchConfig(cfgp)
+	cfg, x, weights, o, err := h.dispatchArgs(in, out, info, cfgp)
 	if err != nil {
-		return err
-	}
-	x, weights, err := h.dispatchInputs(in)
-	if err != nil {
-		return err
-	}
-	o, err := h.dispatchOutputs(out, info)
-	if err != nil {
-		return err
-	}
-	ll := h.g.gc.cfg.Mode == ep.LowLatency
-	if cfg.backward && !ll {
-		switch {
-		case !h.dispatched:
-			return invalidUsagef("a backward (GOEP_EP_BWD_PASS) dispatch reuses the routing of an earlier dispatch of the handle, and this handle has none")
-		case weights != nil:
-			return invalidArgf("inputs->topk_weights must be NULL in a backward dispatch")
-		case o.weights != nil || o.topkIdx != nil:
-			return invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in a backward dispatch")
+		// The others' same call fails at once, naming this rank and err.
+		var prev ep.Handle[E]
+		if h.dispatched {
+			prev = h.eh
 		}
-	}
-	if !h.dispatched && weights == nil {
-		if !ll {
-			return invalidArgf("inputs->topk_weights is required by an HT handle's first dispatch ([num_tokens, num_topk] float32)")
+		h.g.dispatches++ // as a dispatch that ran
+		if rerr := h.g.g.RefuseDispatch(prev, err.Error()); rerr != nil && !errors.Is(rerr, ep.ErrBadInput) {
+			return errors.Join(err, rerr)
 		}
-		weights = h.g.ones[:h.T*h.g.gc.cfg.TopK]
+		return err
 	}
 	var req ep.DispatchRequest[E]
 	h.g.dispatches++ // even one that fails may have reused the receive buffer
@@ -145,6 +130,43 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		return nil
 	}
 	return h.finishDispatch(req, o, number)
+}
+
+// dispatchArgs checks a dispatch's structs and tensors and makes ep's
+// arguments of them.
+func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t,
+	cfgp *C.goepEpDispatchConfig_t) (cfg dispatchConfig, x ep.Tensor[E], weights []float32, o dispatchOut, err error) {
+	if cfg, err = readDispatchConfig(cfgp); err != nil {
+		return
+	}
+	if x, weights, err = h.dispatchInputs(in); err != nil {
+		return
+	}
+	if o, err = h.dispatchOutputs(out, info); err != nil {
+		return
+	}
+	ll := h.g.gc.cfg.Mode == ep.LowLatency
+	if cfg.backward && !ll {
+		switch {
+		case !h.dispatched:
+			err = invalidUsagef("a backward (GOEP_EP_BWD_PASS) dispatch reuses the routing of an earlier dispatch of the handle, and this handle has none")
+		case weights != nil:
+			err = invalidArgf("inputs->topk_weights must be NULL in a backward dispatch")
+		case o.weights != nil || o.topkIdx != nil:
+			err = invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in a backward dispatch")
+		}
+		if err != nil {
+			return
+		}
+	}
+	if !h.dispatched && weights == nil {
+		if !ll {
+			err = invalidArgf("inputs->topk_weights is required by an HT handle's first dispatch ([num_tokens, num_topk] float32)")
+			return
+		}
+		weights = h.g.ones[:h.T*h.g.gc.cfg.TopK]
+	}
+	return
 }
 
 func (h *handleImpl[E]) finishDispatch(req ep.DispatchRequest[E], o dispatchOut, number uint64) error {
@@ -398,11 +420,16 @@ func (h *handleImpl[E]) combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombin
 		return invalidUsagef("the handle has not been dispatched: goepEpDispatch (and goepEpComplete after a send-only one) comes first")
 	}
 	cfg, err := readCombineConfig(cfgp)
-	if err != nil {
-		return err
+	var y, outTok ep.Tensor[E]
+	var opts *ep.CombineOptions
+	if err == nil {
+		y, outTok, opts, err = h.combineArgs(in, out, cfg)
 	}
-	y, outTok, opts, err := h.combineArgs(in, out, cfg)
 	if err != nil {
+		// The others' same call fails at once, naming this rank and err.
+		if rerr := h.g.g.RefuseCombine(h.eh, err.Error()); rerr != nil && !errors.Is(rerr, ep.ErrBadInput) {
+			return errors.Join(err, rerr)
+		}
 		return err
 	}
 	req, err := h.g.g.CombineSend(h.eh, y, outTok, opts)

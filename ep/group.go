@@ -390,3 +390,40 @@ func (g *Group[E]) newState(op string) (*handleState[E], error) {
 	s.sent, s.ready, s.done, s.inComb = false, false, false, false
 	return s, nil
 }
+
+// RefuseDispatch takes part in this rank's next dispatch as a refusal with
+// reason: a layer above ep that checks its callers' arguments itself (the
+// C and Python interfaces do) calls it instead of a dispatch when this
+// rank's are bad, so that every other rank's same call fails at once with a
+// *RefusedError naming this rank and reason, as when one of ep's own checks
+// refuses, instead of waiting for this rank until its timeout. prev is the
+// handle a DispatchCached would have reused (the zero Handle for a fresh
+// dispatch). It returns reason as an *InputError; the group stays usable.
+// It is collective, as the dispatch it stands for.
+func (g *Group[E]) RefuseDispatch(prev Handle[E], reason string) error {
+	op := g.names.dispatch
+	r := Refusal{Kind: CallDispatch}
+	if prev.s != nil {
+		op, r.Cached = g.names.cached, true
+		if p, err := g.checkHandle(op, prev); err == nil {
+			r.Dispatch = &p.d
+		}
+	}
+	if err := g.usable(op); err != nil {
+		return err
+	}
+	return g.refuse(r, inputErrorf(op, "%s", reason))
+}
+
+// RefuseCombine is RefuseDispatch for the combine of handle h.
+func (g *Group[E]) RefuseCombine(h Handle[E], reason string) error {
+	op := g.names.combine
+	if err := g.usable(op); err != nil {
+		return err
+	}
+	r := Refusal{Kind: CallCombine, Set: -1}
+	if s, err := g.checkHandle(op, h); err == nil {
+		r.Set, r.Dispatch = s.d.Set, &s.d
+	}
+	return g.refuse(r, inputErrorf(op, "%s", reason))
+}

@@ -3,6 +3,7 @@ value) and nothing is written; the group stays usable. Every rank passes the
 same bad input, so no collective call is left half made."""
 
 import ctypes
+import time
 
 import numpy as np
 import pytest
@@ -163,3 +164,28 @@ def test_bad_group_config(comm):
                                                        max_token_bytes=4, num_topk=1, datatype=nccl_ep.INT32))
     with pytest.raises(nccl_ep.NcclInvalid, match="want an mpi4py communicator"):
         nccl_ep.Group.create("world", nccl_ep.GroupConfig())
+
+
+def test_one_rank_bad_input_fails_every_rank_at_once(setup, comm):
+    """One rank's bad tokens fail its dispatch (NcclInvalid) and every other
+    rank's same dispatch at once (NcclRemoteError naming that rank), long
+    before the group's timeout; then a good round runs."""
+    env, T, H = setup, setup["T"], setup["s"].hidden
+    me, bad = comm.Get_rank(), comm.Get_size() - 1
+    start = time.monotonic()
+    with pytest.raises(nccl_ep.NCCLError) as e:
+        if me == bad:
+            dispatch(env, tokens=np.zeros((T, H + 1), dtype=np.uint16))
+        else:
+            dispatch(env)
+    assert time.monotonic() - start < 10, "refused at once, not at the 20 s timeout"
+    assert "inputs->tokens has shape" in str(e.value)
+    if me == bad:
+        assert isinstance(e.value, nccl_ep.NcclInvalid)
+    else:
+        assert isinstance(e.value, nccl_ep.NcclRemoteError)
+        assert f"rank {bad} refused the call" in str(e.value)
+    dispatch(env)
+    out = np.zeros((T, H), dtype=np.uint16)
+    env["handle"].combine(nccl_ep.CombineInputs(tokens=env["recv"]), nccl_ep.CombineOutputs(tokens=out))
+    np.testing.assert_array_equal(ref.from_bf16(out), ref.combined(env["s"], env["group"].rank))
