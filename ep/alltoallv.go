@@ -284,8 +284,20 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 	if err := a.status(op, "the counts of an MPI_Alltoall", a.counts); err != nil {
 		return err
 	}
+	total := 0
 	for i, n := range a.got {
 		st.recvCounts[i] = int(n)
+		total += int(n)
+	}
+	if a.spec.Mode == HighThroughput && a.spec.MaxRecvTokensPerRank > 0 {
+		// Only a receiver sees its total: every rank learns the largest.
+		most := []int64{0}
+		if err := mpi.Allreduce(a.comm, mpi.OpMax, []int64{int64(total)}, most); err != nil {
+			return a.timeout(op, "the largest receive count (MPI_Allreduce)", err)
+		}
+		if int(most[0]) > a.spec.MaxRecvTokensPerRank {
+			return inputErrorf(op, "a rank would receive %d rows, more than MaxRecvTokensPerRank = %d", most[0], a.spec.MaxRecvTokensPerRank)
+		}
 	}
 	st.cached = d.From != nil
 	var err error

@@ -207,9 +207,10 @@ type Received struct {
 	// NumRecv is the number of valid rows.
 	NumRecv int
 	// Dropped lists the (token, slot) pairs of this rank's dispatch (as
-	// t*TopK+k) whose expert was on a masked rank: they were not sent, or
-	// their output did not come back, and contribute nothing to the combine
-	// (MaskStalledRanks). The engine may add to it during the combine.
+	// t*TopK+k, increasing) whose expert was on a masked rank (not sent,
+	// or their output did not come back: MaskStalledRanks) or whose row did
+	// not fit there (Overflow OverflowDrop): they contribute nothing to the
+	// combine. The engine may add to it during the combine.
 	Dropped []int32
 }
 

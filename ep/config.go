@@ -36,6 +36,26 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("ep: unknown mode %q (want ll or ht)", s)
 }
 
+// OverflowPolicy is what an HT dispatch does with rows beyond
+// MaxRecvTokensPerRank (Config.Overflow).
+type OverflowPolicy int
+
+// Overflow policies.
+const (
+	OverflowFail OverflowPolicy = iota // the dispatch fails on every rank
+	OverflowDrop                       // the rows that do not fit are dropped, deterministically
+)
+
+func (o OverflowPolicy) String() string {
+	switch o {
+	case OverflowFail:
+		return "fail"
+	case OverflowDrop:
+		return "drop"
+	}
+	return fmt.Sprintf("OverflowPolicy(%d)", int(o))
+}
+
 // DefaultTimeout is the wait limit of a Config with Timeout zero.
 const DefaultTimeout = 60 * time.Second
 
@@ -52,8 +72,18 @@ type Config struct {
 	TopK             int // experts per token, 1..min(NumExperts, MaxTopK)
 	// MaxRecvTokensPerRank bounds the rows one rank can receive in an HT
 	// dispatch; 0 means the worst case, Size*MaxTokensPerRank. It sizes the
-	// HT buffers; a dispatch that would exceed it fails on every rank.
+	// HT buffers; what a dispatch that would exceed it does is Overflow.
 	MaxRecvTokensPerRank int
+	// Overflow (HighThroughput) is what a dispatch does when a rank would
+	// receive more than MaxRecvTokensPerRank rows: OverflowFail (the zero
+	// value) fails it on every rank, before anything is written;
+	// OverflowDrop drops the rows that do not fit, the same on every rank
+	// (each receiving rank's rows are kept source rank by source rank,
+	// each source's in token order, until MaxRecvTokensPerRank), lists each
+	// source's dropped (token, slot) pairs in its handle (Handle.Dropped),
+	// and the combine counts them as contributing nothing. As NCCL EP's
+	// overflow_policy TRAP and DROP.
+	Overflow OverflowPolicy
 	// Timeout bounds every wait for a peer; 0 means DefaultTimeout.
 	Timeout time.Duration
 	// MaskStalledRanks (LowLatency only: inference) masks a rank that does
@@ -108,6 +138,10 @@ func (c Config) validate(size int) error {
 		return bad("Timeout = %v is negative", c.Timeout)
 	case c.Wire != WireNative && !c.Wire.FP8():
 		return bad("Wire = %v: choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0", c.Wire)
+	case c.Overflow != OverflowFail && c.Overflow != OverflowDrop:
+		return bad("Overflow = %v: choose ep.OverflowFail or ep.OverflowDrop", c.Overflow)
+	case c.Overflow == OverflowDrop && c.Mode != HighThroughput:
+		return bad("Overflow %v is for HighThroughput groups (LowLatency buffers hold the worst case), not %v", c.Overflow, c.Mode)
 	case c.CombineWire != WireNative && c.CombineWire != WireFP8 && c.CombineWire != WireFP8UE8M0:
 		return bad("CombineWire = %v: choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0", c.CombineWire)
 	case c.CombineWire != WireNative && c.Mode != LowLatency:
@@ -140,11 +174,11 @@ func (c Config) maxRecv(ranks int) int {
 func (c Config) fingerprint(elem DType) []int64 {
 	return []int64{int64(c.Mode), int64(c.NumExperts), int64(c.MaxTokensPerRank), int64(c.Hidden),
 		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem), boolInt(c.MaskStalledRanks), int64(c.Wire),
-		int64(c.CombineWire)}
+		int64(c.CombineWire), int64(c.Overflow)}
 }
 
 var fingerprintFields = []string{"Mode", "NumExperts", "MaxTokensPerRank", "Hidden", "TopK",
-	"MaxRecvTokensPerRank", "Timeout", "element type", "MaskStalledRanks", "Wire", "CombineWire"}
+	"MaxRecvTokensPerRank", "Timeout", "element type", "MaskStalledRanks", "Wire", "CombineWire", "Overflow"}
 
 func boolInt(b bool) int64 {
 	if b {

@@ -82,10 +82,11 @@ func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 }
 
 // Supports says that the CPU engine masks stalled ranks, dispatches in FP8,
-// forwards FP8 rows the caller quantized and combines in FP8.
+// forwards FP8 rows the caller quantized, combines in FP8 and drops what
+// does not fit.
 func (cpuBackend) Supports(f Feature) bool {
 	switch f {
-	case FeatureMaskStalledRanks, FeatureFP8Wire, FeatureFP8Forward, FeatureFP8Combine:
+	case FeatureMaskStalledRanks, FeatureFP8Wire, FeatureFP8Forward, FeatureFP8Combine, FeatureOverflowDrop:
 		return true
 	}
 	return false

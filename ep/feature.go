@@ -25,6 +25,9 @@ const (
 	// FeatureFP8Combine is Config.CombineWire FP8: a low-precision
 	// combine.
 	FeatureFP8Combine
+	// FeatureOverflowDrop is Config.Overflow OverflowDrop: an HT dispatch
+	// drops what does not fit, the same on every rank.
+	FeatureOverflowDrop
 )
 
 func (f Feature) String() string {
@@ -37,6 +40,8 @@ func (f Feature) String() string {
 		return "forwarding FP8 rows the caller quantized (Config.Wire fp8-forward)"
 	case FeatureFP8Combine:
 		return "a low-precision combine (Config.CombineWire)"
+	case FeatureOverflowDrop:
+		return "dropping what does not fit (Config.Overflow drop)"
 	}
 	return fmt.Sprintf("Feature(%d)", int(f))
 }
@@ -72,6 +77,9 @@ func (c Config) features() []Feature {
 	}
 	if c.CombineWire.FP8() {
 		fs = append(fs, FeatureFP8Combine)
+	}
+	if c.Overflow == OverflowDrop {
+		fs = append(fs, FeatureOverflowDrop)
 	}
 	return fs
 }

@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"slices"
 	"unsafe"
 
 	"github.com/goep/goep/internal/dtype"
@@ -82,9 +83,10 @@ type htState struct {
 	recvOff []int   // [R+1]: where each source's rows start among this rank's
 	sendOff []int   // [R]: where this rank's rows start at each destination
 	fwd     []fwdPlan
-	cached  bool  // the forwarding plans came with a cached dispatch
-	expert  []int // [L]
-	source  []int // [R]
+	cached  bool    // the forwarding plans came with a cached dispatch
+	expert  []int   // [L]
+	source  []int   // [R]
+	dropped []int32 // Config.Overflow drop: this rank's (token, slot) pairs that did not fit
 }
 
 // railSender is a rank of another node whose rail peer on this node is this
@@ -239,7 +241,7 @@ func (m *htMode) send(d *Dispatch) error {
 	t0 := t.clock()
 	if st.cached {
 		st.copyFrom(d.From.State.(*htState))
-	} else if err := m.exchangeCounts(op, st, q, rt); err != nil {
+	} else if err := m.exchangeCounts(op, st, q, rt, d.TopK); err != nil {
 		return err
 	}
 	t.span(q, "counts", -1, 0, t0)
@@ -283,7 +285,7 @@ func (m *htMode) send(d *Dispatch) error {
 
 // exchangeCounts shares this rank's tokens per rank and per node, gathers
 // every rank's, and derives the row offsets.
-func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing) error {
+func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing, topk []int32) error {
 	t := &m.e.t
 	me, R, stride := t.me, m.R, m.stride()
 	m.mine = append(append(m.mine[:0], rt.PerRank...), rt.PerNode...)
@@ -300,16 +302,34 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing) e
 			copy(st.n[s*stride:(s+1)*stride], t.counts(flagCounts, 0, s))
 		}
 	}
+	st.dropped = st.dropped[:0]
 	for dst := 0; dst < R; dst++ {
 		total := 0
 		for s := 0; s < R; s++ {
 			total += int(st.n[s*stride+dst])
 		}
-		if total > m.maxRecv {
+		if total <= m.maxRecv {
+			continue
+		}
+		if m.e.spec.Overflow != OverflowDrop {
 			// Every rank sees the same matrix and fails the same way,
 			// before anything is written.
 			return inputErrorf(op, "rank %d would receive %d rows, more than MaxRecvTokensPerRank = %d", dst, total, m.maxRecv)
 		}
+		// Keep dst's rows source by source, each source's first ones,
+		// until it is full: every rank caps the same counts alike.
+		left := m.maxRecv
+		for s := 0; s < R; s++ {
+			kept := min(int(st.n[s*stride+dst]), left)
+			if s == me && kept < int(st.n[s*stride+dst]) {
+				m.drop(st, rt, topk, dst, kept)
+			}
+			st.n[s*stride+dst] = int32(kept)
+			left -= kept
+		}
+	}
+	if len(st.dropped) > 0 {
+		m.renumberNodes(rt)
 	}
 	st.recvOff[0] = 0
 	for s := 0; s < R; s++ {
@@ -424,7 +444,16 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	return t.raise(m.myRails, flagStaged, 0, t.me, d.Op, 0, nil)
+	// Each rail peer's staged flag carries how many rows it got (its
+	// count in the exchange, less what did not fit anywhere there).
+	for n := 0; n < m.nodes; n++ {
+		if n != m.myNode {
+			if err := t.raise(t.just(m.rails[n]), flagStaged, 0, t.me, d.Op, uint32(rt.PerNode[n]), nil); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (m *htMode) wait(d *Dispatch) error {
@@ -460,6 +489,7 @@ func (m *htMode) wait(d *Dispatch) error {
 		ExpertCounts: st.expert,
 		SourceCounts: st.source,
 		NumRecv:      n,
+		Dropped:      st.dropped,
 	}
 	if side := m.recv.side; side.stride > 0 {
 		d.Recv.Scales = hostTensor[float32](e, side.off, side.len(n)/4)
@@ -480,7 +510,7 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	}
 	t.span(d.Op, "wait staged", s, 0, t0)
 	t0 = t.clock()
-	n := int(st.n[s*stride+m.R+m.myNode])
+	n := int(t.flagPayload(flagStaged, 0, s, s)) // the rows s staged here
 	tok := unsafe.Slice((*int32)(t.staged(m.stok.at(slot*M))), n)
 	topk := unsafe.Slice((*int32)(t.staged(m.stopk.at(slot*M))), n*K)
 	w := unsafe.Slice((*float32)(t.staged(m.sw.at(slot*M))), n*K)
@@ -514,6 +544,43 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0, nil)
 }
 
+// drop takes this rank's tokens to rank dst after its first kept ones out
+// of the routing (they are not sent), listing their slots whose experts
+// dst owns as dropped.
+func (m *htMode) drop(st *htState, rt *Routing, topk []int32, dst, kept int) {
+	for tk := 0; tk < rt.T; tk++ {
+		o := &rt.TokRankOrd[tk*m.R+dst]
+		if int(*o) < kept {
+			continue
+		}
+		*o = -1
+		for k := 0; k < m.K; k++ {
+			if x := int(topk[tk*m.K+k]); x >= 0 && x/m.L == dst {
+				st.dropped = append(st.dropped, int32(tk*m.K+k))
+			}
+		}
+	}
+	rt.PerRank[dst] = int32(kept)
+	slices.Sort(st.dropped)
+}
+
+// renumberNodes recomputes, after drops, which tokens go to each node (those
+// that some rank there still gets) and their places there.
+func (m *htMode) renumberNodes(rt *Routing) {
+	clear(rt.PerNode)
+	for tk := 0; tk < rt.T; tk++ {
+		for n := 0; n < m.nodes; n++ {
+			rt.TokNodeOrd[tk*m.nodes+n] = -1
+		}
+		for r := 0; r < m.R; r++ {
+			if n := m.e.nodeOf[r]; rt.TokRankOrd[tk*m.R+r] >= 0 && rt.TokNodeOrd[tk*m.nodes+n] < 0 {
+				rt.TokNodeOrd[tk*m.nodes+n] = rt.PerNode[n]
+				rt.PerNode[n]++
+			}
+		}
+	}
+}
+
 // recvOffAt is where rows from source s start among rank dst's rows.
 func (st *htState) recvOffAt(s, dst, stride, R int) int {
 	off := 0
@@ -529,14 +596,19 @@ func (m *htMode) planForward(p *fwdPlan, st *htState, s int, topk []int32, n int
 	t := &m.e.t
 	p.src, p.rows = s, n
 	p.start, p.dst, p.row = growTo(p.start, n+1), p.dst[:0], p.row[:0]
-	next := growTo(m.area, m.R) // reused: the next row at each destination
+	next := growTo(m.area, 2*m.R) // reused: the next row at each destination, and its end
 	m.area = next
+	end := next[m.R:]
 	for _, dst := range t.nodeRanks {
 		next[dst] = st.recvOffAt(s, dst, m.stride(), m.R)
+		end[dst] = next[dst] + int(st.n[s*m.stride()+dst]) // its rows from s that fit (Config.Overflow)
 	}
 	for j := 0; j < n; j++ {
 		p.start[j] = int32(len(p.dst))
 		for _, dst := range t.nodeRanks {
+			if next[dst] == end[dst] { // the sender dropped its later tokens to dst
+				continue
+			}
 			for k := 0; k < m.K; k++ {
 				if x := int(topk[j*m.K+k]); x >= 0 && x/m.L == dst {
 					p.dst = append(p.dst, int32(dst))
@@ -558,6 +630,7 @@ func (st *htState) copyFrom(src *htState) {
 	copy(st.n, src.n)
 	copy(st.recvOff, src.recvOff)
 	copy(st.sendOff, src.sendOff)
+	st.dropped = append(st.dropped[:0], src.dropped...)
 	for i := range src.fwd {
 		f, g := &st.fwd[i], &src.fwd[i]
 		f.src, f.rows = g.src, g.rows

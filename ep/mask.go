@@ -65,9 +65,11 @@ func (g *Group[E]) SetMask(ranks []int) error {
 	return nil
 }
 
-// Dropped lists the (token, slot) pairs of this dispatch, as t*TopK+k, whose
-// expert was on a masked rank: not sent, or not combined; they contribute
-// nothing to the combine (Config.MaskStalledRanks). Not collective.
+// Dropped lists the (token, slot) pairs of this dispatch, as t*TopK+k, in
+// increasing order, that contribute nothing to the combine: whose expert
+// was on a masked rank, not sent or not combined (Config.MaskStalledRanks),
+// or whose row did not fit at its expert's rank (Config.Overflow
+// OverflowDrop). Not collective.
 func (h Handle[E]) Dropped() []int32 {
 	if !h.valid() {
 		return nil

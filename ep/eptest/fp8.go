@@ -319,7 +319,7 @@ func (i incapable) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 // a group.
 func (s Suite) testFeatureRefusals(t *testing.T) {
 	defer s.agree(t)
-	for _, f := range []ep.Feature{ep.FeatureFP8Wire, ep.FeatureMaskStalledRanks, ep.FeatureFP8Forward, ep.FeatureFP8Combine} {
+	for _, f := range []ep.Feature{ep.FeatureFP8Wire, ep.FeatureMaskStalledRanks, ep.FeatureFP8Forward, ep.FeatureFP8Combine, ep.FeatureOverflowDrop} {
 		cfg := scenarios(s.Comm.Size())[1].config(ep.LowLatency)
 		cfg.Timeout = testTimeout
 		switch f {
@@ -329,6 +329,8 @@ func (s Suite) testFeatureRefusals(t *testing.T) {
 			cfg.Wire = ep.WireFP8Forward
 		case ep.FeatureFP8Combine:
 			cfg.CombineWire = ep.WireFP8
+		case ep.FeatureOverflowDrop:
+			cfg.Mode, cfg.Overflow = ep.HighThroughput, ep.OverflowDrop
 		case ep.FeatureMaskStalledRanks:
 			cfg.MaskStalledRanks = true
 		}

@@ -60,6 +60,7 @@ func Run(t *testing.T, s Suite) {
 	t.Run("FP8Dispatch", func(t *testing.T) { s.testFP8(t) })
 	t.Run("FP8Forward", func(t *testing.T) { s.testFP8Forward(t) })
 	t.Run("FP8Combine", func(t *testing.T) { s.testFP8Combine(t) })
+	t.Run("Overflow", func(t *testing.T) { s.testOverflow(t) })
 	t.Run("UnsupportedFeaturesRefused", func(t *testing.T) { s.testFeatureRefusals(t) })
 	if s.Reference != nil {
 		t.Run("MatchesReference", func(t *testing.T) { s.testMatchesReference(t) })
