@@ -25,21 +25,10 @@ func (r region) at(i int) int { return r.off + i*r.stride }
 // len is the bytes of n rows.
 func (r region) len(n int) int { return n * r.stride }
 
-// size is the region's bytes.
-func (r region) size() int { return r.rows * r.stride }
-
 // rowArea is where dispatched rows lie: the rows, and their side data
 // (FP8 scales, stride 0 where the wire format has none), row i of one
 // beside row i of the other.
 type rowArea struct{ rows, side region }
-
-// parts are the regions that move when rows of the area move.
-func (a rowArea) parts() []region {
-	if a.side.stride == 0 {
-		return []region{a.rows}
-	}
-	return []region{a.rows, a.side}
-}
 
 // arena lays regions out in one memory, each aligned for rows (64 bytes,
 // whole pages from a page up), and keeps their names for BufferPlan.

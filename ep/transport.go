@@ -463,10 +463,6 @@ type refusal struct{ origin int }
 
 func (r *refusal) Error() string { return "ep: the call was refused by rank " + strconv.Itoa(r.origin) }
 
-// progressSlice is how long a wait across nodes polls memory before it
-// lets the network progress again: the other nodes' writes land only then.
-const progressSlice = 20 * time.Microsecond
-
 // flagPayload reads the payload of flag (k, set, of) as raised by via.
 func (t *transport) flagPayload(k flagKind, set, of, via int) uint32 {
 	return uint32(loadFlag(t.inboxOf(via, t.in.flagOff(k, set, of))))
