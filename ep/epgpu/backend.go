@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/gpu"
+	"github.com/goep/goep/gpu/emulator"
 	"github.com/goep/goep/mpi"
 )
 
@@ -51,9 +53,9 @@ func (b backend) Name() string {
 }
 
 func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
-	open := func() (Device, Comm, error) { return openEmulated(comm, b.emu) }
+	open := func() (gpu.Device, gpu.Comm, error) { return openEmulated(comm, b.emu) }
 	if b.cuda {
-		open = func() (Device, Comm, error) { return openCUDA(comm, b.device) }
+		open = func() (gpu.Device, gpu.Comm, error) { return openCUDA(comm, b.device) }
 	}
 	// A failure after the communicator exists comes back with the engine,
 	// which the Group closes on every rank (its Close is collective).
@@ -62,4 +64,29 @@ func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 		return nil, err
 	}
 	return e, err
+}
+
+// openCUDA opens this rank's CUDA device and an NCCL communicator over comm
+// (gpu.NewNCCLComm: the unique ID goes out over MPI; a rank without a
+// device or NCCL makes every rank fail, naming it). It is collective. Only
+// a machine with a GPU runs it; the gpu-tagged conformance test (make
+// test-gpu) does.
+func openCUDA(comm *mpi.Comm, device int) (gpu.Device, gpu.Comm, error) {
+	c, err := gpu.NewNCCLComm(comm, device)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.Device(), c, nil
+}
+
+// openEmulated opens this rank's emulated device and a communicator over
+// comm. It is collective.
+func openEmulated(comm *mpi.Comm, o EmulatorOptions) (gpu.Device, gpu.Comm, error) {
+	d := emulator.Open(0)
+	d.SetJitter(o.Jitter)
+	c, err := emulator.NewComm(d, comm)
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, c, nil
 }
