@@ -30,8 +30,17 @@ var AlltoallvBlocking Backend = alltoallvBackend{blocking: true}
 type alltoallvBackend struct{ blocking bool }
 
 // Supports says that the baseline dispatches in FP8 (it casts while it
-// packs, and the scales travel with the metadata).
-func (alltoallvBackend) Supports(f Feature) bool { return f == FeatureFP8Wire }
+// packs, and the scales travel with the metadata) and fails a refused call
+// on every rank. Its timeouts cannot name a peer, it measures no waits,
+// and its calls allocate.
+func (alltoallvBackend) Supports(f Feature) bool { return f == FeatureFP8Wire || f == FeatureRefusals }
+
+// The baseline and its engine, a Refuser.
+var (
+	_ Capable = alltoallvBackend{}
+	_ Engine  = (*alltoallvEngine)(nil)
+	_ Refuser = (*alltoallvEngine)(nil)
+)
 
 func (b alltoallvBackend) Name() string {
 	if b.blocking {

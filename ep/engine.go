@@ -45,11 +45,23 @@ func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	return e, nil
 }
 
-// Supports says that the CPU engine masks stalled ranks and dispatches in
-// FP8.
+// Supports says that the CPU engine implements every optional feature.
 func (cpuBackend) Supports(f Feature) bool {
-	return f == FeatureMaskStalledRanks || f == FeatureFP8Wire
+	switch f {
+	case FeatureFP8Wire, FeatureMaskStalledRanks, FeatureRefusals, FeatureMeter, FeatureNamedTimeouts, FeatureZeroAllocs:
+		return true
+	}
+	return false
 }
+
+// The CPU backend and its engine, with every optional interface.
+var (
+	_ Capable = cpuBackend{}
+	_ Engine  = (*engine)(nil)
+	_ Refuser = (*engine)(nil)
+	_ Meter   = (*engine)(nil)
+	_ Masker  = (*engine)(nil)
+)
 
 // engine is the CPU engine: the transport between the ranks, and the mode
 // that decides what goes where.

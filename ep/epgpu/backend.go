@@ -52,6 +52,26 @@ func (b backend) Name() string {
 	return "gpu:emulated"
 }
 
+// Supports says that the GPU engine fails a refused call on every rank,
+// measures per-peer waits and names a stalled peer. It does not mask
+// stalled ranks (NCCL cannot finish a posted group without a peer), does
+// not dispatch in FP8, and allocates a little per call (transfer lists).
+func (backend) Supports(f ep.Feature) bool {
+	switch f {
+	case ep.FeatureRefusals, ep.FeatureMeter, ep.FeatureNamedTimeouts:
+		return true
+	}
+	return false
+}
+
+// The GPU backend and its engine, a Refuser and a Meter.
+var (
+	_ ep.Capable = backend{}
+	_ ep.Engine  = (*engine)(nil)
+	_ ep.Refuser = (*engine)(nil)
+	_ ep.Meter   = (*engine)(nil)
+)
+
 func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 	open := func() (gpu.Device, gpu.Comm, error) { return openEmulated(comm, b.emu) }
 	if b.cuda {

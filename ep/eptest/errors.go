@@ -230,9 +230,10 @@ func (s Suite) testUseAfterClose(t *testing.T) {
 	assert.NoError(t, g.Close(), "closing twice is harmless")
 }
 
-// The last rank stops taking part: the others get a timeout, naming it
-// where the backend can, within the group's timeout, and the group refuses
-// further work.
+// The last rank stops taking part: the others get a timeout within the
+// group's timeout, naming it and its host where the backend declares
+// ep.FeatureNamedTimeouts (else the stalled rank or -1), and the group
+// refuses further work.
 func (s Suite) testStalledRank(t *testing.T) {
 	w := s.Comm
 	R, me := w.Size(), w.Rank()
@@ -258,7 +259,7 @@ func (s Suite) testStalledRank(t *testing.T) {
 				assert.True(t, errors.Is(err, ep.ErrTimeout), "want a timeout, got %v", err)
 				var te *ep.TimeoutError
 				if assert.ErrorAs(t, err, &te) {
-					if s.AnonymousTimeouts {
+					if !s.declares(ep.FeatureNamedTimeouts) {
 						assert.Contains(t, []int{-1, R - 1}, te.Peer, "the stalled rank, or -1: %v", err)
 					} else {
 						assert.Equal(t, R-1, te.Peer, "the stalled rank is named: %v", err)
@@ -280,11 +281,11 @@ func (s Suite) testStalledRank(t *testing.T) {
 }
 
 // Steady-state dispatch+combine cycles allocate nothing, in both modes,
-// fresh and cached, and in FP8 where the backend supports it.
+// fresh and cached, and in FP8 where the backend declares it.
 func (s Suite) testZeroAllocs(t *testing.T) {
 	R, me := s.Comm.Size(), s.Comm.Rank()
 	wires := []ep.WireFormat{ep.WireNative}
-	if ep.Supports(s.Backend, ep.FeatureFP8Wire) {
+	if s.declares(ep.FeatureFP8Wire) {
 		wires = append(wires, ep.WireFP8)
 	}
 	for _, mode := range modes {
