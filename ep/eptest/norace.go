@@ -1,0 +1,5 @@
+//go:build !race
+
+package eptest
+
+const raceSlowdown = 1
