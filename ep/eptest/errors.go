@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/internal/race"
 )
 
 func itoa(i int) string { return strconv.Itoa(i) }
@@ -233,7 +234,7 @@ func (s Suite) testUseAfterClose(t *testing.T) {
 // stallTimeout is the group's timeout in testStalledRank: it also bounds
 // how far apart the ranks may reach Close after the stall, which the race
 // detector's slowdown on a loaded machine stretched past half a second.
-const stallTimeout = raceSlowdown * 500 * time.Millisecond
+const stallTimeout = race.Slowdown * 500 * time.Millisecond
 
 // The last rank stops taking part: the others get a timeout within the
 // group's timeout, naming it and its host where the backend declares

@@ -1,5 +1,0 @@
-//go:build !race
-
-package eptest
-
-const raceSlowdown = 1
