@@ -21,9 +21,17 @@ MPI_TEST_EMU_SIM  ?= 4/2
 MPI_TEST_SERVE_NP  ?= 1,2,4
 MPI_TEST_SERVE_SIM ?= 4/2
 
+# The race detector (which also checks unsafe pointer arithmetic: checkptr) and cgo's strict pointer
+# checks (GOEXPERIMENT=cgocheck2) on the multi-rank tests, at small sizes: -race at 2 ranks and 2
+# simulated nodes of 2, without ep's FP8 value sweeps (single-rank arithmetic that takes minutes
+# under -race and runs in test-unit and test-mpi); cgocheck2 at 2 ranks.
+RACE_TEST_PKGS     ?= ./ep ./moe ./mpi
+RACE_TEST_SKIP     ?= TestQuantizeFloat32Sweep|TestE4M3FromMatchesReference|TestQuantizeEveryBF16Value
+CGOCHECK_TEST_PKGS ?= ./ep ./moe ./mpi ./ep/epgpu ./gpu/emulator
+
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps deps-nvrtc deps-python build run hello test test-unit test-mpi test-capi capi bench-capi test-gpu test-slurm test-cluster lint clean
+.PHONY: all deps deps-nvrtc deps-python build run hello test test-unit test-mpi test-race test-cgocheck test-capi capi bench-capi test-gpu test-slurm test-cluster lint clean
 
 all: build
 
@@ -72,9 +80,10 @@ run: bin/moe-train
 hello: bin/mpi-hello
 	$(MPIRUN) $(MPIRUN_FLAGS) -np $(NP) bin/mpi-hello
 
-## test: formatting, vet, single-rank tests, then the multi-rank tests under mpirun, then the C and
-## Python interfaces.
-test: lint test-unit test-mpi test-capi
+## test: formatting, vet, single-rank tests, then the multi-rank tests under mpirun, some of them
+## again with the race detector and with cgo's strict pointer checks, then the C and Python
+## interfaces.
+test: lint test-unit test-mpi test-race test-cgocheck test-capi
 
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -98,6 +107,12 @@ test-mpi: deps
 	# the serving loop (moe/serve): served tokens against the reference, overlap on and off, a stalled rank masked
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_SERVE_NP) -sim $(MPI_TEST_SERVE_SIM) ./moe/serve
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
+
+test-race: deps
+	$(GO) run ./internal/cmd/mpitest -race -np 2 -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
+
+test-cgocheck: deps
+	GOEXPERIMENT=cgocheck2 $(GO) run ./internal/cmd/mpitest -np 2 -sim "" $(CGOCHECK_TEST_PKGS)
 
 ## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
 ## capi/goep_ep.h, and the C example, tests and benchmark linked with them.

@@ -31,11 +31,20 @@ var AlltoallvBlocking Backend = alltoallvBackend{blocking: true}
 type alltoallvBackend struct{ blocking bool }
 
 // Supports says that the baseline dispatches in FP8 (it casts while it
-// packs, and the scales travel with the metadata), and forwards FP8 rows
-// the caller quantized (it packs their codes and scales).
+// packs, and the scales travel with the metadata), forwards FP8 rows the
+// caller quantized (it packs their codes and scales) and fails a refused
+// call on every rank. Its timeouts cannot name a peer, it measures no
+// waits, and its calls allocate.
 func (alltoallvBackend) Supports(f Feature) bool {
-	return f == FeatureFP8Wire || f == FeatureFP8Forward
+	return f == FeatureFP8Wire || f == FeatureFP8Forward || f == FeatureRefusals
 }
+
+// The baseline and its engine, a Refuser.
+var (
+	_ Capable = alltoallvBackend{}
+	_ Engine  = (*alltoallvEngine)(nil)
+	_ Refuser = (*alltoallvEngine)(nil)
+)
 
 func (b alltoallvBackend) Name() string {
 	if b.blocking {

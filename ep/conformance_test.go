@@ -13,21 +13,19 @@ func TestMain(m *testing.M) { mpitesting.Main(m) }
 
 // The CPU engine, checked against the two-sided baseline bit for bit.
 func TestConformanceCPU(t *testing.T) {
-	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.CPU, Reference: ep.Alltoallv, ZeroAllocs: true, Refusals: true,
-		Masking: true})
+	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.CPU, Reference: ep.Alltoallv})
 }
 
 // The CPU engine with LL's count-round protocol, which large messages take
 // (the suite's are small enough for the slot protocol).
 func TestConformanceCPUCountRound(t *testing.T) {
-	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.CPUWithSlotProtocolMax(0), Reference: ep.Alltoallv, ZeroAllocs: true, Refusals: true})
+	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.CPUWithSlotProtocolMax(0), Reference: ep.Alltoallv})
 }
 
 // The two-sided baseline, checked against the CPU engine. Its timeouts come
 // from MPI collectives, which cannot say which rank is missing.
 func TestConformanceAlltoallv(t *testing.T) {
-	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.Alltoallv, Reference: ep.CPU, AnonymousTimeouts: true,
-		Refusals: true})
+	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.Alltoallv, Reference: ep.CPU})
 }
 
 // The CPU engine with one-sided puts across nodes, where the nodes are
@@ -42,6 +40,5 @@ func TestConformanceCPUOneSided(t *testing.T) {
 	if !oneHost {
 		t.Skip("ep.CPUOneSided is checked where every rank is on one host; across hosts it needs RDMA hardware")
 	}
-	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.CPUOneSided, Reference: ep.Alltoallv, ZeroAllocs: true,
-		Refusals: true, Masking: true})
+	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: ep.CPUOneSided, Reference: ep.Alltoallv})
 }

@@ -104,10 +104,12 @@
 // engine failures into a broken group; the Engine moves the rows. A new
 // backend implements Engine and proves itself with the conformance suite of
 // package ep/eptest; it declares the optional Features it implements (FP8
-// dispatch, masking stalled ranks) by being Capable, and NewGroup refuses
-// the others by name. The CPU backend's zero-copy views are host tensors over
-// its MPI windows: passing Recv() or CombineBuffer() itself as Combine's
-// expert output avoids a copy.
+// dispatch, masking stalled ranks, refusals on every rank, per-peer waits,
+// ...) by being Capable, from which the suite derives its checks, and
+// NewGroup refuses a Config asking for the others by name. The CPU
+// backend's zero-copy views are host tensors over its MPI windows: passing
+// Recv() or CombineBuffer() itself as Combine's expert output avoids a
+// copy.
 //
 // # Determinism
 //

@@ -81,16 +81,24 @@ func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	return e, nil
 }
 
-// Supports says that the CPU engine masks stalled ranks, dispatches in FP8,
-// forwards FP8 rows the caller quantized, combines in FP8 and drops what
-// does not fit.
+// Supports says that the CPU engine implements every optional feature.
 func (cpuBackend) Supports(f Feature) bool {
 	switch f {
-	case FeatureMaskStalledRanks, FeatureFP8Wire, FeatureFP8Forward, FeatureFP8Combine, FeatureOverflowDrop:
+	case FeatureFP8Wire, FeatureMaskStalledRanks, FeatureFP8Forward, FeatureFP8Combine, FeatureOverflowDrop,
+		FeatureRefusals, FeatureMeter, FeatureNamedTimeouts, FeatureZeroAllocs:
 		return true
 	}
 	return false
 }
+
+// The CPU backend and its engine, with every optional interface.
+var (
+	_ Capable = cpuBackend{}
+	_ Engine  = (*engine)(nil)
+	_ Refuser = (*engine)(nil)
+	_ Meter   = (*engine)(nil)
+	_ Masker  = (*engine)(nil)
+)
 
 // engine is the CPU engine: the transport between the ranks, and the mode
 // that decides what goes where.

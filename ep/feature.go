@@ -5,9 +5,15 @@ import (
 	"fmt"
 )
 
-// A Feature is an optional ability that a Config can ask of its Backend.
-// A backend that does not know a feature is never handed a Config asking
-// for it: NewGroup refuses it first.
+// A Feature is an optional behaviour of a Backend's engines, which the
+// backend declares (Capable). Two are asked for by a Config (FP8Wire,
+// MaskStalledRanks): a backend that does not declare one is never handed a
+// Config asking for it, since NewGroup refuses it first. The others are
+// what the engines do unasked. NewGroup checks that a backend's engines
+// implement the interface a declared feature needs (Refuser, Meter,
+// Masker), and the conformance suite (package ep/eptest) derives what it
+// checks from the declarations: a declared feature's checks run and must
+// pass; an undeclared one asked for by a Config must be refused by name.
 type Feature int
 
 // Features.
@@ -28,7 +34,33 @@ const (
 	// FeatureOverflowDrop is Config.Overflow OverflowDrop: an HT dispatch
 	// drops what does not fit, the same on every rank.
 	FeatureOverflowDrop
+	// FeatureRefusals is a refused call failing at once on every rank: the
+	// engines are Refusers. Without it, the other ranks wait for the
+	// refusing rank until their timeout.
+	FeatureRefusals
+	// FeatureMeter is Group.Stats reporting how long this rank waited for
+	// each peer and the bytes it sent across nodes: the engines are
+	// Meters.
+	FeatureMeter
+	// FeatureNamedTimeouts is a timeout that names the peer that stalled
+	// (TimeoutError.Peer and Host). Without it a timeout may say Peer -1,
+	// as an MPI collective cannot say who is missing.
+	FeatureNamedTimeouts
+	// FeatureZeroAllocs is steady-state dispatch and combine calls
+	// allocating nothing on the Go heap.
+	FeatureZeroAllocs
+
+	featureEnd // one past the last
 )
+
+// Features lists every Feature.
+func Features() []Feature {
+	fs := make([]Feature, 0, featureEnd-1)
+	for f := Feature(1); f < featureEnd; f++ {
+		fs = append(fs, f)
+	}
+	return fs
+}
 
 func (f Feature) String() string {
 	switch f {
@@ -42,6 +74,14 @@ func (f Feature) String() string {
 		return "a low-precision combine (Config.CombineWire)"
 	case FeatureOverflowDrop:
 		return "dropping what does not fit (Config.Overflow drop)"
+	case FeatureRefusals:
+		return "refusals on every rank (ep.Refuser)"
+	case FeatureMeter:
+		return "per-peer waits and network bytes (ep.Meter)"
+	case FeatureNamedTimeouts:
+		return "timeouts naming the stalled peer"
+	case FeatureZeroAllocs:
+		return "steady-state calls without allocations"
 	}
 	return fmt.Sprintf("Feature(%d)", int(f))
 }
@@ -94,4 +134,31 @@ func checkFeatures(c Config) error {
 		}
 	}
 	return nil
+}
+
+// checkEngine refuses an engine that lacks the interface of a feature its
+// backend declares, so that a declaration that the engine does not back
+// (or a method whose signature drifted) fails NewGroup instead of turning a
+// refusal into a timeout or a statistic into nothing.
+func checkEngine(b Backend, eng Engine) error {
+	for _, need := range []struct {
+		f    Feature
+		ok   bool
+		name string
+	}{
+		{FeatureRefusals, is[Refuser](eng), "Refuser"},
+		{FeatureMeter, is[Meter](eng), "Meter"},
+		{FeatureMaskStalledRanks, is[Masker](eng), "Masker"},
+	} {
+		if Supports(b, need.f) && !need.ok {
+			return fmt.Errorf("ep: NewGroup: the %s backend declares %v, but its engine %T is not an ep.%s", b.Name(), need.f, eng, need.name)
+		}
+	}
+	return nil
+}
+
+// is reports whether v implements I.
+func is[I any](v any) bool {
+	_, ok := v.(I)
+	return ok
 }

@@ -138,6 +138,9 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		return nil, ferr
 	}
 	eng, err := cfg.backend().Open(c, spec)
+	if err == nil {
+		err = checkEngine(cfg.backend(), eng)
+	}
 	var agreed *mpi.AgreedError
 	if !errors.As(err, &agreed) { // an engine that agreed already failed on every rank alike
 		err = mpi.AgreeOnError(c, err)

@@ -11,14 +11,41 @@ import (
 	"unsafe"
 )
 
-// Copies by address: the counterparts of Buffer's methods for code that
-// keeps device addresses (DevicePtr) rather than Buffers, such as an engine
-// that carves its buffers out of a few allocations. The synchronous ones
-// are methods of Device and, like cuMemcpy, complete before they return;
-// the asynchronous ones are queued on a Stream.
+// Memory and copies by address: the counterparts of Buffer's methods for
+// code that keeps device addresses (DevicePtr) rather than Buffers, such as
+// an engine that carves its buffers out of a few allocations, and the part
+// of the Device and Stream interfaces that CUDA implements. The synchronous
+// copies are methods of CUDADevice and, like cuMemcpy, complete before they
+// return; the asynchronous ones are queued on a CUDAStream.
+
+// MemAlloc returns the address of n bytes of device memory, not
+// initialised (cuMemAlloc; n = 0 allocates one byte, so that every
+// allocation has an address), to be released by MemFree.
+func (d *CUDADevice) MemAlloc(n int) (DevicePtr, error) {
+	if n < 0 {
+		return 0, fmt.Errorf("gpu: MemAlloc: negative size %d", n)
+	}
+	var p C.uint64_t
+	if err := cuErr("cuMemAlloc", C.goep_cu_mem_alloc(d.ctx, &p, C.size_t(max(n, 1)))); err != nil {
+		return 0, fmt.Errorf("%w (allocating %d bytes on %v)", err, n, d)
+	}
+	return DevicePtr(p), nil
+}
+
+// MemFree releases memory that MemAlloc returned (cuMemFree). Like
+// cuMemFree it does not wait for the work that uses it.
+func (d *CUDADevice) MemFree(p DevicePtr) error {
+	if p == 0 {
+		return errors.New("gpu: MemFree: address 0")
+	}
+	if err := cuErr("cuMemFree", C.goep_cu_mem_free(d.ctx, C.uint64_t(p))); err != nil {
+		return fmt.Errorf("%w (freeing %#x on %v)", err, uint64(p), d)
+	}
+	return nil
+}
 
 // MemcpyHtoD copies src to device address dst (cuMemcpyHtoD).
-func (d *Device) MemcpyHtoD(dst DevicePtr, src []byte) error {
+func (d *CUDADevice) MemcpyHtoD(dst DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
@@ -29,7 +56,7 @@ func (d *Device) MemcpyHtoD(dst DevicePtr, src []byte) error {
 }
 
 // MemcpyDtoH copies len(dst) bytes from device address src (cuMemcpyDtoH).
-func (d *Device) MemcpyDtoH(dst []byte, src DevicePtr) error {
+func (d *CUDADevice) MemcpyDtoH(dst []byte, src DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
 	}
@@ -40,7 +67,7 @@ func (d *Device) MemcpyDtoH(dst []byte, src DevicePtr) error {
 }
 
 // MemcpyDtoD copies n bytes from src to dst on the device (cuMemcpyDtoD).
-func (d *Device) MemcpyDtoD(dst, src DevicePtr, n int) error {
+func (d *CUDADevice) MemcpyDtoD(dst, src DevicePtr, n int) error {
 	if err := checkAddrs("MemcpyDtoD", dst, src, n); err != nil || n == 0 {
 		return err
 	}
@@ -48,7 +75,7 @@ func (d *Device) MemcpyDtoD(dst, src DevicePtr, n int) error {
 }
 
 // MemsetD8 sets n bytes at dst to v (cuMemsetD8).
-func (d *Device) MemsetD8(dst DevicePtr, v byte, n int) error {
+func (d *CUDADevice) MemsetD8(dst DevicePtr, v byte, n int) error {
 	if err := checkAddrs("MemsetD8", dst, dst, n); err != nil || n == 0 {
 		return err
 	}
@@ -68,15 +95,23 @@ func checkAddrs(op string, dst, src DevicePtr, n int) error {
 // checkStream refuses the nil (default) stream, on which asynchronous
 // copies by address are not offered: an engine orders its work on its own
 // streams.
-func (s *Stream) checkStream(op string) error {
+func (s *CUDAStream) checkStream(op string) error {
 	if s == nil || s.s == nil {
 		return fmt.Errorf("gpu: %s: needs a stream from NewStream, not the default or a closed one", op)
 	}
 	return nil
 }
 
-// hostRange is n bytes of h from off.
-func (h *HostBuffer) hostRange(op string, off, n int) (unsafe.Pointer, error) {
+// hostRange is n bytes of h, pinned memory of a CUDA device, from off.
+func hostRange(op string, h HostBuffer, off, n int) (unsafe.Pointer, error) {
+	ch, err := cudaHost(op, h)
+	if err != nil {
+		return nil, err
+	}
+	return ch.hostRange(op, off, n)
+}
+
+func (h *CUDAHostBuffer) hostRange(op string, off, n int) (unsafe.Pointer, error) {
 	if off < 0 || n < 0 || off+n > h.n {
 		return nil, fmt.Errorf("gpu: %s: bytes [%d, %d) out of range of %d pinned bytes", op, off, off+n, h.n)
 	}
@@ -86,12 +121,12 @@ func (h *HostBuffer) hostRange(op string, off, n int) (unsafe.Pointer, error) {
 // MemcpyHtoDAsync queues a copy of n bytes of pinned memory src from byte
 // off to device address dst (cuMemcpyHtoDAsync). src must not change until
 // the copy has run.
-func (s *Stream) MemcpyHtoDAsync(dst DevicePtr, src *HostBuffer, off, n int) error {
+func (s *CUDAStream) MemcpyHtoDAsync(dst DevicePtr, src HostBuffer, off, n int) error {
 	const op = "MemcpyHtoDAsync"
 	if err := s.checkStream(op); err != nil {
 		return err
 	}
-	p, err := src.hostRange(op, off, n)
+	p, err := hostRange(op, src, off, n)
 	if err != nil || n == 0 {
 		return err
 	}
@@ -104,12 +139,12 @@ func (s *Stream) MemcpyHtoDAsync(dst DevicePtr, src *HostBuffer, off, n int) err
 // MemcpyDtoHAsync queues a copy of n bytes at device address src into
 // pinned memory dst from byte off (cuMemcpyDtoHAsync): dst holds them once
 // the stream has run it.
-func (s *Stream) MemcpyDtoHAsync(dst *HostBuffer, off int, src DevicePtr, n int) error {
+func (s *CUDAStream) MemcpyDtoHAsync(dst HostBuffer, off int, src DevicePtr, n int) error {
 	const op = "MemcpyDtoHAsync"
 	if err := s.checkStream(op); err != nil {
 		return err
 	}
-	p, err := dst.hostRange(op, off, n)
+	p, err := hostRange(op, dst, off, n)
 	if err != nil || n == 0 {
 		return err
 	}
@@ -121,7 +156,7 @@ func (s *Stream) MemcpyDtoHAsync(dst *HostBuffer, off int, src DevicePtr, n int)
 
 // MemcpyDtoDAsync queues a device-to-device copy of n bytes
 // (cuMemcpyDtoDAsync).
-func (s *Stream) MemcpyDtoDAsync(dst, src DevicePtr, n int) error {
+func (s *CUDAStream) MemcpyDtoDAsync(dst, src DevicePtr, n int) error {
 	const op = "MemcpyDtoDAsync"
 	if err := s.checkStream(op); err != nil {
 		return err
@@ -133,7 +168,7 @@ func (s *Stream) MemcpyDtoDAsync(dst, src DevicePtr, n int) error {
 }
 
 // MemsetD8Async queues setting n bytes at dst to v (cuMemsetD8Async).
-func (s *Stream) MemsetD8Async(dst DevicePtr, v byte, n int) error {
+func (s *CUDAStream) MemsetD8Async(dst DevicePtr, v byte, n int) error {
 	const op = "MemsetD8Async"
 	if err := s.checkStream(op); err != nil {
 		return err

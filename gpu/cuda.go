@@ -105,10 +105,11 @@ func DeviceCount() (int, error) {
 	return int(n), nil
 }
 
-// Device is one CUDA device and its primary context (the one the CUDA
-// runtime, NCCL and PyTorch use). A Device is shared by the whole process
-// and never closed: OpenDevice returns the same value for the same ordinal.
-type Device struct {
+// CUDADevice is one CUDA device and its primary context (the one the CUDA
+// runtime, NCCL and PyTorch use): the Device of this package. A CUDADevice
+// is shared by the whole process and never closed: OpenDevice returns the
+// same value for the same ordinal.
+type CUDADevice struct {
 	ordinal int
 	dev     C.int
 	ctx     unsafe.Pointer // CUcontext
@@ -120,12 +121,12 @@ type Device struct {
 
 var (
 	devMu   sync.Mutex
-	devices = map[int]*Device{}
+	devices = map[int]*CUDADevice{}
 )
 
 // OpenDevice returns device number ordinal (as CUDA_VISIBLE_DEVICES
 // numbers them), retaining its primary context for the life of the process.
-func OpenDevice(ordinal int) (*Device, error) {
+func OpenDevice(ordinal int) (*CUDADevice, error) {
 	if err := driver(); err != nil {
 		return nil, err
 	}
@@ -141,7 +142,7 @@ func OpenDevice(ordinal int) (*Device, error) {
 	if ordinal < 0 || ordinal >= int(n) {
 		return nil, fmt.Errorf("gpu: OpenDevice(%d): no such device (%d visible)", ordinal, int(n))
 	}
-	d := &Device{ordinal: ordinal}
+	d := &CUDADevice{ordinal: ordinal}
 	if err := cuErr("cuDeviceGet", C.goep_cu_device_get(C.int(ordinal), &d.dev)); err != nil {
 		return nil, err
 	}
@@ -155,12 +156,12 @@ func OpenDevice(ordinal int) (*Device, error) {
 }
 
 // Ordinal returns the device's number.
-func (d *Device) Ordinal() int { return d.ordinal }
+func (d *CUDADevice) Ordinal() int { return d.ordinal }
 
-func (d *Device) String() string { return fmt.Sprintf("cuda:%d", d.ordinal) }
+func (d *CUDADevice) String() string { return fmt.Sprintf("cuda:%d", d.ordinal) }
 
 // Name returns the device's product name, e.g. "NVIDIA H100 80GB HBM3".
-func (d *Device) Name() (string, error) {
+func (d *CUDADevice) Name() (string, error) {
 	var buf [256]C.char
 	if err := cuErr("cuDeviceGetName", C.goep_cu_device_name(d.dev, &buf[0], C.int(len(buf)))); err != nil {
 		return "", err
@@ -172,7 +173,7 @@ func (d *Device) Name() (string, error) {
 type Attribute int
 
 // The attributes this package uses; any other CUdevice_attribute value may
-// be passed to Device.Attribute.
+// be passed to CUDADevice.Attribute.
 const (
 	AttrMaxThreadsPerBlock     Attribute = 1
 	AttrMultiprocessorCount    Attribute = 16
@@ -183,7 +184,7 @@ const (
 )
 
 // Attribute returns one device attribute (cuDeviceGetAttribute).
-func (d *Device) Attribute(a Attribute) (int, error) {
+func (d *CUDADevice) Attribute(a Attribute) (int, error) {
 	var v C.int
 	if err := cuErr("cuDeviceGetAttribute", C.goep_cu_device_attribute(d.dev, C.int(a), &v)); err != nil {
 		return 0, err
@@ -193,7 +194,7 @@ func (d *Device) Attribute(a Attribute) (int, error) {
 
 // ComputeCapability returns the device's compute capability (9, 0 for an
 // H100).
-func (d *Device) ComputeCapability() (major, minor int, err error) {
+func (d *CUDADevice) ComputeCapability() (major, minor int, err error) {
 	if major, err = d.Attribute(AttrComputeCapabilityMajor); err != nil {
 		return 0, 0, err
 	}
@@ -204,7 +205,7 @@ func (d *Device) ComputeCapability() (major, minor int, err error) {
 }
 
 // TotalMemory returns the device's memory in bytes.
-func (d *Device) TotalMemory() (int64, error) {
+func (d *CUDADevice) TotalMemory() (int64, error) {
 	var n C.size_t
 	if err := cuErr("cuDeviceTotalMem", C.goep_cu_device_total_mem(d.dev, &n)); err != nil {
 		return 0, err
@@ -213,7 +214,7 @@ func (d *Device) TotalMemory() (int64, error) {
 }
 
 // MemoryInfo returns the free and total device memory in bytes.
-func (d *Device) MemoryInfo() (free, total int64, err error) {
+func (d *CUDADevice) MemoryInfo() (free, total int64, err error) {
 	var f, t C.size_t
 	if err := cuErr("cuMemGetInfo", C.goep_cu_mem_get_info(d.ctx, &f, &t)); err != nil {
 		return 0, 0, err
@@ -222,7 +223,7 @@ func (d *Device) MemoryInfo() (free, total int64, err error) {
 }
 
 // PCIBusID returns the device's PCI address, e.g. "0000:19:00.0".
-func (d *Device) PCIBusID() (string, error) {
+func (d *CUDADevice) PCIBusID() (string, error) {
 	var buf [64]C.char
 	if err := cuErr("cuDeviceGetPCIBusId", C.goep_cu_device_pci_bus_id(d.dev, &buf[0], C.int(len(buf)))); err != nil {
 		return "", err
@@ -231,7 +232,7 @@ func (d *Device) PCIBusID() (string, error) {
 }
 
 // Synchronize waits until all work on the device has finished.
-func (d *Device) Synchronize() error {
+func (d *CUDADevice) Synchronize() error {
 	return cuErr("cuCtxSynchronize", C.goep_cu_ctx_synchronize(d.ctx))
 }
 
@@ -244,14 +245,14 @@ func (p DevicePtr) Add(n int) DevicePtr { return p + DevicePtr(n) }
 // Buffer is a range of device memory. Buffers from Alloc are freed with
 // Free; views from Slice share their parent's memory and are not freed.
 type Buffer struct {
-	dev  *Device
+	dev  *CUDADevice
 	ptr  DevicePtr
 	n    int
 	view bool
 }
 
 // Alloc allocates n bytes of device memory (cuMemAlloc).
-func (d *Device) Alloc(n int) (*Buffer, error) {
+func (d *CUDADevice) Alloc(n int) (*Buffer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("gpu: Alloc: negative size %d", n)
 	}
@@ -274,7 +275,7 @@ func (b *Buffer) Ptr() DevicePtr { return b.ptr }
 func (b *Buffer) Len() int { return b.n }
 
 // Device returns the device the buffer lives on.
-func (b *Buffer) Device() *Device { return b.dev }
+func (b *Buffer) Device() *CUDADevice { return b.dev }
 
 // Free releases the buffer's memory; the buffer is then empty. Freeing an
 // empty buffer does nothing; a view cannot be freed.
@@ -341,36 +342,59 @@ func (b *Buffer) Memset(v byte) error {
 
 // UploadAsync queues a copy of src (pinned host memory of the same length)
 // to the buffer on stream s (nil: the default stream).
-func (b *Buffer) UploadAsync(src *HostBuffer, s *Stream) error {
-	if err := b.checkLen("UploadAsync", src.n); err != nil || b.n == 0 {
+func (b *Buffer) UploadAsync(src HostBuffer, s Stream) error {
+	h, cs, err := cudaHostStream("UploadAsync", src, s)
+	if err != nil {
 		return err
 	}
-	return cuErr("cuMemcpyHtoDAsync", C.goep_cu_memcpy_htod_async(b.dev.ctx, C.uint64_t(b.ptr), src.p, C.size_t(b.n), s.handle()))
+	if err := b.checkLen("UploadAsync", h.n); err != nil || b.n == 0 {
+		return err
+	}
+	return cuErr("cuMemcpyHtoDAsync", C.goep_cu_memcpy_htod_async(b.dev.ctx, C.uint64_t(b.ptr), h.p, C.size_t(b.n), cs.handle()))
 }
 
 // DownloadAsync queues a copy of the buffer to dst (pinned host memory of
 // the same length) on stream s.
-func (b *Buffer) DownloadAsync(dst *HostBuffer, s *Stream) error {
-	if err := b.checkLen("DownloadAsync", dst.n); err != nil || b.n == 0 {
+func (b *Buffer) DownloadAsync(dst HostBuffer, s Stream) error {
+	h, cs, err := cudaHostStream("DownloadAsync", dst, s)
+	if err != nil {
 		return err
 	}
-	return cuErr("cuMemcpyDtoHAsync", C.goep_cu_memcpy_dtoh_async(b.dev.ctx, dst.p, C.uint64_t(b.ptr), C.size_t(b.n), s.handle()))
+	if err := b.checkLen("DownloadAsync", h.n); err != nil || b.n == 0 {
+		return err
+	}
+	return cuErr("cuMemcpyDtoHAsync", C.goep_cu_memcpy_dtoh_async(b.dev.ctx, h.p, C.uint64_t(b.ptr), C.size_t(b.n), cs.handle()))
 }
 
 // CopyFromAsync queues a device-to-device copy of src into the buffer on s.
-func (b *Buffer) CopyFromAsync(src *Buffer, s *Stream) error {
+func (b *Buffer) CopyFromAsync(src *Buffer, s Stream) error {
+	cs, err := cudaStream(s)
+	if err != nil {
+		return err
+	}
 	if err := b.checkLen("CopyFromAsync", src.n); err != nil || b.n == 0 {
 		return err
 	}
-	return cuErr("cuMemcpyDtoDAsync", C.goep_cu_memcpy_dtod_async(b.dev.ctx, C.uint64_t(b.ptr), C.uint64_t(src.ptr), C.size_t(b.n), s.handle()))
+	return cuErr("cuMemcpyDtoDAsync", C.goep_cu_memcpy_dtod_async(b.dev.ctx, C.uint64_t(b.ptr), C.uint64_t(src.ptr), C.size_t(b.n), cs.handle()))
 }
 
 // MemsetAsync queues setting every byte of the buffer to v on s.
-func (b *Buffer) MemsetAsync(v byte, s *Stream) error {
-	if b.n == 0 {
-		return nil
+func (b *Buffer) MemsetAsync(v byte, s Stream) error {
+	cs, err := cudaStream(s)
+	if err != nil || b.n == 0 {
+		return err
 	}
-	return cuErr("cuMemsetD8Async", C.goep_cu_memset_d8_async(b.dev.ctx, C.uint64_t(b.ptr), C.uchar(v), C.size_t(b.n), s.handle()))
+	return cuErr("cuMemsetD8Async", C.goep_cu_memset_d8_async(b.dev.ctx, C.uint64_t(b.ptr), C.uchar(v), C.size_t(b.n), cs.handle()))
+}
+
+// cudaHostStream is the pinned memory and the CUDA stream behind h and s.
+func cudaHostStream(op string, h HostBuffer, s Stream) (*CUDAHostBuffer, *CUDAStream, error) {
+	ch, err := cudaHost(op, h)
+	if err != nil {
+		return nil, nil, err
+	}
+	cs, err := cudaStream(s)
+	return ch, cs, err
 }
 
 // Number is the element types Upload and Download move: fixed-size numbers
@@ -386,7 +410,7 @@ func Upload[T Number](b *Buffer, src []T) error { return b.Upload(bytesOf(src)) 
 func Download[T Number](dst []T, b *Buffer) error { return b.Download(bytesOf(dst)) }
 
 // AllocFor allocates a buffer for len(src) elements and uploads src.
-func AllocFor[T Number](d *Device, src []T) (*Buffer, error) {
+func AllocFor[T Number](d *CUDADevice, src []T) (*Buffer, error) {
 	b, err := d.Alloc(len(bytesOf(src)))
 	if err != nil {
 		return nil, err
@@ -398,11 +422,12 @@ func AllocFor[T Number](d *Device, src []T) (*Buffer, error) {
 	return b, nil
 }
 
-// HostBuffer is page-locked ("pinned") host memory (cuMemHostAlloc),
-// needed for asynchronous copies. It is C memory: Bytes and HostSlice view
-// it without copying, and those views must not be used after Free.
-type HostBuffer struct {
-	dev *Device
+// CUDAHostBuffer is page-locked ("pinned") host memory (cuMemHostAlloc),
+// needed for asynchronous copies: the HostBuffer of a CUDA device. It is C
+// memory: Bytes and HostSlice view it without copying, and those views must
+// not be used after Free.
+type CUDAHostBuffer struct {
+	dev *CUDADevice
 	p   unsafe.Pointer
 	n   int
 }
@@ -410,12 +435,12 @@ type HostBuffer struct {
 // CU_MEMHOSTALLOC_PORTABLE: usable from every context.
 const memHostAllocPortable = 1
 
-// AllocHost allocates n bytes of pinned host memory.
-func (d *Device) AllocHost(n int) (*HostBuffer, error) {
+// AllocHost allocates n bytes of pinned host memory (a *CUDAHostBuffer).
+func (d *CUDADevice) AllocHost(n int) (HostBuffer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("gpu: AllocHost: negative size %d", n)
 	}
-	h := &HostBuffer{dev: d, n: n}
+	h := &CUDAHostBuffer{dev: d, n: n}
 	if n == 0 {
 		return h, nil
 	}
@@ -427,28 +452,38 @@ func (d *Device) AllocHost(n int) (*HostBuffer, error) {
 	return h, nil
 }
 
+// cudaHost is the pinned memory behind h, or an error naming op.
+func cudaHost(op string, h HostBuffer) (*CUDAHostBuffer, error) {
+	ch, ok := h.(*CUDAHostBuffer)
+	if !ok || ch == nil {
+		return nil, fmt.Errorf("gpu: %s: %T is not pinned memory of a CUDA device", op, h)
+	}
+	return ch, nil
+}
+
 // Len returns the size in bytes.
-func (h *HostBuffer) Len() int { return h.n }
+func (h *CUDAHostBuffer) Len() int { return h.n }
 
 // Bytes views the memory as bytes.
-func (h *HostBuffer) Bytes() []byte {
+func (h *CUDAHostBuffer) Bytes() []byte {
 	if h.p == nil {
 		return nil
 	}
 	return unsafe.Slice((*byte)(h.p), h.n)
 }
 
-// HostSlice views h as a slice of T (its length rounded down).
-func HostSlice[T Number](h *HostBuffer) []T {
-	var z T
-	if h.p == nil {
+// HostSlice views host memory as a slice of T (its length rounded down).
+func HostSlice[T Number](h HostBuffer) []T {
+	b := h.Bytes()
+	n := len(b) / int(unsafe.Sizeof(*new(T)))
+	if n == 0 {
 		return nil
 	}
-	return unsafe.Slice((*T)(h.p), h.n/int(unsafe.Sizeof(z)))
+	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), n)
 }
 
 // Free releases the memory.
-func (h *HostBuffer) Free() error {
+func (h *CUDAHostBuffer) Free() error {
 	if h.p == nil {
 		return nil
 	}
@@ -457,26 +492,27 @@ func (h *HostBuffer) Free() error {
 	return err
 }
 
-// Stream is a CUDA stream: work queued on it runs in order. A nil *Stream
-// stands for the default (legacy NULL) stream wherever a stream is taken.
-type Stream struct {
-	dev *Device
+// CUDAStream is a CUDA stream: the Stream of a CUDA device. A nil
+// *CUDAStream, or a nil Stream, stands for the default (legacy NULL) stream
+// wherever a stream is taken, but for the copies by address.
+type CUDAStream struct {
+	dev *CUDADevice
 	s   unsafe.Pointer // CUstream
 }
 
 // CU_STREAM_NON_BLOCKING: no implicit synchronisation with the NULL stream.
 const streamNonBlocking = 1
 
-// NewStream creates a non-blocking stream.
-func (d *Device) NewStream() (*Stream, error) {
+// NewStream creates a non-blocking stream (a *CUDAStream).
+func (d *CUDADevice) NewStream() (Stream, error) {
 	var s unsafe.Pointer
 	if err := cuErr("cuStreamCreate", C.goep_cu_stream_create(d.ctx, &s, streamNonBlocking)); err != nil {
 		return nil, err
 	}
-	return &Stream{dev: d, s: s}, nil
+	return &CUDAStream{dev: d, s: s}, nil
 }
 
-func (s *Stream) handle() unsafe.Pointer {
+func (s *CUDAStream) handle() unsafe.Pointer {
 	if s == nil {
 		return nil
 	}
@@ -484,7 +520,7 @@ func (s *Stream) handle() unsafe.Pointer {
 }
 
 // Synchronize waits for the stream's work to finish.
-func (s *Stream) Synchronize() error {
+func (s *CUDAStream) Synchronize() error {
 	if s == nil {
 		return errors.New("gpu: Synchronize on the nil (default) stream: use Device.Synchronize")
 	}
@@ -492,7 +528,7 @@ func (s *Stream) Synchronize() error {
 }
 
 // Done reports whether all work queued on the stream has finished.
-func (s *Stream) Done() (bool, error) {
+func (s *CUDAStream) Done() (bool, error) {
 	if s == nil {
 		return false, errors.New("gpu: Done on the nil (default) stream: use Device.Synchronize")
 	}
@@ -503,16 +539,31 @@ func (s *Stream) Done() (bool, error) {
 	return r == 0, cuErr("cuStreamQuery", r)
 }
 
-// WaitEvent makes later work on the stream wait until e has happened.
-func (s *Stream) WaitEvent(e *Event) error {
+// Record marks e, a *CUDAEvent, at the current end of the stream's work
+// (cuEventRecord).
+func (s *CUDAStream) Record(e Event) error {
+	ce, err := cudaEvent("Record", e)
+	if err != nil {
+		return err
+	}
+	return cuErr("cuEventRecord", C.goep_cu_event_record(ce.dev.ctx, ce.e, s.handle()))
+}
+
+// WaitEvent makes later work on the stream wait until e, a *CUDAEvent, has
+// happened (cuStreamWaitEvent).
+func (s *CUDAStream) WaitEvent(e Event) error {
 	if s == nil {
 		return errors.New("gpu: WaitEvent on the nil (default) stream: create a stream")
 	}
-	return cuErr("cuStreamWaitEvent", C.goep_cu_stream_wait_event(s.dev.ctx, s.s, e.e))
+	ce, err := cudaEvent("WaitEvent", e)
+	if err != nil {
+		return err
+	}
+	return cuErr("cuStreamWaitEvent", C.goep_cu_stream_wait_event(s.dev.ctx, s.s, ce.e))
 }
 
 // Close destroys the stream (after its work completes).
-func (s *Stream) Close() error {
+func (s *CUDAStream) Close() error {
 	if s == nil || s.s == nil {
 		return nil
 	}
@@ -523,34 +574,38 @@ func (s *Stream) Close() error {
 
 const cudaErrorNotReady = 600 // CUDA_ERROR_NOT_READY
 
-// Event marks a point in a stream's work; two events time what lies
-// between them.
-type Event struct {
-	dev *Device
+// CUDAEvent is a CUDA event, the Event of a CUDA device: it marks a point
+// in a stream's work; two events time what lies between them.
+type CUDAEvent struct {
+	dev *CUDADevice
 	e   unsafe.Pointer // CUevent
 }
 
-// NewEvent creates an event that records time.
-func (d *Device) NewEvent() (*Event, error) {
+// NewEvent creates an event that records time (a *CUDAEvent).
+func (d *CUDADevice) NewEvent() (Event, error) {
 	var e unsafe.Pointer
 	if err := cuErr("cuEventCreate", C.goep_cu_event_create(d.ctx, &e, 0)); err != nil {
 		return nil, err
 	}
-	return &Event{dev: d, e: e}, nil
+	return &CUDAEvent{dev: d, e: e}, nil
 }
 
-// Record marks the event at the current end of stream s's work.
-func (e *Event) Record(s *Stream) error {
-	return cuErr("cuEventRecord", C.goep_cu_event_record(e.dev.ctx, e.e, s.handle()))
+// cudaEvent is the CUDA event behind e, or an error naming op.
+func cudaEvent(op string, e Event) (*CUDAEvent, error) {
+	ce, ok := e.(*CUDAEvent)
+	if !ok || ce == nil || ce.e == nil {
+		return nil, fmt.Errorf("gpu: %s: %T is not a live event of a CUDA device", op, e)
+	}
+	return ce, nil
 }
 
 // Synchronize waits until the event has happened.
-func (e *Event) Synchronize() error {
+func (e *CUDAEvent) Synchronize() error {
 	return cuErr("cuEventSynchronize", C.goep_cu_event_synchronize(e.dev.ctx, e.e))
 }
 
 // Done reports whether the event has happened.
-func (e *Event) Done() (bool, error) {
+func (e *CUDAEvent) Done() (bool, error) {
 	r := C.goep_cu_event_query(e.dev.ctx, e.e)
 	if r == cudaErrorNotReady {
 		return false, nil
@@ -559,7 +614,7 @@ func (e *Event) Done() (bool, error) {
 }
 
 // Close destroys the event.
-func (e *Event) Close() error {
+func (e *CUDAEvent) Close() error {
 	if e == nil || e.e == nil {
 		return nil
 	}
@@ -568,11 +623,19 @@ func (e *Event) Close() error {
 	return err
 }
 
-// Elapsed returns the time between two recorded events that have happened
-// (resolution about half a microsecond).
-func Elapsed(start, end *Event) (time.Duration, error) {
+// Elapsed returns the time between two recorded events of a CUDA device
+// that have happened (resolution about half a microsecond).
+func Elapsed(start, end Event) (time.Duration, error) {
+	s, err := cudaEvent("Elapsed", start)
+	if err != nil {
+		return 0, err
+	}
+	e, err := cudaEvent("Elapsed", end)
+	if err != nil {
+		return 0, err
+	}
 	var ms C.float
-	if err := cuErr("cuEventElapsedTime", C.goep_cu_event_elapsed(start.dev.ctx, &ms, start.e, end.e)); err != nil {
+	if err := cuErr("cuEventElapsedTime", C.goep_cu_event_elapsed(s.dev.ctx, &ms, s.e, e.e)); err != nil {
 		return 0, err
 	}
 	return time.Duration(float64(ms) * float64(time.Millisecond)), nil

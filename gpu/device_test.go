@@ -38,7 +38,7 @@ func init() {
 
 // testDevice returns device $GOEP_TEST_DEVICE (default 0), failing the test
 // where there is none.
-func testDevice(t testing.TB) *Device {
+func testDevice(t testing.TB) *CUDADevice {
 	t.Helper()
 	n, err := DeviceCount()
 	require.NoError(t, err, "the gpu-tagged tests need the CUDA driver")
@@ -177,7 +177,7 @@ func TestGPUPinnedAsync(t *testing.T) {
 	h2, err := d.AllocHost(n)
 	require.NoError(t, err)
 	defer h2.Free()
-	assert.Equal(t, n, h.Len())
+	assert.Len(t, h.Bytes(), n)
 	for i, b := 0, h.Bytes(); i < n; i++ {
 		b[i] = byte(i * 7)
 	}
@@ -222,11 +222,11 @@ func TestGPUStreamsEvents(t *testing.T) {
 	big, err := d.Alloc(n)
 	require.NoError(t, err)
 	defer big.Free()
-	require.NoError(t, start.Record(s1))
+	require.NoError(t, s1.Record(start))
 	for i := 0; i < 20; i++ {
 		require.NoError(t, big.MemsetAsync(byte(i), s1))
 	}
-	require.NoError(t, end.Record(s1))
+	require.NoError(t, s1.Record(end))
 	// s2 waits for s1's work through the event, then reads the result.
 	require.NoError(t, s2.WaitEvent(end))
 	h, err := d.AllocHost(16)
@@ -252,13 +252,13 @@ func TestGPUStreamsEvents(t *testing.T) {
 
 // cudaEnv is the kernel suite's kernelEnv on a device.
 type cudaEnv struct {
-	d *Device
+	d *CUDADevice
 	k *Kernels
-	s *Stream // nil: the default stream
+	s Stream // nil: the default stream
 }
 
 func (e *cudaEnv) kernels() *Kernels { return e.k }
-func (e *cudaEnv) stream() *Stream   { return e.s }
+func (e *cudaEnv) stream() Stream    { return e.s }
 
 func (e *cudaEnv) sync(t testing.TB) {
 	t.Helper()
@@ -557,7 +557,7 @@ func TestGPUCopiesByAddress(t *testing.T) {
 	require.NoError(t, s.Synchronize())
 	assert.Equal(t, src, h.Bytes()[:n])
 	assert.ErrorContains(t, s.MemcpyHtoDAsync(b.Ptr(), h, n+1, n), "out of range")
-	var none *Stream
+	var none *CUDAStream
 	assert.ErrorContains(t, none.MemcpyDtoDAsync(a.Ptr(), b.Ptr(), 4), "needs a stream")
 }
 

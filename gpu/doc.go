@@ -28,15 +28,26 @@
 // # Devices, memory, streams
 //
 // OpenDevice(i) retains device i's primary context (the one the CUDA
-// runtime, NCCL and PyTorch share); DeviceCount, Device.Name,
-// ComputeCapability, TotalMemory, MemoryInfo, PCIBusID and Attribute query
-// it. Device.Alloc returns a *Buffer of device memory (Upload, Download,
-// CopyFrom, Memset, their ...Async forms on a stream, Slice views, Free);
-// the generic Upload, Download and AllocFor move slices of numbers.
-// Device.AllocHost returns pinned host memory (*HostBuffer, C memory, viewed
-// without copying by Bytes and HostSlice) for asynchronous copies. NewStream
-// and NewEvent give streams (Synchronize, Done, WaitEvent) and events
-// (Record, Synchronize, Done, Elapsed). A nil *Stream is the default stream.
+// runtime, NCCL and PyTorch share) and returns it as a *CUDADevice;
+// DeviceCount, CUDADevice.Name, ComputeCapability, TotalMemory, MemoryInfo,
+// PCIBusID and Attribute query it. CUDADevice.Alloc returns a *Buffer of
+// device memory (Upload, Download, CopyFrom, Memset, their ...Async forms
+// on a stream, Slice views, Free); the generic Upload, Download and
+// AllocFor move slices of numbers. AllocHost returns pinned host memory (a
+// *CUDAHostBuffer, C memory, viewed without copying by Bytes and HostSlice)
+// for asynchronous copies. NewStream and NewEvent give streams (Synchronize,
+// Done, Record, WaitEvent) and events (Synchronize, Done, Elapsed). A nil
+// Stream is the default stream.
+//
+// # The device interface
+//
+// Device, Stream, Event, HostBuffer and Comm are what code written for a
+// GPU needs of one (memory by address, copies, streams, events, the
+// kernels, NCCL's grouped transfers). This package's CUDA types implement
+// them (*CUDADevice, *CUDAStream, *CUDAEvent, *CUDAHostBuffer, *NCCLComm),
+// and so do those of package gpu/emulator, so that package epgpu's engine
+// runs unchanged on either. A stream, event or host buffer works with those
+// of its own kind only: the others are an error naming the type.
 // Failed driver calls return *CUDAError with CUDA's own error name and
 // string (CUDA_ERROR_OUT_OF_MEMORY: out of memory).
 //
@@ -81,15 +92,15 @@
 //     block, into the packed expert-major receive buffer, and checks that
 //     every block is of the current call.
 //
-// Kernels' methods queue work on a Queue (a *Stream) and return; arguments
+// Kernels' methods queue work on a Queue (a Stream) and return; arguments
 // are device addresses and sizes, checked on the host before anything is
 // queued. NewKernels runs the same methods through another Launcher: that
 // is how package gpu/emulator runs them on emulated streams.
 //
 // Besides Buffers, memory can be handled by address (DevicePtr): the
-// Device's synchronous MemcpyHtoD, MemcpyDtoH, MemcpyDtoD and MemsetD8, and
-// the Stream's asynchronous counterparts, for an engine that carves its own
-// buffers.
+// device's MemAlloc and MemFree, its synchronous MemcpyHtoD, MemcpyDtoH,
+// MemcpyDtoD and MemsetD8, and the stream's asynchronous counterparts, for
+// an engine that carves its own buffers.
 //
 // # NCCL
 //

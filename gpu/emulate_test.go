@@ -68,7 +68,7 @@ func newEmuEnv() *emuEnv {
 }
 
 func (e *emuEnv) kernels() *Kernels { return e.k }
-func (e *emuEnv) stream() *Stream   { return nil }
+func (e *emuEnv) stream() Stream    { return nil }
 func (e *emuEnv) sync(testing.TB)   {}
 
 func (e *emuEnv) alloc(t testing.TB, n int) DevicePtr {

@@ -9,15 +9,15 @@ import (
 	"github.com/goep/goep/gpu/internal/kernels"
 )
 
-// A Queue is where device work runs in order: a CUDA *Stream (nil: the
-// default stream), or an emulated stream (package gpu/emulator). Kernels'
+// A Queue is where device work runs in order: a Stream, CUDA (a nil Queue:
+// the default stream) or emulated (package gpu/emulator). Kernels'
 // methods queue their launches on one; its Synchronize waits for them.
 type Queue interface {
 	Synchronize() error
 }
 
 // A Launcher runs the package's kernels for Kernels: the CUDA module that
-// Device.Kernels loads, or the CPU emulator of package gpu/emulator. Every
+// CUDADevice.Kernels loads, or the CPU emulator of package gpu/emulator. Every
 // method queues work on q and returns; args (one 8-byte slot per kernel
 // parameter, see KernelParams) are the caller's until Launch returns, so a
 // Launcher that runs later copies them.
@@ -32,7 +32,7 @@ type Launcher interface {
 }
 
 // Kernels runs the package's kernels on one device. Every method queues
-// work on queue q (a *Stream; nil: the default stream) and returns without
+// work on queue q (a Stream; nil: a CUDA device's default stream) and returns without
 // waiting; arguments are device addresses (DevicePtr; 0 = none where
 // allowed) and sizes, checked on the host before anything is queued. The
 // kernels' exact semantics are in their sources (KernelSource), each the
@@ -47,7 +47,7 @@ type Kernels struct {
 
 // Kernels compiles (or finds in the PTX cache) the kernels for this device
 // and loads them, on first use; later calls return the same value.
-func (d *Device) Kernels() (*Kernels, error) {
+func (d *CUDADevice) Kernels() (*Kernels, error) {
 	d.kernelsOnce.Do(func() { d.kernels, d.kernelsErr = loadKernels(d) })
 	return d.kernels, d.kernelsErr
 }
@@ -59,7 +59,7 @@ func (k *Kernels) Arch() int { return k.arch }
 func newKernels(l Launcher, arch int) *Kernels { return &Kernels{l: l, arch: arch, maxGrid: 8192} }
 
 // NewKernels runs the kernels through l: how package gpu/emulator runs them
-// on the CPU. Device.Kernels is the CUDA one. Arch is 0.
+// on the CPU. CUDADevice.Kernels is the CUDA one. Arch is 0.
 func NewKernels(l Launcher) *Kernels { return newKernels(l, 0) }
 
 // KernelParams returns the parameter letters of the named kernel (p: a

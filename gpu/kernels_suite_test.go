@@ -23,7 +23,7 @@ import (
 // kernelEnv is memory and a Kernels to run the suite on.
 type kernelEnv interface {
 	kernels() *Kernels
-	stream() *Stream
+	stream() Stream
 	// alloc returns n bytes, freed when the test ends.
 	alloc(t testing.TB, n int) DevicePtr
 	write(t testing.TB, p DevicePtr, b []byte)

@@ -39,13 +39,13 @@ func pickArch(cc int, supported []int) (int, error) {
 
 // cudaModule is the kernels loaded on a device.
 type cudaModule struct {
-	dev   *Device
+	dev   *CUDADevice
 	mod   unsafe.Pointer            // CUmodule
 	fns   map[string]unsafe.Pointer // CUfunction by name
 	pools bool                      // stream-ordered allocation available
 }
 
-func loadKernels(d *Device) (*Kernels, error) {
+func loadKernels(d *CUDADevice) (*Kernels, error) {
 	major, minor, err := d.ComputeCapability()
 	if err != nil {
 		return nil, err
@@ -95,15 +95,15 @@ func loadKernels(d *Device) (*Kernels, error) {
 }
 
 // cudaStream is the CUDA stream behind q: nil (the default stream) or a
-// *Stream.
-func cudaStream(q Queue) (*Stream, error) {
+// *CUDAStream; another kind of Queue (an emulated stream) is an error.
+func cudaStream(q Queue) (*CUDAStream, error) {
 	switch s := q.(type) {
 	case nil:
 		return nil, nil
-	case *Stream:
+	case *CUDAStream:
 		return s, nil
 	}
-	return nil, fmt.Errorf("gpu: %T is not a CUDA stream: a device's kernels run on its streams", q)
+	return nil, fmt.Errorf("gpu: %T is not a CUDA stream: a CUDA device's kernels, copies and transfers run on its streams", q)
 }
 
 func (m *cudaModule) Launch(name string, grid, block uint32, args []uint64, q Queue) error {

@@ -85,7 +85,7 @@ func ncclUniqueID(lib *library) (mpi.UniqueID, error) {
 // on its stream is in progress (a watchdog's use); its other methods are
 // for one goroutine at a time.
 type NCCLComm struct {
-	dev        *Device
+	dev        *CUDADevice
 	h          atomic.Pointer[ncclHandle] // nil once destroyed or aborted
 	rank, size int
 }
@@ -143,9 +143,9 @@ func NewNCCLCommWithID(world *mpi.Comm, device int, id mpi.UniqueID) (*NCCLComm,
 // openForNCCL opens this rank's device (DeviceForRank's choice when device
 // is negative) and NCCL, and agrees with the other ranks of world that
 // every one did. It is collective.
-func openForNCCL(world *mpi.Comm, device int, op string) (*Device, error) {
+func openForNCCL(world *mpi.Comm, device int, op string) (*CUDADevice, error) {
 	local, lerr := localRank(world) // collective, whatever device is
-	var dev *Device
+	var dev *CUDADevice
 	err := func() error {
 		if lerr != nil {
 			return lerr
@@ -173,7 +173,7 @@ func openForNCCL(world *mpi.Comm, device int, op string) (*Device, error) {
 // NewNCCLCommFromID joins rank `rank` of an NCCL communicator of `size`
 // ranks whose unique ID the caller has shared by other means
 // (ncclCommInitRank). It blocks until every rank has joined.
-func NewNCCLCommFromID(dev *Device, id mpi.UniqueID, rank, size int) (*NCCLComm, error) {
+func NewNCCLCommFromID(dev *CUDADevice, id mpi.UniqueID, rank, size int) (*NCCLComm, error) {
 	if size < 1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("gpu: NewNCCLCommFromID: rank %d of %d", rank, size)
 	}
@@ -274,7 +274,7 @@ func (c *NCCLComm) Rank() int { return c.rank }
 func (c *NCCLComm) Size() int { return c.size }
 
 // Device returns the device this rank uses.
-func (c *NCCLComm) Device() *Device { return c.dev }
+func (c *NCCLComm) Device() *CUDADevice { return c.dev }
 
 // Transfer is one point-to-point message of SendRecv: Bytes bytes at device
 // address Ptr, to or from rank Peer.
@@ -290,10 +290,14 @@ type Transfer struct {
 // their order: the transport of a GPU dispatch or combine. A peer may be
 // this rank itself. Every send must match a receive of the same size on
 // its peer. It returns once the work is queued; s completes it.
-func (c *NCCLComm) SendRecv(s *Stream, sends, recvs []Transfer) error {
+func (c *NCCLComm) SendRecv(s Stream, sends, recvs []Transfer) error {
 	n := len(sends) + len(recvs)
 	if n == 0 {
 		return nil
+	}
+	cs, err := cudaStream(s)
+	if err != nil {
+		return err
 	}
 	comm, err := c.handle("SendRecv")
 	if err != nil {
@@ -314,7 +318,7 @@ func (c *NCCLComm) SendRecv(s *Stream, sends, recvs []Transfer) error {
 			bytes = append(bytes, C.uint64_t(t.Bytes))
 		}
 	}
-	r := C.goep_nccl_send_recv(c.dev.ctx, comm, s.handle(), C.int(n), &isRecv[0], &peers[0], &ptrs[0], &bytes[0])
+	r := C.goep_nccl_send_recv(c.dev.ctx, comm, cs.handle(), C.int(n), &isRecv[0], &peers[0], &ptrs[0], &bytes[0])
 	return ncclErr("ncclSend/ncclRecv group", r, comm)
 }
 

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/gpu"
+	"github.com/goep/goep/gpu/emulator"
 	"github.com/goep/goep/mpi"
 )
 
@@ -54,14 +56,34 @@ func (b backend) Name() string {
 	return "gpu:emulated"
 }
 
+// Supports says that the GPU engine fails a refused call on every rank,
+// measures per-peer waits and names a stalled peer. It does not mask
+// stalled ranks (NCCL cannot finish a posted group without a peer), does
+// not dispatch in FP8, and allocates a little per call (transfer lists).
+func (backend) Supports(f ep.Feature) bool {
+	switch f {
+	case ep.FeatureRefusals, ep.FeatureMeter, ep.FeatureNamedTimeouts:
+		return true
+	}
+	return false
+}
+
+// The GPU backend and its engine, a Refuser and a Meter.
+var (
+	_ ep.Capable = backend{}
+	_ ep.Engine  = (*engine)(nil)
+	_ ep.Refuser = (*engine)(nil)
+	_ ep.Meter   = (*engine)(nil)
+)
+
 func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 	id, err := b.takeID(comm)
 	if err != nil {
 		return nil, err
 	}
-	open := func() (Device, Comm, error) { return openEmulated(comm, b.emu, id) }
+	open := func() (gpu.Device, gpu.Comm, error) { return openEmulated(comm, b.emu, id) }
 	if b.cuda {
-		open = func() (Device, Comm, error) { return openCUDA(comm, b.device, id) }
+		open = func() (gpu.Device, gpu.Comm, error) { return openCUDA(comm, b.device, id) }
 	}
 	// A failure after the communicator exists comes back with the engine,
 	// which the Group closes on every rank (its Close is collective).
@@ -87,4 +109,44 @@ func (b backend) takeID(comm *mpi.Comm) (*mpi.UniqueID, error) {
 		return nil, fmt.Errorf("epgpu: %s: the unique ID %s (Bootstrap) has made a group's communicator already, and an ID makes one: Bootstrap again for another group", b.Name(), b.boot.id.Digest())
 	}
 	return &b.boot.id, nil
+}
+
+// openCUDA opens this rank's CUDA device and an NCCL communicator over
+// comm: from id when set (gpu.NewNCCLCommWithID), else from an ID made on
+// rank 0 and handed over MPI now (gpu.NewNCCLComm). A rank without a
+// device or NCCL makes every rank fail, naming it. It is collective. Only
+// a machine with a GPU runs it; the gpu-tagged conformance test (make
+// test-gpu) does.
+func openCUDA(comm *mpi.Comm, device int, id *mpi.UniqueID) (gpu.Device, gpu.Comm, error) {
+	var c *gpu.NCCLComm
+	var err error
+	if id != nil {
+		c, err = gpu.NewNCCLCommWithID(comm, device, *id)
+	} else {
+		c, err = gpu.NewNCCLComm(comm, device)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.Device(), c, nil
+}
+
+// openEmulated opens this rank's emulated device and a communicator over
+// comm, from id or, when nil, from an ID made on rank 0 and handed over
+// MPI now. It is collective.
+func openEmulated(comm *mpi.Comm, o EmulatorOptions, id *mpi.UniqueID) (gpu.Device, gpu.Comm, error) {
+	d := emulator.Open(0)
+	d.SetJitter(o.Jitter)
+	if id == nil {
+		made, err := mpi.BootstrapID(comm, 0, emulator.UniqueID)
+		if err != nil {
+			return nil, nil, err
+		}
+		id = &made
+	}
+	c, err := emulator.NewComm(d, comm, *id)
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, c, nil
 }

@@ -124,7 +124,7 @@ func probeDevice(b backend, ordinal int, ordinalErr error) (DeviceInfo, error) {
 	var info DeviceInfo
 	devErr := ordinalErr
 	if devErr == nil {
-		var d *gpu.Device
+		var d *gpu.CUDADevice
 		if d, devErr = gpu.OpenDevice(ordinal); devErr == nil {
 			info.Name = d.String()
 			if name, err := d.Name(); err == nil {

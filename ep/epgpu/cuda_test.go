@@ -25,7 +25,7 @@ func init() {
 // GPU machine by scripts/gpu/run-on-device.sh. Without a device, the CUDA
 // driver, NVRTC or NCCL it fails, never skips.
 func TestConformanceCUDA(t *testing.T) {
-	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: epgpu.CUDA, Reference: ep.CPU, Refusals: true})
+	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: epgpu.CUDA, Reference: ep.CPU})
 }
 
 // The refusal and statistics checks of the emulated device, on NCCL: a

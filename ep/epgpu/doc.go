@@ -9,14 +9,14 @@
 //
 // # Two devices, one engine
 //
-// The engine is written against two small interfaces, Device (memory,
-// copies, streams, events, kernels) and Comm (grouped send/receive,
-// asynchronous error, abort), each with two implementations: CUDA is a
-// CUDA device (package gpu over the CUDA driver) with an NCCL communicator
-// bootstrapped over MPI (gpu.NewNCCLComm); Emulated is package
-// gpu/emulator's device, whose memory Go reads only through copies, whose
-// streams run their work later than it is queued and are ordered only by
-// events, whose kernels are the same CUDA C run on the CPU, and whose
+// The engine is written against package gpu's device interface, gpu.Device
+// (memory, copies, streams, events, kernels) and gpu.Comm (grouped
+// send/receive, asynchronous error, abort), which two packages implement
+// directly: CUDA is a CUDA device (package gpu over the CUDA driver) with
+// an NCCL communicator bootstrapped over MPI (gpu.NewNCCLComm); Emulated is
+// package gpu/emulator's device, whose memory Go reads only through copies,
+// whose streams run their work later than it is queued and are ordered only
+// by events, whose kernels are the same CUDA C run on the CPU, and whose
 // communicator moves bytes with MPI. The conformance suite (ep/eptest)
 // runs against Emulated under mpirun in every test run; the same test,
 // built with -tags gpu, runs against CUDA on a GPU machine (make test-gpu,

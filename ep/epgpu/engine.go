@@ -20,24 +20,24 @@ type engine struct {
 	spec       ep.Spec
 	rank, size int
 	place      ep.Placement
-	dev        Device
-	mem        *memory
+	dev        gpu.Device
+	mem        memory
 	k          *gpu.Kernels
-	comm       Comm
+	comm       gpu.Comm
 	wd         *watchdog
-	ks, cs     Stream
-	diag       Stream     // reads the headers of a group that timed out
-	diagHost   HostBuffer // [size] header words
+	ks, cs     gpu.Stream
+	diag       gpu.Stream     // reads the headers of a group that timed out
+	diagHost   gpu.HostBuffer // [size] header words
 	mode       mode
 	names      opNames
-	notes      *notes // the reasons of refused calls
-	ksEnd      Event  // orders a refused call's transfers after the kernels queued before it
+	notes      *notes    // the reasons of refused calls
+	ksEnd      gpu.Event // orders a refused call's transfers after the kernels queued before it
 	met        meter
 	late       []int // a probe's late peers (meter.go)
 
 	allocs []gpu.DevicePtr
-	hosts  []HostBuffer
-	events []Event
+	hosts  []gpu.HostBuffer
+	events []gpu.Event
 	bytes  int
 }
 
@@ -60,7 +60,7 @@ type opNames struct{ dispatch, combine, open string }
 // exchanges a word with every peer under the watchdog, which also makes NCCL
 // connect them now. After the communicator exists, a failure returns the
 // engine too: the Group closes it on every rank.
-func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (Device, Comm, error)) (*engine, error) {
+func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (gpu.Device, gpu.Comm, error)) (*engine, error) {
 	m := spec.Mode.String()
 	e := &engine{spec: spec, rank: comm.Rank(), size: comm.Size(),
 		names: opNames{dispatch: m + " dispatch", combine: m + " combine", open: "NewGroup"}}
@@ -76,7 +76,7 @@ func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (Device, Comm, error))
 	if e.dev, e.comm, err = open(); err != nil {
 		return nil, err
 	}
-	e.mem = memoryOf(e.dev)
+	e.mem = memory{e.dev}
 	e.wd = newWatchdog(e.comm, spec.Timeout)
 	err = e.setUp()
 	if err = mpi.AgreeOnError(comm, err); err != nil {
@@ -96,7 +96,7 @@ func (e *engine) setUp() error {
 	if e.k, err = e.dev.Kernels(); err != nil {
 		return err
 	}
-	for _, s := range []*Stream{&e.ks, &e.cs, &e.diag} {
+	for _, s := range []*gpu.Stream{&e.ks, &e.cs, &e.diag} {
 		if *s, err = e.dev.NewStream(); err != nil {
 			return err
 		}
@@ -144,7 +144,7 @@ func (e *engine) connect() error {
 
 // alloc returns n bytes of device memory, freed at Close.
 func (e *engine) alloc(n int) (gpu.DevicePtr, error) {
-	p, err := e.dev.Alloc(n)
+	p, err := e.dev.MemAlloc(n)
 	if err != nil {
 		return 0, err
 	}
@@ -155,7 +155,7 @@ func (e *engine) alloc(n int) (gpu.DevicePtr, error) {
 
 // host returns n bytes of host memory for asynchronous copies, freed at
 // Close.
-func (e *engine) host(n int) (HostBuffer, error) {
+func (e *engine) host(n int) (gpu.HostBuffer, error) {
 	h, err := e.dev.AllocHost(n)
 	if err != nil {
 		return nil, err
@@ -165,7 +165,7 @@ func (e *engine) host(n int) (HostBuffer, error) {
 }
 
 // event returns an event, destroyed at Close.
-func (e *engine) event() (Event, error) {
+func (e *engine) event() (gpu.Event, error) {
 	ev, err := e.dev.NewEvent()
 	if err != nil {
 		return nil, err
@@ -239,7 +239,7 @@ func (e *engine) Close() error {
 		e.wd.close()
 		e.wd = nil
 	}
-	for _, s := range []Stream{e.ks, e.cs, e.diag} {
+	for _, s := range []gpu.Stream{e.ks, e.cs, e.diag} {
 		if s == nil {
 			continue
 		}
@@ -251,7 +251,7 @@ func (e *engine) Close() error {
 	}
 	e.ks, e.cs, e.diag = nil, nil, nil
 	for _, p := range e.allocs {
-		errs = append(errs, e.dev.Free(p))
+		errs = append(errs, e.dev.MemFree(p))
 	}
 	for _, h := range e.hosts {
 		errs = append(errs, h.Free())
@@ -272,7 +272,7 @@ func (e *engine) Close() error {
 }
 
 // drain waits for a stream's work, for at most limit.
-func drain(s Stream, limit time.Duration) error {
+func drain(s gpu.Stream, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for spin := 0; ; spin++ {
 		done, err := s.Done()
@@ -298,7 +298,7 @@ func pause(spin int) {
 
 // sendRecv queues a group of transfers under the watchdog: NCCL may block
 // while it connects to a peer.
-func (e *engine) sendRecv(op string, s Stream, sends, recvs []gpu.Transfer) error {
+func (e *engine) sendRecv(op string, s gpu.Stream, sends, recvs []gpu.Transfer) error {
 	e.wd.arm()
 	err := e.comm.SendRecv(s, sends, recvs)
 	e.wd.disarm()
@@ -325,7 +325,7 @@ type headers struct {
 // *ep.TimeoutError naming it where h can tell (-1 otherwise); an
 // asynchronous failure of the transport an error of op. The time waited
 // is charged to the peers h finds late (meter.go).
-func (e *engine) wait(op, what string, ev Event, h headers) error {
+func (e *engine) wait(op, what string, ev gpu.Event, h headers) error {
 	e.wd.arm()
 	defer e.wd.disarm()
 	p := probe{h: h, start: time.Now(), late: e.late[:0]}
@@ -428,7 +428,7 @@ func (a *allocator) dev(n int) gpu.DevicePtr {
 	return p
 }
 
-func (a *allocator) host(n int) HostBuffer {
+func (a *allocator) host(n int) gpu.HostBuffer {
 	if a.err != nil {
 		return nil
 	}
@@ -437,7 +437,7 @@ func (a *allocator) host(n int) HostBuffer {
 	return h
 }
 
-func (a *allocator) event() Event {
+func (a *allocator) event() gpu.Event {
 	if a.err != nil {
 		return nil
 	}

@@ -1,11 +1,15 @@
 package epgpu
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/goep/goep/gpu"
+)
 
 // Views of host buffers (memory outside the Go heap, page-aligned) as
 // numbers; off is in bytes and a multiple of the element's size.
 
-func i32s(h HostBuffer, off, n int) []int32 {
+func i32s(h gpu.HostBuffer, off, n int) []int32 {
 	if n == 0 {
 		return nil
 	}
@@ -13,7 +17,7 @@ func i32s(h HostBuffer, off, n int) []int32 {
 	return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), n)
 }
 
-func f32s(h HostBuffer, off, n int) []float32 {
+func f32s(h gpu.HostBuffer, off, n int) []float32 {
 	if n == 0 {
 		return nil
 	}
@@ -21,7 +25,7 @@ func f32s(h HostBuffer, off, n int) []float32 {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
 }
 
-func u64s(h HostBuffer, off, n int) []uint64 {
+func u64s(h gpu.HostBuffer, off, n int) []uint64 {
 	if n == 0 {
 		return nil
 	}

@@ -45,15 +45,15 @@ type htMode struct {
 	status                             gpu.DevicePtr // [L] counts, [R] headers
 	cback, cbackVals, cbackHdr         gpu.DevicePtr // [capS] rows, [capS][K] values, [R] headers
 	comb                               gpu.DevicePtr // reduction lists (combOffsets)
-	hCnt, hCntRecv, hRoute, hSendMeta  HostBuffer
-	hStatus, hComb, hHdr               HostBuffer
-	cntSent, cntHere, packed, arrived  Event
-	dispatched, ready, returned, combd Event
+	hCnt, hCntRecv, hRoute, hSendMeta  gpu.HostBuffer
+	hStatus, hComb, hHdr               gpu.HostBuffer
+	cntSent, cntHere, packed, arrived  gpu.Event
+	dispatched, ready, returned, combd gpu.Event
 	// A refused call's headers: refOut the [R] going out, refIn the [R]
 	// that came in, hRef both on the host (out, then in).
 	refOut, refIn gpu.DevicePtr
-	hRef          HostBuffer
-	refDone       Event
+	hRef          gpu.HostBuffer
+	refDone       gpu.Event
 	links         []htLink // [R]: the call's rows with each rank
 }
 
@@ -371,7 +371,7 @@ func (m *htMode) send(d *ep.Dispatch) error {
 	qu.do(e.ks.MemcpyHtoDAsync(m.sendMeta+gpu.DevicePtr(4*m.capS), m.hSendMeta, 4*m.capS, 4*sent*K))
 	qu.do(e.ks.MemcpyHtoDAsync(m.sendMeta+gpu.DevicePtr(4*m.capS*(1+K)), m.hSendMeta, 4*m.capS*(1+K), 4*sent*K))
 	if qu.err == nil {
-		qu.do(e.k.PackRows(e.ks.Queue(), gpu.PackRowsArgs{Dst: m.sendRows, DstRows: m.capS, Src: ptrOf(d.X), Ord: m.route,
+		qu.do(e.k.PackRows(e.ks, gpu.PackRowsArgs{Dst: m.sendRows, DstRows: m.capS, Src: ptrOf(d.X), Ord: m.route,
 			Base: m.route + gpu.DevicePtr(4*mr), Tokens: T, Width: R, RowBytes: m.rb}))
 	}
 	qu.do(e.ks.Record(m.packed))
@@ -387,11 +387,11 @@ func (m *htMode) send(d *ep.Dispatch) error {
 	qu.do(e.cs.Record(m.arrived))
 	qu.do(e.ks.WaitEvent(m.arrived))
 	if qu.err == nil {
-		qu.do(e.k.HTMeta(e.ks.Queue(), gpu.HTMetaArgs{TokOut: m.tok, TopKOut: m.topk, WOut: m.w, N: n, SrcTok: m.rawTok,
+		qu.do(e.k.HTMeta(e.ks, gpu.HTMetaArgs{TokOut: m.tok, TopKOut: m.topk, WOut: m.w, N: n, SrcTok: m.rawTok,
 			SrcTopK: m.rawIDs, SrcW: m.rawW, K: K, L: m.L, Rank: me}))
 	}
 	if qu.err == nil {
-		qu.do(e.k.CountLocal(e.ks.Queue(), m.status, m.topk, n, K, m.L))
+		qu.do(e.k.CountLocal(e.ks, m.status, m.topk, n, K, m.L))
 	}
 	qu.do(e.ks.MemcpyDtoHAsync(m.hStatus, 0, m.status, 4*(m.L+hdrWords*R)))
 	qu.do(e.ks.Record(m.dispatched))
@@ -500,11 +500,11 @@ func (m *htMode) combineSend(c *ep.Combine) error {
 	qu.do(e.cs.Record(m.returned))
 	qu.do(e.ks.WaitEvent(m.returned))
 	if qu.err == nil {
-		qu.do(e.k.ReduceRows(e.ks.Queue(), gpu.ReduceArgs{Out: ptrOf(c.Out), OutType: e.spec.Elem, Src: m.comb,
+		qu.do(e.k.ReduceRows(e.ks, gpu.ReduceArgs{Out: ptrOf(c.Out), OutType: e.spec.Elem, Src: m.comb,
 			Start: m.comb + gpu.DevicePtr(startOff), N: T, Hidden: m.H, InType: e.spec.Elem}))
 	}
 	if !c.SlotValues.IsZero() && qu.err == nil {
-		qu.do(e.k.ReduceRows(e.ks.Queue(), gpu.ReduceArgs{Out: ptrOf(c.SlotValues), OutType: gpu.F32,
+		qu.do(e.k.ReduceRows(e.ks, gpu.ReduceArgs{Out: ptrOf(c.SlotValues), OutType: gpu.F32,
 			Src: m.comb + gpu.DevicePtr(valsOff), Start: m.comb + gpu.DevicePtr(startOff), N: T, Hidden: K, InType: gpu.F32}))
 	}
 	qu.do(e.ks.MemcpyDtoHAsync(m.hHdr, 0, m.cbackHdr, 4*hdrWords*R))

@@ -53,8 +53,8 @@ type llMode struct {
 	// (zero counts), refHdr a combine's header; hRef holds the header
 	// going out, then the [R][2] header words that came in.
 	refMeta, refHdr gpu.DevicePtr
-	hRef            HostBuffer
-	refDone         Event
+	hRef            gpu.HostBuffer
+	refDone         gpu.Event
 }
 
 // llSet is one buffer set.
@@ -68,9 +68,9 @@ type llSet struct {
 	cstage, cvals                            gpu.DevicePtr // [R][cap] rows and values going back
 	cback, cbackVals, cbackHdr               gpu.DevicePtr // [R][cap] rows and values come back, [R][2] headers
 	comb                                     gpu.DevicePtr // reduction lists (combLayout)
-	hMeta, hRoute, hStatus, hComb, hHdr      HostBuffer
-	packed, arrived, dispatched              Event
-	gathered, returned, combined             Event
+	hMeta, hRoute, hStatus, hComb, hHdr      gpu.HostBuffer
+	packed, arrived, dispatched              gpu.Event
+	gathered, returned, combined             gpu.Event
 }
 
 // llState is a dispatch's: the counts for its handle.
@@ -184,7 +184,7 @@ func (m *llMode) send(d *ep.Dispatch) error {
 	qu.do(e.ks.MemcpyHtoDAsync(s.route, s.hRoute, 0, 4*(2*mk+m.E)))
 	qu.do(e.ks.MemcpyHtoDAsync(s.sendMeta, s.hMeta, 0, 4*m.R*m.words))
 	if qu.err == nil {
-		qu.do(e.k.PackRows(e.ks.Queue(), gpu.PackRowsArgs{Dst: s.sendRows, DstRows: m.R * m.cap, Src: ptrOf(d.X),
+		qu.do(e.k.PackRows(e.ks, gpu.PackRowsArgs{Dst: s.sendRows, DstRows: m.R * m.cap, Src: ptrOf(d.X),
 			Ord: s.route + gpu.DevicePtr(4*mk), Group: s.route, Base: s.route + gpu.DevicePtr(8*mk), Groups: m.E,
 			Tokens: T, Width: K, RowBytes: m.rb}))
 	}
@@ -200,11 +200,11 @@ func (m *llMode) send(d *ep.Dispatch) error {
 	qu.do(e.cs.Record(s.arrived))
 	qu.do(e.ks.WaitEvent(s.arrived))
 	if qu.err == nil {
-		qu.do(e.k.LLPlace(e.ks.Queue(), gpu.LLPlaceArgs{Meta: s.stageMeta, R: m.R, L: L, Cap: m.cap, MetaWords: m.words,
+		qu.do(e.k.LLPlace(e.ks, gpu.LLPlaceArgs{Meta: s.stageMeta, R: m.R, L: L, Cap: m.cap, MetaWords: m.words,
 			Span: m.span, Op: q, DstRow: s.dstRow, TokOut: s.recvTok, WOut: s.recvW, Counts: s.status + 8, Bad: s.status}))
 	}
 	if qu.err == nil {
-		qu.do(e.k.CopyRows(e.ks.Queue(), gpu.CopyRowsArgs{Dst: s.recvRows, DstIdx: s.dstRow, DstRows: L * m.span,
+		qu.do(e.k.CopyRows(e.ks, gpu.CopyRowsArgs{Dst: s.recvRows, DstIdx: s.dstRow, DstRows: L * m.span,
 			Src: s.stageRows, SrcRows: m.R * m.cap, N: m.R * m.cap, RowBytes: m.rb}))
 	}
 	qu.do(e.ks.MemcpyDtoHAsync(s.hStatus, 0, s.status, 8+4*m.R*L))
@@ -298,11 +298,11 @@ func (m *llMode) combineSend(c *ep.Combine) error {
 	var qu queue
 	qu.do(e.ks.MemcpyHtoDAsync(s.comb, s.hComb, 0, combBytes))
 	if qu.err == nil {
-		qu.do(e.k.CopyRows(e.ks.Queue(), gpu.CopyRowsArgs{Dst: s.cstage, DstRows: m.R * m.cap, Src: ptrOf(c.Y),
+		qu.do(e.k.CopyRows(e.ks, gpu.CopyRowsArgs{Dst: s.cstage, DstRows: m.R * m.cap, Src: ptrOf(c.Y),
 			SrcIdx: s.dstRow, SrcRows: L * m.span, N: m.R * m.cap, RowBytes: m.rb}))
 	}
 	if values && qu.err == nil {
-		qu.do(e.k.CopyRows(e.ks.Queue(), gpu.CopyRowsArgs{Dst: s.cvals, DstRows: m.R * m.cap, Src: ptrOf(c.RowValues),
+		qu.do(e.k.CopyRows(e.ks, gpu.CopyRowsArgs{Dst: s.cvals, DstRows: m.R * m.cap, Src: ptrOf(c.RowValues),
 			SrcIdx: s.dstRow, SrcRows: L * m.span, N: m.R * m.cap, RowBytes: 4}))
 	}
 	qu.do(e.ks.Record(s.gathered))
@@ -317,12 +317,12 @@ func (m *llMode) combineSend(c *ep.Combine) error {
 	qu.do(e.cs.Record(s.returned))
 	qu.do(e.ks.WaitEvent(s.returned))
 	if qu.err == nil {
-		qu.do(e.k.ReduceRows(e.ks.Queue(), gpu.ReduceArgs{Out: ptrOf(c.Out), OutType: e.spec.Elem, Src: s.comb,
+		qu.do(e.k.ReduceRows(e.ks, gpu.ReduceArgs{Out: ptrOf(c.Out), OutType: e.spec.Elem, Src: s.comb,
 			Weights: s.comb + gpu.DevicePtr(wOff), Start: s.comb + gpu.DevicePtr(startOff), N: T, Hidden: m.H, InType: e.spec.Elem}))
 	}
 	if !c.SlotValues.IsZero() && qu.err == nil {
 		qu.do(e.ks.MemsetD8Async(ptrOf(c.SlotValues), 0, 4*T*K))
-		qu.do(e.k.CopyRows(e.ks.Queue(), gpu.CopyRowsArgs{Dst: ptrOf(c.SlotValues), DstRows: T * K, Src: s.cbackVals,
+		qu.do(e.k.CopyRows(e.ks, gpu.CopyRowsArgs{Dst: ptrOf(c.SlotValues), DstRows: T * K, Src: s.cbackVals,
 			SrcIdx: s.comb + gpu.DevicePtr(slotOff), SrcRows: m.R * m.cap, N: T * K, RowBytes: 4}))
 	}
 	qu.do(e.ks.MemcpyDtoHAsync(s.hHdr, 0, s.cbackHdr, 8*m.R))

@@ -2,42 +2,25 @@ package epgpu
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/gpu"
 )
 
 // memory is a device's memory as package ep sees it: tensors are device
 // addresses, moved to and from the host only by copies that first wait for
-// the work queued on the device's streams.
-type memory struct{ dev Device }
+// the work queued on the device's streams. It is a value: tensors compare
+// memories with ==, and two memories of one device are equal.
+type memory struct{ dev gpu.Device }
 
-var (
-	memMu    sync.Mutex
-	memories = map[Device]*memory{}
-)
-
-// memoryOf is the one Memory of a device (tensors compare memories by
-// value: every group on the device shares it).
-func memoryOf(d Device) *memory {
-	memMu.Lock()
-	defer memMu.Unlock()
-	m := memories[d]
-	if m == nil {
-		m = &memory{dev: d}
-		memories[d] = m
-	}
-	return m
-}
-
-func (m *memory) String() string { return m.dev.String() }
+func (m memory) String() string { return m.dev.String() }
 
 // Alloc returns n zeroed bytes of device memory.
-func (m *memory) Alloc(n int) (ep.Tensor[byte], error) {
+func (m memory) Alloc(n int) (ep.Tensor[byte], error) {
 	if n < 0 {
 		return ep.Tensor[byte]{}, fmt.Errorf("epgpu: %v: Alloc of %d bytes", m, n)
 	}
-	p, err := m.dev.Alloc(n)
+	p, err := m.dev.MemAlloc(n)
 	if err != nil {
 		return ep.Tensor[byte]{}, err
 	}
@@ -49,18 +32,18 @@ func (m *memory) Alloc(n int) (ep.Tensor[byte], error) {
 
 // Free releases memory that Alloc returned, once the work queued on the
 // device has run.
-func (m *memory) Free(t ep.Tensor[byte]) error {
+func (m memory) Free(t ep.Tensor[byte]) error {
 	if err := m.mine("Free", t); err != nil {
 		return err
 	}
 	if err := m.dev.Synchronize(); err != nil {
 		return err
 	}
-	return m.dev.Free(ptrOf(t))
+	return m.dev.MemFree(ptrOf(t))
 }
 
 // Upload copies src into dst once the work queued on the device has run.
-func (m *memory) Upload(dst ep.Tensor[byte], src []byte) error {
+func (m memory) Upload(dst ep.Tensor[byte], src []byte) error {
 	if err := m.mine("Upload", dst); err != nil {
 		return err
 	}
@@ -74,7 +57,7 @@ func (m *memory) Upload(dst ep.Tensor[byte], src []byte) error {
 }
 
 // Download copies src into dst once the work queued on the device has run.
-func (m *memory) Download(dst []byte, src ep.Tensor[byte]) error {
+func (m memory) Download(dst []byte, src ep.Tensor[byte]) error {
 	if err := m.mine("Download", src); err != nil {
 		return err
 	}
@@ -87,7 +70,7 @@ func (m *memory) Download(dst []byte, src ep.Tensor[byte]) error {
 	return m.dev.MemcpyDtoH(dst, ptrOf(src))
 }
 
-func (m *memory) mine(op string, t ep.Tensor[byte]) error {
+func (m memory) mine(op string, t ep.Tensor[byte]) error {
 	if t.Memory() != ep.Memory(m) {
 		return fmt.Errorf("epgpu: %v: %s of %v", m, op, t)
 	}
@@ -99,7 +82,7 @@ func (m *memory) mine(op string, t ep.Tensor[byte]) error {
 // waits for the copy (cuMemcpyDtoD on a CUDA device): the reference that
 // ep-bench compares a GPU group's bandwidth with.
 func CopyOnDevice(dst, src ep.Tensor[byte]) error {
-	m, ok := dst.Memory().(*memory)
+	m, ok := dst.Memory().(memory)
 	if !ok || src.Memory() != dst.Memory() {
 		return fmt.Errorf("epgpu: CopyOnDevice: %v and %v are not in one GPU device's memory", dst, src)
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/goep/goep/gpu"
 )
 
 // errStalled is the watchdog's verdict when a wait outlived the timeout.
@@ -16,7 +18,7 @@ var errStalled = errors.New("epgpu: a wait on the peers outlived the group's tim
 // deadline; on either it aborts the communicator, which ends the queued
 // groups, and keeps the reason for the waiter.
 type watchdog struct {
-	comm     Comm
+	comm     gpu.Comm
 	timeout  time.Duration
 	interval time.Duration
 
@@ -29,7 +31,7 @@ type watchdog struct {
 	done     chan struct{}
 }
 
-func newWatchdog(c Comm, timeout time.Duration) *watchdog {
+func newWatchdog(c gpu.Comm, timeout time.Duration) *watchdog {
 	w := &watchdog{comm: c, timeout: timeout, interval: min(max(timeout/100, time.Millisecond), 10*time.Millisecond),
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go w.run()

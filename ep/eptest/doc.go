@@ -19,26 +19,33 @@
 //   - backward: combine is the transpose of dispatch and cached dispatch of
 //     combine, <D x, y> = <x, C y> over all ranks, and RowValues reaching
 //     their slots;
-//   - FP8 dispatch (where the backend supports ep.FeatureFP8Wire): both
+//   - FP8 dispatch (where the backend declares ep.FeatureFP8Wire): both
 //     modes and scale kinds, hidden sizes with partial groups, fresh,
 //     cached and repeated; the received e4m3 codes and scales bit for bit
 //     against the reference quantization (internal/fp8ref) of the row each
 //     came from, exact combines of the dequantized rows, the bytes counted;
-//   - the optional features a backend does not claim refused at NewGroup
-//     with ep.ErrUnsupported, naming the backend and the feature;
+//   - the optional features a Config asks for and the backend does not
+//     declare refused at NewGroup with ep.ErrUnsupported, naming the
+//     backend and the feature;
 //   - bit-identical agreement with a reference backend (Suite.Reference);
 //   - every bad input refused with its message, writing nothing (a normal
 //     round afterwards is right), bad configs, use after Close;
 //   - a stalled rank: the others time out within the group's timeout,
-//     naming it where the backend can;
-//   - steady-state calls allocate nothing (Suite.ZeroAllocs);
+//     naming it where the backend declares ep.FeatureNamedTimeouts;
+//   - steady-state calls allocate nothing (ep.FeatureZeroAllocs);
 //   - a group's lifecycle with no barrier from the user: a call right after
 //     NewGroup, two groups with interleaved calls, create-run-Close 50
 //     times, a group on a sub-communicator beside one on the world, ranks
 //     reaching Close at different times;
 //   - one rank's refused input failing every rank's same call at once
-//     (Suite.Refusals); per-peer statistics; a stalled rank masked and back
-//     (Suite.Masking).
+//     (ep.FeatureRefusals); per-peer statistics, with waits and network
+//     bytes exactly where the backend declares ep.FeatureMeter; a stalled
+//     rank masked and back (ep.FeatureMaskStalledRanks).
+//
+// The Suite has no switches for optional behaviour: every ep.Feature the
+// backend declares (ep.Capable) has its check run, so a backend cannot
+// claim a behaviour whose checks are skipped, and a backend that declares
+// a feature the suite has no check for fails.
 //
 // A backend's own test runs it under mpirun (internal/cmd/mpitest) at several
 // rank counts and on simulated nodes:

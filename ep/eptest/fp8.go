@@ -76,12 +76,9 @@ func quantizeRef[E ep.Element](x []E, pow2 bool) fp8Row {
 	return r
 }
 
-// testFP8 checks FP8 dispatch (Config.Wire) where the backend supports it
+// testFP8 checks FP8 dispatch (Config.Wire), which the backend declares
 // (testFeatureRefusals checks its refusal where it does not).
 func (s Suite) testFP8(t *testing.T) {
-	if !ep.Supports(s.Backend, ep.FeatureFP8Wire) {
-		return
-	}
 	for _, mode := range modes {
 		for _, w := range fp8Wires {
 			for i, sc := range fp8Scenarios(s.Comm.Size()) {
@@ -304,8 +301,7 @@ func rowsBetween(sc scenario, ins []input, mode ep.Mode, R int) [][]int64 {
 	return rows
 }
 
-// incapable is a Backend with the same engines that does not say it
-// supports anything.
+// incapable is a Backend with the same engines that declares no feature.
 type incapable struct{ b ep.Backend }
 
 func (i incapable) Name() string { return i.b.Name() }
@@ -313,37 +309,41 @@ func (i incapable) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 	return i.b.Open(comm, spec)
 }
 
-// A backend that does not support an optional feature (FP8 dispatch,
-// masking stalled ranks) is refused it on every rank, before it opens
-// anything, with an error naming it and the feature; a supporting one gets
-// a group.
+// configAsks sets, for each Feature a Config asks for, the field that asks.
+var configAsks = map[ep.Feature]func(*ep.Config){
+	ep.FeatureFP8Wire:          func(c *ep.Config) { c.Wire = ep.WireFP8 },
+	ep.FeatureMaskStalledRanks: func(c *ep.Config) { c.MaskStalledRanks = true },
+	ep.FeatureFP8Forward:       func(c *ep.Config) { c.Wire = ep.WireFP8Forward },
+	ep.FeatureFP8Combine:       func(c *ep.Config) { c.CombineWire = ep.WireFP8 },
+	ep.FeatureOverflowDrop:     func(c *ep.Config) { c.Mode, c.Overflow = ep.HighThroughput, ep.OverflowDrop },
+}
+
+// A backend that does not declare a feature a Config asks for (FP8
+// dispatch, masking stalled ranks) is refused it on every rank, before it
+// opens anything, with an error naming it and the feature; a declaring one
+// gets a group (whose engine NewGroup has checked for the feature's
+// interface). The backend under test is also wrapped so that it declares
+// nothing, so both sides are checked whatever it declares.
 func (s Suite) testFeatureRefusals(t *testing.T) {
 	defer s.agree(t)
-	for _, f := range []ep.Feature{ep.FeatureFP8Wire, ep.FeatureMaskStalledRanks, ep.FeatureFP8Forward, ep.FeatureFP8Combine, ep.FeatureOverflowDrop} {
+	for _, f := range ep.Features() {
+		ask, ok := configAsks[f]
+		if !ok {
+			continue // not asked for by a Config: checked by what the engines do
+		}
 		cfg := scenarios(s.Comm.Size())[1].config(ep.LowLatency)
 		cfg.Timeout = testTimeout
-		switch f {
-		case ep.FeatureFP8Wire:
-			cfg.Wire = ep.WireFP8
-		case ep.FeatureFP8Forward:
-			cfg.Wire = ep.WireFP8Forward
-		case ep.FeatureFP8Combine:
-			cfg.CombineWire = ep.WireFP8
-		case ep.FeatureOverflowDrop:
-			cfg.Mode, cfg.Overflow = ep.HighThroughput, ep.OverflowDrop
-		case ep.FeatureMaskStalledRanks:
-			cfg.MaskStalledRanks = true
-		}
+		ask(&cfg)
 		for _, b := range []ep.Backend{incapable{s.Backend}, s.Backend} {
 			cfg.Backend = b
 			g, err := ep.NewGroup[ep.BF16](s.Comm, cfg)
 			if !ep.Supports(b, f) {
-				require.Error(t, err, "%v on a backend that does not support it", f)
+				require.Error(t, err, "%v on a backend that does not declare it", f)
 				assert.True(t, errors.Is(err, ep.ErrUnsupported), "errors.Is(%v, ErrUnsupported)", err)
 				assert.ErrorContains(t, err, "the "+b.Name()+" backend does not implement "+f.String())
 				continue
 			}
-			require.NoError(t, err)
+			require.NoError(t, err, "%v, declared by the %s backend", f, b.Name())
 			require.NoError(t, g.Close())
 		}
 	}

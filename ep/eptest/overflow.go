@@ -11,20 +11,14 @@ import (
 	"github.com/goep/goep/ep"
 )
 
-// testOverflow checks Config.Overflow: OverflowFail everywhere, and
-// OverflowDrop where the backend supports it (testFeatureRefusals checks
-// its refusal where it does not).
-func (s Suite) testOverflow(t *testing.T) {
-	drop := ep.Supports(s.Backend, ep.FeatureOverflowDrop)
+// testOverflow checks Config.Overflow policy: OverflowFail on every
+// backend, OverflowDrop where the backend declares it (testFeatureRefusals
+// checks its refusal where it does not).
+func (s Suite) testOverflow(t *testing.T, policy ep.OverflowPolicy) {
 	for _, sc := range []scenario{scenarios(s.Comm.Size())[0], scenarios(s.Comm.Size())[2]} {
-		for _, policy := range []ep.OverflowPolicy{ep.OverflowFail, ep.OverflowDrop} {
-			if policy == ep.OverflowDrop && !drop {
-				continue
-			}
-			t.Run(fmt.Sprintf("%v/%s", policy, sc.name), func(t *testing.T) { checkOverflow[ep.BF16](t, s, sc, policy) })
-		}
+		t.Run(sc.name, func(t *testing.T) { checkOverflow[ep.BF16](t, s, sc, policy) })
 	}
-	if drop {
+	if policy == ep.OverflowDrop {
 		t.Run("LowLatencyRefused", func(t *testing.T) {
 			defer s.agree(t)
 			cfg := scenarios(s.Comm.Size())[0].config(ep.LowLatency)

@@ -3,6 +3,7 @@ package eptest
 import (
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +14,10 @@ import (
 	"github.com/goep/goep/mpi"
 )
 
-// Suite says what to check.
+// Suite says what to check: every property of the contract, and each
+// optional behaviour (ep.Feature) where the backend declares it (ep.Capable).
+// Nothing else chooses the checks, so a backend cannot claim a behaviour
+// whose checks do not run.
 type Suite struct {
 	// Comm is the communicator every check runs on (every rank of it runs
 	// Run, with the same Suite).
@@ -25,19 +29,6 @@ type Suite struct {
 	// always), within bfloat16 rounding across nodes in HT mode, where
 	// partial sums are taken per node first.
 	Reference ep.Backend
-	// AnonymousTimeouts says that the backend's timeouts cannot name the
-	// rank that stalled (TimeoutError.Peer -1, as an MPI collective).
-	AnonymousTimeouts bool
-	// ZeroAllocs asks for the check that steady-state dispatch+combine
-	// cycles allocate nothing.
-	ZeroAllocs bool
-	// Refusals asks for the check that one rank's refused input fails the
-	// same call on every rank at once (the backend's engines are
-	// ep.Refusers).
-	Refusals bool
-	// Masking asks for the check of MaskStalledRanks with a rank stopped by
-	// SIGSTOP (the backend supports ep.FeatureMaskStalledRanks).
-	Masking bool
 }
 
 // testTimeout is the groups' timeout in the checks: long enough for a
@@ -46,10 +37,47 @@ const testTimeout = 30 * time.Second
 
 var modes = []ep.Mode{ep.LowLatency, ep.HighThroughput}
 
+// featureChecks names, for every ep.Feature, the subtest of Run that checks
+// it where the backend declares it. Run refuses a backend that declares a
+// feature missing here, and the suite's own test refuses a Feature of ep
+// missing here, so that a new feature cannot be declared unchecked.
+var featureChecks = map[ep.Feature]string{
+	ep.FeatureFP8Wire:          "FP8Dispatch",
+	ep.FeatureMaskStalledRanks: "MaskStalledRank",
+	ep.FeatureRefusals:         "RefusalFailsEveryRank",
+	ep.FeatureMeter:            "StatsCountTraffic",   // waits and network bytes; without it, none
+	ep.FeatureNamedTimeouts:    "StalledRankTimesOut", // the peer named; without it, -1 allowed
+	ep.FeatureZeroAllocs:       "SteadyStateAllocatesNothing",
+	ep.FeatureFP8Forward:       "FP8Forward",
+	ep.FeatureFP8Combine:       "FP8Combine",
+	ep.FeatureOverflowDrop:     "OverflowDrop",
+}
+
+// declares reports whether the backend under test declares f.
+func (s Suite) declares(f ep.Feature) bool { return ep.Supports(s.Backend, f) }
+
 // Run runs every check as a subtest of t. It is collective over s.Comm.
 func Run(t *testing.T, s Suite) {
 	require.NotNil(t, s.Comm, "Suite.Comm")
 	require.NotNil(t, s.Backend, "Suite.Backend")
+	var declared []string
+	for _, f := range ep.Features() {
+		if !s.declares(f) {
+			continue
+		}
+		declared = append(declared, f.String())
+		if _, ok := featureChecks[f]; !ok {
+			t.Fatalf("the %s backend declares %v, which the suite has no check for", s.Backend.Name(), f)
+		}
+	}
+	if s.Comm.Rank() == 0 {
+		t.Logf("the %s backend declares %d optional features: %s", s.Backend.Name(), len(declared), strings.Join(declared, "; "))
+	}
+	optional := func(f ep.Feature, check func(*testing.T)) {
+		if s.declares(f) {
+			t.Run(featureChecks[f], check)
+		}
+	}
 	t.Run("Lifecycle", func(t *testing.T) { s.testLifecycle(t) })
 	t.Run("DispatchCombine", func(t *testing.T) { s.testDispatchCombine(t) })
 	t.Run("ScaledExperts", func(t *testing.T) { s.testScaledExperts(t) })
@@ -57,27 +85,22 @@ func Run(t *testing.T, s Suite) {
 	t.Run("BackwardIsTranspose", func(t *testing.T) { s.testBackwardIsTranspose(t) })
 	t.Run("RowValuesReturnToSlots", func(t *testing.T) { s.testRowValues(t) })
 	t.Run("StatsCountTraffic", func(t *testing.T) { s.testStats(t) })
-	t.Run("FP8Dispatch", func(t *testing.T) { s.testFP8(t) })
-	t.Run("FP8Forward", func(t *testing.T) { s.testFP8Forward(t) })
-	t.Run("FP8Combine", func(t *testing.T) { s.testFP8Combine(t) })
-	t.Run("Overflow", func(t *testing.T) { s.testOverflow(t) })
+	optional(ep.FeatureFP8Wire, s.testFP8)
+	optional(ep.FeatureFP8Forward, s.testFP8Forward)
+	optional(ep.FeatureFP8Combine, s.testFP8Combine)
+	t.Run("OverflowFail", func(t *testing.T) { s.testOverflow(t, ep.OverflowFail) })
+	optional(ep.FeatureOverflowDrop, func(t *testing.T) { s.testOverflow(t, ep.OverflowDrop) })
 	t.Run("UnsupportedFeaturesRefused", func(t *testing.T) { s.testFeatureRefusals(t) })
 	if s.Reference != nil {
 		t.Run("MatchesReference", func(t *testing.T) { s.testMatchesReference(t) })
 	}
 	t.Run("BadInputIsRefusedAndWritesNothing", func(t *testing.T) { s.testBadInput(t) })
-	if s.Refusals {
-		t.Run("RefusalFailsEveryRank", func(t *testing.T) { s.testRefusalFailsEveryRank(t) })
-	}
+	optional(ep.FeatureRefusals, s.testRefusalFailsEveryRank)
 	t.Run("InvalidConfigs", func(t *testing.T) { s.testInvalidConfigs(t) })
 	t.Run("UseAfterClose", func(t *testing.T) { s.testUseAfterClose(t) })
-	if s.ZeroAllocs {
-		t.Run("SteadyStateAllocatesNothing", func(t *testing.T) { s.testZeroAllocs(t) })
-	}
+	optional(ep.FeatureZeroAllocs, s.testZeroAllocs)
 	t.Run("StalledRankTimesOut", func(t *testing.T) { s.testStalledRank(t) })
-	if s.Masking {
-		t.Run("MaskStalledRank", func(t *testing.T) { s.testMaskStalledRank(t) })
-	}
+	optional(ep.FeatureMaskStalledRanks, s.testMaskStalledRank)
 }
 
 // agree fails t on every rank if it failed on any, so that ranks stay in

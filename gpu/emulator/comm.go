@@ -16,8 +16,9 @@ import (
 // ErrAborted is matched (errors.Is) by Comm's errors once it is aborted.
 var ErrAborted = errors.New("emulator: the communicator was aborted")
 
-// Comm is an emulated NCCL communicator of one rank: grouped point-to-point
-// transfers between the emulated devices of an MPI job's ranks.
+// Comm is an emulated NCCL communicator of one rank, a gpu.Comm: grouped
+// point-to-point transfers between the emulated devices of an MPI job's
+// ranks.
 type Comm struct {
 	d          *Device
 	mc         *mpi.Comm // the communicator's own, for its messages only
@@ -96,12 +97,13 @@ func (c *Comm) Size() int { return c.size }
 // rank itself are copies, the k-th send to itself going to the k-th
 // receive from itself. The arguments are checked now; a failure while the
 // group runs (a size mismatch, an MPI error) is reported by AsyncError.
-func (c *Comm) SendRecv(s *Stream, sends, recvs []gpu.Transfer) error {
+func (c *Comm) SendRecv(gs gpu.Stream, sends, recvs []gpu.Transfer) error {
 	if err := c.usable("SendRecv"); err != nil {
 		return err
 	}
-	if s == nil || s.d != c.d {
-		return fmt.Errorf("emulator: SendRecv: needs a stream of %v", c.d)
+	s, ok := gs.(*Stream)
+	if !ok || s == nil || s.d != c.d {
+		return fmt.Errorf("emulator: SendRecv: needs a stream of %v, not %T", c.d, gs)
 	}
 	var msgs [2][]mpi.Message
 	var self [2][]gpu.Transfer

@@ -18,8 +18,8 @@ import (
 // on the device (the error is sticky, as CUDA's is).
 var ErrIllegalAddress = errors.New("emulator: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered")
 
-// Device is one emulated device of this process. Open returns the same
-// Device for the same ordinal; it is never closed.
+// Device is one emulated device of this process, a gpu.Device. Open returns
+// the same Device for the same ordinal; it is never closed.
 type Device struct {
 	ordinal int
 	jitter  atomic.Int64 // most delay before each queued operation, in ns
@@ -34,6 +34,15 @@ type Device struct {
 	kernelsOnce sync.Once
 	kernels     *gpu.Kernels
 }
+
+// The emulated device implements package gpu's device interface.
+var (
+	_ gpu.Device     = (*Device)(nil)
+	_ gpu.Stream     = (*Stream)(nil)
+	_ gpu.Event      = (*Event)(nil)
+	_ gpu.HostBuffer = (*HostBuffer)(nil)
+	_ gpu.Comm       = (*Comm)(nil)
+)
 
 // span is a range of device addresses.
 type span struct {
@@ -95,18 +104,18 @@ func (d *Device) ResetForTest() {
 
 const garbage = 0xa5 // the bytes of new allocations
 
-// Alloc returns n bytes of device memory, uninitialised (0xa5 bytes), as
+// MemAlloc returns n bytes of device memory, uninitialised (0xa5 bytes), as
 // cuMemAlloc does.
-func (d *Device) Alloc(n int) (gpu.DevicePtr, error) {
+func (d *Device) MemAlloc(n int) (gpu.DevicePtr, error) {
 	if n < 0 {
-		return 0, fmt.Errorf("emulator: Alloc: negative size %d", n)
+		return 0, fmt.Errorf("emulator: MemAlloc: negative size %d", n)
 	}
 	if err := d.err(); err != nil {
 		return 0, err
 	}
 	p := gpu.DevicePtr(kernels.Malloc(max(n, 1)))
 	if p == 0 {
-		return 0, fmt.Errorf("emulator: Alloc: out of memory (%d bytes on %v)", n, d)
+		return 0, fmt.Errorf("emulator: MemAlloc: out of memory (%d bytes on %v)", n, d)
 	}
 	kernels.Memset(uint64(p), garbage, max(n, 1))
 	d.mu.Lock()
@@ -118,14 +127,14 @@ func (d *Device) Alloc(n int) (gpu.DevicePtr, error) {
 	return p, nil
 }
 
-// Free releases memory that Alloc returned. Like cuMemFree it does not wait
-// for queued work: the caller synchronises first.
-func (d *Device) Free(p gpu.DevicePtr) error {
+// MemFree releases memory that MemAlloc returned. Like cuMemFree it does
+// not wait for queued work: the caller synchronises first.
+func (d *Device) MemFree(p gpu.DevicePtr) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	i := sort.Search(len(d.allocs), func(i int) bool { return d.allocs[i].p >= p })
 	if i == len(d.allocs) || d.allocs[i].p != p {
-		return fmt.Errorf("emulator: Free(%#x): not an allocation of %v", uint64(p), d)
+		return fmt.Errorf("emulator: MemFree(%#x): not an allocation of %v", uint64(p), d)
 	}
 	a := d.allocs[i]
 	d.allocs = append(d.allocs[:i], d.allocs[i+1:]...)
@@ -245,11 +254,13 @@ func (d *Device) Synchronize() error {
 }
 
 // HostBuffer is host memory for asynchronous copies, as pinned memory is on
-// a device: outside the Go heap, viewed by Bytes.
+// a device: outside the Go heap, viewed by Bytes. It is the gpu.HostBuffer
+// of an emulated device.
 type HostBuffer struct{ mem []byte }
 
-// AllocHost returns n bytes of host memory for asynchronous copies.
-func (d *Device) AllocHost(n int) (*HostBuffer, error) {
+// AllocHost returns n bytes of host memory for asynchronous copies (a
+// *HostBuffer).
+func (d *Device) AllocHost(n int) (gpu.HostBuffer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("emulator: AllocHost: negative size %d", n)
 	}
@@ -277,6 +288,15 @@ func (h *HostBuffer) Free() error {
 	return err
 }
 
+// hostRange is n bytes of h, host memory of an emulated device, from off.
+func hostRange(op string, h gpu.HostBuffer, off, n int) ([]byte, error) {
+	eh, ok := h.(*HostBuffer)
+	if !ok || eh == nil {
+		return nil, fmt.Errorf("emulator: %s: %T is not host memory of an emulated device", op, h)
+	}
+	return eh.hostRange(op, off, n)
+}
+
 func (h *HostBuffer) hostRange(op string, off, n int) ([]byte, error) {
 	if off < 0 || n < 0 || off+n > len(h.mem) {
 		return nil, fmt.Errorf("emulator: %s: bytes [%d, %d) out of range of %d host bytes", op, off, off+n, len(h.mem))
@@ -285,10 +305,11 @@ func (h *HostBuffer) hostRange(op string, off, n int) ([]byte, error) {
 }
 
 // Kernels returns package gpu's kernels, run on this device's streams by
-// the CPU emulator.
-func (d *Device) Kernels() *gpu.Kernels {
+// the CPU emulator. It does not fail: the error is the gpu.Device
+// interface's, for a device that compiles them.
+func (d *Device) Kernels() (*gpu.Kernels, error) {
 	d.kernelsOnce.Do(func() { d.kernels = gpu.NewKernels(launcher{d}) })
-	return d.kernels
+	return d.kernels, nil
 }
 
 // launcher is gpu.Launcher on the emulated device.
@@ -334,7 +355,7 @@ func (l launcher) AllocAsync(n int, q gpu.Queue) (gpu.DevicePtr, error) {
 	if _, err := l.stream(q); err != nil {
 		return 0, err
 	}
-	return l.d.Alloc(n)
+	return l.d.MemAlloc(n)
 }
 
 func (l launcher) FreeAsync(p gpu.DevicePtr, q gpu.Queue) error {
@@ -342,7 +363,7 @@ func (l launcher) FreeAsync(p gpu.DevicePtr, q gpu.Queue) error {
 	if err != nil {
 		return err
 	}
-	return s.enqueue(func() error { return l.d.Free(p) })
+	return s.enqueue(func() error { return l.d.MemFree(p) })
 }
 
 func (l launcher) MemsetAsync(p gpu.DevicePtr, v byte, n int, q gpu.Queue) error {

@@ -28,13 +28,13 @@ func testDevice(t *testing.T) *Device {
 
 func alloc(t *testing.T, d *Device, n int) gpu.DevicePtr {
 	t.Helper()
-	p, err := d.Alloc(n)
+	p, err := d.MemAlloc(n)
 	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, d.Free(p)) })
+	t.Cleanup(func() { assert.NoError(t, d.MemFree(p)) })
 	return p
 }
 
-func stream(t *testing.T, d *Device) *Stream {
+func stream(t *testing.T, d *Device) gpu.Stream {
 	t.Helper()
 	s, err := d.NewStream()
 	require.NoError(t, err)
@@ -51,11 +51,13 @@ func read(t *testing.T, d *Device, p gpu.DevicePtr, n int) []byte {
 
 // slowWork queues a kernel that takes tens of milliseconds on the
 // emulator: a copy of 8 MiB in rows of 16 bytes, one thread each.
-func slowWork(t *testing.T, d *Device, s *Stream) {
+func slowWork(t *testing.T, d *Device, s gpu.Stream) {
 	t.Helper()
 	const rows, rowBytes = 1 << 19, 16
 	src, dst := alloc(t, d, rows*rowBytes), alloc(t, d, rows*rowBytes)
-	require.NoError(t, d.Kernels().CopyRows(s, gpu.CopyRowsArgs{Dst: dst, DstRows: rows, Src: src, SrcRows: rows, N: rows, RowBytes: rowBytes}))
+	k, err := d.Kernels()
+	require.NoError(t, err)
+	require.NoError(t, k.CopyRows(s, gpu.CopyRowsArgs{Dst: dst, DstRows: rows, Src: src, SrcRows: rows, N: rows, RowBytes: rowBytes}))
 }
 
 func TestOpenIsOnePerOrdinal(t *testing.T) {
@@ -76,7 +78,7 @@ func TestMemory(t *testing.T) {
 	want := append(append(append(make([]byte, 8), src...), bytes.Repeat([]byte{garbage}, 8)...), src...)
 	assert.Equal(t, want, read(t, d, p, 48))
 	assert.Equal(t, 64, d.Live()-liveOther(d, p))
-	assert.ErrorContains(t, d.Free(p.Add(1)), "not an allocation")
+	assert.ErrorContains(t, d.MemFree(p.Add(1)), "not an allocation")
 }
 
 // liveOther is the live memory of d but the allocation at p.
@@ -105,7 +107,7 @@ func TestIllegalAddressIsSticky(t *testing.T) {
 	err = s.Synchronize()
 	require.ErrorIs(t, err, ErrIllegalAddress)
 	assert.ErrorContains(t, err, "MemcpyHtoDAsync of 32 bytes")
-	_, err = d.Alloc(4)
+	_, err = d.MemAlloc(4)
 	assert.ErrorIs(t, err, ErrIllegalAddress)
 	assert.ErrorIs(t, s.MemsetD8Async(p, 0, 4), ErrIllegalAddress)
 	assert.ErrorIs(t, d.Synchronize(), ErrIllegalAddress)
@@ -140,7 +142,7 @@ func TestStreamsRunLaterAndOnlyEventsOrderThem(t *testing.T) {
 	require.NoError(t, err)
 	slowWork(t, d, a)
 	require.NoError(t, a.MemsetD8Async(p, 2, 8))
-	require.NoError(t, e.Record(a))
+	require.NoError(t, a.Record(e))
 	require.NoError(t, b.WaitEvent(e))
 	require.NoError(t, b.MemcpyDtoHAsync(h, 0, p, 8))
 	done, err = e.Done()
@@ -175,11 +177,11 @@ func TestEventLatestRecord(t *testing.T) {
 	e, err := d.NewEvent()
 	require.NoError(t, err)
 	require.NoError(t, a.MemsetD8Async(p, 3, 4))
-	require.NoError(t, e.Record(a))
+	require.NoError(t, a.Record(e))
 	require.NoError(t, a.Synchronize())
 	slowWork(t, d, a)
 	require.NoError(t, a.MemsetD8Async(p, 4, 4))
-	require.NoError(t, e.Record(a))
+	require.NoError(t, a.Record(e))
 	require.NoError(t, b.WaitEvent(e))
 	require.NoError(t, b.MemcpyDtoHAsync(h, 0, p, 4))
 	require.NoError(t, b.Synchronize())
@@ -205,8 +207,11 @@ func TestJitterKeepsStreamOrder(t *testing.T) {
 func TestKernelsOnStreams(t *testing.T) {
 	d := testDevice(t)
 	s := stream(t, d)
-	k := d.Kernels()
-	assert.Same(t, k, d.Kernels())
+	k, err := d.Kernels()
+	require.NoError(t, err)
+	k2, err := d.Kernels()
+	require.NoError(t, err)
+	assert.Same(t, k, k2)
 	x := []float32{1, 2, 3, 4, 5, 6}
 	src := alloc(t, d, 24)
 	out := alloc(t, d, 16)
@@ -232,3 +237,28 @@ func TestClosedStreamRefusesWork(t *testing.T) {
 	assert.ErrorContains(t, s.MemsetD8Async(p, 0, 4), "closed stream")
 	assert.False(t, errors.Is(d.Synchronize(), ErrIllegalAddress))
 }
+
+// A stream takes events and host memory of its own device only, and a
+// communicator its device's streams: anything else is an error naming it,
+// never a crash.
+func TestForeignObjectsRefused(t *testing.T) {
+	d, other := testDevice(t), Open(98)
+	s := stream(t, d)
+	p := alloc(t, d, 8)
+	e, err := other.NewEvent()
+	require.NoError(t, err)
+	assert.ErrorContains(t, s.WaitEvent(e), "*emulator.Event is not an event of "+d.String())
+	assert.ErrorContains(t, s.Record(e), "*emulator.Event is not an event of "+d.String())
+	assert.ErrorContains(t, s.Record(nil), "<nil> is not an event of "+d.String())
+	var h foreignHost
+	assert.ErrorContains(t, s.MemcpyHtoDAsync(p, h, 0, 8), "emulator.foreignHost is not host memory of an emulated device")
+	assert.ErrorContains(t, s.MemcpyDtoHAsync(h, 0, p, 8), "emulator.foreignHost is not host memory of an emulated device")
+	require.NoError(t, s.Synchronize())
+	assert.NoError(t, d.Synchronize(), "nothing was queued")
+}
+
+// foreignHost is host memory of some other device.
+type foreignHost struct{}
+
+func (foreignHost) Bytes() []byte { return make([]byte, 8) }
+func (foreignHost) Free() error   { return nil }

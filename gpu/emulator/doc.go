@@ -1,6 +1,8 @@
 // Package emulator is a CUDA device and NCCL communicator emulated on the
 // CPU, so that code written for a GPU (package epgpu's engine) runs, and is
-// tested, on machines with none. It keeps the semantics that make device
+// tested, on machines with none: it implements package gpu's device
+// interface (gpu.Device, gpu.Stream, gpu.Event, gpu.HostBuffer, gpu.Comm),
+// as package gpu's CUDA types do. It keeps the semantics that make device
 // code break when it is wrong, rather than hiding them:
 //
 //   - Device memory is C memory named by addresses (gpu.DevicePtr) that Go
@@ -12,8 +14,8 @@
 //   - A Stream is a goroutine that runs its queue in order; every copy,
 //     memset, kernel launch and transfer is queued and runs later, in
 //     parallel with the host and with other streams. Nothing orders two
-//     streams but events: Event.Record marks a point of a stream,
-//     Stream.WaitEvent makes a stream wait for it. SetJitter delays each
+//     streams but events: Stream.Record marks an event at a point of the
+//     stream, Stream.WaitEvent makes a stream wait for it. SetJitter delays each
 //     operation by a random time, so that work that lacks an event or a
 //     synchronisation races, and shows it.
 //   - Synchronous copies (Device.MemcpyHtoD, ...) do not wait for streams,

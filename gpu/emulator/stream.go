@@ -10,8 +10,9 @@ import (
 	"github.com/goep/goep/gpu/internal/kernels"
 )
 
-// Stream is an emulated CUDA stream: a goroutine that runs the operations
-// queued on it, one after the other, later than they were queued.
+// Stream is an emulated CUDA stream, a gpu.Stream: a goroutine that runs
+// the operations queued on it, one after the other, later than they were
+// queued.
 type Stream struct {
 	d   *Device
 	rng *rand.Rand // the jitter's, used by the goroutine only
@@ -24,8 +25,8 @@ type Stream struct {
 	closed    bool
 }
 
-// NewStream starts a stream on the device.
-func (d *Device) NewStream() (*Stream, error) {
+// NewStream starts a stream on the device (a *Stream).
+func (d *Device) NewStream() (gpu.Stream, error) {
 	if err := d.err(); err != nil {
 		return nil, err
 	}
@@ -141,8 +142,8 @@ func (s *Stream) Close() error {
 
 // MemcpyHtoDAsync queues a copy of n bytes of src from byte off to device
 // address dst. The bytes are read when the copy runs.
-func (s *Stream) MemcpyHtoDAsync(dst gpu.DevicePtr, src *HostBuffer, off, n int) error {
-	b, err := src.hostRange("MemcpyHtoDAsync", off, n)
+func (s *Stream) MemcpyHtoDAsync(dst gpu.DevicePtr, src gpu.HostBuffer, off, n int) error {
+	b, err := hostRange("MemcpyHtoDAsync", src, off, n)
 	if err != nil || n == 0 {
 		return err
 	}
@@ -157,8 +158,8 @@ func (s *Stream) MemcpyHtoDAsync(dst gpu.DevicePtr, src *HostBuffer, off, n int)
 
 // MemcpyDtoHAsync queues a copy of n bytes at device address src into dst
 // from byte off.
-func (s *Stream) MemcpyDtoHAsync(dst *HostBuffer, off int, src gpu.DevicePtr, n int) error {
-	b, err := dst.hostRange("MemcpyDtoHAsync", off, n)
+func (s *Stream) MemcpyDtoHAsync(dst gpu.HostBuffer, off int, src gpu.DevicePtr, n int) error {
+	b, err := hostRange("MemcpyDtoHAsync", dst, off, n)
 	if err != nil || n == 0 {
 		return err
 	}
@@ -193,9 +194,14 @@ func (s *Stream) MemsetD8Async(dst gpu.DevicePtr, v byte, n int) error {
 	return s.enqueue(func() error { return s.d.MemsetD8(dst, v, n) })
 }
 
-// WaitEvent makes the work queued on s from now on wait until e has reached
-// the point of its latest Record (at once if it was never recorded).
-func (s *Stream) WaitEvent(e *Event) error {
+// WaitEvent makes the work queued on s from now on wait until e, an event
+// of the same device, has reached the point of its latest Record (at once
+// if it was never recorded).
+func (s *Stream) WaitEvent(ge gpu.Event) error {
+	e, err := s.event("WaitEvent", ge)
+	if err != nil {
+		return err
+	}
 	e.mu.Lock()
 	target := e.recorded
 	e.mu.Unlock()
@@ -209,7 +215,17 @@ func (s *Stream) WaitEvent(e *Event) error {
 	})
 }
 
-// Event marks a point in a stream's work.
+// event is the emulated event behind e, or an error naming op.
+func (s *Stream) event(op string, e gpu.Event) (*Event, error) {
+	ee, ok := e.(*Event)
+	if !ok || ee == nil || ee.d != s.d {
+		return nil, fmt.Errorf("emulator: %s: %T is not an event of %v", op, e, s.d)
+	}
+	return ee, nil
+}
+
+// Event marks a point in a stream's work: the gpu.Event of an emulated
+// device.
 type Event struct {
 	d        *Device
 	mu       sync.Mutex
@@ -218,21 +234,25 @@ type Event struct {
 	reached  uint64 // the latest Record whose point a stream has reached
 }
 
-// NewEvent creates an event.
-func (d *Device) NewEvent() (*Event, error) {
+// NewEvent creates an event (an *Event).
+func (d *Device) NewEvent() (gpu.Event, error) {
 	e := &Event{d: d}
 	e.cond.L = &e.mu
 	return e, nil
 }
 
-// Record marks the event at the current end of s's work; Done and
-// Synchronize then refer to that point.
-func (e *Event) Record(s *Stream) error {
+// Record marks e, an event of the same device, at the current end of s's
+// work; its Done and Synchronize then refer to that point.
+func (s *Stream) Record(ge gpu.Event) error {
+	e, err := s.event("Record", ge)
+	if err != nil {
+		return err
+	}
 	e.mu.Lock()
 	e.recorded++
 	g := e.recorded
 	e.mu.Unlock()
-	err := s.push(op{mark: true, f: func() error {
+	err = s.push(op{mark: true, f: func() error {
 		e.mu.Lock()
 		e.reached = max(e.reached, g)
 		e.cond.Broadcast()

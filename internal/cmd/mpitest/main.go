@@ -22,6 +22,12 @@
 // The ranks learn the layout from GOEP_TEST_HOSTS (ranks per host, e.g. 2,2,1),
 // so that tests can check the topology they see against it. -run and -skip
 // choose tests as go test's flags of those names do.
+//
+// -race builds the test binaries with the race detector (which also checks
+// unsafe pointer arithmetic, checkptr). The build inherits the environment,
+// so GOFLAGS and GOEXPERIMENT reach it: cgo's strict pointer checks are
+//
+//	GOEXPERIMENT=cgocheck2 go run ./internal/cmd/mpitest -np 2 -sim "" ./ep
 package main
 
 import (
@@ -77,6 +83,7 @@ func run(stdout, stderr io.Writer, args []string) int {
 	workdir := fs.String("workdir", "", "directory for the test binaries and rank logs (default: a new temporary one); across hosts, one every host sees")
 	keep := fs.Bool("keep", false, "keep the build and log directory")
 	verbose := fs.Bool("v", false, "print every rank's output")
+	race := fs.Bool("race", false, "build the test binaries with the race detector (go test -race)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -158,10 +165,10 @@ func run(stdout, stderr io.Writer, args []string) int {
 	for _, pkg := range pkgs {
 		name := strings.ReplaceAll(strings.Trim(filepath.Clean(pkg), "./"), "/", "_")
 		bin := filepath.Join(dir, name+".test")
-		build := exec.Command("go", "test", "-c", "-tags", "mpi", "-o", bin, pkg)
+		build := buildCommand(pkg, bin, *race)
 		build.Stdout, build.Stderr = stderr, stderr
 		if err := build.Run(); err != nil {
-			fmt.Fprintf(stdout, "FAIL %s: build with -tags mpi: %v\n", pkg, err)
+			fmt.Fprintf(stdout, "FAIL %s: %s: %v\n", pkg, strings.Join(build.Args[1:], " "), err)
 			failed++
 			continue
 		}
@@ -182,6 +189,17 @@ func run(stdout, stderr io.Writer, args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// buildCommand builds pkg's test binary with the mpi tag into bin, with the
+// race detector if race; it inherits the environment (GOFLAGS,
+// GOEXPERIMENT).
+func buildCommand(pkg, bin string, race bool) *exec.Cmd {
+	args := []string{"test", "-c", "-tags", "mpi"}
+	if race {
+		args = append(args, "-race")
+	}
+	return exec.Command("go", append(args, "-o", bin, pkg)...)
 }
 
 func parseConfigs(nps, sims string) ([]config, error) {

@@ -60,3 +60,13 @@ func TestHostsNeedHostfile(t *testing.T) {
 	assert.Equal(t, 2, run(&out, &errs, []string{"-np", "", "-sim", "", "./mpi"}))
 	assert.Contains(t, errs.String(), "nothing to run")
 }
+
+// The build asks for the race detector when told, and inherits the
+// environment (GOFLAGS, GOEXPERIMENT=cgocheck2).
+func TestBuildCommand(t *testing.T) {
+	c := buildCommand("./ep", "/tmp/ep.test", false)
+	assert.Equal(t, []string{"go", "test", "-c", "-tags", "mpi", "-o", "/tmp/ep.test", "./ep"}, c.Args)
+	assert.Nil(t, c.Env, "the environment is inherited")
+	c = buildCommand("./ep", "/tmp/ep.test", true)
+	assert.Equal(t, []string{"go", "test", "-c", "-tags", "mpi", "-race", "-o", "/tmp/ep.test", "./ep"}, c.Args)
+}

@@ -1,0 +1,7 @@
+//go:build !race
+
+package race
+
+// Slowdown is the factor by which a test scales the timeouts it times
+// waits with: 1 without the race detector.
+const Slowdown = 1
