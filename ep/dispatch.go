@@ -23,7 +23,7 @@ func (g *Group[E]) Dispatch(x Tensor[E], topk []int32, weights []float32) (Handl
 // rank's rows are in (or on their way to) the receivers' buffers and x may
 // be reused. Compute can run before Wait.
 func (g *Group[E]) DispatchSend(x Tensor[E], topk []int32, weights []float32) (DispatchRequest[E], error) {
-	return g.dispatchSend(g.names.dispatch, tokens[E]{x: x}, topk, weights)
+	return g.dispatchSend(g.names.dispatch, tokens{rows: AsBytes(x)}, topk, weights)
 }
 
 // DispatchFP8 is Dispatch for a group that forwards rows the caller
@@ -44,28 +44,21 @@ func (g *Group[E]) DispatchFP8(codes Tensor[E4M3], scales Tensor[float32], topk 
 
 // DispatchFP8Send is the sending half of DispatchFP8.
 func (g *Group[E]) DispatchFP8Send(codes Tensor[E4M3], scales Tensor[float32], topk []int32, weights []float32) (DispatchRequest[E], error) {
-	return g.dispatchSend(g.names.dispatch, tokens[E]{codes: codes, scales: scales, fp8: true}, topk, weights)
+	return g.dispatchSend(g.names.dispatch, fp8Tokens(codes, scales), topk, weights)
 }
 
-// tokens are a dispatch's rows as the caller gives them: in the element
-// type (x), or as e4m3 codes and scales (fp8: DispatchFP8).
-type tokens[E Element] struct {
-	x      Tensor[E]
-	codes  Tensor[E4M3]
-	scales Tensor[float32]
-	fp8    bool
+// tokens are a dispatch's rows as the engine takes them, in bytes: in the
+// element type, or as e4m3 codes with their scales (fp8: DispatchFP8).
+type tokens struct {
+	rows, scales Tensor[byte]
+	fp8          bool
 }
 
-// bytes are the rows, and the scales (zero unless fp8), as the engine
-// takes them.
-func (x tokens[E]) bytes() (Tensor[byte], Tensor[byte]) {
-	if x.fp8 {
-		return AsBytes(x.codes), AsBytes(x.scales)
-	}
-	return AsBytes(x.x), Tensor[byte]{}
+func fp8Tokens(codes Tensor[E4M3], scales Tensor[float32]) tokens {
+	return tokens{rows: AsBytes(codes), scales: AsBytes(scales), fp8: true}
 }
 
-func (g *Group[E]) dispatchSend(op string, x tokens[E], topk []int32, weights []float32) (DispatchRequest[E], error) {
+func (g *Group[E]) dispatchSend(op string, x tokens, topk []int32, weights []float32) (DispatchRequest[E], error) {
 	if err := g.usable(op); err != nil {
 		return DispatchRequest[E]{}, err
 	}
@@ -103,20 +96,20 @@ func (g *Group[E]) DispatchCached(prev Handle[E], x Tensor[E], weights []float32
 
 // DispatchCachedSend is the sending half of DispatchCached.
 func (g *Group[E]) DispatchCachedSend(prev Handle[E], x Tensor[E], weights []float32) (DispatchRequest[E], error) {
-	return g.cachedSend(prev, tokens[E]{x: x}, weights)
+	return g.cachedSend(prev, tokens{rows: AsBytes(x)}, weights)
 }
 
 // DispatchCachedFP8 is DispatchCached for a group that forwards rows the
 // caller quantized (WireFP8Forward): codes and scales as DispatchFP8's.
 func (g *Group[E]) DispatchCachedFP8(prev Handle[E], codes Tensor[E4M3], scales Tensor[float32], weights []float32) (Handle[E], error) {
-	req, err := g.cachedSend(prev, tokens[E]{codes: codes, scales: scales, fp8: true}, weights)
+	req, err := g.cachedSend(prev, fp8Tokens(codes, scales), weights)
 	if err != nil {
 		return Handle[E]{}, err
 	}
 	return req.Wait()
 }
 
-func (g *Group[E]) cachedSend(prev Handle[E], x tokens[E], weights []float32) (DispatchRequest[E], error) {
+func (g *Group[E]) cachedSend(prev Handle[E], x tokens, weights []float32) (DispatchRequest[E], error) {
 	op := g.names.cached
 	if err := g.usable(op); err != nil {
 		return DispatchRequest[E]{}, err
@@ -153,7 +146,7 @@ func (g *Group[E]) cachedSend(prev Handle[E], x tokens[E], weights []float32) (D
 }
 
 // send numbers the dispatch and hands it to the engine.
-func (g *Group[E]) send(op string, s *handleState[E], x tokens[E], from *Dispatch) (DispatchRequest[E], error) {
+func (g *Group[E]) send(op string, s *handleState[E], x tokens, from *Dispatch) (DispatchRequest[E], error) {
 	b := 0
 	if g.spec.Mode == LowLatency {
 		b = int(g.dispatches % 2)
@@ -161,8 +154,7 @@ func (g *Group[E]) send(op string, s *handleState[E], x tokens[E], from *Dispatc
 	g.op++
 	g.dispatches++
 	d := &s.d // field by field: a new Dispatch would copy the whole record, Recv and all
-	rows, scales := x.bytes()
-	d.Op, d.Set, d.From, d.X, d.Scales, d.TopK, d.Weights, d.Route = g.op, b, from, rows, scales, s.topk, s.weights, &s.rt
+	d.Op, d.Set, d.From, d.X, d.Scales, d.TopK, d.Weights, d.Route = g.op, b, from, x.rows, x.scales, s.topk, s.weights, &s.rt
 	d.Recv = Received{}
 	if err := g.engineError(g.eng.DispatchSend(d)); err != nil {
 		s.d.From = nil
@@ -206,7 +198,7 @@ func (r DispatchRequest[E]) Wait() (Handle[E], error) {
 }
 
 // checkTokens validates the inputs of a dispatch on this rank.
-func (g *Group[E]) checkTokens(op string, x tokens[E], topk []int32, weights []float32) (int, error) {
+func (g *Group[E]) checkTokens(op string, x tokens, topk []int32, weights []float32) (int, error) {
 	H, K := g.spec.Hidden, g.spec.TopK
 	forward := g.spec.Wire == WireFP8Forward
 	switch {
@@ -227,21 +219,21 @@ func (g *Group[E]) checkTokens(op string, x tokens[E], topk []int32, weights []f
 	}
 	if x.fp8 {
 		G := ScaleGroups(H)
-		if x.codes.Len() != T*H {
-			return 0, inputErrorf(op, "len(codes) = %d, want tokens*Hidden = %d*%d = %d", x.codes.Len(), T, H, T*H)
+		if x.rows.Len() != T*H {
+			return 0, inputErrorf(op, "len(codes) = %d, want tokens*Hidden = %d*%d = %d", x.rows.Len(), T, H, T*H)
 		}
-		if x.scales.Len() != T*G {
-			return 0, inputErrorf(op, "len(scales) = %d, want tokens*ScaleGroups(Hidden) = %d*%d = %d", x.scales.Len(), T, G, T*G)
+		if x.scales.Len() != 4*T*G {
+			return 0, inputErrorf(op, "len(scales) = %d, want tokens*ScaleGroups(Hidden) = %d*%d = %d", x.scales.Len()/4, T, G, T*G)
 		}
-		if err := g.checkMemory(op, "codes", x.codes.Memory()); err != nil {
+		if err := g.checkMemory(op, "codes", x.rows.Memory()); err != nil {
 			return 0, err
 		}
 		return T, g.checkMemory(op, "scales", x.scales.Memory())
 	}
-	if x.x.Len() != T*H {
-		return 0, inputErrorf(op, "len(x) = %d, want tokens*Hidden = %d*%d = %d", x.x.Len(), T, H, T*H)
+	if es := g.spec.Elem.Size(); x.rows.Len() != T*H*es {
+		return 0, inputErrorf(op, "len(x) = %d, want tokens*Hidden = %d*%d = %d", x.rows.Len()/es, T, H, T*H)
 	}
-	return T, g.checkMemory(op, "x", x.x.Memory())
+	return T, g.checkMemory(op, "x", x.rows.Memory())
 }
 
 // checkMemory refuses a tensor outside the engine's memory.

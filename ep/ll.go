@@ -50,6 +50,7 @@ type llMode struct {
 	e                                *engine
 	R, E, L, M, K, H, rowBytes, span int
 	slots                            bool // the slot protocol (no count round)
+	direct                           bool // dispatches take the direct path (lldirect.go)
 	wire                             rowFormat
 
 	// Segment areas per buffer set: received rows [L][span] with a token
@@ -103,6 +104,7 @@ func newLL(e *engine, seg, win *arena) (*llMode, error) {
 	m := layoutLL(e.spec, e.t.size, e.nodes, e.tune, seg, win)
 	m.e = e
 	m.obase, m.ocnt = make([]int, m.R), make([]int, m.R) // node peers' stay 0: their rows go straight to them
+	m.direct = m.canGoDirect()
 	var err error
 	m.tables, err = newReduceTables(m.M*m.K, m.M, e.tune.reduceInC)
 	return m, err

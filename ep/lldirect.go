@@ -16,8 +16,12 @@ import (
 // A decode round is short enough that the queueing of the general path, its
 // per-expert passes and its tables were a good part of it.
 
-// directOK says whether a dispatch on this rank can take the direct path.
-func (m *llMode) directOK() bool {
+// directOK says whether a dispatch on this rank can take the direct path:
+// set once, at newLL, from what a group cannot change.
+func (m *llMode) directOK() bool { return m.direct }
+
+// canGoDirect is directOK's value for the group.
+func (m *llMode) canGoDirect() bool {
 	t := &m.e.t
 	return !m.e.tune.generalLL && m.slots && m.wire.sideBytes() == 0 && !t.spansNodes() && !t.maskStalled
 }
