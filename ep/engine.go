@@ -81,10 +81,14 @@ func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	return e, nil
 }
 
-// Supports says that the CPU engine masks stalled ranks and dispatches in
-// FP8.
+// Supports says that the CPU engine masks stalled ranks, dispatches in FP8,
+// and has every receive layout and id kind.
 func (cpuBackend) Supports(f Feature) bool {
-	return f == FeatureMaskStalledRanks || f == FeatureFP8Wire
+	switch f {
+	case FeatureMaskStalledRanks, FeatureFP8Wire, FeatureHTExpertMajor, FeatureGlobalExpertIDs:
+		return true
+	}
+	return false
 }
 
 // engine is the CPU engine: the transport between the ranks, and the mode

@@ -19,6 +19,17 @@ const (
 	// FeatureMaskStalledRanks is Config.MaskStalledRanks: the engines are
 	// Maskers.
 	FeatureMaskStalledRanks
+	// FeatureHTExpertMajor is Config.Layout LayoutExpertMajor in
+	// HighThroughput: the engine writes each (token, local expert) row
+	// into its expert's padded zone and fills Received.ExpertOffsets.
+	FeatureHTExpertMajor
+	// FeatureLLRankMajor is Config.Layout LayoutRankMajor in LowLatency:
+	// rows by source rank with their top-k ids and weights, combined
+	// unweighted.
+	FeatureLLRankMajor
+	// FeatureGlobalExpertIDs is Config.RecvIDs GlobalExpertIDs: RecvTopK
+	// in global expert ids.
+	FeatureGlobalExpertIDs
 )
 
 func (f Feature) String() string {
@@ -27,6 +38,12 @@ func (f Feature) String() string {
 		return "FP8 dispatch (Config.Wire)"
 	case FeatureMaskStalledRanks:
 		return "masking stalled ranks (Config.MaskStalledRanks)"
+	case FeatureHTExpertMajor:
+		return "the HT expert-major receive layout (Config.Layout)"
+	case FeatureLLRankMajor:
+		return "the LL rank-major receive layout (Config.Layout)"
+	case FeatureGlobalExpertIDs:
+		return "global expert ids in RecvTopK (Config.RecvIDs)"
 	}
 	return fmt.Sprintf("Feature(%d)", int(f))
 }
@@ -56,6 +73,15 @@ func (c Config) features() []Feature {
 	}
 	if c.MaskStalledRanks {
 		fs = append(fs, FeatureMaskStalledRanks)
+	}
+	if c.htExpertMajor() {
+		fs = append(fs, FeatureHTExpertMajor)
+	}
+	if c.llRankMajor() {
+		fs = append(fs, FeatureLLRankMajor)
+	}
+	if c.RecvIDs == GlobalExpertIDs {
+		fs = append(fs, FeatureGlobalExpertIDs)
 	}
 	return fs
 }

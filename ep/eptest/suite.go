@@ -58,6 +58,7 @@ func Run(t *testing.T, s Suite) {
 	t.Run("RowValuesReturnToSlots", func(t *testing.T) { s.testRowValues(t) })
 	t.Run("StatsCountTraffic", func(t *testing.T) { s.testStats(t) })
 	t.Run("FP8Dispatch", func(t *testing.T) { s.testFP8(t) })
+	t.Run("ReceiveLayouts", func(t *testing.T) { s.testLayouts(t) })
 	t.Run("UnsupportedFeaturesRefused", func(t *testing.T) { s.testFeatureRefusals(t) })
 	if s.Reference != nil {
 		t.Run("MatchesReference", func(t *testing.T) { s.testMatchesReference(t) })
