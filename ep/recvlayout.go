@@ -107,7 +107,9 @@ func (c Config) llRankMajor() bool { return c.Mode == LowLatency && c.layout() =
 
 // weightedCombine says whether Combine applies the gate weights (LL
 // expert-major) or sums what the expert side weighted (the other layouts).
-func (c Config) weightedCombine() bool { return c.Mode == LowLatency && c.layout() == LayoutExpertMajor }
+func (c Config) weightedCombine() bool {
+	return c.Mode == LowLatency && c.layout() == LayoutExpertMajor
+}
 
 // alignment is the zone alignment of an HT expert-major group, in rows (1:
 // none).
