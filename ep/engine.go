@@ -85,7 +85,7 @@ func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 // and has every receive layout and id kind.
 func (cpuBackend) Supports(f Feature) bool {
 	switch f {
-	case FeatureMaskStalledRanks, FeatureFP8Wire, FeatureHTExpertMajor, FeatureGlobalExpertIDs:
+	case FeatureMaskStalledRanks, FeatureFP8Wire, FeatureHTExpertMajor, FeatureLLRankMajor, FeatureGlobalExpertIDs:
 		return true
 	}
 	return false
@@ -163,9 +163,12 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	tr.in = inboxFor(spec, R, t.Nodes)
 	seg, win := newArenas(tr.in.size)
 	var modeErr error // agreed on below, with the footprint: every rank fails at the same step
-	if spec.Mode == LowLatency {
+	switch {
+	case spec.llRankMajor():
+		e.mode, modeErr = newLLRank(e, seg, win)
+	case spec.Mode == LowLatency:
 		e.mode, modeErr = newLL(e, seg, win)
-	} else {
+	default:
 		e.mode = newHT(e, seg, win)
 	}
 	e.segSize = seg.n
@@ -315,7 +318,7 @@ func (e *engine) endRefused(op string, q uint64, origin int) error {
 // Close frees the windows and the node communicator. It is collective.
 func (e *engine) Close() error {
 	var errs []error
-	if m, ok := e.mode.(*llMode); ok {
+	if m, ok := e.mode.(interface{ free() }); ok { // what a mode holds outside Go's memory
 		m.free()
 	}
 	if e.t.net != nil {

@@ -61,9 +61,12 @@ func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
 func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 	in := inboxFor(s, ranks, nodes)
 	seg, win := newArenas(in.size)
-	if s.Mode == LowLatency {
+	switch {
+	case s.llRankMajor():
+		layoutLLRank(s, ranks, seg, win)
+	case s.Mode == LowLatency:
 		layoutLL(s, ranks, nodes, tuning{}, seg, win)
-	} else {
+	default:
 		htDims(s, ranks, nodes, tuning{}).takeAreas(slots, seg, win)
 	}
 	f := Footprint{SharedPerRank: seg.n, RanksPerNode: ranksPerNode, Layout: seg.named}
