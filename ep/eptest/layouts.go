@@ -76,6 +76,9 @@ func (s Suite) testLayouts(t *testing.T) {
 			t.Run("Backward", func(t *testing.T) { checkLayoutBackward(t, s, c, scs[0]) })
 			t.Run("RowValues", func(t *testing.T) { checkLayoutRowValues(t, s, c, scs[0]) })
 			t.Run("ConsecutiveCalls", func(t *testing.T) { checkLayoutConsecutive(t, s, c, scs[0]) })
+			if ep.Supports(s.Backend, ep.FeatureFP8Wire) {
+				t.Run("FP8", func(t *testing.T) { checkLayoutFP8(t, s, c, fp8Scenarios(R)[0]) })
+			}
 			if s.Reference != nil {
 				if ok, _ := c.supported(s.Reference); ok {
 					t.Run("MatchesReference", func(t *testing.T) { checkLayoutAgainstReference(t, s, c, scs[1]) })
@@ -559,4 +562,54 @@ func randomRows[E ep.Element](me, n int) []E {
 		x[i] = ep.ElementOf[E](float32((i*7919+me*104729)%2001-1000) / 1000)
 	}
 	return x
+}
+
+// An FP8 dispatch in the layout: each received row's codes and scales are
+// the reference quantization of the row it came from, bit for bit, padding
+// rows have zero codes and scales, and the dequantized rows combine exactly.
+func checkLayoutFP8(t *testing.T, s Suite, c layoutCase, sc scenario) {
+	defer s.agree(t)
+	cfg := c.config(sc)
+	cfg.Wire = ep.WireFP8
+	g := newGroup[ep.BF16](t, s, s.Backend, cfg)
+	R, me, H := s.Comm.Size(), s.Comm.Rank(), sc.hidden
+	G := ep.ScaleGroups(H)
+	ins := allInputs(sc, R)
+	in := ins[me]
+	h, err := g.Dispatch(upload(t, g, payloadFP8[ep.BF16](me, in.T, H)), in.topk, in.weights)
+	require.NoError(t, err)
+	require.True(t, h.Recv().IsZero(), "Recv of an FP8 group")
+	codes, scales := host(t, h.RecvFP8()), host(t, h.RecvScales())
+	require.Equal(t, len(codes)/H*G, len(scales), "one scale per group of 128 of every row")
+	valid := validLayoutRows(c, h, sc.maxTok)
+	isValid := make([]bool, len(codes)/H)
+	for _, r := range valid {
+		isValid[r] = true
+		src, tok, err := h.Source(r)
+		require.NoError(t, err)
+		want := quantizeRef(payloadFP8[ep.BF16](src, ins[src].T, H)[tok*H:(tok+1)*H], false)
+		for i, q := range codes[r*H : (r+1)*H] {
+			require.Equal(t, want.codes[i], uint8(q), "row %d (rank %d token %d) code %d", r, src, tok, i)
+		}
+		require.Equal(t, want.scales, scales[r*G:(r+1)*G], "row %d scales", r)
+	}
+	if c.expertMajor() { // the padding
+		for r, ok := range isValid {
+			if !ok {
+				require.True(t, slices.Equal(make([]ep.E4M3, H), codes[r*H:(r+1)*H]), "codes of padding row %d", r)
+				require.True(t, slices.Equal(make([]float32, G), scales[r*G:(r+1)*G]), "scales of padding row %d", r)
+			}
+		}
+	}
+	out := combineDequantized(t, s, g, h, sc, in)
+	for tok := 0; tok < in.T; tok++ {
+		f := float64(layoutIdentityFactor(c, sc, in, tok, R))
+		r := quantizeRef(payloadFP8[ep.BF16](me, in.T, H)[tok*H:(tok+1)*H], false)
+		for col := 0; col < H; col++ {
+			if want := ep.BF16From(float32(r.values[col] * f)); out[tok*H+col].Float32() != want.Float32() {
+				t.Fatalf("combined token %d element %d = %v, want %v (dequantized %v times %v)", tok, col,
+					out[tok*H+col].Float32(), want.Float32(), r.values[col], f)
+			}
+		}
+	}
 }
