@@ -161,6 +161,7 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	for r, n := range p.NodeOf {
 		g.sh.nodeOf[r] = int32(n)
 	}
+	g.makeRecords()
 	return g, nil
 }
 

@@ -248,10 +248,38 @@ func (m *htMode) state(d *Dispatch) *htState {
 		st.zoneOff = growTo(st.zoneOff, m.L+1)
 		st.at = growTo(st.at, m.R*m.R*m.L)
 	}
-	for len(st.fwd) < len(m.senders) {
-		st.fwd = append(st.fwd, fwdPlan{})
+	for len(st.fwd) < len(m.senders) { // a staged row goes to at most TopK rows
+		M, K := m.M, m.K
+		st.fwd = append(st.fwd, fwdPlan{start: make([]int32, 0, M+1), dst: make([]int32, 0, M*K),
+			row: make([]int32, 0, M*K), slot: make([]int32, 0, M*K)})
 	}
 	return st
+}
+
+// newState is a dispatch's state, sized for any routing (StateMaker).
+func (m *htMode) newState() any {
+	d := &Dispatch{}
+	st := m.state(d)
+	st.next = make([]int32, m.R*m.L)
+	return st
+}
+
+// reserve sizes the mode's scratch for any routing.
+func (m *htMode) reserve() {
+	M, K, R, N := m.M, m.K, m.R, m.nodes
+	for i := range m.lists {
+		m.lists[i] = make([]int32, 0, M)
+	}
+	m.mine = make([]int32, 0, m.stride())
+	m.meta = make([]byte, 0, 4*M*(N-1)*(1+2*K))
+	m.start = make([]int32, 0, M+1)
+	m.src.reserve(M * (K + N)) // a token's sources: its ranks or pairs here, a sum per other node
+	m.vals2.reserve(M * (K + N))
+	m.vsum = make([]float32, 0, M*K)
+	m.counts = make([]int32, 0, m.L)
+	m.area = make([]int, 0, R)
+	m.nodeFirst = make([]int, 0, N)
+	m.wire.reserve(M * K)
 }
 
 // listsFor returns empty per-rank lists, keeping their storage.
@@ -559,7 +587,9 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 					t.post(dst, side.at(row), -1, int64(m.stage.side.at(slot*M+j)), side.stride)
 				}
 			}
-			perDst[dst] = append(perDst[dst], int32(j))
+			if !m.em { // the zones' metadata is written row by row
+				perDst[dst] = append(perDst[dst], int32(j))
+			}
 		}
 	}
 	if err := t.flushStaged(); err != nil {

@@ -93,6 +93,21 @@ func layoutLLRank(s Spec, R int, seg, win *arena) *llRankMode {
 	return m
 }
 
+// newState is a dispatch's state, sized for any routing (StateMaker).
+func (m *llRankMode) newState() any { return m.state(&Dispatch{}) }
+
+// reserve sizes the mode's scratch for any routing.
+func (m *llRankMode) reserve() {
+	n := m.M * min(m.K, m.R) // rows this rank sends in one dispatch
+	for r := range m.lists {
+		m.lists[r] = make([]int32, 0, m.M)
+	}
+	m.meta = make([]byte, 0, 4*n*(1+2*m.K))
+	m.where = make([]uint32, 0, m.R)
+	m.vp.reserve(n)
+	m.wire.reserve(n)
+}
+
 func (m *llRankMode) state(d *Dispatch) *llRankState {
 	st, ok := d.State.(*llRankState)
 	if !ok {

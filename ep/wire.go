@@ -26,6 +26,8 @@ type rowFormat interface {
 	// flush writes the queued rows from the tokens x (one kernel call) and
 	// empties the queue.
 	flush(x []byte)
+	// reserve makes room in the queue for n rows.
+	reserve(n int)
 }
 
 // newRowFormat is the wire format of s's dispatches (FP8: the fastest cast
@@ -50,6 +52,11 @@ func (f *nativeRows) sideBytes() int { return 0 }
 func (f *nativeRows) put(base ptr, a rowArea, i int, src int64) {
 	f.dst.add(unsafe.Add(base, a.rows.at(i)))
 	f.srcOff = append(f.srcOff, src)
+}
+
+func (f *nativeRows) reserve(n int) {
+	f.dst.reserve(n)
+	f.srcOff = make([]int64, 0, n)
 }
 
 func (f *nativeRows) flush(x []byte) {
@@ -77,6 +84,12 @@ func (f *fp8Rows) put(base ptr, a rowArea, i int, src int64) {
 }
 
 func (f *fp8Rows) flush(x []byte) { f.q.flush(x, f.hidden, f.elem, f.wire) }
+
+func (f *fp8Rows) reserve(n int) {
+	f.q.dst.reserve(n)
+	f.q.scales.reserve(n)
+	f.q.srcOff = make([]int64, 0, n)
+}
 
 // scatterRows copies dst.len() rows of rowBytes from origin[srcOff[i]:] to
 // dst's addresses.

@@ -71,6 +71,7 @@ func Run(t *testing.T, s Suite) {
 	t.Run("UseAfterClose", func(t *testing.T) { s.testUseAfterClose(t) })
 	if s.ZeroAllocs {
 		t.Run("SteadyStateAllocatesNothing", func(t *testing.T) { s.testZeroAllocs(t) })
+		t.Run("RoutingChangeAllocatesNothing", func(t *testing.T) { s.testRoutingChanges(t) })
 	}
 	t.Run("StalledRankTimesOut", func(t *testing.T) { s.testStalledRank(t) })
 	if s.Masking {
