@@ -28,7 +28,7 @@ type addrTable struct {
 	u []uintptr
 }
 
-func (a *addrTable) reset()           { a.p = a.p[:0] }
+func (a *addrTable) reset() { a.p = a.p[:0] }
 
 // reserve makes room for n addresses, so that filling the table up to n
 // (and handing it to a kernel) allocates nothing.
