@@ -28,16 +28,16 @@ type addrTable struct {
 	u []uintptr
 }
 
-func (a *addrTable) reset() { a.p = a.p[:0] }
+func (a *addrTable) reset()           { a.p = a.p[:0] }
+func (a *addrTable) add(p ptr)        { a.p = append(a.p, p) }
+func (a *addrTable) len() int         { return len(a.p) }
+func (a *addrTable) set(i int, p ptr) { a.p[i] = p }
 
 // reserve makes room for n addresses, so that filling the table up to n
 // (and handing it to a kernel) allocates nothing.
 func (a *addrTable) reserve(n int) {
 	a.p, a.u = make([]ptr, 0, n), make([]uintptr, 0, n)
 }
-func (a *addrTable) add(p ptr)        { a.p = append(a.p, p) }
-func (a *addrTable) len() int         { return len(a.p) }
-func (a *addrTable) set(i int, p ptr) { a.p[i] = p }
 
 // grow makes the table n entries long, all nil.
 func (a *addrTable) grow(n int) {
