@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/goep/goep/ep"
 	"github.com/goep/goep/mpi"
 )
 
@@ -16,7 +17,8 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes,
 		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy), median(s.nativeDispatch), median(s.nativeCombine), b.nbytes,
 		median(s.steady), median(s.baseSteady), median(s.floorA2A[0]), median(s.floorA2A[1]), b.floorBytes(),
-		median(s.floorP2P[0]), median(s.floorP2P[1]), median(s.epCPU), median(s.floorCPU)}
+		median(s.floorP2P[0]), median(s.floorP2P[1]), median(s.epCPU), median(s.floorCPU),
+		median(s.flatDispatch), median(s.flatCombine), median(s.permute), median(s.unpermute)}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
@@ -74,6 +76,14 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 		if res.NetworkBytesPerCall, res.FlatNetworkBytesPerCall, err = b.networkBytes(); err != nil {
 			return nil, err
 		}
+	}
+	if b.o.layout != ep.LayoutDefault {
+		res.Layout, res.ExpertAlignment = b.o.layout.String(), b.o.align
+	}
+	if b.flat != nil {
+		res.FlatPermuteDispatchUS, res.FlatPermuteCombineUS = slices.Max(col(21)), slices.Max(col(22))
+		res.ExpertMajorSpeedup = (res.FlatPermuteDispatchUS + res.FlatPermuteCombineUS) / (res.DispatchUS + res.CombineUS)
+		res.PermuteUS, res.UnpermuteUS = slices.Max(col(23)), slices.Max(col(24))
 	}
 	if b.native != nil {
 		res.BF16DispatchUS, res.BF16CombineUS, res.BF16BytesPerRank = slices.Max(col(9)), slices.Max(col(10)), mean(col(11))
