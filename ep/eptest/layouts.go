@@ -76,6 +76,7 @@ func (s Suite) testLayouts(t *testing.T) {
 			t.Run("Backward", func(t *testing.T) { checkLayoutBackward(t, s, c, scs[0]) })
 			t.Run("RowValues", func(t *testing.T) { checkLayoutRowValues(t, s, c, scs[0]) })
 			t.Run("ConsecutiveCalls", func(t *testing.T) { checkLayoutConsecutive(t, s, c, scs[0]) })
+			t.Run("Stats", func(t *testing.T) { checkLayoutStats(t, s, c, scs[0]) })
 			if ep.Supports(s.Backend, ep.FeatureFP8Wire) {
 				t.Run("FP8", func(t *testing.T) { checkLayoutFP8(t, s, c, fp8Scenarios(R)[0]) })
 			}
@@ -611,5 +612,30 @@ func checkLayoutFP8(t *testing.T, s Suite, c layoutCase, sc scenario) {
 					out[tok*H+col].Float32(), want.Float32(), r.values[col], f)
 			}
 		}
+	}
+}
+
+// Stats count the layout's rows: a row per (token, expert) pair in an
+// expert-major layout, per (token, rank) in the others, out and back.
+func checkLayoutStats(t *testing.T, s Suite, c layoutCase, sc scenario) {
+	defer s.agree(t)
+	R, me, H := s.Comm.Size(), s.Comm.Rank(), sc.hidden
+	g := newGroup[float32](t, s, s.Backend, c.config(sc))
+	ins := allInputs(sc, R)
+	in := ins[me]
+	counting := ep.HighThroughput // rowsBetween counts pairs for LL, tokens per rank for HT
+	if c.expertMajor() {
+		counting = ep.LowLatency
+	}
+	rows := rowsBetween(sc, ins, counting, R)
+	g.ResetStats()
+	h, err := g.Dispatch(upload(t, g, payload[float32](me, in.T, H)), in.topk, in.weights)
+	require.NoError(t, err)
+	require.NoError(t, g.Combine(h, h.Recv(), zeros[float32](t, g, in.T*H), nil))
+	st := g.Stats()
+	for p := 0; p < R; p++ {
+		want := (rows[me][p] + rows[p][me]) * int64(4*H)
+		assert.Equal(t, want, st.SentBytes[p], "bytes sent to rank %d", p)
+		assert.Equal(t, want, st.RecvBytes[p], "bytes received from rank %d", p)
 	}
 }
