@@ -61,6 +61,7 @@ func (c layoutCase) expertMajor() bool { return c.layout == ep.LayoutExpertMajor
 func (s Suite) testLayouts(t *testing.T) {
 	R := s.Comm.Size()
 	scs := scenarios(R)
+	t.Run("InvalidConfigs", func(t *testing.T) { s.checkInvalidLayoutConfigs(t) })
 	for _, c := range layoutCases() {
 		t.Run(c.name, func(t *testing.T) {
 			if ok, f := c.supported(s.Backend); !ok {
@@ -637,5 +638,53 @@ func checkLayoutStats(t *testing.T, s Suite, c layoutCase, sc scenario) {
 		want := (rows[me][p] + rows[p][me]) * int64(4*H)
 		assert.Equal(t, want, st.SentBytes[p], "bytes sent to rank %d", p)
 		assert.Equal(t, want, st.RecvBytes[p], "bytes received from rank %d", p)
+	}
+}
+
+// A layout its mode does not have, a bad alignment or id kind, and ranks
+// that disagree are refused at NewGroup, naming the field and the value.
+func (s Suite) checkInvalidLayoutConfigs(t *testing.T) {
+	defer s.agree(t)
+	R := s.Comm.Size()
+	good := ep.Config{Mode: ep.HighThroughput, NumExperts: 2 * R, MaxTokensPerRank: 4, Hidden: 8, TopK: 2, Backend: s.Backend,
+		Timeout: testTimeout}
+	for _, tc := range []struct {
+		name string
+		edit func(*ep.Config)
+		want string
+	}{
+		{"flat in LL", func(c *ep.Config) { c.Mode, c.Layout = ep.LowLatency, ep.LayoutFlat }, "Layout = flat is for HighThroughput"},
+		{"rank-major in HT", func(c *ep.Config) { c.Layout = ep.LayoutRankMajor }, "Layout = rank-major is for LowLatency"},
+		{"unknown layout", func(c *ep.Config) { c.Layout = 9 }, "Layout = RecvLayout(9)"},
+		{"alignment not a power of two", func(c *ep.Config) { c.Layout, c.ExpertAlignment = ep.LayoutExpertMajor, 24 },
+			"ExpertAlignment = 24: want a power of two"},
+		{"alignment of a flat layout", func(c *ep.Config) { c.ExpertAlignment = 8 }, "ExpertAlignment = 8 pads HighThroughput's expert-major zones"},
+		{"global ids of zones", func(c *ep.Config) { c.Layout, c.RecvIDs = ep.LayoutExpertMajor, ep.GlobalExpertIDs },
+			"an expert-major layout receives no top-k ids"},
+		{"unknown id kind", func(c *ep.Config) { c.RecvIDs = 5 }, "RecvIDs = ExpertIDKind(5)"},
+		{"masking rank-major", func(c *ep.Config) { c.Mode, c.Layout, c.MaskStalledRanks = ep.LowLatency, ep.LayoutRankMajor, true },
+			"MaskStalledRanks is not implemented with Layout = rank-major"},
+	} {
+		cfg := good
+		tc.edit(&cfg)
+		g, err := ep.NewGroup[float32](s.Comm, cfg)
+		if g != nil {
+			assert.NoError(t, g.Close())
+		}
+		if assert.Error(t, err, tc.name) {
+			assert.Contains(t, err.Error(), tc.want, tc.name)
+		}
+	}
+	if R > 1 {
+		cfg := good
+		if s.Comm.Rank() == R-1 {
+			cfg.Layout = ep.LayoutExpertMajor
+		}
+		g, err := ep.NewGroup[float32](s.Comm, cfg)
+		if g != nil {
+			assert.NoError(t, g.Close())
+		}
+		require.Error(t, err, "every rank must see the mismatch")
+		assert.Contains(t, err.Error(), "rank "+itoa(R-1)+" has Layout = expert-major, rank 0 has default")
 	}
 }
