@@ -23,7 +23,7 @@ type Backend interface {
 
 // Spec is what an engine is opened for.
 type Spec struct {
-	Config         // validated; Timeout is never 0
+	Config         // validated; Timeout is never 0, Layout never LayoutDefault
 	Elem     DType // the element type of the rows
 	RowBytes int   // bytes of one row: Hidden elements of Elem
 	// WireRowBytes is the bytes of one dispatched row as it arrives in
