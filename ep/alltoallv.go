@@ -32,11 +32,16 @@ type alltoallvBackend struct{ blocking bool }
 
 // Supports says that the baseline dispatches in FP8 (it casts while it
 // packs, and the scales travel with the metadata), forwards FP8 rows the
-// caller quantized (it packs their codes and scales) and fails a refused
-// call on every rank. Its timeouts cannot name a peer, it measures no
-// waits, and its calls allocate.
+// caller quantized (it packs their codes and scales), has every receive
+// layout and id kind (it unpacks into them: alltoallv_layouts.go) and
+// fails a refused call on every rank. Its timeouts cannot name a peer, it
+// measures no waits, and its calls allocate.
 func (alltoallvBackend) Supports(f Feature) bool {
-	return f == FeatureFP8Wire || f == FeatureFP8Forward || f == FeatureRefusals
+	switch f {
+	case FeatureFP8Wire, FeatureFP8Forward, FeatureRefusals, FeatureHTExpertMajor, FeatureLLRankMajor, FeatureGlobalExpertIDs:
+		return true
+	}
+	return false
 }
 
 // The baseline and its engine, a Refuser.
@@ -70,14 +75,20 @@ func (b alltoallvBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	}
 	a.span = R * a.M
 	if spec.Mode == LowLatency {
+		rows, perRow := a.L*a.span, 1
+		if spec.llRankMajor() {
+			rows, perRow = R*a.M, a.K
+		}
 		for b := range a.sets {
 			s := &a.sets[b]
-			rows := a.L * a.span
 			s.rows = make([]byte, rows*a.wireBytes)
 			s.scales = make([]float32, rows*a.G)
 			s.outputs = make([]byte, rows*a.rowBytes)
-			s.weights = make([]float32, rows)
+			s.weights = make([]float32, rows*perRow)
 			s.tokens = make([]int32, rows)
+			if spec.llRankMajor() {
+				s.topk = make([]int32, rows*perRow)
+			}
 		}
 	}
 	return a, nil
@@ -102,6 +113,8 @@ type alltoallvEngine struct {
 	src                       addrTable
 	w                         []float32
 	start                     []int32
+	next                      []int   // scratch: per expert or rank, the next row
+	idx                       []int32 // scratch: per (token, slot), its pair's row back
 }
 
 // a2aSet is one buffer set: what a dispatch fills and its combine reads.
@@ -119,9 +132,14 @@ type a2aSet struct {
 // a2aState is what one dispatch keeps.
 type a2aState struct {
 	sendCounts, recvCounts []int   // rows to and from each rank
-	slot                   []int32 // LL: the row of Recv each arriving row went to, in arrival order
+	slot                   []int32 // LL, HT expert-major: the row of Recv each arriving row (or pair) went to, in arrival order
 	expert, source         []int
 	cached                 bool
+	// HT expert-major: where each zone starts ([L+1]); the rows that go
+	// back in a combine from (backFrom) and to (backTo) each rank: a pair
+	// each (the other layouts: recvCounts and sendCounts).
+	zoneOff          []int
+	backFrom, backTo []int
 }
 
 func (a *alltoallvEngine) Placement() Placement {
@@ -240,9 +258,9 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 	op := "alltoallv " + a.spec.Mode.String() + " dispatch"
 	st := a.state(d)
 	x, rt, K, L := hostBytes(d.X), d.Route, a.K, a.L
-	meta := 3 // LL: expert, token, weight bits
-	if a.spec.Mode == HighThroughput {
-		meta = 1 + 2*K // token, top-k ids, weight bits
+	meta := 3 // LL expert-major: expert, token, weight bits
+	if !a.spec.weightedCombine() {
+		meta = 1 + 2*K // a row per (token, rank): token, top-k ids, weight bits
 	}
 	meta += a.G // FP8: then the row's scales
 	rows, words := a.sendRows[:0], a.sendMeta[:0]
@@ -259,7 +277,7 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 	}
 	for dst := 0; dst < a.R; dst++ {
 		for t := 0; t < rt.T; t++ {
-			if a.spec.Mode == LowLatency {
+			if a.spec.weightedCombine() {
 				for k := 0; k < K; k++ {
 					if e := d.TopK[t*K+k]; e >= 0 && int(e)/L == dst {
 						pack(t)
@@ -383,6 +401,14 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 	}
 	clear(st.expert)
 	clear(st.source)
+	switch {
+	case a.spec.htExpertMajor():
+		a.unpackZones(d, st, n)
+		return nil
+	case a.spec.llRankMajor():
+		a.unpackRankMajor(d, st, n)
+		return nil
+	}
 	if a.spec.Mode == HighThroughput {
 		set.rows = growTo(set.rows, n*H)
 		set.outputs = growTo(set.outputs, n*a.rowBytes)
@@ -401,7 +427,7 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 			wordsToFloats(set.scales[r*G:(r+1)*G], w[1+2*K:1+2*K+G])
 			for k := 0; k < K; k++ {
 				if e := int(w[1+k]); e >= 0 && e/L == a.me {
-					set.topk[r*K+k] = int32(e - a.me*L)
+					set.topk[r*K+k] = int32(e - a.idBase())
 					set.weights[r*K+k] = math.Float32frombits(uint32(w[1+K+k]))
 					st.expert[e-a.me*L]++
 				} else {
@@ -467,13 +493,14 @@ func (a *alltoallvEngine) CombineSend(c *Combine) error {
 	y, H := hostBytes(c.Y), a.rowBytes
 	withValues := !c.RowValues.IsZero()
 	send, vals := y, a.sendVals[:0]
-	if a.spec.Mode == LowLatency { // pack back in arrival order
+	if a.spec.Mode == LowLatency || a.spec.htExpertMajor() { // pack back in arrival order
 		a.packd = growTo(a.packd, len(st.slot)*H)
 		send = a.packd
+		width := a.valuesPerRow()
 		for r, j := range st.slot {
 			copy(send[r*H:(r+1)*H], y[int(j)*H:(int(j)+1)*H])
 			if withValues {
-				vals = append(vals, c.RowValues.Host()[j])
+				vals = append(vals, c.RowValues.Host()[int(j)*width:(int(j)+1)*width]...)
 			}
 		}
 	} else if withValues {
@@ -495,19 +522,20 @@ func (a *alltoallvEngine) CombineSend(c *Combine) error {
 	}
 	set.passed = append(set.passed[:0], a.got...)
 	var err error
-	if set.back, err = moveV(a, send, st.recvCounts, st.sendCounts, H, set.back); err != nil {
+	backFrom, backTo := st.recvCounts, st.sendCounts
+	if a.spec.htExpertMajor() {
+		backFrom, backTo = st.backFrom, st.backTo
+	}
+	if set.back, err = moveV(a, send, backFrom, backTo, H, set.back); err != nil {
 		return a.timeout(op, "the outputs of an MPI_Alltoallv", err)
 	}
-	width := 1
-	if a.spec.Mode == HighThroughput {
-		width = a.K
-	}
+	width := a.valuesPerRow()
 	missing := false
 	for _, v := range a.got {
 		missing = missing || v == 0
 	}
 	if withValues && !missing {
-		if set.backVals, err = moveV(a, a.sendVals, st.recvCounts, st.sendCounts, width, set.backVals); err != nil {
+		if set.backVals, err = moveV(a, a.sendVals, backFrom, backTo, width, set.backVals); err != nil {
 			return a.timeout(op, "the values of an MPI_Alltoallv", err)
 		}
 	}
@@ -533,7 +561,11 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 	src.reset()
 	first := make([]int, a.R+1) // where each rank's rows start among those back
 	for r := 0; r < a.R; r++ {
-		first[r+1] = first[r] + st.sendCounts[r]
+		if a.spec.htExpertMajor() {
+			first[r+1] = first[r] + st.backTo[r]
+		} else {
+			first[r+1] = first[r] + st.sendCounts[r]
+		}
 	}
 	missing := -1
 	for r, v := range set.passed {
@@ -547,7 +579,14 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		slots = c.SlotValues.Host()
 		clear(slots)
 	}
-	if a.spec.Mode == LowLatency {
+	switch {
+	case a.spec.htExpertMajor():
+		var vals []float32
+		if withValues {
+			vals = slots
+		}
+		a.zoneSources(d, first, rowAt, set.backVals, vals)
+	case a.spec.weightedCombine():
 		// Packed per destination in (token, slot) order: number them in that order.
 		idx := make([]int32, rt.T*K)
 		next := append([]int(nil), first[:a.R]...)
@@ -573,7 +612,7 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 				}
 			}
 		}
-	} else {
+	default:
 		for t := 0; t < rt.T; t++ {
 			a.start[t] = int32(src.len())
 			for r := 0; r < a.R; r++ {

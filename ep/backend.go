@@ -23,7 +23,7 @@ type Backend interface {
 
 // Spec is what an engine is opened for.
 type Spec struct {
-	Config         // validated; Timeout is never 0
+	Config         // validated; Timeout is never 0, Layout never LayoutDefault
 	Elem     DType // the element type of the rows
 	RowBytes int   // bytes of one row: Hidden elements of Elem
 	// WireRowBytes is the bytes of one dispatched row as it arrives in
@@ -36,6 +36,7 @@ type Spec struct {
 
 // newSpec is the Spec of a validated cfg with rows of elem.
 func newSpec(cfg Config, elem DType) Spec {
+	cfg.Layout = cfg.layout()
 	s := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(), WireRowBytes: cfg.Hidden * elem.Size(),
 		Name: fmt.Sprintf("ep.Group[%s]", elem)}
 	if cfg.Wire.FP8() {
@@ -177,10 +178,16 @@ func (d *Dispatch) T() int { return d.Route.T }
 // Received is what a dispatch delivered to this rank: the views that Handle
 // returns, in the engine's Memory.
 type Received struct {
-	// Rows is Recv: LowLatency [L][Size*MaxTokensPerRank] rows (the first
+	// Rows is Recv, laid out as Spec.Layout says (RecvLayout):
+	// LowLatency expert-major [L][Size*MaxTokensPerRank] rows (the first
 	// ExpertCounts[l] of block l valid, by source rank then token);
-	// HighThroughput [NumRecv] rows (by source rank then token). Each row
-	// is Spec.WireRowBytes: with an FP8 Wire, e4m3 codes (RecvFP8).
+	// LowLatency rank-major [Size][MaxTokensPerRank] rows (the first
+	// SourceCounts[s] of block s valid, in token order); HighThroughput
+	// flat [NumRecv] rows (by source rank then token); HighThroughput
+	// expert-major [NumRecv] rows, zone l at [ExpertOffsets[l],
+	// ExpertOffsets[l+1]) (its first ExpertCounts[l] rows valid, by source
+	// rank then token, the rest zero). Each row is Spec.WireRowBytes: with
+	// an FP8 Wire, e4m3 codes (RecvFP8).
 	Rows Tensor[byte]
 	// Scales: with an FP8 Wire, the float32 scales of Rows, laid out like
 	// them, ScaleGroups(Hidden) per row (RecvScales); zero otherwise.
@@ -189,22 +196,27 @@ type Received struct {
 	// RowBytes (the element type, also with an FP8 Wire), where expert
 	// outputs can be written for Combine to read without a copy.
 	Outputs Tensor[byte]
-	// Weights: LowLatency one per row of Rows; HighThroughput [NumRecv]
-	// [TopK], 0 where the expert is elsewhere.
+	// Weights: expert-major layouts, one per row of Rows (0 on padding);
+	// flat and rank-major, [rows][TopK], 0 where the expert is elsewhere.
 	Weights Tensor[float32]
-	// TopK: HighThroughput [NumRecv][TopK] expert ids made local (-1 =
-	// elsewhere); zero in LowLatency.
+	// TopK: flat and rank-major, [rows][TopK] expert ids (-1 = elsewhere),
+	// local or global as Spec.RecvIDs says; zero in expert-major layouts.
 	TopK Tensor[int32]
-	// Tokens: the source token index of each row, laid out like Weights
-	// in LowLatency, [NumRecv] in HighThroughput.
+	// Tokens: the source token index of each row, one per row (-1 on
+	// HighThroughput expert-major padding).
 	Tokens Tensor[int32]
-	// ExpertCounts: valid rows per local expert (HighThroughput: rows
-	// whose local top-k names it). Host memory.
+	// ExpertCounts: valid rows per local expert (flat and rank-major: rows
+	// whose top-k names it). Host memory.
 	ExpertCounts []int
-	// SourceCounts: LowLatency [Size][L], rows of local expert l from
-	// source s; HighThroughput [Size], rows from s. Host memory.
+	// ExpertOffsets: HighThroughput expert-major, [L+1]: where each
+	// expert's zone starts in Rows, the last the padded total (NumRecv);
+	// nil otherwise. Host memory.
+	ExpertOffsets []int
+	// SourceCounts: expert-major layouts [Size][L], rows of local expert l
+	// from source s; flat and rank-major [Size], rows from s. Host memory.
 	SourceCounts []int
-	// NumRecv is the number of valid rows.
+	// NumRecv is the number of valid rows (HighThroughput expert-major:
+	// the rows of Rows, padding included).
 	NumRecv int
 	// Dropped lists the (token, slot) pairs of this rank's dispatch (as
 	// t*TopK+k, increasing) whose expert was on a masked rank (not sent,
@@ -224,9 +236,10 @@ type Combine struct {
 	// says whether it is that buffer, the Outputs buffer, or elsewhere.
 	YIn YPlace
 	Out Tensor[byte] // [T] rows: the result
-	// Weights: LowLatency, the weight of each (token, slot) pair to apply
-	// ([T][TopK]: the dispatch's weights or CombineOptions.WeightsOverride);
-	// nil in HighThroughput, where the expert side applied them.
+	// Weights: LowLatency expert-major, the weight of each (token, slot)
+	// pair to apply ([T][TopK]: the dispatch's weights or
+	// CombineOptions.WeightsOverride); nil in the other layouts, where the
+	// expert side applied them.
 	Weights []float32
 	// RowValues and SlotValues: see CombineOptions; zero when not asked.
 	RowValues, SlotValues Tensor[float32]

@@ -2,18 +2,20 @@ package ep
 
 // CombineOptions adjusts a Combine; nil means none.
 type CombineOptions struct {
-	// WeightsOverride replaces, in LL mode, the top-k weights given to
-	// Dispatch ([tokens][TopK], host); all ones make the combine an
-	// unweighted sum (the backward of dispatch). Must be nil in HT mode,
-	// where the expert side applies the weights.
+	// WeightsOverride replaces, in LL mode with the expert-major layout,
+	// the top-k weights given to Dispatch ([tokens][TopK], host); all ones
+	// make the combine an unweighted sum (the backward of dispatch). Must
+	// be nil in HT mode and the LL rank-major layout, where the expert side
+	// applies the weights.
 	WeightsOverride []float32
-	// RowValues and SlotValues carry one float per received row and slot
-	// back to the token's (token, slot), in Memory(): LL, RowValues is laid
-	// out like RecvWeights ([LocalExperts][Size*MaxTokensPerRank]) and
-	// SlotValues[t*TopK+k] gets the value of the row of pair (t,k) (0 where
-	// masked); HT, RowValues is [NumRecv][TopK] and SlotValues[t*TopK+k]
-	// gets the sum over the ranks that received token t. Either both are
-	// set on every rank or neither is (the zero Tensor is "not set").
+	// RowValues and SlotValues carry floats of the received rows back to
+	// the token's (token, slot), in Memory(). RowValues is laid out like
+	// RecvWeights. Expert-major layouts, one per row (a row is one (token,
+	// slot) pair): SlotValues[t*TopK+k] gets the value of the row of pair
+	// (t,k) (0 where masked). Flat and rank-major layouts, [rows][TopK]:
+	// SlotValues[t*TopK+k] gets the sum over the ranks that received token
+	// t. Either both are set on every rank or neither is (the zero Tensor
+	// is "not set").
 	RowValues, SlotValues Tensor[float32]
 }
 
@@ -27,9 +29,13 @@ type CombineRequest[E Element] struct {
 
 // Combine brings the expert outputs y (laid out like h.Recv(); h.Recv() or
 // h.CombineBuffer() themselves avoid a copy) back to the tokens' ranks and
-// reduces them into out ([tokens][Hidden]): LL, out[t] = sum over k of
-// weight[t][k] * y(pair t,k); HT, out[t] = sum over the ranks t went to of
-// their y row of t. It is CombineSend then Wait.
+// reduces them into out ([tokens][Hidden]): LL expert-major, out[t] = sum
+// over k of weight[t][k] * y(pair t,k); HT flat and LL rank-major, out[t] =
+// sum over the ranks t went to of their y row of t; HT expert-major, out[t]
+// = sum over the ranks t went to, and there over t's rows in top-k slot
+// order, of y (padding rows are never read). Only LL expert-major applies
+// the gate weights here: elsewhere the expert side does. It is CombineSend
+// then Wait.
 func (g *Group[E]) Combine(h Handle[E], y, out Tensor[E], opts *CombineOptions) error {
 	req, err := g.CombineSend(h, y, out, opts)
 	if err != nil {
@@ -62,7 +68,7 @@ func (g *Group[E]) CombineSend(h Handle[E], y, out Tensor[E], opts *CombineOptio
 		return CombineRequest[E]{}, g.refuse(r, err)
 	}
 	weights := o.WeightsOverride
-	if g.spec.Mode == LowLatency && weights == nil {
+	if g.spec.weightedCombine() && weights == nil {
 		weights = s.weights
 	}
 	g.op++
@@ -121,8 +127,10 @@ func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], 
 		if o.WeightsOverride != nil && len(o.WeightsOverride) != T*K {
 			return 0, inputErrorf(op, "len(WeightsOverride) = %d, want tokens*TopK = %d*%d", len(o.WeightsOverride), T, K)
 		}
-	} else if o.WeightsOverride != nil {
-		return 0, inputErrorf(op, "WeightsOverride is for LL mode: an HT combine is an unweighted sum (the expert side applies the weights)")
+	}
+	if o.WeightsOverride != nil && !g.spec.weightedCombine() {
+		return 0, inputErrorf(op, "WeightsOverride is for LL mode's expert-major layout: an %v %v combine is an unweighted sum (the expert side applies the weights)",
+			g.spec.Mode, g.spec.Layout)
 	}
 	if y.Len() != rows*H {
 		hint := ""

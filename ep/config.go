@@ -71,8 +71,11 @@ type Config struct {
 	Hidden           int // elements per token row
 	TopK             int // experts per token, 1..min(NumExperts, MaxTopK)
 	// MaxRecvTokensPerRank bounds the rows one rank can receive in an HT
-	// dispatch; 0 means the worst case, Size*MaxTokensPerRank. It sizes the
-	// HT buffers; what a dispatch that would exceed it does is Overflow.
+	// dispatch; 0 means the worst case, Size*MaxTokensPerRank (with
+	// expert-major zones, whose rows are (token, local expert) pairs and
+	// their padding: Size*MaxTokensPerRank*min(TopK, L) + L*(ExpertAlignment-1)).
+	// It sizes the HT buffers; what a dispatch that would exceed it does is
+	// Overflow.
 	MaxRecvTokensPerRank int
 	// Overflow (HighThroughput) is what a dispatch does when a rank would
 	// receive more than MaxRecvTokensPerRank rows: OverflowFail (the zero
@@ -111,6 +114,22 @@ type Config struct {
 	// weight) in float32 in top-k order, rounded once to the element type
 	// (docs/ep.md defines it and bounds its error).
 	CombineWire WireFormat
+	// Layout is how the received rows are laid out (RecvLayout): the
+	// mode's own by default (LowLatency expert-major blocks,
+	// HighThroughput flat rows), HighThroughput expert-major zones, or
+	// LowLatency rank-major rows. It sizes the buffers: set once per group,
+	// as NCCL EP's ncclEpInitHandle, while each Dispatch brings its
+	// routing.
+	Layout RecvLayout
+	// ExpertAlignment pads each zone of a HighThroughput expert-major
+	// layout to a multiple of this many rows (a power of two; 0 or 1: no
+	// padding), with zero rows: NCCL EP's
+	// dispatch_output_per_expert_alignment.
+	ExpertAlignment int
+	// RecvIDs numbers the experts of RecvTopK (HighThroughput flat,
+	// LowLatency rank-major): LocalExpertIDs (the zero value) or
+	// GlobalExpertIDs.
+	RecvIDs ExpertIDKind
 	// Backend moves the rows; nil means CPU, the shared-memory and
 	// one-sided MPI engine of this package.
 	Backend Backend
@@ -151,6 +170,12 @@ func (c Config) validate(size int) error {
 	case int64(c.MaxTokensPerRank)*int64(size) > 1<<31-1:
 		return bad("MaxTokensPerRank*ranks = %d*%d overflows the 32-bit row indices", c.MaxTokensPerRank, size)
 	}
+	if err := c.validateLayout(bad); err != nil {
+		return err
+	}
+	if n := c.maxRecvRows(size); n > 1<<31-1 {
+		return bad("an HT expert-major receive buffer of %d rows (MaxRecvTokensPerRank = 0: the worst case) overflows the 32-bit row indices: set MaxRecvTokensPerRank", n)
+	}
 	return nil
 }
 
@@ -162,23 +187,37 @@ func (c Config) backend() Backend {
 	return c.Backend
 }
 
-// maxRecv is the most rows one rank receives in an HT dispatch.
+// maxRecv is the most rows one rank receives in an HT dispatch: with
+// expert-major zones, (token, local expert) rows and their padding.
 func (c Config) maxRecv(ranks int) int {
+	return int(c.maxRecvRows(ranks))
+}
+
+// maxRecvRows is maxRecv computed without overflow: the default of an
+// expert-major group is its worst case, every token of every rank to
+// min(TopK, L) experts of this rank, with every zone padded.
+func (c Config) maxRecvRows(ranks int) int64 {
 	if c.MaxRecvTokensPerRank > 0 {
-		return c.MaxRecvTokensPerRank
+		return int64(c.MaxRecvTokensPerRank)
 	}
-	return ranks * c.MaxTokensPerRank
+	n := int64(ranks) * int64(c.MaxTokensPerRank)
+	if c.htExpertMajor() {
+		L := int64(c.NumExperts / ranks)
+		n = n*min(int64(c.TopK), L) + L*int64(c.alignment()-1)
+	}
+	return n
 }
 
 // fingerprint encodes everything that must agree across ranks.
 func (c Config) fingerprint(elem DType) []int64 {
 	return []int64{int64(c.Mode), int64(c.NumExperts), int64(c.MaxTokensPerRank), int64(c.Hidden),
 		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem), boolInt(c.MaskStalledRanks), int64(c.Wire),
-		int64(c.CombineWire), int64(c.Overflow)}
+		int64(c.CombineWire), int64(c.Overflow), int64(c.Layout), int64(c.ExpertAlignment), int64(c.RecvIDs)}
 }
 
 var fingerprintFields = []string{"Mode", "NumExperts", "MaxTokensPerRank", "Hidden", "TopK",
-	"MaxRecvTokensPerRank", "Timeout", "element type", "MaskStalledRanks", "Wire", "CombineWire", "Overflow"}
+	"MaxRecvTokensPerRank", "Timeout", "element type", "MaskStalledRanks", "Wire", "CombineWire", "Overflow",
+	"Layout", "ExpertAlignment", "RecvIDs"}
 
 func boolInt(b bool) int64 {
 	if b {

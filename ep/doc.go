@@ -51,6 +51,46 @@
 // refused one too: the GPU engine takes part in its transfers); a dispatch
 // or combine must be waited before the next dispatch.
 //
+// # Receive layouts
+//
+// Config.Layout says how the received rows are laid out (NCCL EP's
+// layouts), for the whole group: it sizes the buffers. Each mode has its
+// own (LayoutDefault, described above) and one more:
+//
+//   - HighThroughput LayoutExpertMajor: the rows grouped by local expert,
+//     one row per (token, local expert) pair (a token sent to two experts of
+//     a rank arrives twice), zone l at rows [ExpertOffsets()[l],
+//     ExpertOffsets()[l+1]) of Recv: its ExpertCounts()[l] rows by source
+//     rank then token, then zero rows up to a multiple of
+//     Config.ExpertAlignment. RecvWeights has one weight per row (0 on
+//     padding); there is no RecvTopK. What a grouped GEMM consumes as it
+//     is: the CPU engine writes each row into its zone during the dispatch
+//     (its local copies and its rail peers' forwarding), instead of a
+//     permutation after a flat dispatch. MaxRecvTokensPerRank counts these
+//     rows, padding included.
+//   - LowLatency LayoutRankMajor: the rows grouped by source rank, a token
+//     once per rank that owns one of its experts, source s's rows at
+//     [s*MaxTokensPerRank, s*MaxTokensPerRank+SourceCounts()[s]), in token
+//     order, each with its top-k ids (RecvTopK) and weights (RecvWeights,
+//     [rows][TopK], 0 where the expert is elsewhere).
+//
+// Combine applies the gate weights only in LowLatency's expert-major
+// layout; in the others the expert side does and Combine sums: HT
+// expert-major sums a token's rows, ranks in order and each rank's rows in
+// top-k slot order. Config.RecvIDs chooses whether RecvTopK (HT flat, LL
+// rank-major) holds local expert ids (the default) or global ones. Each
+// non-default choice is a Feature (FeatureHTExpertMajor,
+// FeatureLLRankMajor, FeatureGlobalExpertIDs) that a backend implements or
+// refuses at NewGroup: the CPU and Alltoallv backends implement them all.
+// Cached dispatches, CombineOptions.RowValues and SlotValues, FP8 dispatch
+// and the backward pass work in every layout.
+//
+//	cfg := ep.Config{Mode: ep.HighThroughput, ..., Layout: ep.LayoutExpertMajor, ExpertAlignment: 128}
+//	h, _ := g.Dispatch(ep.Host(x), topk, weights)
+//	off, n := h.ExpertOffsets(), h.ExpertCounts() // expert l: rows off[l] to off[l]+n[l] of h.Recv()
+//	groupedGEMM(h.Recv(), off, n, h.RecvWeights(), h.CombineBuffer())
+//	_ = g.Combine(h, h.CombineBuffer(), ep.Host(out), nil)
+//
 // # Handles
 //
 // A Handle is a small value naming a dispatch: copy it freely. It is needed
@@ -58,6 +98,18 @@
 // unchanged. A group keeps the records of its 8 most recent dispatches, so
 // that steady-state calls allocate nothing; an older handle is stale: its
 // views are empty and calls refuse it.
+//
+// The handle's lifecycle is split as NCCL EP's: what a layout needs is set
+// once, by NewGroup (ncclEpInitHandle): the buffers of the layout, the
+// records of the handle ring and the engine's per-dispatch state
+// (StateMaker), all sized for the largest routing the Config allows. Each
+// Dispatch brings its routing (ncclEpUpdateHandle): the routing tables are
+// filled in place, and the only collective a routing change adds is the
+// count exchange the dispatch needs anyway (HighThroughput's, and
+// LowLatency's count round for large messages). So from the group's second
+// call on, no dispatch or combine allocates, whatever its routing.
+// BufferPlan is ncclEpHandleMemSize: the memory a Config needs, area by
+// area, before anything is allocated.
 //
 // # FP8 dispatch
 //

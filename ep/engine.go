@@ -85,7 +85,8 @@ func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 func (cpuBackend) Supports(f Feature) bool {
 	switch f {
 	case FeatureFP8Wire, FeatureMaskStalledRanks, FeatureFP8Forward, FeatureFP8Combine, FeatureOverflowDrop,
-		FeatureRefusals, FeatureMeter, FeatureNamedTimeouts, FeatureZeroAllocs:
+		FeatureRefusals, FeatureMeter, FeatureNamedTimeouts, FeatureZeroAllocs,
+		FeatureHTExpertMajor, FeatureLLRankMajor, FeatureGlobalExpertIDs:
 		return true
 	}
 	return false
@@ -172,14 +173,20 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	tr.in = inboxFor(spec, R, t.Nodes)
 	seg, win := newArenas(tr.in.size)
 	var modeErr error // agreed on below, with the footprint: every rank fails at the same step
-	if spec.Mode == LowLatency {
+	switch {
+	case spec.llRankMajor():
+		e.mode, modeErr = newLLRank(e, seg, win)
+	case spec.Mode == LowLatency:
 		e.mode, modeErr = newLL(e, seg, win)
-	} else {
+	default:
 		e.mode = newHT(e, seg, win)
 	}
 	e.segSize = seg.n
 	if t.Nodes > 1 {
 		e.winSize = win.n
+	}
+	if modeErr == nil {
+		e.reserve()
 	}
 	// Large blocks leave for other nodes straight from the segment, except
 	// where a masked rank may never receive them (its sends would stay in
@@ -238,6 +245,39 @@ func openNetwork(comm *mpi.Comm, size int, oneSidedNet bool, seg []byte) (networ
 		return nil, errors.Join(err, w.Free())
 	}
 	return oneSided{w}, nil
+}
+
+// NewState is the per-dispatch state of the engine's mode, sized for any
+// routing (StateMaker).
+func (e *engine) NewState() any {
+	if m, ok := e.mode.(interface{ newState() any }); ok {
+		return m.newState()
+	}
+	return nil
+}
+
+// reserve sizes what the engine fills during a call (the transport's
+// queues and lists, the wire format's queue, the mode's scratch) for the
+// largest routing the group allows, so that no call allocates.
+func (e *engine) reserve() {
+	s, t := e.spec, &e.t
+	R, M, K, E := t.size, s.MaxTokensPerRank, s.TopK, s.NumExperts
+	t.flags, t.aborts, t.peers = make([]ptr, 0, R), make([]ptr, 0, R), make([]int, 0, R)
+	t.flagB, t.attachB = make([]mpi.Block, 0, R), make([]mpi.Block, 0, R)
+	// Stores into node peers: rows forwarded by a rail peer (and their
+	// side data), and blocks of words per expert or rank.
+	local := 2*M*K + 4*E + 4*R
+	t.locDst.reserve(local)
+	t.locOff, t.lens = make([]int64, 0, local), make([]int64, 0, local)
+	// Blocks across nodes: a few per rank and expert, and per chunk.
+	t.blocks = make([]mpi.Block, 0, 4*E+4*R+2*(M/htChunk+1)*e.nodes)
+	moves := 4*E + 4*R // settles: per source and expert, rows, side data, words
+	t.landDst.reserve(moves)
+	t.landSrc.reserve(moves)
+	t.landLens = make([]int64, 0, moves)
+	if m, ok := e.mode.(interface{ reserve() }); ok {
+		m.reserve()
+	}
 }
 
 func (e *engine) Placement() Placement {
@@ -324,7 +364,7 @@ func (e *engine) endRefused(op string, q uint64, origin int) error {
 // Close frees the windows and the node communicator. It is collective.
 func (e *engine) Close() error {
 	var errs []error
-	if m, ok := e.mode.(*llMode); ok {
+	if m, ok := e.mode.(interface{ free() }); ok { // what a mode holds outside Go's memory
 		m.free()
 	}
 	if e.t.net != nil {

@@ -146,3 +146,88 @@ func ExampleConfig_fp8Combine() {
 	fmt.Println(out)
 	// Output: [224 1.625 0.25]
 }
+
+// HighThroughput's expert-major layout: the rows arrive grouped by local
+// expert, each zone padded to the alignment with zero rows, as a grouped
+// GEMM takes them; the experts apply the gate weights and Combine sums.
+func ExampleConfig_expertMajor() {
+	world, err := mpi.Init()
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := ep.Config{Mode: ep.HighThroughput, NumExperts: 2 * world.Size(), MaxTokensPerRank: 2, Hidden: 2, TopK: 2,
+		Layout: ep.LayoutExpertMajor, ExpertAlignment: 2}
+	g, err := ep.NewGroup[float32](world, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Close()
+	e0 := int32(world.Rank() * 2)            // this rank's first expert
+	x := []float32{1, 2, 3, 4}               // 2 tokens of 2 elements
+	topk := []int32{e0, e0 + 1, e0 + 1, -1}  // token 0 -> both experts here; token 1 -> the second
+	weights := []float32{0.75, 0.25, 0.5, 0} // gate weights per (token, slot)
+	h, err := g.Dispatch(ep.Host(x), topk, weights)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(h.ExpertOffsets(), h.ExpertCounts(), h.RecvWeights().Host())
+	rows, w, y := h.Recv().Host(), h.RecvWeights().Host(), h.CombineBuffer().Host()
+	for r := range w { // the experts: y = weight * x (padding rows have weight 0)
+		for c := 0; c < cfg.Hidden; c++ {
+			y[r*cfg.Hidden+c] = w[r] * rows[r*cfg.Hidden+c]
+		}
+	}
+	out := make([]float32, len(x))
+	if err := g.Combine(h, h.CombineBuffer(), ep.Host(out), nil); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(out)
+	// Output:
+	// [0 2 4] [1 2] [0.75 0 0.25 0.5]
+	// [1 2 1.5 2]
+}
+
+// LowLatency's rank-major layout: a token arrives once per rank, in its
+// source's block, with its top-k ids (here global) and weights.
+func ExampleConfig_rankMajor() {
+	world, err := mpi.Init()
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := ep.Config{Mode: ep.LowLatency, NumExperts: 2 * world.Size(), MaxTokensPerRank: 1, Hidden: 2, TopK: 2,
+		Layout: ep.LayoutRankMajor, RecvIDs: ep.GlobalExpertIDs}
+	g, err := ep.NewGroup[float32](world, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Close()
+	e0 := int32(world.Rank() * 2)
+	h, err := g.Dispatch(ep.Host([]float32{1, 2}), []int32{e0 + 1, e0}, []float32{0.25, 0.75})
+	if err != nil {
+		log.Fatal(err)
+	}
+	me := world.Rank() // this rank's block holds its own token
+	ids := h.RecvTopK().Host()[2*me : 2*me+2]
+	fmt.Println(h.SourceCounts()[me], ids[0] == e0+1, ids[1] == e0, h.RecvWeights().Host()[2*me:2*me+2])
+	// Output: 1 true true [0.25 0.75]
+}
+
+// The memory a configuration needs, area by area, before anything is
+// allocated: NCCL EP's ncclEpHandleMemSize, for a job not yet launched.
+func ExampleBufferPlan() {
+	cfg := ep.Config{Mode: ep.HighThroughput, NumExperts: 64, MaxTokensPerRank: 4096, Hidden: 7168, TopK: 8,
+		Layout: ep.LayoutExpertMajor, ExpertAlignment: 128, MaxRecvTokensPerRank: 40000}
+	f, err := ep.BufferPlan(cfg, ep.BFloat16, 8, 2) // 8 ranks on 2 nodes
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, a := range f.Layout {
+		if a.Memory == "shared" && a.Name == "HT received rows (expert-major zones)" {
+			fmt.Printf("%s: %d rows of 14336 bytes\n", a.Name, a.Bytes/14336)
+		}
+	}
+	fmt.Println(f.RanksPerNode, f.WindowPerRank > 0)
+	// Output:
+	// HT received rows (expert-major zones): 40000 rows of 14336 bytes
+	// 4 true
+}

@@ -49,6 +49,17 @@ const (
 	// FeatureZeroAllocs is steady-state dispatch and combine calls
 	// allocating nothing on the Go heap.
 	FeatureZeroAllocs
+	// FeatureHTExpertMajor is Config.Layout LayoutExpertMajor in
+	// HighThroughput: the engine writes each (token, local expert) row
+	// into its expert's padded zone and fills Received.ExpertOffsets.
+	FeatureHTExpertMajor
+	// FeatureLLRankMajor is Config.Layout LayoutRankMajor in LowLatency:
+	// rows by source rank with their top-k ids and weights, combined
+	// unweighted.
+	FeatureLLRankMajor
+	// FeatureGlobalExpertIDs is Config.RecvIDs GlobalExpertIDs: RecvTopK
+	// in global expert ids.
+	FeatureGlobalExpertIDs
 
 	featureEnd // one past the last
 )
@@ -82,6 +93,12 @@ func (f Feature) String() string {
 		return "timeouts naming the stalled peer"
 	case FeatureZeroAllocs:
 		return "steady-state calls without allocations"
+	case FeatureHTExpertMajor:
+		return "the HT expert-major receive layout (Config.Layout)"
+	case FeatureLLRankMajor:
+		return "the LL rank-major receive layout (Config.Layout)"
+	case FeatureGlobalExpertIDs:
+		return "global expert ids in RecvTopK (Config.RecvIDs)"
 	}
 	return fmt.Sprintf("Feature(%d)", int(f))
 }
@@ -120,6 +137,15 @@ func (c Config) features() []Feature {
 	}
 	if c.Overflow == OverflowDrop {
 		fs = append(fs, FeatureOverflowDrop)
+	}
+	if c.htExpertMajor() {
+		fs = append(fs, FeatureHTExpertMajor)
+	}
+	if c.llRankMajor() {
+		fs = append(fs, FeatureLLRankMajor)
+	}
+	if c.RecvIDs == GlobalExpertIDs {
+		fs = append(fs, FeatureGlobalExpertIDs)
 	}
 	return fs
 }

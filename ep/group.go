@@ -164,6 +164,7 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	for r, n := range p.NodeOf {
 		g.sh.nodeOf[r] = int32(n)
 	}
+	g.makeRecords()
 	return g, nil
 }
 
@@ -238,11 +239,16 @@ func fieldString(i int, v int64) string {
 		return DType(v).String()
 	case "Wire":
 		return WireFormat(v).String()
+	case "Layout":
+		return RecvLayout(v).String()
+	case "RecvIDs":
+		return ExpertIDKind(v).String()
 	}
 	return fmt.Sprint(v)
 }
 
-// Config is the group's configuration (Timeout resolved). Not collective.
+// Config is the group's configuration (Timeout and Layout resolved). Not
+// collective.
 func (g *Group[E]) Config() Config { return g.spec.Config }
 
 // Rank is this rank's place in the group. Not collective.

@@ -39,9 +39,18 @@ func (h Handle[E]) NumTokens() int {
 	return h.s.rt.T
 }
 
-// Recv is the rows this rank received. LL: [LocalExperts][Size*MaxTokens
-// PerRank][Hidden], the first ExpertCounts()[l] rows of expert l valid, by
-// source rank then token. HT: [NumRecv][Hidden], by source rank then token.
+// Recv is the rows this rank received, laid out as Config.Layout says:
+//
+//   - LL expert-major (its default): [LocalExperts][Size*MaxTokensPerRank]
+//     [Hidden], the first ExpertCounts()[l] rows of expert l valid, by source
+//     rank then token;
+//   - LL rank-major: [Size][MaxTokensPerRank][Hidden], the first
+//     SourceCounts()[s] rows of source s valid, in token order;
+//   - HT flat (its default): [NumRecv][Hidden], by source rank then token;
+//   - HT expert-major: [NumRecv][Hidden], expert l's zone at rows
+//     [ExpertOffsets()[l], ExpertOffsets()[l+1]): its ExpertCounts()[l]
+//     rows by source rank then token, then zero rows up to the alignment.
+//
 // A group with an FP8 Wire receives RecvFP8 and RecvScales instead: its
 // Recv is the zero Tensor. Not collective.
 func (h Handle[E]) Recv() Tensor[E] {
@@ -84,7 +93,9 @@ func (h Handle[E]) CombineBuffer() Tensor[E] {
 }
 
 // ExpertCounts is, per local expert, the number of received rows for it
-// (HT: rows whose local top-k names it). Host memory. Not collective.
+// (flat and rank-major layouts: rows whose top-k names it; HT expert-major:
+// the valid rows of its zone, padding left out). Host memory. Not
+// collective.
 func (h Handle[E]) ExpertCounts() []int {
 	if !h.valid() {
 		return nil
@@ -92,8 +103,33 @@ func (h Handle[E]) ExpertCounts() []int {
 	return h.s.d.Recv.ExpertCounts
 }
 
-// NumRecv is the number of rows received: HT, the rows of Recv; LL, the sum
-// of ExpertCounts. Not collective.
+// ExpertOffsets is, in an HT expert-major group, where each local expert's
+// zone starts among the rows of Recv, and last the padded total
+// ([LocalExperts+1]; ExpertOffsets()[l+1]-ExpertOffsets()[l] is
+// ExpertCounts()[l] rounded up to Config.ExpertAlignment): with
+// ExpertCounts, what a grouped GEMM takes. nil in other layouts. Host
+// memory. Not collective.
+func (h Handle[E]) ExpertOffsets() []int {
+	if !h.valid() {
+		return nil
+	}
+	return h.s.d.Recv.ExpertOffsets
+}
+
+// SourceCounts is how many rows came from each source rank: expert-major
+// layouts [Size][LocalExperts] (rows of local expert l from rank s at
+// s*LocalExperts()+l), flat and rank-major layouts [Size]. Host memory. Not
+// collective.
+func (h Handle[E]) SourceCounts() []int {
+	if !h.valid() {
+		return nil
+	}
+	return h.s.d.Recv.SourceCounts
+}
+
+// NumRecv is the number of rows received: HT, the rows of Recv (in the
+// expert-major layout, padding included); LL expert-major, the sum of
+// ExpertCounts; LL rank-major, the sum of SourceCounts. Not collective.
 func (h Handle[E]) NumRecv() int {
 	if !h.valid() {
 		return 0
@@ -101,9 +137,11 @@ func (h Handle[E]) NumRecv() int {
 	return h.s.d.Recv.NumRecv
 }
 
-// RecvWeights is the top-k weight of each received row. LL: [LocalExperts]
-// [Size*MaxTokensPerRank], one per row. HT: [NumRecv][TopK], zero where the
-// expert is elsewhere. Not collective.
+// RecvWeights is the gate weight of each received row. Expert-major
+// layouts, one per row: LL [LocalExperts][Size*MaxTokensPerRank], HT
+// [NumRecv] (0 on padding). Flat and rank-major layouts, the token's top-k
+// weights, zero where the expert is elsewhere: HT [NumRecv][TopK], LL
+// [Size][MaxTokensPerRank][TopK]. Not collective.
 func (h Handle[E]) RecvWeights() Tensor[float32] {
 	if !h.valid() {
 		return Tensor[float32]{}
@@ -111,9 +149,11 @@ func (h Handle[E]) RecvWeights() Tensor[float32] {
 	return h.s.d.Recv.Weights
 }
 
-// RecvTopK is, in HT mode, the top-k expert ids of each received row made
-// local to this rank ([NumRecv][TopK], -1 = an expert elsewhere); the zero
-// Tensor in LL mode, where a row's expert is its block. Not collective.
+// RecvTopK is, in the flat (HT) and rank-major (LL) layouts, the top-k
+// expert ids of each received row, laid out like RecvWeights: an expert of
+// this rank as its local or global id (Config.RecvIDs), -1 an expert
+// elsewhere. The zero Tensor in expert-major layouts, where a row's expert
+// is its block or zone. Not collective.
 func (h Handle[E]) RecvTopK() Tensor[int32] {
 	if !h.valid() {
 		return Tensor[int32]{}
@@ -121,21 +161,41 @@ func (h Handle[E]) RecvTopK() Tensor[int32] {
 	return h.s.d.Recv.TopK
 }
 
-// Source is the rank and token index that a received row came from. LL rows
-// are numbered l*Size*MaxTokensPerRank + j; HT rows 0..NumRecv-1. On a
-// device backend it reads the token index from the device. Not collective.
+// Source is the rank and token index that a received row came from, the
+// row numbered as in Recv (LL expert-major l*Size*MaxTokensPerRank + j, LL
+// rank-major s*MaxTokensPerRank + j, HT 0..NumRecv-1); a padding row of an
+// HT expert-major zone is an error. On a device backend it reads the token
+// index from the device. Not collective.
 func (h Handle[E]) Source(row int) (rank, token int, err error) {
 	if !h.valid() {
 		return 0, 0, fmt.Errorf("ep: Source: the handle is zero, stale, or its dispatch has not completed")
 	}
 	g, recv := h.s.g, &h.s.d.Recv
 	var s int
-	if h.s.mode == HighThroughput {
+	switch {
+	case g.spec.htExpertMajor():
+		L, off := g.sh.L, recv.ExpertOffsets
+		if row < 0 || row >= recv.NumRecv {
+			return 0, 0, fmt.Errorf("ep: Source: row %d out of range [0, %d)", row, recv.NumRecv)
+		}
+		l := sort.Search(L, func(l int) bool { return off[l+1] > row })
+		j := row - off[l]
+		if j >= recv.ExpertCounts[l] {
+			return 0, 0, fmt.Errorf("ep: Source: row %d is padding of expert %d's zone", row, l)
+		}
+		s = sort.Search(g.size, func(s int) bool { return prefix(recv.SourceCounts, L, s+1, l) > j })
+	case g.spec.llRankMajor():
+		M := g.spec.MaxTokensPerRank
+		if row < 0 || row >= g.size*M || row%M >= recv.SourceCounts[row/M] {
+			return 0, 0, fmt.Errorf("ep: Source: row %d is not a valid received row", row)
+		}
+		s = row / M
+	case h.s.mode == HighThroughput:
 		if row < 0 || row >= recv.NumRecv {
 			return 0, 0, fmt.Errorf("ep: Source: row %d out of range [0, %d)", row, recv.NumRecv)
 		}
 		s = sort.Search(g.size, func(s int) bool { return prefix(recv.SourceCounts, 1, s+1, 0) > row })
-	} else {
+	default:
 		span, L := g.size*g.spec.MaxTokensPerRank, g.sh.L
 		l, j := row/span, row%span
 		if row < 0 || l >= L || j >= recv.ExpertCounts[l] {

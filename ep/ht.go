@@ -40,6 +40,9 @@ type htMode struct {
 	R, L, M, K, H, rowBytes, nodes int
 	myNode                         int
 	maxRecv                        int
+	global                         bool // the received top-k ids are global (Config.RecvIDs)
+	em                             bool // expert-major zones (htzones.go)
+	align                          int  // their alignment, in rows
 	wire                           rowFormat
 	forwarder                      []int        // per rank: the rank of this node that forwards its tokens here
 	rails                          []int        // per node: this rank's rail peer there (itself on its own node)
@@ -54,6 +57,7 @@ type htMode struct {
 	// the sums this rank sends back as a rail peer, [senders][M] rows.
 	recv, outbox rowArea
 	tok, topk, w region
+	slot         region // expert-major: each row's top-k slot
 	comb, vals   region
 	sumsOut      region
 	// Staging: tokens from each rail sender [slots][M] with their tokens,
@@ -85,8 +89,15 @@ type htState struct {
 	fwd     []fwdPlan
 	cached  bool    // the forwarding plans came with a cached dispatch
 	expert  []int   // [L]
-	source  []int   // [R]
+	source  []int   // [R]; expert-major [R][L]
 	dropped []int32 // Config.Overflow drop: this rank's (token, slot) pairs that did not fit
+	// Expert-major: where each zone of this rank starts ([L+1], the last
+	// the padded total); where each source's rows of each expert of this
+	// node start at its owner ([R][E]); the next row of a forwarded sender
+	// at each expert (planning scratch).
+	zoneOff []int
+	at      []int32
+	next    []int32
 }
 
 // railSender is a rank of another node whose rail peer on this node is this
@@ -101,6 +112,7 @@ type fwdPlan struct {
 	start []int32 // [rows+1]
 	dst   []int32 // destination rank
 	row   []int32 // row at the destination
+	slot  []int32 // expert-major: the pair's top-k slot
 }
 
 func newHT(e *engine, seg, win *arena) *htMode {
@@ -123,22 +135,30 @@ func newHT(e *engine, seg, win *arena) *htMode {
 // fresh one's count round tells that the rail peer has started this call,
 // so that its rows of the last one are no longer read).
 func (m *htMode) inPlace(n int, st *htState) bool {
-	return m.alone[n] && m.e.t.landsFinal && !st.cached
+	return m.alone[n] && m.e.t.landsFinal && !st.cached && !m.em
 }
 
 // htDims is an htMode of R ranks on nodes nodes with its sizes only.
 func htDims(s Spec, R, nodes int, tune tuning) *htMode {
 	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R), wire: newRowFormat(s)}
+		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R), wire: newRowFormat(s), global: s.RecvIDs == GlobalExpertIDs,
+		em: s.htExpertMajor(), align: s.alignment()}
 }
 
 // takeAreas places HT's areas, with slots staging slots (placeRails).
 func (m *htMode) takeAreas(slots int, seg, win *arena) {
 	n, K, M := m.maxRecv, m.K, m.M
-	m.recv = seg.takeRows("HT received rows", n, m.wire)
-	m.tok = seg.take("HT received tokens", n, 4)
-	m.topk = seg.take("HT received top-k ids", n, 4*K)
-	m.w = seg.take("HT received weights", n, 4*K)
+	if m.em {
+		m.recv = seg.takeRows("HT received rows (expert-major zones)", n, m.wire)
+		m.tok = seg.take("HT received tokens", n, 4)
+		m.slot = seg.take("HT received top-k slots", n, 4)
+		m.w = seg.take("HT received weights", n, 4)
+	} else {
+		m.recv = seg.takeRows("HT received rows", n, m.wire)
+		m.tok = seg.take("HT received tokens", n, 4)
+		m.topk = seg.take("HT received top-k ids", n, 4*K)
+		m.w = seg.take("HT received weights", n, 4*K)
+	}
 	m.comb = seg.take("HT combine buffer", n, m.rowBytes)
 	m.vals = seg.take("HT row values", n, 4*K)
 	if m.nodes > 1 {
@@ -205,7 +225,14 @@ func (m *htMode) placeRails() int {
 	return m.nodes * maxSend
 }
 
-func (m *htMode) stride() int { return m.R + m.nodes }
+// stride is the length of a count vector: tokens per rank and per node,
+// then, with expert-major zones, pairs per expert.
+func (m *htMode) stride() int {
+	if m.em {
+		return m.R + m.nodes + m.R*m.L
+	}
+	return m.R + m.nodes
+}
 
 func (m *htMode) state(d *Dispatch) *htState {
 	st, ok := d.State.(*htState)
@@ -218,10 +245,43 @@ func (m *htMode) state(d *Dispatch) *htState {
 	st.sendOff = growTo(st.sendOff, m.R)
 	st.expert = growTo(st.expert, m.L)
 	st.source = growTo(st.source, m.R)
-	for len(st.fwd) < len(m.senders) {
-		st.fwd = append(st.fwd, fwdPlan{})
+	if m.em {
+		st.source = growTo(st.source, m.R*m.L)
+		st.zoneOff = growTo(st.zoneOff, m.L+1)
+		st.at = growTo(st.at, m.R*m.R*m.L)
+	}
+	for len(st.fwd) < len(m.senders) { // a staged row goes to at most TopK rows
+		M, K := m.M, m.K
+		st.fwd = append(st.fwd, fwdPlan{start: make([]int32, 0, M+1), dst: make([]int32, 0, M*K),
+			row: make([]int32, 0, M*K), slot: make([]int32, 0, M*K)})
 	}
 	return st
+}
+
+// newState is a dispatch's state, sized for any routing (StateMaker).
+func (m *htMode) newState() any {
+	d := &Dispatch{}
+	st := m.state(d)
+	st.next = make([]int32, m.R*m.L)
+	return st
+}
+
+// reserve sizes the mode's scratch for any routing.
+func (m *htMode) reserve() {
+	M, K, R, N := m.M, m.K, m.R, m.nodes
+	for i := range m.lists {
+		m.lists[i] = make([]int32, 0, M)
+	}
+	m.mine = make([]int32, 0, m.stride())
+	m.meta = make([]byte, 0, 4*M*(N-1)*(1+2*K))
+	m.start = make([]int32, 0, M+1)
+	m.src.reserve(M * (K + N)) // a token's sources: its ranks or pairs here, a sum per other node
+	m.vals2.reserve(M * (K + N))
+	m.vsum = make([]float32, 0, M*K)
+	m.counts = make([]int32, 0, m.L)
+	m.area = make([]int, 0, R)
+	m.nodeFirst = make([]int, 0, N)
+	m.wire.reserve(M * K)
 }
 
 // listsFor returns empty per-rank lists, keeping their storage.
@@ -261,6 +321,13 @@ func (m *htMode) send(d *Dispatch) error {
 	if err := t.awaitReaders(op, 0, e.last[0]); err != nil {
 		return err
 	}
+	if m.em { // each pair into its expert's zone
+		m.zeroPadding(st)
+		m.sendZones(d, st)
+		err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil)
+		t.span(q, "this node", -1, 0, t0)
+		return err
+	}
 	// This node: each token once into every rank that owns one of its
 	// experts, with its metadata.
 	rows := m.listsFor()
@@ -276,7 +343,7 @@ func (m *htMode) send(d *Dispatch) error {
 	for _, dst := range t.nodeRanks {
 		first := st.sendOff[dst]
 		htMeta(t.lsa(dst, m.tok.at(first)), t.lsa(dst, m.topk.at(first)), t.lsa(dst, m.w.at(first)),
-			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst)
+			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst, m.global)
 	}
 	err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil)
 	t.span(q, "this node", -1, 0, t0)
@@ -289,6 +356,9 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing, t
 	t := &m.e.t
 	me, R, stride := t.me, m.R, m.stride()
 	m.mine = append(append(m.mine[:0], rt.PerRank...), rt.PerNode...)
+	if m.em {
+		m.mine = append(m.mine, rt.PerExpert...)
+	}
 	if err := t.shareCounts(0, q, m.mine); err != nil {
 		return err
 	}
@@ -307,6 +377,9 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing, t
 		total := 0
 		for s := 0; s < R; s++ {
 			total += int(st.n[s*stride+dst])
+		}
+		if m.em {
+			total = m.zoneRows(st, dst)
 		}
 		if total <= m.maxRecv {
 			continue
@@ -341,6 +414,9 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing, t
 			off += int(st.n[s*stride+dst])
 		}
 		st.sendOff[dst] = off
+	}
+	if m.em {
+		m.planZones(st)
 	}
 	return nil
 }
@@ -471,9 +547,17 @@ func (m *htMode) wait(d *Dispatch) error {
 		return err
 	}
 	t.span(q, "wait data flags", -1, 0, t0)
+	if m.em {
+		m.zoneViews(d, st)
+		return nil
+	}
 	n := st.recvOff[m.R]
 	m.counts = growTo(m.counts, m.L)
-	countLocal(t.lsa(me, m.topk.off), n, K, m.counts)
+	lo := int32(0) // the id of local expert 0 in the received top-k ids
+	if m.global {
+		lo = int32(me * m.L)
+	}
+	countLocal(t.lsa(me, m.topk.off), n, K, lo, m.counts)
 	for l, c := range m.counts {
 		st.expert[l] = int(c)
 	}
@@ -514,7 +598,11 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	tok := unsafe.Slice((*int32)(t.staged(m.stok.at(slot*M))), n)
 	topk := unsafe.Slice((*int32)(t.staged(m.stopk.at(slot*M))), n*K)
 	w := unsafe.Slice((*float32)(t.staged(m.sw.at(slot*M))), n*K)
-	if !st.cached {
+	switch {
+	case st.cached:
+	case m.em:
+		m.planForwardZones(&st.fwd[i], st, s, topk, n)
+	default:
 		m.planForward(&st.fwd[i], st, s, topk, n)
 	}
 	p := &st.fwd[i]
@@ -529,16 +617,23 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 					t.post(dst, side.at(row), -1, int64(m.stage.side.at(slot*M+j)), side.stride)
 				}
 			}
-			perDst[dst] = append(perDst[dst], int32(j))
+			if !m.em { // the zones' metadata is written row by row
+				perDst[dst] = append(perDst[dst], int32(j))
+			}
 		}
 	}
 	if err := t.flushStaged(); err != nil {
 		return err
 	}
+	if m.em {
+		m.forwardZoneMeta(p, tok, w)
+		t.span(d.Op, "forward", s, 0, t0)
+		return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0, nil)
+	}
 	for _, dst := range t.nodeRanks {
 		first := st.recvOffAt(s, dst, stride, m.R)
 		htMeta(t.lsa(dst, m.tok.at(first)), t.lsa(dst, m.topk.at(first)), t.lsa(dst, m.w.at(first)),
-			perDst[dst], tok, topk, w, K, m.L, dst)
+			perDst[dst], tok, topk, w, K, m.L, dst, m.global)
 	}
 	t.span(d.Op, "forward", s, 0, t0)
 	return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0, nil)
@@ -631,12 +726,17 @@ func (st *htState) copyFrom(src *htState) {
 	copy(st.recvOff, src.recvOff)
 	copy(st.sendOff, src.sendOff)
 	st.dropped = append(st.dropped[:0], src.dropped...)
+	copy(st.expert, src.expert) // expert-major: from the counts (flat: recounted at wait)
+	copy(st.source, src.source)
+	copy(st.zoneOff, src.zoneOff)
+	copy(st.at, src.at)
 	for i := range src.fwd {
 		f, g := &st.fwd[i], &src.fwd[i]
 		f.src, f.rows = g.src, g.rows
 		f.start = append(f.start[:0], g.start...)
 		f.dst = append(f.dst[:0], g.dst...)
 		f.row = append(f.row[:0], g.row...)
+		f.slot = append(f.slot[:0], g.slot...)
 	}
 }
 
@@ -654,7 +754,11 @@ func (m *htMode) combineSend(c *Combine) error {
 		copy(hostBytes(d.Recv.Outputs), hostBytes(c.Y))
 	}
 	if !c.RowValues.IsZero() {
-		copy(hostTensor[float32](e, m.vals.off, c.RowValues.Len()).Host(), c.RowValues.Host())
+		if m.em {
+			m.expandValues(c, d.State.(*htState))
+		} else {
+			copy(hostTensor[float32](e, m.vals.off, c.RowValues.Len()).Host(), c.RowValues.Host())
+		}
 		ysrc |= ySrcValues
 	}
 	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op, uint32(ysrc), nil)
@@ -695,7 +799,9 @@ func (m *htMode) combineWait(c *Combine) error {
 	for tk := 0; tk < rt.T; tk++ {
 		start[tk] = int32(src.len())
 		for b := 0; b < m.nodes; b++ {
-			if b == m.myNode {
+			if b == m.myNode && m.em {
+				m.zoneSources(d, st, tk, area)
+			} else if b == m.myNode {
 				for _, r := range t.nodeRanks {
 					if o := rt.TokRankOrd[tk*R+r]; o >= 0 {
 						row := st.sendOff[r] + int(o)
@@ -752,7 +858,7 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 		}
 		// Alone on its node, this rank's partials are the sums: its rows from
 		// the sender, in the staged order, one block.
-		if m.alone[m.myNode] && t.inPlace {
+		if m.alone[m.myNode] && t.inPlace && !m.em {
 			t.expose(p.src, area[t.me]+int(p.row[0])*m.rowBytes, m.sums.at(m.myNode*M), m.sumsOut.len(p.rows))
 			var err error
 			if m.sentSums, err = t.flushInPlace(); err != nil {
@@ -763,7 +869,7 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 		// while the next are summed.
 		sums := m.sumsOut.at(m.sumsSlot(m.senders[i]) * M)
 		tab := src.c()
-		for lo := 0; lo < p.rows && !(m.alone[m.myNode] && t.inPlace); lo += htChunk {
+		for lo := 0; lo < p.rows && !(m.alone[m.myNode] && t.inPlace && !m.em); lo += htChunk {
 			hi := min(lo+htChunk, p.rows)
 			reduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.len(lo)), m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
 			t.expose(p.src, sums+m.sumsOut.len(lo), m.sums.at(m.myNode*M+lo), m.sumsOut.len(hi-lo))

@@ -60,8 +60,9 @@ int64_t ep_layout(const int32_t *topk, int64_t T, int K, int E, int L, int R,
                   int32_t *per_expert, int32_t *per_rank, int32_t *per_node,
                   int32_t *pair_ord, int32_t *tok_rank_ord, int32_t *tok_node_ord);
 void ep_ht_meta(int32_t *tok_out, int32_t *topk_out, float *w_out, const int32_t *rows, int64_t n,
-                const int32_t *src_tok, const int32_t *src_topk, const float *src_w, int K, int L, int d);
-void ep_count_local(const int32_t *topk_local, int64_t n, int K, int L, int32_t *counts);
+                const int32_t *src_tok, const int32_t *src_topk, const float *src_w, int K, int L, int d,
+                int global);
+void ep_count_local(const int32_t *topk, int64_t n, int K, int L, int32_t lo, int32_t *counts);
 
 // rows.c
 void ep_copy_rows(const uintptr_t *dst, const uintptr_t *src, const int64_t *lens, int64_t n, int64_t row_bytes);

@@ -15,11 +15,12 @@
 //
 // ep_ht_meta writes, for n received rows, the metadata a rank d keeps with
 // each row: its source token (src_tok[row], or row itself when src_tok is
-// NULL), its top-k ids made local to rank d (id - d*L when d owns the expert,
-// else -1) and its weights (zeroed where the id is -1).
+// NULL), its top-k ids as rank d keeps them (where d owns the expert: id -
+// d*L, or the global id itself when global is set; else -1) and its weights
+// (zeroed where the id is -1).
 //
-// ep_count_local counts, per local expert, the rows whose local top-k ids
-// name it.
+// ep_count_local counts, per local expert l, the rows whose top-k ids name
+// it, as id lo + l (lo: 0 for local ids, d*L for global ones).
 #include "kernels.h"
 #include <string.h>
 
@@ -72,24 +73,25 @@ int64_t ep_layout(const int32_t *topk, int64_t T, int K, int E, int L, int R,
 }
 
 void ep_ht_meta(int32_t *tok_out, int32_t *topk_out, float *w_out, const int32_t *rows, int64_t n,
-                const int32_t *src_tok, const int32_t *src_topk, const float *src_w, int K, int L, int d) {
-  int32_t lo = (int32_t)d * L, hi = lo + L;
+                const int32_t *src_tok, const int32_t *src_topk, const float *src_w, int K, int L, int d,
+                int global) {
+  int32_t lo = (int32_t)d * L, hi = lo + L, shift = global ? 0 : lo;
   for (int64_t i = 0; i < n; i++) {
     int32_t row = rows[i];
     tok_out[i] = src_tok ? src_tok[row] : row;
     for (int k = 0; k < K; k++) {
       int32_t e = src_topk[(int64_t)row * K + k];
       int mine = e >= lo && e < hi;
-      topk_out[i * K + k] = mine ? e - lo : -1;
+      topk_out[i * K + k] = mine ? e - shift : -1;
       w_out[i * K + k] = mine ? src_w[(int64_t)row * K + k] : 0.0f;
     }
   }
 }
 
-void ep_count_local(const int32_t *topk_local, int64_t n, int K, int L, int32_t *counts) {
+void ep_count_local(const int32_t *topk, int64_t n, int K, int L, int32_t lo, int32_t *counts) {
   memset(counts, 0, sizeof(int32_t) * (size_t)L);
   for (int64_t i = 0; i < n * K; i++) {
-    int32_t l = topk_local[i];
+    int32_t l = topk[i] - lo;
     if (l >= 0 && l < L) counts[l]++;
   }
 }

@@ -149,6 +149,21 @@ func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *arena) *llMode {
 	return m
 }
 
+// newState is a dispatch's state, sized for any routing (StateMaker).
+func (m *llMode) newState() any {
+	d := &Dispatch{State: &llState{dropped: make([]int32, 0, m.M*m.K)}}
+	return m.state(d)
+}
+
+// reserve sizes the mode's scratch for any routing.
+func (m *llMode) reserve() {
+	m.meta = make([]byte, 0, 8*m.M*m.K)
+	m.spos = make([]int32, 0, m.E)
+	m.vp.reserve(m.M * m.K)
+	m.where = make([]uint32, 0, m.R)
+	m.wire.reserve(m.M * m.K)
+}
+
 func (m *llMode) state(d *Dispatch) *llState {
 	st, ok := d.State.(*llState)
 	if !ok {

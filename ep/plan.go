@@ -39,9 +39,12 @@ func (f Footprint) String() string {
 
 // BufferPlan is the memory the CPU backend holds for a group of cfg over
 // ranks ranks on nodes nodes of as equal sizes as can be, with rows of
-// element type elem, computed without allocating anything: NCCL EP's and
-// DeepEP's buffer size hints, for planning. NewGroup checks the same against
-// what the machine can give before it allocates.
+// element type elem, computed without allocating anything: NCCL EP's
+// ncclEpHandleMemSize and DeepEP's buffer size hints, for planning. It
+// follows every option of cfg that sizes memory (the mode, the receive
+// layout and its alignment, MaxRecvTokensPerRank, the wire format), and
+// Footprint.Layout lists every area. NewGroup checks the same against what
+// the machine can give before it allocates.
 func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
 	if err := cfg.validate(ranks); err != nil {
 		return Footprint{}, err
@@ -61,9 +64,12 @@ func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
 func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 	in := inboxFor(s, ranks, nodes)
 	seg, win := newArenas(in.size)
-	if s.Mode == LowLatency {
+	switch {
+	case s.llRankMajor():
+		layoutLLRank(s, ranks, seg, win)
+	case s.Mode == LowLatency:
 		layoutLL(s, ranks, nodes, tuning{}, seg, win)
-	} else {
+	default:
 		htDims(s, ranks, nodes, tuning{}).takeAreas(slots, seg, win)
 	}
 	f := Footprint{SharedPerRank: seg.n, RanksPerNode: ranksPerNode, Layout: seg.named}

@@ -1,6 +1,7 @@
 package ep_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -17,9 +18,22 @@ import (
 func TestBufferPlanIsWhatAGroupHolds(t *testing.T) {
 	w := mpitesting.World
 	R := w.Size()
-	for _, mode := range []ep.Mode{ep.LowLatency, ep.HighThroughput} {
+	layouts := []struct {
+		mode   ep.Mode
+		layout ep.RecvLayout
+		align  int
+		area   string // an area only this layout has
+	}{
+		{ep.LowLatency, ep.LayoutDefault, 0, "LL received rows (set 0)"},
+		{ep.LowLatency, ep.LayoutRankMajor, 0, "LL rank-major received top-k ids (set 1)"},
+		{ep.HighThroughput, ep.LayoutDefault, 0, "HT received top-k ids"},
+		{ep.HighThroughput, ep.LayoutExpertMajor, 16, "HT received top-k slots"},
+	}
+	for _, l := range layouts {
+		mode := l.mode
 		for _, wire := range []ep.WireFormat{ep.WireNative, ep.WireFP8} {
-			cfg := ep.Config{Mode: mode, NumExperts: 4 * R, MaxTokensPerRank: 32, Hidden: 200, TopK: 3, Wire: wire}
+			cfg := ep.Config{Mode: mode, NumExperts: 4 * R, MaxTokensPerRank: 32, Hidden: 200, TopK: 3, Wire: wire,
+				Layout: l.layout, ExpertAlignment: l.align}
 			g, err := ep.NewGroup[ep.BF16](w, cfg)
 			require.NoError(t, err)
 			f, err := ep.BufferPlan(cfg, ep.BFloat16, R, g.Nodes())
@@ -29,6 +43,8 @@ func TestBufferPlanIsWhatAGroupHolds(t *testing.T) {
 			}
 			assert.Equal(t, f.RanksPerNode*(f.SharedPerRank+f.WindowPerRank+f.CopiesPerRank), f.PerNode)
 			assert.Equal(t, g.Nodes() > 1, f.WindowPerRank > 0)
+			assert.True(t, slices.ContainsFunc(f.Layout, func(a ep.Area) bool { return a.Name == l.area }),
+				"%v %v: the layout lists %q", l.layout, wire, l.area)
 			// Its layout: every area in its memory, in order, none over another.
 			end := map[string]int{}
 			for _, a := range f.Layout {

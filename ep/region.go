@@ -30,6 +30,14 @@ func (r region) len(n int) int { return n * r.stride }
 // beside row i of the other.
 type rowArea struct{ rows, side region }
 
+// parts are the regions that move when rows of the area move.
+func (a rowArea) parts() []region {
+	if a.side.stride == 0 {
+		return []region{a.rows}
+	}
+	return []region{a.rows, a.side}
+}
+
 // arena lays regions out in one memory, each aligned for rows (64 bytes,
 // whole pages from a page up), and keeps their names for BufferPlan.
 type arena struct {

@@ -33,6 +33,12 @@ func (a *addrTable) add(p ptr)        { a.p = append(a.p, p) }
 func (a *addrTable) len() int         { return len(a.p) }
 func (a *addrTable) set(i int, p ptr) { a.p[i] = p }
 
+// reserve makes room for n addresses, so that filling the table up to n
+// (and handing it to a kernel) allocates nothing.
+func (a *addrTable) reserve(n int) {
+	a.p, a.u = make([]ptr, 0, n), make([]uintptr, 0, n)
+}
+
 // grow makes the table n entries long, all nil.
 func (a *addrTable) grow(n int) {
 	a.p = growTo(a.p, n)
@@ -213,20 +219,20 @@ func sumValues(out []float32, src *addrTable, start []int32, n, k int) {
 
 // htMeta writes the metadata a rank d keeps with n received HT rows: each
 // row's source token (srcTok[rows[i]], or rows[i] itself when srcTok is nil),
-// its top-k ids made local to d (-1 where d does not own the expert) and its
-// weights (zeroed there).
-func htMeta(tok, topk, w ptr, rows, srcTok, srcTopk []int32, srcW []float32, K, L, d int) {
+// its top-k ids made local to d, or kept global (-1 where d does not own the
+// expert) and its weights (zeroed there).
+func htMeta(tok, topk, w ptr, rows, srcTok, srcTopk []int32, srcW []float32, K, L, d int, global bool) {
 	if len(rows) == 0 {
 		return
 	}
 	C.ep_ht_meta((*C.int32_t)(tok), (*C.int32_t)(topk), (*C.float)(w), i32p(rows), C.int64_t(len(rows)),
-		i32p(srcTok), i32p(srcTopk), f32p(srcW), C.int(K), C.int(L), C.int(d))
+		i32p(srcTok), i32p(srcTopk), f32p(srcW), C.int(K), C.int(L), C.int(d), C.int(boolInt(global)))
 }
 
-// countLocal counts, per local expert, the rows whose local top-k ids
-// ([n][K], -1 = elsewhere) name it.
-func countLocal(topk ptr, n, K int, counts []int32) {
-	C.ep_count_local((*C.int32_t)(topk), C.int64_t(n), C.int(K), C.int(len(counts)), i32p(counts))
+// countLocal counts, per local expert l, the rows whose top-k ids ([n][K],
+// -1 = elsewhere) name it as lo+l.
+func countLocal(topk ptr, n, K int, lo int32, counts []int32) {
+	C.ep_count_local((*C.int32_t)(topk), C.int64_t(n), C.int(K), C.int(len(counts)), C.int32_t(lo), i32p(counts))
 }
 
 // onlineCPUs is the machine's online processors, whatever the affinity.

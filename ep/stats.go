@@ -77,13 +77,15 @@ func (g *Group[E]) ResetStats() {
 
 // traffic sets a dispatch's rows to and from each rank (rowsTo, rowsFrom:
 // [R]), from its routing and what it received: the same for every backend.
+// An expert-major layout receives a row per (token, expert) pair, the flat
+// and rank-major ones a row per token and rank.
 func (g *Group[E]) traffic(s *handleState[E]) {
 	R, L := g.size, g.sh.L
 	s.rowsTo, s.rowsFrom = growTo(s.rowsTo, R), growTo(s.rowsFrom, R)
 	recv := &s.d.Recv
 	for r := 0; r < R; r++ {
 		var to, from int32
-		if g.spec.Mode == LowLatency {
+		if g.spec.Layout == LayoutExpertMajor {
 			for e := r * L; e < (r+1)*L; e++ {
 				to += s.rt.PerExpert[e]
 			}

@@ -28,6 +28,8 @@ type rowFormat interface {
 	// side data (the caller's scales, for a forwarded format; nil
 	// otherwise), in one kernel call each, and empties the queue.
 	flush(x, side []byte)
+	// reserve makes room in the queue for n rows.
+	reserve(n int)
 }
 
 // newRowFormat is the wire format of s's dispatches (FP8: the fastest cast
@@ -55,6 +57,11 @@ func (f *nativeRows) sideBytes() int { return 0 }
 func (f *nativeRows) put(base ptr, a rowArea, i int, tk int) {
 	f.dst.add(unsafe.Add(base, a.rows.at(i)))
 	f.srcOff = append(f.srcOff, int64(tk*f.bytes))
+}
+
+func (f *nativeRows) reserve(n int) {
+	f.dst.reserve(n)
+	f.srcOff = make([]int64, 0, n)
 }
 
 func (f *nativeRows) flush(x, _ []byte) {
@@ -101,6 +108,13 @@ func (f *fp8Forward) put(base ptr, a rowArea, i int, tk int) {
 	f.sclOff = append(f.sclOff, int64(tk*f.scales))
 }
 
+func (f *fp8Forward) reserve(n int) {
+	f.dst.reserve(n)
+	f.sdst.reserve(n)
+	f.srcOff = make([]int64, 0, n)
+	f.sclOff = make([]int64, 0, n)
+}
+
 func (f *fp8Forward) flush(x, side []byte) {
 	scatterRows(&f.dst, x, f.srcOff, f.bytes)
 	scatterRows(&f.sdst, side, f.sclOff, f.scales)
@@ -115,6 +129,12 @@ type fp8Sizes int
 
 func (h fp8Sizes) rowBytes() int  { return int(h) }
 func (h fp8Sizes) sideBytes() int { return 4 * ScaleGroups(int(h)) }
+
+func (f *fp8Rows) reserve(n int) {
+	f.q.dst.reserve(n)
+	f.q.scales.reserve(n)
+	f.q.srcOff = make([]int64, 0, n)
+}
 
 // scatterRows copies dst.len() rows of rowBytes from origin[srcOff[i]:] to
 // dst's addresses.

@@ -24,6 +24,13 @@
 //     cached and repeated; the received e4m3 codes and scales bit for bit
 //     against the reference quantization (internal/fp8ref) of the row each
 //     came from, exact combines of the dequantized rows, the bytes counted;
+//   - the receive layouts and id kinds other than the modes' own (HT
+//     expert-major zones with and without alignment, LL rank-major, global
+//     expert ids), where the backend claims them: the rows, metadata,
+//     counts, offsets and zero padding against the suite's own reference,
+//     combines that never read padding, cached dispatches, the backward
+//     pass, RowValues, FP8, statistics, consecutive calls, and agreement
+//     with the reference backend;
 //   - the optional features a Config asks for and the backend does not
 //     declare refused at NewGroup with ep.ErrUnsupported, naming the
 //     backend and the feature;
@@ -32,7 +39,9 @@
 //     round afterwards is right), bad configs, use after Close;
 //   - a stalled rank: the others time out within the group's timeout,
 //     naming it where the backend declares ep.FeatureNamedTimeouts;
-//   - steady-state calls allocate nothing (ep.FeatureZeroAllocs);
+//   - steady-state calls allocate nothing, nor do dispatches whose routing
+//     changes and grows every time, from the second call on, in every
+//     layout (ep.FeatureZeroAllocs);
 //   - a group's lifecycle with no barrier from the user: a call right after
 //     NewGroup, two groups with interleaved calls, create-run-Close 50
 //     times, a group on a sub-communicator beside one on the world, ranks

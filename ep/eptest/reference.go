@@ -96,3 +96,73 @@ func validRows(mode ep.Mode, counts []int, numRecv, span int) []int {
 	}
 	return rows
 }
+
+// zone is one local expert's zone of an HT expert-major dispatch as the
+// reference lays it out: its rows (by source rank, then token) from row
+// off, then zero rows up to off+padded.
+type zone struct {
+	off, padded int
+	rows        []row
+}
+
+// htZonesExpected lays out what rank me receives in HT's expert-major
+// layout with zones aligned to align rows: a row per (token, local expert)
+// pair, zone by zone.
+func htZonesExpected(sc scenario, ins []input, me, ranks, align int) []zone {
+	pairs := llExpected(sc, ins, me, ranks) // the same pairs, in the same order, per expert
+	zones := make([]zone, len(pairs))
+	off := 0
+	for l, rows := range pairs {
+		padded := (len(rows) + align - 1) / align * align
+		zones[l] = zone{off: off, padded: padded, rows: rows}
+		off += padded
+	}
+	return zones
+}
+
+// tokenRow is a token as a flat or rank-major layout receives it: its
+// origin and its top-k ids and weights as the receiver sees them.
+type tokenRow struct {
+	src, tok int
+	ids      []int32 // -1 elsewhere; local or global
+	weights  []float32
+}
+
+// tokensExpected lists, per source rank, the tokens rank me receives once
+// each (HT flat, LL rank-major), in token order, with their ids as the
+// receiver keeps them (global: the global id; else the local one).
+func tokensExpected(sc scenario, ins []input, me, ranks int, global bool) [][]tokenRow {
+	L, K := sc.experts/ranks, sc.topk
+	out := make([][]tokenRow, ranks)
+	for s, in := range ins {
+		for t := 0; t < in.T; t++ {
+			r := tokenRow{src: s, tok: t, ids: make([]int32, K), weights: make([]float32, K)}
+			mine := false
+			for k := 0; k < K; k++ {
+				r.ids[k] = -1
+				if e := in.topk[t*K+k]; e >= 0 && int(e)/L == me {
+					mine = true
+					r.ids[k], r.weights[k] = e, in.weights[t*K+k]
+					if !global {
+						r.ids[k] -= int32(me * L)
+					}
+				}
+			}
+			if mine {
+				out[s] = append(out[s], r)
+			}
+		}
+	}
+	return out
+}
+
+// pairsOf is the number of token t's (unmasked) experts.
+func pairsOf(sc scenario, in input, t int) int {
+	n := 0
+	for k := 0; k < sc.topk; k++ {
+		if in.topk[t*sc.topk+k] >= 0 {
+			n++
+		}
+	}
+	return n
+}

@@ -51,6 +51,9 @@ var featureChecks = map[ep.Feature]string{
 	ep.FeatureFP8Forward:       "FP8Forward",
 	ep.FeatureFP8Combine:       "FP8Combine",
 	ep.FeatureOverflowDrop:     "OverflowDrop",
+	ep.FeatureHTExpertMajor:    "ReceiveLayouts", // run always: the layouts not declared are refused
+	ep.FeatureLLRankMajor:      "ReceiveLayouts",
+	ep.FeatureGlobalExpertIDs:  "ReceiveLayouts",
 }
 
 // declares reports whether the backend under test declares f.
@@ -90,6 +93,7 @@ func Run(t *testing.T, s Suite) {
 	optional(ep.FeatureFP8Combine, s.testFP8Combine)
 	t.Run("OverflowFail", func(t *testing.T) { s.testOverflow(t, ep.OverflowFail) })
 	optional(ep.FeatureOverflowDrop, func(t *testing.T) { s.testOverflow(t, ep.OverflowDrop) })
+	t.Run("ReceiveLayouts", func(t *testing.T) { s.testLayouts(t) })
 	t.Run("UnsupportedFeaturesRefused", func(t *testing.T) { s.testFeatureRefusals(t) })
 	if s.Reference != nil {
 		t.Run("MatchesReference", func(t *testing.T) { s.testMatchesReference(t) })
@@ -99,6 +103,9 @@ func Run(t *testing.T, s Suite) {
 	t.Run("InvalidConfigs", func(t *testing.T) { s.testInvalidConfigs(t) })
 	t.Run("UseAfterClose", func(t *testing.T) { s.testUseAfterClose(t) })
 	optional(ep.FeatureZeroAllocs, s.testZeroAllocs)
+	if s.declares(ep.FeatureZeroAllocs) {
+		t.Run("RoutingChangeAllocatesNothing", func(t *testing.T) { s.testRoutingChanges(t) })
+	}
 	t.Run("StalledRankTimesOut", func(t *testing.T) { s.testStalledRank(t) })
 	optional(ep.FeatureMaskStalledRanks, s.testMaskStalledRank)
 }

@@ -86,6 +86,9 @@ type bench[E ep.Element] struct {
 	nout         ep.Tensor[E]    // its result
 	nbytes       float64         // the bytes of its rows
 	cbytes       float64         // -combine fp8: the bytes of the combine's codes and scales
+	flat         *ep.Group[E]    // -layout expert-major in HT: the flat layout, plus the user's permutation
+	perm         *permutation[E]
+	fout         ep.Tensor[E] // its result
 }
 
 func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E], err error) {
@@ -96,16 +99,24 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 			made.close()
 		}
 	}()
-	cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
-		TopK: c.topk, Timeout: o.timeout, Backend: devices[o.device]}
+	cfg := c.groupConfig(o)
 	if c.wire().FP8() || c.combineFP8 { // the same work in the element type, timed in the same rounds
-		if b.native, err = ep.NewGroup[E](world, cfg); err != nil {
+		native := cfg
+		native.Wire = ep.WireNative
+		if b.native, err = ep.NewGroup[E](world, native); err != nil {
 			return nil, err
 		}
-		cfg.Wire = c.wire()
 		if c.combineFP8 {
 			cfg.CombineWire = ep.WireFP8
 		}
+	}
+	if c.permuted(o) {
+		flat := cfg
+		flat.Layout, flat.ExpertAlignment, flat.MaxRecvTokensPerRank = ep.LayoutFlat, 0, 0
+		if b.flat, err = ep.NewGroup[E](world, flat); err != nil {
+			return nil, err
+		}
+		b.perm = newPermutation[E](c.hidden, c.topk, b.flat.LocalExperts(), o.align)
 	}
 	if b.g, err = ep.NewGroup[E](world, cfg); err != nil {
 		return nil, err
@@ -134,6 +145,11 @@ func newBench[E ep.Element](world *mpi.Comm, c config, o *options) (b *bench[E],
 	}
 	if b.base != nil {
 		b.bx, b.bout = ep.Host(host), ep.Host(make([]E, len(host)))
+	}
+	if b.flat != nil {
+		if b.fout, err = ep.Alloc[E](b.flat.Memory(), len(host)); err != nil {
+			return nil, err
+		}
 	}
 	if b.cpu != nil {
 		b.cx, b.cout = ep.Host(host), ep.Host(make([]E, len(host)))
@@ -200,7 +216,7 @@ func tensors[E ep.Element](g *ep.Group[E], host []E) (x, out ep.Tensor[E], err e
 }
 
 func (b *bench[E]) close() {
-	for _, t := range []ep.Tensor[E]{b.x, b.out, b.nout} {
+	for _, t := range []ep.Tensor[E]{b.x, b.out, b.nout, b.fout} {
 		_ = ep.Free(t)
 	}
 	for _, t := range []ep.Tensor[byte]{b.dsrc, b.ddst} {
@@ -214,6 +230,9 @@ func (b *bench[E]) close() {
 	}
 	if b.native != nil {
 		_ = b.native.Close()
+	}
+	if b.flat != nil {
+		_ = b.flat.Close()
 	}
 	if b.g != nil {
 		_ = b.g.Close()

@@ -30,6 +30,8 @@ type options struct {
 	planRanks, planNodes            int
 	timeout                         time.Duration
 	device                          string // cpu, emulate or cuda
+	layout                          ep.RecvLayout
+	align, maxRecv                  int
 }
 
 // devices are the -device values: the backend each measures (nil: ep's
@@ -68,6 +70,10 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	device := fs.String("device", "cpu", "cpu (ep's CPU engine), emulate (the GPU backend on an emulated device) or cuda (the GPU backend on each rank's GPU); with a device, the CPU engine runs beside it, checks its results and is timed too")
 	planRanks := fs.Int("plan", 0, "print, for this many ranks (no MPI, nothing allocated), each configuration's buffers (ep.BufferPlan) and exit")
 	planNodes := fs.Int("plan-nodes", 1, "the nodes -plan spreads the ranks over")
+	layout := fs.String("layout", "default", "the receive layout: default (the mode's own), expert-major, rank-major (LL) or flat (HT); "+
+		"with -mode ht and expert-major, the flat layout plus the permutation a user writes to get the same zones is timed beside it")
+	align := fs.Int("align", 0, "with -layout expert-major in HT: each expert's zone padded to a multiple of this many rows (a power of two)")
+	maxRecv := fs.Int("max-recv", 0, "ep.Config.MaxRecvTokensPerRank of the measured groups (0: the worst case; HT expert-major's worst case is every pair of every rank)")
 	latency := fs.Bool("latency", false, "LL latency sweep: tokens 1, 2, 4, ... 128 per rank (-tokens sets the sweep's largest), "+
 		"with the flag round trip between two ranks of a node measured beside it")
 	fs.Usage = func() {
@@ -82,11 +88,14 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	}
 	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
 		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes,
-		device: *device, floor: *floor, timeline: *timeline}
+		device: *device, floor: *floor, timeline: *timeline, align: *align, maxRecv: *maxRecv}
 	if _, ok := devices[o.device]; !ok {
 		return nil, fmt.Errorf("-device: %q is not cpu, emulate or cuda", o.device)
 	}
 	var err error
+	if o.layout, err = ep.ParseRecvLayout(*layout); err != nil {
+		return nil, fmt.Errorf("-layout: %w", err)
+	}
 	for _, m := range strings.Split(*modes, ",") {
 		mode, err := ep.ParseMode(strings.TrimSpace(m))
 		if err != nil {
@@ -173,6 +182,20 @@ func (c config) String() string {
 		combine = " combine=fp8"
 	}
 	return fmt.Sprintf("%v %s tokens=%d hidden=%d topk=%d experts=%d%s", c.mode, c.dtype, c.tokens, c.hidden, c.topk, c.experts, combine)
+}
+
+// groupConfig is the ep.Config of a configuration's measured groups.
+func (c config) groupConfig(o *options) ep.Config {
+	return ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
+		TopK: c.topk, Timeout: o.timeout, Backend: devices[o.device], Wire: c.wire(), Layout: o.layout,
+		ExpertAlignment: o.align, MaxRecvTokensPerRank: o.maxRecv}
+}
+
+// permuted says whether the configuration times HT's flat layout plus a
+// user's permutation beside the expert-major layout (in the element type:
+// not with -dtype fp8).
+func (c config) permuted(o *options) bool {
+	return c.mode == ep.HighThroughput && o.layout == ep.LayoutExpertMajor && !c.wire().FP8()
 }
 
 // wire is the wire format of a configuration's dispatch.

@@ -26,6 +26,7 @@ func TestFlagErrorsNameTheValue(t *testing.T) {
 		{[]string{"-iters", "0"}, "-iters 0"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"-device", "gpu"}, `-device: "gpu" is not cpu, emulate or cuda`},
+		{[]string{"-layout", "zones"}, `-layout: ep: unknown receive layout "zones"`},
 	} {
 		var out, errb bytes.Buffer
 		code := run(&out, &errb, tc.args)
@@ -190,4 +191,48 @@ func TestLatencySweep(t *testing.T) {
 	for _, want := range []string{"flag round trip between two ranks of a node", "round us", "x flag", "data us", "x data", "alltoallv"} {
 		assert.Contains(t, string(out), want)
 	}
+}
+
+// -layout expert-major in HT: ep's expert-major layout timed beside the
+// flat layout plus the user's permutation into the same zones, which the
+// run checks against ep's (zone offsets, rows and weights bit for bit, and
+// the combines), on one node and on simulated nodes; LL's rank-major
+// layout runs too.
+func TestBenchLayouts(t *testing.T) {
+	mpitesting.RequireTool(t, "mpirun")
+	bin := filepath.Join(t.TempDir(), "ep-bench")
+	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, tc := range []struct {
+		np      int
+		perNode string
+	}{{2, ""}, {4, "2"}} {
+		args := append(mpitesting.MPIRunArgs(tc.np), "-x", "GOEP_RANKS_PER_NODE="+tc.perNode, bin, "-json", "-mode", "ht",
+			"-layout", "expert-major", "-align", "8", "-dtype", "bf16,f32", "-tokens", "0,24", "-hidden", "64", "-topk", "3",
+			"-experts", "8", "-iters", "2", "-warmup", "1")
+		out, err := exec.Command("mpirun", args...).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		n := 0
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		for sc.Scan() {
+			line := strings.TrimSpace(sc.Text())
+			if !strings.HasPrefix(line, "{") {
+				continue
+			}
+			n++
+			var r map[string]any
+			require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+			assert.Equal(t, "expert-major", r["layout"], line)
+			assert.Equal(t, 8.0, r["expert_alignment"], line)
+			for _, k := range []string{"flat_permute_dispatch_us", "flat_permute_combine_us", "expert_major_speedup"} {
+				require.Contains(t, r, k, line)
+				assert.Greater(t, r[k].(float64), 0.0, "%s in %s", k, line)
+			}
+		}
+		assert.Equal(t, 2*2, n, "one line per dtype x tokens in:\n%s", out)
+	}
+	out, err = exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-mode", "ll", "-layout", "rank-major", "-tokens", "16",
+		"-hidden", "32", "-topk", "2", "-experts", "4", "-iters", "2")...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "receive layout: rank-major")
 }

@@ -14,8 +14,8 @@ import (
 // launched (NewGroup refuses what a node cannot give, before allocating).
 func plan(stdout, stderr io.Writer, o *options) int {
 	for _, c := range o.configs() {
-		cfg := ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden, TopK: c.topk,
-			Wire: c.wire()}
+		cfg := c.groupConfig(o)
+		cfg.Backend, cfg.Timeout = nil, 0
 		elem := ep.BFloat16
 		if c.dtype == "f32" {
 			elem = ep.Float32

@@ -11,6 +11,13 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 	fmt.Fprintf(w, "ep-bench %s %s: %d ranks on %d node(s), %d tokens/rank, hidden %d, top-%d, %d experts; %.1f MB/rank per call; median of %d, slowest rank\n",
 		r.Mode, r.DType, r.Ranks, r.Nodes, r.Tokens, r.Hidden, r.TopK, r.Experts, r.BytesPerRank/1e6, r.Iters)
 	fmt.Fprintf(w, "  buffers: %.1f MB per rank\n", float64(r.BufferBytesPerRank)/1e6)
+	if r.Layout != "" {
+		fmt.Fprintf(w, "  receive layout: %s", r.Layout)
+		if r.ExpertAlignment > 1 {
+			fmt.Fprintf(w, ", zones aligned to %d rows", r.ExpertAlignment)
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "  %-22s %12s %10s %12s %10s %12s\n", "", "dispatch us", "GB/s", "combine us", "GB/s", "total us")
 	name := "ep (goep)"
 	if r.Device != "" {
@@ -49,6 +56,15 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 	if r.FlatNetworkBytesPerCall > 0 {
 		fmt.Fprintf(w, "  across nodes per dispatch+combine, all ranks: ep %.1f MB, a flat exchange (alltoallv) %.1f MB (%.2fx)\n",
 			r.NetworkBytesPerCall/1e6, r.FlatNetworkBytesPerCall/1e6, r.NetworkBytesPerCall/r.FlatNetworkBytesPerCall)
+	}
+	if r.FlatPermuteDispatchUS > 0 {
+		fmt.Fprintf(w, "  %-22s %12.1f %10s %12.1f %10s %12.1f\n", "flat + permutation", r.FlatPermuteDispatchUS, "",
+			r.FlatPermuteCombineUS, "", r.FlatPermuteDispatchUS+r.FlatPermuteCombineUS)
+		saved := r.FlatPermuteDispatchUS + r.FlatPermuteCombineUS - r.DispatchUS - r.CombineUS
+		fmt.Fprintf(w, "  expert-major saves %.1f us per round (medians: dispatch %.1f, combine %.1f); flat + permutation takes %.2fx its time, its dispatch %.2fx (medians of each round's ratio)\n",
+			saved, r.FlatPermuteDispatchUS-r.DispatchUS, r.FlatPermuteCombineUS-r.CombineUS, r.ExpertMajorSpeedup, r.ExpertMajorDispatchSpeedup)
+		fmt.Fprintf(w, "  (flat + permutation: the flat dispatch and the rows copied into the same zones, %.1f us of it; the zone rows summed back into the flat rows, %.1f us, and the flat combine)\n",
+			r.PermuteUS, r.UnpermuteUS)
 	}
 	if r.FP8CombineSpeedup > 0 {
 		fmt.Fprintf(w, "  %-22s %12.1f %10s %12.1f %10s %12.1f\n", "ep, bf16 combine", r.BF16DispatchUS, "", r.BF16CombineUS, "",

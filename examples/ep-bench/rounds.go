@@ -18,6 +18,7 @@ import (
 type samples struct {
 	dispatch, combine, baseDispatch, baseCombine, cpuDispatch, cpuCombine, memcpy, deviceCopy []float64
 	nativeDispatch, nativeCombine                                                             []float64    // -dtype fp8: the same in bf16
+	flatDispatch, flatCombine, permute, unpermute                                             []float64    // -layout expert-major: the flat layout and the user's permutation, and the latter alone
 	floorA2A, floorP2P                                                                        [2][]float64 // across nodes: the network floor's exchanges, dispatch and combine
 	epCPU, floorCPU                                                                           []float64    // this rank's processor time in ep's dispatch+combine and in the floor's point-to-point exchanges
 	steady, baseSteady                                                                        []float64    // -latency: a round's mean time over each burst
@@ -99,6 +100,12 @@ func (b *bench[E]) rounds() (*samples, error) {
 				return nil, err
 			}
 		}
+		var d5, c5, p5, u5 time.Duration
+		if b.flat != nil {
+			if d5, c5, p5, u5, err = b.flatRound(i == 0 && b.o.validate); err != nil {
+				return nil, err
+			}
+		}
 		if b.base != nil {
 			if d2, c2, err = round(b.world, b.base, b.bx, b.bout, b.topk, b.weights); err != nil {
 				return nil, err
@@ -136,6 +143,8 @@ func (b *bench[E]) rounds() (*samples, error) {
 			s.cpuDispatch, s.cpuCombine = append(s.cpuDispatch, us(d3)), append(s.cpuCombine, us(c3))
 			s.memcpy, s.deviceCopy = append(s.memcpy, us(m)), append(s.deviceCopy, us(dc))
 			s.nativeDispatch, s.nativeCombine = append(s.nativeDispatch, us(d4)), append(s.nativeCombine, us(c4))
+			s.flatDispatch, s.flatCombine = append(s.flatDispatch, us(d5)), append(s.flatCombine, us(c5))
+			s.permute, s.unpermute = append(s.permute, us(p5)), append(s.unpermute, us(u5))
 			s.floorA2A[0], s.floorA2A[1] = append(s.floorA2A[0], us(a2a[0])), append(s.floorA2A[1], us(a2a[1]))
 			s.floorP2P[0], s.floorP2P[1] = append(s.floorP2P[0], us(p2p[0])), append(s.floorP2P[1], us(p2p[1]))
 			s.epCPU, s.floorCPU = append(s.epCPU, us(epCPU)), append(s.floorCPU, us(floorCPU))
@@ -161,6 +170,67 @@ func round[E ep.Element](world *mpi.Comm, g *ep.Group[E], x, out ep.Tensor[E], t
 		func() error { return g.Combine(h, h.CombineBuffer(), out, nil) })
 }
 
+// flatRound times what a user of the flat layout does to get the zones of
+// the expert-major layout: the flat dispatch and the permutation into
+// zones, then (the experts being identity, the zones are their outputs) the
+// sums of each row's zone rows back into the flat rows, in the flat
+// group's combine buffer, and the flat combine; and the permutation and
+// the sums back alone. check compares the zones with the expert-major
+// group's, and the results.
+func (b *bench[E]) flatRound(check bool) (d, c, perm, unperm time.Duration, err error) {
+	var h ep.Handle[E]
+	d, c, err = timeRound(b.world,
+		func() (err error) {
+			if h, err = b.flat.Dispatch(b.x, b.topk, b.weights); err != nil {
+				return err
+			}
+			t0 := time.Now()
+			err = b.perm.permute(h)
+			perm = time.Since(t0)
+			return err
+		}, nil,
+		func() error {
+			t0 := time.Now()
+			b.perm.unpermute(h.CombineBuffer().Host(), h.NumRecv())
+			unperm = time.Since(t0)
+			return b.flat.Combine(h, h.CombineBuffer(), b.fout, nil)
+		})
+	if err != nil || !check {
+		return d, c, perm, unperm, err
+	}
+	return d, c, perm, unperm, b.checkFlat()
+}
+
+// checkFlat compares the user's zones with a dispatch of the expert-major
+// group, and their combines.
+func (b *bench[E]) checkFlat() error {
+	em, err := b.g.Dispatch(b.x, b.topk, b.weights)
+	if err != nil {
+		return err
+	}
+	if err := b.perm.checkSameZones(em); err != nil {
+		return err
+	}
+	if err := b.g.Combine(em, em.Recv(), b.out, nil); err != nil {
+		return err
+	}
+	got, err := ep.ToHost(b.out)
+	if err != nil {
+		return err
+	}
+	want, err := ep.ToHost(b.fout)
+	if err != nil {
+		return err
+	}
+	for i := range want { // the flat path rounds each row's sum once more
+		x, y := float64(ep.Float32Of(got[i])), float64(ep.Float32Of(want[i]))
+		if math.Abs(x-y) > 2e-2*(1+math.Abs(y)) {
+			return fmt.Errorf("validation: the expert-major combine differs from the flat one after the permutation at element %d: %v, want %v", i, x, y)
+		}
+	}
+	return nil
+}
+
 // dequantizeValid writes the valid received rows of an FP8 dispatch,
 // dequantized, into its combine buffer (host memory).
 func dequantizeValid[E ep.Element](g *ep.Group[E], h ep.Handle[E]) error {
@@ -170,9 +240,15 @@ func dequantizeValid[E ep.Element](g *ep.Group[E], h ep.Handle[E]) error {
 	if codes == nil || y == nil {
 		return errors.New("ep-bench: -dtype fp8 needs a backend on host memory")
 	}
-	blocks := [][2]int{{0, h.NumRecv()}}  // HT: the first NumRecv rows
-	if g.Config().Mode == ep.LowLatency { // LL: the first count rows of each expert's block
-		span := g.Size() * g.Config().MaxTokensPerRank
+	blocks := [][2]int{{0, h.NumRecv()}} // HT: the first NumRecv rows
+	switch cfg := g.Config(); {
+	case cfg.Mode == ep.LowLatency && cfg.Layout == ep.LayoutRankMajor: // the first count rows of each source's block
+		blocks = blocks[:0]
+		for s, n := range h.SourceCounts() {
+			blocks = append(blocks, [2]int{s * cfg.MaxTokensPerRank, s*cfg.MaxTokensPerRank + n})
+		}
+	case cfg.Mode == ep.LowLatency: // the first count rows of each expert's block
+		span := g.Size() * cfg.MaxTokensPerRank
 		blocks = blocks[:0]
 		for l, n := range h.ExpertCounts() {
 			blocks = append(blocks, [2]int{l * span, l*span + n})

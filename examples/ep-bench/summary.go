@@ -17,7 +17,8 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 	mine := []float64{median(s.dispatch), median(s.combine), median(s.baseDispatch), median(s.baseCombine), median(s.memcpy), b.bytes,
 		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy), median(s.nativeDispatch), median(s.nativeCombine), b.nbytes,
 		median(s.steady), median(s.baseSteady), median(s.floorA2A[0]), median(s.floorA2A[1]), b.floorBytes(),
-		median(s.floorP2P[0]), median(s.floorP2P[1]), median(s.epCPU), median(s.floorCPU)}
+		median(s.floorP2P[0]), median(s.floorP2P[1]), median(s.epCPU), median(s.floorCPU),
+		median(s.flatDispatch), median(s.flatCombine), median(s.permute), median(s.unpermute)}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
@@ -80,6 +81,16 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 				return nil, err
 			}
 		}
+	}
+	if b.o.layout != ep.LayoutDefault {
+		res.Layout, res.ExpertAlignment = b.o.layout.String(), b.o.align
+	}
+	if b.flat != nil {
+		res.FlatPermuteDispatchUS, res.FlatPermuteCombineUS = slices.Max(col(21)), slices.Max(col(22))
+		if res.ExpertMajorSpeedup, res.ExpertMajorDispatchSpeedup, err = b.layoutRatios(s); err != nil {
+			return nil, err
+		}
+		res.PermuteUS, res.UnpermuteUS = slices.Max(col(23)), slices.Max(col(24))
 	}
 	if b.native != nil {
 		res.BF16DispatchUS, res.BF16CombineUS, res.BF16BytesPerRank = slices.Max(col(9)), slices.Max(col(10)), mean(col(11))
@@ -144,6 +155,35 @@ func (b *bench[E]) pairedRatios(s *samples) (ep, base float64, err error) {
 		return median(re), 0, nil
 	}
 	return median(re), median(rb), nil
+}
+
+// layoutRatios are the flat layout plus the permutation's time over the
+// expert-major layout's, dispatch+combine and dispatch alone, each the
+// median over the timed rounds of the round's ratio (the slowest ranks'),
+// so that the machine's drift between rounds cancels.
+func (b *bench[E]) layoutRatios(s *samples) (total, dispatch float64, err error) {
+	n := len(s.dispatch)
+	mine := make([]float64, 4*n)
+	for i := 0; i < n; i++ {
+		mine[4*i], mine[4*i+1] = s.dispatch[i], s.combine[i]
+		mine[4*i+2], mine[4*i+3] = s.flatDispatch[i], s.flatCombine[i]
+	}
+	R := b.world.Size()
+	all := make([]float64, len(mine)*R)
+	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
+		return 0, 0, err
+	}
+	var rt, rd []float64
+	for i := 0; i < n; i++ {
+		var v [4]float64
+		for r := 0; r < R; r++ {
+			for j := range v {
+				v[j] = max(v[j], all[r*len(mine)+4*i+j])
+			}
+		}
+		rt, rd = append(rt, (v[2]+v[3])/(v[0]+v[1])), append(rd, v[2]/v[0])
+	}
+	return median(rt), median(rd), nil
 }
 
 // floorBytes is what this rank sends across nodes in the floor's exchange.

@@ -81,6 +81,23 @@ type Record struct {
 	CombineBytesPerRank     float64 `json:"combine_bytes_per_rank,omitempty"`
 	FP8CombineSpeedup       float64 `json:"fp8_combine_speedup,omitempty"`
 	BF16NetworkBytesPerCall float64 `json:"bf16_network_bytes_per_call,omitempty"`
+	// Layout is the receive layout measured (ep.Config.Layout), absent for
+	// the modes' own. With HT's expert-major layout: its zone alignment,
+	// and the flat layout by the same backend plus the permutation a user
+	// writes to get the same zones (dispatch) and to sum the expert outputs
+	// back into the flat rows (combine), timed in the same rounds; its time
+	// over the expert-major layout's, the median over the rounds of each
+	// round's ratio (slowest ranks), dispatch+combine and the dispatch
+	// alone; and the permutation and the sums back alone (Go copies, and
+	// Go loops for the sums).
+	Layout                     string  `json:"layout,omitempty"`
+	ExpertAlignment            int     `json:"expert_alignment,omitempty"`
+	FlatPermuteDispatchUS      float64 `json:"flat_permute_dispatch_us,omitempty"`
+	FlatPermuteCombineUS       float64 `json:"flat_permute_combine_us,omitempty"`
+	ExpertMajorSpeedup         float64 `json:"expert_major_speedup,omitempty"`
+	ExpertMajorDispatchSpeedup float64 `json:"expert_major_dispatch_speedup,omitempty"`
+	PermuteUS                  float64 `json:"permute_us,omitempty"`
+	UnpermuteUS                float64 `json:"unpermute_us,omitempty"`
 
 	// FlagRoundTripUS is the floor of a flag exchange between ranks 0 and 1
 	// of a node, measured in the same run (ep-bench -latency); absent when

@@ -1,0 +1,358 @@
+package ep
+
+import (
+	"math"
+	"unsafe"
+
+	"github.com/goep/goep/internal/dtype"
+)
+
+// LowLatency's rank-major layout (Config.Layout LayoutRankMajor), for a call
+// with sequence number q on buffer set b. Each source has a fixed block of
+// MaxTokensPerRank rows at every rank, so no count round is needed and no
+// row moves after it lands:
+//
+//	dispatch send: wait until the node's ranks are done with set b (the
+//	  payloads of their last data flags say so, else flagDone); write each
+//	  token once per rank that owns one of its experts, into row
+//	  me*M + (its place among the tokens to that rank) of that rank's
+//	  block, with its token index, top-k ids as the receiver keeps them
+//	  (local or global, -1 elsewhere) and weights (0 elsewhere): straight
+//	  into a node peer's segment, or through the outbox into another
+//	  node's staging; raise the data flag everywhere, the tokens per rank
+//	  riding on it.
+//	dispatch wait: wait for every data flag; read the rows per source from
+//	  them; settle the rows staged by other nodes into their blocks.
+//	combine send: say where the outputs are (in place, or copied into the
+//	  combine buffer) and expose each source of another node its block;
+//	  raise combine-ready, its payload saying where.
+//	combine wait: wait for every combine-ready; sum each token's rows,
+//	  ranks in order, unweighted (the expert side applied the weights);
+//	  tell the node's ranks their buffers are free.
+type llRankMode struct {
+	e                        *engine
+	R, L, M, K, H, rowBytes  int
+	global                   bool
+	wire                     rowFormat
+	recv, outbox             [2]rowArea // [R*M] rows; [M*min(K,R)] rows for other nodes
+	tok, topk, w, comb, vals [2]region
+	stage                    [2]rowArea // [R*M]: source s at s*M
+	stok, stopk, sw          [2]region
+	cstage, cvals            [2]region // [R*M]: expert rank r's outputs of this rank's tokens at r*M
+	obase                    []int     // per rank of another node: its first row in the outbox
+	sent                     [2]uint64
+	lists                    [][]int32 // per rank: the tokens it gets, in order
+	meta                     []byte    // metadata of the rows for other nodes, packed
+	tables                   *reduceTables
+	where                    []uint32
+	vp                       addrTable
+	views                    [2]Received
+}
+
+// llRankState is what a rank-major dispatch keeps for its wait and combine.
+type llRankState struct {
+	source []int // [R]: rows from each source
+	expert []int // [L]: rows whose top-k names each local expert
+}
+
+func newLLRank(e *engine, seg, win *arena) (*llRankMode, error) {
+	m := layoutLLRank(e.spec, e.t.size, seg, win)
+	m.e = e
+	m.obase = make([]int, m.R)
+	m.lists = make([][]int32, m.R)
+	var err error
+	m.tables, err = newReduceTables(m.M*min(m.K, m.R), m.M, e.tune.reduceInC)
+	return m, err
+}
+
+// free releases what the mode holds outside Go's memory.
+func (m *llRankMode) free() { m.tables.free() }
+
+// layoutLLRank places the rank-major areas of a group of R ranks (what
+// BufferPlan lists too).
+func layoutLLRank(s Spec, R int, seg, win *arena) *llRankMode {
+	m := &llRankMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
+		rowBytes: s.RowBytes, global: s.RecvIDs == GlobalExpertIDs, wire: newRowFormat(s)}
+	rows, K := R*m.M, m.K
+	for b := 0; b < 2; b++ {
+		set := [2]string{" (set 0)", " (set 1)"}[b]
+		m.recv[b] = seg.takeRows("LL rank-major received rows"+set, rows, m.wire)
+		m.tok[b] = seg.take("LL rank-major received tokens"+set, rows, 4)
+		m.topk[b] = seg.take("LL rank-major received top-k ids"+set, rows, 4*K)
+		m.w[b] = seg.take("LL rank-major received weights"+set, rows, 4*K)
+		m.comb[b] = seg.take("LL rank-major combine buffer"+set, rows, m.rowBytes)
+		m.vals[b] = seg.take("LL rank-major row values"+set, rows, 4*K)
+		m.outbox[b] = seg.takeRows("LL rank-major outbox for other nodes"+set, m.M*min(K, R), m.wire)
+		m.stage[b] = win.takeRows("LL rank-major rows from other nodes"+set, rows, m.wire)
+		m.stok[b] = win.take("LL rank-major tokens from other nodes"+set, rows, 4)
+		m.stopk[b] = win.take("LL rank-major top-k ids from other nodes"+set, rows, 4*K)
+		m.sw[b] = win.take("LL rank-major weights from other nodes"+set, rows, 4*K)
+		m.cstage[b] = win.take("LL rank-major expert outputs from other nodes"+set, rows, m.rowBytes)
+		m.cvals[b] = win.take("LL rank-major row values from other nodes"+set, rows, 4*K)
+	}
+	return m
+}
+
+// newState is a dispatch's state, sized for any routing (StateMaker).
+func (m *llRankMode) newState() any { return m.state(&Dispatch{}) }
+
+// reserve sizes the mode's scratch for any routing.
+func (m *llRankMode) reserve() {
+	n := m.M * min(m.K, m.R) // rows this rank sends in one dispatch
+	for r := range m.lists {
+		m.lists[r] = make([]int32, 0, m.M)
+	}
+	m.meta = make([]byte, 0, 4*n*(1+2*m.K))
+	m.where = make([]uint32, 0, m.R)
+	m.vp.reserve(n)
+	m.wire.reserve(n)
+}
+
+func (m *llRankMode) state(d *Dispatch) *llRankState {
+	st, ok := d.State.(*llRankState)
+	if !ok {
+		st = &llRankState{}
+		d.State = st
+	}
+	st.source = growTo(st.source, m.R)
+	st.expert = growTo(st.expert, m.L)
+	return st
+}
+
+// readersDone says whether every node peer is known, from the payload of
+// its data flag on the other set, to have finished the last combine on set
+// b (as llMode.readersDone).
+func (m *llRankMode) readersDone(b int) bool {
+	e, t := m.e, &m.e.t
+	last := e.last[b]
+	if last == 0 {
+		return true
+	}
+	if last > math.MaxUint32 {
+		return false
+	}
+	for _, p := range t.nodeRanks {
+		if p != t.me && t.flagPayload(flagData, b^1, p, p) < uint32(last) {
+			return false
+		}
+	}
+	return true
+}
+
+// doneWord is the payload of this rank's data flag on set b^1: the last
+// combine on set c = b^1 it finished (0 when too large: the next dispatch on
+// c then waits for flagDone).
+func (m *llRankMode) doneWord(c int) uint32 {
+	if last := m.e.last[c]; last <= math.MaxUint32 {
+		return uint32(last)
+	}
+	return 0
+}
+
+func (m *llRankMode) send(d *Dispatch) error {
+	e, t := m.e, &m.e.t
+	op := e.names.dispatch
+	b, me, rt, K, M := d.Set, t.me, d.Route, m.K, m.M
+	m.state(d)
+	if !m.readersDone(b) {
+		if err := t.awaitReaders(op, b, e.last[b]); err != nil {
+			return err
+		}
+	}
+	if err := t.awaitSent(op, m.sent[b]); err != nil { // the outbox's last rows have left
+		return err
+	}
+	next := 0
+	for _, r := range t.remote {
+		m.obase[r] = next
+		next += int(rt.PerRank[r])
+	}
+	for r := range m.lists {
+		m.lists[r] = m.lists[r][:0]
+	}
+	for tk := 0; tk < rt.T; tk++ {
+		for r := 0; r < m.R; r++ {
+			if o := int(rt.TokRankOrd[tk*m.R+r]); o >= 0 {
+				t.writeRow(m.wire, r, m.recv[b], me*M+o, m.outbox[b], m.obase[r]+o, tk)
+				m.lists[r] = append(m.lists[r], int32(tk))
+			}
+		}
+	}
+	m.wire.flush(hostBytes(d.X), hostBytes(d.Scales))
+	for _, r := range t.remote {
+		t.exposeRows(r, m.outbox[b], m.obase[r], int(rt.PerRank[r]), m.stage[b], me*M)
+	}
+	var err error
+	if m.sent[b], err = t.flushInPlace(); err != nil {
+		return err
+	}
+	// The metadata: into node peers' blocks, and packed for other nodes'.
+	m.meta = growTo(m.meta, 4*next*(1+2*K))
+	base := unsafe.Pointer(unsafe.SliceData(m.meta))
+	for r := 0; r < m.R; r++ {
+		n := len(m.lists[r])
+		if n == 0 {
+			continue
+		}
+		if t.local[r] {
+			row := me * M
+			htMeta(t.lsa(r, m.tok[b].at(row)), t.lsa(r, m.topk[b].at(row)), t.lsa(r, m.w[b].at(row)),
+				m.lists[r], nil, d.TopK, d.Weights, K, m.L, r, m.global)
+			continue
+		}
+		tok, ids, w := 4*m.obase[r], 4*(next+m.obase[r]*K), 4*(next*(1+K)+m.obase[r]*K)
+		htMeta(unsafe.Add(base, tok), unsafe.Add(base, ids), unsafe.Add(base, w),
+			m.lists[r], nil, d.TopK, d.Weights, K, m.L, r, m.global)
+		t.post(r, -1, m.stok[b].at(me*M), int64(tok), 4*n)
+		t.post(r, -1, m.stopk[b].at(me*M), int64(ids), 4*n*K)
+		t.post(r, -1, m.sw[b].at(me*M), int64(w), 4*n*K)
+	}
+	if err := t.flush(m.meta); err != nil {
+		return err
+	}
+	return t.raise(t.all, flagData, b, me, d.Op, m.doneWord(b^1), dtype.Bytes(rt.PerRank))
+}
+
+func (m *llRankMode) wait(d *Dispatch) error {
+	e, t := m.e, &m.e.t
+	op := e.names.dispatch
+	b, me, K, M := d.Set, t.me, m.K, m.M
+	st := d.State.(*llRankState)
+	if err := t.await(op, "its rows", flagData, b, t.all, nil, d.Op); err != nil {
+		return err
+	}
+	total := 0
+	for s := 0; s < m.R; s++ {
+		if s == me {
+			st.source[s] = int(d.Route.PerRank[me])
+		} else {
+			st.source[s] = int(t.counts(flagData, b, s)[me])
+		}
+		c := st.source[s]
+		total += c
+		t.settleRows(s, m.stage[b], s*M, m.recv[b], s*M, s*M, c)
+		t.settle(s, m.stok[b].at(s*M), m.tok[b].at(s*M), m.tok[b].at(s*M), 4*c)
+		t.settle(s, m.stopk[b].at(s*M), m.topk[b].at(s*M), m.topk[b].at(s*M), 4*c*K)
+		t.settle(s, m.sw[b].at(s*M), m.w[b].at(s*M), m.w[b].at(s*M), 4*c*K)
+	}
+	t.flushLands()
+	lo := int32(0) // the id of local expert 0 among the received ids
+	if m.global {
+		lo = int32(me * m.L)
+	}
+	ids := unsafe.Slice((*int32)(t.lsa(me, m.topk[b].off)), m.R*M*K)
+	clear(st.expert)
+	for s, c := range st.source {
+		for _, id := range ids[s*M*K : (s*M+c)*K] {
+			if id >= 0 {
+				st.expert[id-lo]++
+			}
+		}
+	}
+	d.Recv = *m.viewsOf(b)
+	d.Recv.ExpertCounts, d.Recv.SourceCounts, d.Recv.NumRecv = st.expert, st.source, total
+	return nil
+}
+
+// viewsOf is what a dispatch on set b receives into, made once per set.
+func (m *llRankMode) viewsOf(b int) *Received {
+	v := &m.views[b]
+	if !v.Rows.IsZero() {
+		return v
+	}
+	e, rows, K := m.e, m.R*m.M, m.K
+	v.Rows = hostTensor[byte](e, m.recv[b].rows.off, m.recv[b].rows.len(rows))
+	v.Outputs = hostTensor[byte](e, m.comb[b].off, m.comb[b].len(rows))
+	v.Weights = hostTensor[float32](e, m.w[b].off, rows*K)
+	v.TopK = hostTensor[int32](e, m.topk[b].off, rows*K)
+	v.Tokens = hostTensor[int32](e, m.tok[b].off, rows)
+	if side := m.recv[b].side; side.stride > 0 {
+		v.Scales = hostTensor[float32](e, side.off, side.len(rows)/4)
+	}
+	return v
+}
+
+func (m *llRankMode) combineSend(c *Combine) error {
+	e, t := m.e, &m.e.t
+	d := c.Dispatch
+	b, me, M, K := d.Set, t.me, m.M, m.K
+	st := d.State.(*llRankState)
+	ysrc, area := ySrcComb, m.comb[b]
+	switch c.YIn {
+	case YInRows:
+		ysrc, area = ySrcRecv, m.recv[b].rows
+	case YElsewhere: // the valid rows into the combine buffer
+		y, comb := hostBytes(c.Y), hostBytes(d.Recv.Outputs)
+		for s, n := range st.source {
+			lo, hi := s*M*m.rowBytes, (s*M+n)*m.rowBytes
+			copy(comb[lo:hi], y[lo:hi])
+		}
+	}
+	if !c.RowValues.IsZero() {
+		copy(hostTensor[float32](e, m.vals[b].off, c.RowValues.Len()).Host(), c.RowValues.Host())
+		ysrc |= ySrcValues
+	}
+	for _, s := range t.remote {
+		if n := st.source[s]; n > 0 {
+			t.expose(s, area.at(s*M), m.cstage[b].at(me*M), area.len(n))
+			if ysrc&ySrcValues != 0 {
+				t.expose(s, m.vals[b].at(s*M), m.cvals[b].at(me*M), 4*n*K)
+			}
+		}
+	}
+	if err := t.flush(t.segBytes); err != nil {
+		return err
+	}
+	return t.raise(t.all, flagReady, b, me, c.Op, uint32(ysrc), nil)
+}
+
+func (m *llRankMode) combineWait(c *Combine) error {
+	e, t := m.e, &m.e.t
+	op := e.names.combine
+	d := c.Dispatch
+	b, me, rt, M, K := d.Set, t.me, d.Route, m.M, m.K
+	if err := t.await(op, "its expert outputs", flagReady, b, t.all, nil, c.Op); err != nil {
+		return err
+	}
+	m.where = growTo(m.where, m.R)
+	missing := -1
+	for r := range m.where {
+		m.where[r] = t.flagPayload(flagReady, b, r, r)
+		if !c.SlotValues.IsZero() && m.where[r]&ySrcValues == 0 && missing < 0 {
+			missing = r
+		}
+	}
+	withValues := !c.SlotValues.IsZero() && missing < 0
+	tab, n := m.tables, 0
+	m.vp.reset()
+	for tk := 0; tk < rt.T; tk++ {
+		tab.start[tk] = int32(n)
+		for r := 0; r < m.R; r++ {
+			o := int(rt.TokRankOrd[tk*m.R+r])
+			if o < 0 {
+				continue
+			}
+			area := m.comb[b]
+			if m.where[r]&ySrcComb == 0 {
+				area = m.recv[b].rows
+			}
+			tab.src[n], tab.w[n] = t.exposed(r, area.at(me*M+o), m.cstage[b].at(r*M+o)), 1
+			n++
+			if withValues {
+				m.vp.add(t.exposed(r, m.vals[b].at(me*M+o), m.cvals[b].at(r*M+o)))
+			}
+		}
+	}
+	tab.start[rt.T] = int32(n)
+	tab.reduce(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H, e.spec.Elem)
+	if withValues {
+		sumValues(c.SlotValues.Host(), &m.vp, tab.start[:rt.T+1], rt.T, K)
+	}
+	if err := t.releaseReaders(b, c.Op); err != nil {
+		return err
+	}
+	if missing >= 0 {
+		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
+	}
+	return nil
+}
