@@ -67,6 +67,7 @@ type htMode struct {
 	stok, stopk, sw region
 	sums, svals     region
 	sent, sentSums  uint64 // the in-place puts of the outbox and of the sums (awaitSent)
+	lastCombine     uint64 // the op of this group's last combine (its senders raise flagDone for it)
 
 	mine       []int32
 	lists      [][]int32 // per rank of this node: the tokens (or staged rows) it gets
@@ -746,6 +747,10 @@ func (m *htMode) combineSend(c *Combine) error {
 	if err := t.awaitReaders(e.names.combine, 0, e.last[0]); err != nil {
 		return err
 	}
+	// The last combine's sums may still be leaving from these buffers.
+	if err := t.awaitSent(e.names.combine, m.sentSums); err != nil {
+		return err
+	}
 	ysrc := ySrcComb
 	switch c.YIn {
 	case YInRows:
@@ -826,6 +831,12 @@ func (m *htMode) combineWait(c *Combine) error {
 	if err := t.releaseReaders(0, c.Op); err != nil {
 		return err
 	}
+	// Its rails may now send the next combine's sums into the staging this
+	// rank just reduced from (returnSums waits for this).
+	if err := t.raise(m.myRails, flagDone, 0, t.me, c.Op, 0, nil); err != nil {
+		return err
+	}
+	m.lastCombine = c.Op
 	if missing >= 0 {
 		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
 	}
@@ -841,6 +852,13 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 	K, M := m.K, m.M
 	if err := t.awaitSent(op, m.sentSums); err != nil { // the last sums have left
 		return err
+	}
+	// The senders have reduced the last combine's sums: this one's go to
+	// the same staging. (A dispatch since then has waited for them anyway.)
+	if m.lastCombine > 0 {
+		if err := t.await(op, "the end of its last combine", flagDone, 0, m.senderRanks, nil, m.lastCombine); err != nil {
+			return err
+		}
 	}
 	for i := range m.senders {
 		p := &st.fwd[i]

@@ -305,9 +305,8 @@ func checkLayoutRound[E ep.Element](t *testing.T, s Suite, c layoutCase, sc scen
 		}
 	}
 
-	// Dispatch again: an LL handle combines once, and an HT one combined
-	// twice in a row races across nodes today (the second combine's sums
-	// can reach the token's rank before it reduced the first's).
+	// Dispatch again (an LL handle combines once; HT's repeated combines
+	// are HTCombineRepeats').
 	h, err = g.Dispatch(x, in.topk, in.weights)
 	require.NoError(t, err)
 	out1 := zeros[E](t, g, in.T*H)
@@ -664,6 +663,10 @@ func (s Suite) checkInvalidLayoutConfigs(t *testing.T) {
 		{"unknown id kind", func(c *ep.Config) { c.RecvIDs = 5 }, "RecvIDs = ExpertIDKind(5)"},
 		{"masking rank-major", func(c *ep.Config) { c.Mode, c.Layout, c.MaskStalledRanks = ep.LowLatency, ep.LayoutRankMajor, true },
 			"MaskStalledRanks is not implemented with Layout = rank-major"},
+		{"dropping into zones", func(c *ep.Config) { c.Layout, c.Overflow = ep.LayoutExpertMajor, ep.OverflowDrop },
+			"Overflow = drop is not implemented with Layout = expert-major"},
+		{"an FP8 combine rank-major", func(c *ep.Config) { c.Mode, c.Layout, c.CombineWire = ep.LowLatency, ep.LayoutRankMajor, ep.WireFP8 },
+			"CombineWire = fp8 is not implemented with Layout = rank-major"},
 	} {
 		cfg := good
 		tc.edit(&cfg)

@@ -84,6 +84,7 @@ func Run(t *testing.T, s Suite) {
 	t.Run("Lifecycle", func(t *testing.T) { s.testLifecycle(t) })
 	t.Run("DispatchCombine", func(t *testing.T) { s.testDispatchCombine(t) })
 	t.Run("ScaledExperts", func(t *testing.T) { s.testScaledExperts(t) })
+	t.Run("HTCombineRepeats", func(t *testing.T) { s.testCombineRepeats(t) })
 	t.Run("ConsecutiveCallsBothBuffers", func(t *testing.T) { s.testConsecutiveCalls(t) })
 	t.Run("BackwardIsTranspose", func(t *testing.T) { s.testBackwardIsTranspose(t) })
 	t.Run("RowValuesReturnToSlots", func(t *testing.T) { s.testRowValues(t) })
