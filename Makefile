@@ -8,7 +8,7 @@ MPIRUN  ?= mpirun
 # More ranks than cores, and root (containers, CI), are normal here.
 MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-as-root)
 # Packages whose tests also run under mpirun (1, 2, 4, 8 ranks and simulated nodes).
-MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./gpu
+MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./moe/runs ./gpu
 MPI_TEST_NP   ?= 1,2,4,8
 MPI_TEST_SIM  ?= 4/2,8/4,8/2
 # The GPU backend on the emulated device (the ep conformance suite) and the emulator, at 1, 2 and 4
@@ -25,9 +25,9 @@ MPI_TEST_SERVE_SIM ?= 4/2
 # checks (GOEXPERIMENT=cgocheck2) on the multi-rank tests, at small sizes: -race at 2 ranks and 2
 # simulated nodes of 2, without ep's FP8 value sweeps (single-rank arithmetic that takes minutes
 # under -race and runs in test-unit and test-mpi); cgocheck2 at 2 ranks.
-RACE_TEST_PKGS     ?= ./ep ./moe ./mpi
+RACE_TEST_PKGS     ?= ./ep ./moe ./moe/runs ./mpi
 RACE_TEST_SKIP     ?= TestQuantizeFloat32Sweep|TestE4M3FromMatchesReference|TestQuantizeEveryBF16Value
-CGOCHECK_TEST_PKGS ?= ./ep ./moe ./mpi ./ep/epgpu ./gpu/emulator
+CGOCHECK_TEST_PKGS ?= ./ep ./moe ./moe/runs ./mpi ./ep/epgpu ./gpu/emulator
 
 export GOEP_REQUIRE_TOOLS = 1
 
@@ -101,9 +101,9 @@ test-unit: deps deps-nvrtc
 
 test-mpi: deps
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
-	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes; moe at 2+2+1
+	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes; moe and moe/runs at 2+2+1
 	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep
-	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2 ./moe
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2 ./moe ./moe/runs
 	# the serving loop (moe/serve): served tokens against the reference, overlap on and off, a stalled rank masked
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_SERVE_NP) -sim $(MPI_TEST_SERVE_SIM) ./moe/serve
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
@@ -172,8 +172,8 @@ test-slurm:
 ## test-cluster: goep across emulated hosts with their own network (root): scripts/cluster/cluster.sh brings
 ## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); mpi-hello and the mpi test
 ## binary run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host, the ep test binary across 2+2+1
-## (its dispatch and combine checks across 2x2 and 4x1 too), moe's across 2+2+1 (most of it across 2x2
-## and 4x1 too), a short training and ep-bench LL and HT against alltoallv across 2 hosts; then it
+## (its dispatch and combine checks across 2x2 and 4x1 too), moe's and moe/runs' across 2+2+1 (most of
+## them across 2x2 and 4x1 too), a short training and ep-bench LL and HT against alltoallv across 2 hosts; then it
 ## comes down and nothing may be left.
 test-cluster: deps
 	GO=$(GO) scripts/cluster/test-cluster.sh
