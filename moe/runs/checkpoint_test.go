@@ -230,3 +230,56 @@ func TestCorruptCheckpoint(t *testing.T) {
 	assert.Contains(t, err.Error(), `format attribute is "goep-moe-trace", want "goep-moe-checkpoint"`)
 	assert.True(t, paramsEqual(&before, tr.Layer().Params()), "a failed resume changed the parameters")
 }
+
+// Changes says, one sentence each, what a resume changes among the things
+// that may change (the ranks, the mode, the element type, the backend, the
+// tokens per rank), says when the global batch changes, and what becomes of
+// a grad sync's per-rank state on another number of ranks; nothing when
+// nothing changes. Compatible accepts each of them.
+func TestCheckpointChanges(t *testing.T) {
+	base := smallConfig(ep.LowLatency, moe.Float32)
+	base.Experts = 8
+	a2sgd, topk := syncConfigs()[1], syncConfigs()[2]
+	a2sgd.Experts, topk.Experts = 8, 8
+	for _, c := range []struct {
+		name    string
+		ck, now moe.TrainConfig
+		ranks   int      // the ranks of the resumed run (the checkpoint's: 4)
+		device  string   // the checkpoint's backend ("": written before backends were recorded)
+		want    []string // one sentence each, in order
+	}{
+		{"nothing", base, base, 4, "cpu", nil},
+		{"no backend recorded", base, base, 4, "", nil},
+		{"ranks, same batch", base, with(base, func(c *moe.TrainConfig) { c.Tokens = 64 }), 2, "cpu", []string{
+			"world size = 4 ranks in the checkpoint, 2 in this run: its 8 experts are resharded, 4 per rank",
+			"tokens per rank = 32 in the checkpoint, 64 in this run; the global batch is 128 tokens per step in both"}},
+		{"ranks, another batch", base, base, 8, "cpu", []string{
+			"world size = 4 ranks in the checkpoint, 8 in this run: its 8 experts are resharded, 1 per rank",
+			"the global batch changed: 4 ranks x 32 tokens = 128 tokens per step in the checkpoint, 8 x 32 = 256 in this run: the steps after 7 train on other tokens than an uninterrupted run would (keep tokens x ranks = 128 to train on the same)"}},
+		{"mode and dtype", base, with(base, func(c *moe.TrainConfig) { c.Mode, c.DType = ep.HighThroughput, moe.BFloat16 }), 4, "cpu", []string{
+			"mode = ll in the checkpoint, ht in this run", "dtype = f32 in the checkpoint, bf16 in this run"}},
+		{"backend", base, base, 4, "gpu:emulated", []string{
+			"backend = gpu:emulated in the checkpoint, cpu in this run: a checkpoint is the model, not the device; the run goes on on cpu"}},
+		{"topk on other ranks", topk, with(topk, func(c *moe.TrainConfig) { c.Tokens = 64 }), 2, "cpu", []string{
+			"world size = 4 ranks in the checkpoint, 2 in this run: its 8 experts are resharded, 4 per rank",
+			"grad sync topk:60: the 4 ranks' error feedback (gradient not yet applied) does not map onto 2 ranks: it is pooled and spread evenly, so that none of it is lost, though which rank holds what changes",
+			"tokens per rank = 32 in the checkpoint, 64 in this run; the global batch is 128 tokens per step in both"}},
+		{"a2sgd on other ranks", a2sgd, with(a2sgd, func(c *moe.TrainConfig) { c.Tokens = 64 }), 2, "cpu", []string{
+			"world size = 4 ranks in the checkpoint, 2 in this run: its 8 experts are resharded, 4 per rank",
+			"grad sync a2sgd: the 4 ranks' error feedback (gradient not yet applied) does not map onto 2 ranks: it is pooled and spread evenly, so that none of it is lost, though which rank holds what changes; every rank starts from rank 0's copy of the gate and the shared expert and of their Adam moments (a2sgd lets the ranks' copies drift apart; the others are dropped)",
+			"tokens per rank = 32 in the checkpoint, 64 in this run; the global batch is 128 tokens per step in both"}},
+		{"a2sgd on the same ranks", a2sgd, a2sgd, 4, "cpu", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ck := runs.CheckpointInfo{Path: "ckpt.h5", Step: 7, WorldSize: 4, Config: c.ck, Device: moe.Device{Backend: c.device}}
+			require.NoError(t, ck.Compatible(c.now, c.ranks))
+			assert.Equal(t, c.want, ck.Changes(c.now, c.ranks))
+		})
+	}
+}
+
+// with returns c changed by f.
+func with(c moe.TrainConfig, f func(*moe.TrainConfig)) moe.TrainConfig {
+	f(&c)
+	return c
+}
