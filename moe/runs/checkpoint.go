@@ -387,8 +387,8 @@ func (ck *CheckpointInfo) Changes(cfg moe.TrainConfig, worldSize int) []string {
 	return out
 }
 
-// SaveCheckpoint gathers tr's state to rank 0 (moe.Trainer.GatherState), which
-// writes it to path atomically as a checkpoint of run runID after
+// SaveCheckpoint gathers tr's state to rank 0 (moe.Trainer.GatherState),
+// which writes it to path atomically as a checkpoint of run runID after
 // tr.StepsDone() steps, with tr's configuration and device. Collective;
 // every rank returns the same outcome.
 func SaveCheckpoint(tr *moe.Trainer, path, runID string) error {

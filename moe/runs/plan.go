@@ -97,15 +97,15 @@ func (r *runFiles) describe() string {
 // groupRuns groups checkpoints (and the trace, if any) by run id, in order
 // of first appearance by step.
 func groupRuns(trace *TraceData, ckpts []*CheckpointInfo) []*runFiles {
-	var runs []*runFiles
+	var found []*runFiles
 	find := func(id string) *runFiles {
-		for _, r := range runs {
+		for _, r := range found {
 			if r.id == id {
 				return r
 			}
 		}
 		r := &runFiles{id: id}
-		runs = append(runs, r)
+		found = append(found, r)
 		return r
 	}
 	for _, c := range ckpts {
@@ -115,7 +115,7 @@ func groupRuns(trace *TraceData, ckpts []*CheckpointInfo) []*runFiles {
 	if trace != nil {
 		find(trace.RunID).trace = trace
 	}
-	return runs
+	return found
 }
 
 // move is a file to move aside, and where.
@@ -153,17 +153,17 @@ func planRun(o Options, ranks int, newID string, now time.Time) (*runPlan, error
 		return nil, fmt.Errorf("%w (the checkpoint directory %s must hold only this run's checkpoints)", err, o.CheckpointDir)
 	}
 	p := &runPlan{runID: newID}
-	runs := groupRuns(trace, ckpts)
+	found := groupRuns(trace, ckpts)
 
 	switch o.Resume {
 	case "":
-		if len(runs) == 0 && !unreadableTrace {
+		if len(found) == 0 && !unreadableTrace {
 			p.notes = append(p.notes, fmt.Sprintf("run %s: from scratch to step %d", newID, o.Steps))
 			return p, nil
 		}
 		if !o.Fresh {
 			var what []string
-			for _, r := range runs {
+			for _, r := range found {
 				what = append(what, r.describe())
 			}
 			return nil, fmt.Errorf("runs: refusing to start a new run (run_id %s) over another run's files: %s; -resume %s continues that run, -fresh moves its files aside and starts over",
@@ -191,14 +191,14 @@ func planRun(o Options, ranks int, newID string, now time.Time) (*runPlan, error
 		if unreadableTrace {
 			return nil, err
 		}
-		withCkpts := slices.DeleteFunc(slices.Clone(runs), func(r *runFiles) bool { return len(r.ckpts) == 0 })
+		withCkpts := slices.DeleteFunc(slices.Clone(found), func(r *runFiles) bool { return len(r.ckpts) == 0 })
 		switch {
-		case len(runs) == 0:
+		case len(found) == 0:
 			p.notes = append(p.notes, fmt.Sprintf("run %s: from scratch to step %d (no checkpoint in %s to resume from)", newID, o.Steps, o.CheckpointDir))
 			return p, nil
-		case len(runs) > 1:
+		case len(found) > 1:
 			var what []string
-			for _, r := range runs {
+			for _, r := range found {
 				what = append(what, r.describe())
 			}
 			where := o.CheckpointDir
@@ -206,14 +206,14 @@ func planRun(o Options, ranks int, newID string, now time.Time) (*runPlan, error
 				where += " and " + o.TracePath
 			}
 			return nil, fmt.Errorf("runs: cannot resume automatically: %s hold files of %d runs (run_id differs): %s; move the files of the run not to continue out of the way, or start over with -fresh (without -resume), which moves them all aside",
-				where, len(runs), strings.Join(what, "; "))
+				where, len(found), strings.Join(what, "; "))
 		case len(withCkpts) == 0:
 			return nil, fmt.Errorf("runs: cannot resume automatically: %s, but %s has no checkpoint of it to resume from; -fresh moves it aside and starts over",
-				runs[0].describe(), o.CheckpointDir)
-		case runs[0].id == "":
-			return nil, fmt.Errorf("runs: cannot resume automatically: %s; resume one explicitly with -resume PATH and another -ckpt-dir", runs[0].describe())
+				found[0].describe(), o.CheckpointDir)
+		case found[0].id == "":
+			return nil, fmt.Errorf("runs: cannot resume automatically: %s; resume one explicitly with -resume PATH and another -ckpt-dir", found[0].describe())
 		}
-		c := runs[0].ckpts
+		c := found[0].ckpts
 		return planResume(p, o, ranks, c[len(c)-1], trace, ckpts, true, now)
 
 	default:
