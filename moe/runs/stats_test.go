@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -111,29 +110,4 @@ func TestRunPerPeerStats(t *testing.T) {
 			assert.Equal(t, 3, strings.Count(string(dump), fmt.Sprintf("SIMPLE { ( %d, %d, %d ) / ( H5S_UNLIMITED, %d, %d ) }", N, R, R, R, R)), "%s", dump)
 		})
 	}
-}
-
-// A rank that sleeps between each step's forward and backward
-// (Options.BetweenPasses) is the one the others wait for, and the run's
-// result names it, with its host, as the straggler (FindStraggler over the
-// run's summed waits); with one rank there is no one to wait for.
-func TestRunNamesTheStraggler(t *testing.T) {
-	w := mpitesting.World
-	R := w.Size()
-	defer mpitesting.Agree(t, w)
-	slow := R - 1
-	o := runs.Options{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 3}
-	if w.Rank() == slow {
-		o.BetweenPasses = func(int64) { time.Sleep(30 * time.Millisecond) }
-	}
-	res, err := runs.Train(w, o)
-	require.NoError(t, err)
-	if R < 2 {
-		assert.Nil(t, res.Straggler, "one rank: no straggler")
-		return
-	}
-	require.NotNil(t, res.Straggler, "waits %v", res.WaitUS)
-	assert.Equal(t, slow, res.Straggler.Rank, "waits %v", res.WaitUS)
-	assert.Equal(t, res.Hosts[slow], res.Straggler.Host)
-	assert.GreaterOrEqual(t, res.Straggler.WaitedUS, runs.StragglerFactor*res.Straggler.OthersMeanUS)
 }
