@@ -16,6 +16,12 @@ MPI_TEST_SIM  ?= 4/2,8/4,8/2
 MPI_TEST_EMU_PKGS ?= ./ep/epgpu ./gpu/emulator
 MPI_TEST_EMU_NP   ?= 1,2,4
 MPI_TEST_EMU_SIM  ?= 4/2
+# Training runs (moe/runs: traces, checkpoints, resumes) at 1, 2 and 4 ranks and 2 and 4 simulated
+# nodes: what they gather, write and reshard is moe's State, whose own tests run at every rank count
+# above; a test binary of its own costs a launch per setting (about 1 s, and 3 to 10 s of tests at
+# 8 ranks here), so moe/runs skips the flat 8 ranks and the 2x4 split.
+MPI_TEST_RUNS_NP  ?= 1,2,4
+MPI_TEST_RUNS_SIM ?= 4/2,8/2
 # The serving loop (moe/serve) at 1, 2 and 4 ranks and 2 simulated nodes: about 40 s here (its
 # stalled-rank test stops a rank for 1.2 s in each of two runs per rank count).
 MPI_TEST_SERVE_NP  ?= 1,2,4
@@ -25,9 +31,9 @@ MPI_TEST_SERVE_SIM ?= 4/2
 # checks (GOEXPERIMENT=cgocheck2) on the multi-rank tests, at small sizes: -race at 2 ranks and 2
 # simulated nodes of 2, without ep's FP8 value sweeps (single-rank arithmetic that takes minutes
 # under -race and runs in test-unit and test-mpi); cgocheck2 at 2 ranks.
-RACE_TEST_PKGS     ?= ./ep ./moe ./mpi
+RACE_TEST_PKGS     ?= ./ep ./moe ./moe/runs ./mpi
 RACE_TEST_SKIP     ?= TestQuantizeFloat32Sweep|TestE4M3FromMatchesReference|TestQuantizeEveryBF16Value
-CGOCHECK_TEST_PKGS ?= ./ep ./moe ./mpi ./ep/epgpu ./gpu/emulator
+CGOCHECK_TEST_PKGS ?= ./ep ./moe ./moe/runs ./mpi ./ep/epgpu ./gpu/emulator
 
 export GOEP_REQUIRE_TOOLS = 1
 
@@ -101,9 +107,10 @@ test-unit: deps deps-nvrtc
 
 test-mpi: deps
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
-	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes; moe at 2+2+1
+	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_RUNS_NP) -sim $(MPI_TEST_RUNS_SIM) ./moe/runs
+	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes; moe and moe/runs at 2+2+1
 	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep
-	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2 ./moe
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2 ./moe ./moe/runs
 	# the serving loop (moe/serve): served tokens against the reference, overlap on and off, a stalled rank masked
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_SERVE_NP) -sim $(MPI_TEST_SERVE_SIM) ./moe/serve
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
@@ -172,8 +179,8 @@ test-slurm:
 ## test-cluster: goep across emulated hosts with their own network (root): scripts/cluster/cluster.sh brings
 ## up 4 hosts (network namespaces on a bridge, links capped at 10 Gbit/s); mpi-hello and the mpi test
 ## binary run under mpirun across 2x2, 4x1 and 2+2+1 ranks per host, the ep test binary across 2+2+1
-## (its dispatch and combine checks across 2x2 and 4x1 too), moe's across 2+2+1 (most of it across 2x2
-## and 4x1 too), a short training and ep-bench LL and HT against alltoallv across 2 hosts; then it
+## (its dispatch and combine checks across 2x2 and 4x1 too), moe's and moe/runs' across 2+2+1 (most of
+## them across 2x2 and 4x1 too), a short training and ep-bench LL and HT against alltoallv across 2 hosts; then it
 ## comes down and nothing may be left.
 test-cluster: deps
 	GO=$(GO) scripts/cluster/test-cluster.sh

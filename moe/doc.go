@@ -1,11 +1,13 @@
 // Package moe is a toy Mixture-of-Experts layer that trains over package
-// ep's expert-parallel dispatch and combine, on every rank of an MPI job,
-// with HDF5 traces and checkpoints. It is small enough to check by finite
+// ep's expert-parallel dispatch and combine, on every rank of an MPI job
+// (package moe/runs runs whole trainings with HDF5 traces and
+// checkpoints). It is small enough to check by finite
 // differences and real enough to exercise ep as a training framework does:
 // forward and backward through both modes, the gradient of the routing
 // weights carried back by Combine's RowValues, a gate and an optional shared
 // expert trained with data parallelism (their gradient summed exactly, or by
-// A2SGD or Top-K), and resumable runs.
+// A2SGD or Top-K), and a state that can be gathered and restored on any
+// number of ranks.
 //
 // # The layer
 //
@@ -40,8 +42,9 @@
 // expert outputs before each combine and brings the received rows and the
 // results back, counting every copy (CommStats.Copies). The expert
 // computation stays on the host. The GPU engine's results are the CPU
-// engine's bit for bit, and so is the training. Traces and checkpoints
-// record the backend and device (Device); a run may resume on another.
+// engine's bit for bit, and so is the training. Trainer.SetDevice
+// describes the device (Device), for a run's traces and checkpoints; a
+// run may resume on another.
 //
 // # The load-balancing loss
 //
@@ -130,64 +133,36 @@
 //	loss  = sum over ranks and tokens of |out - target|^2 / (tokens * Hidden)
 //	total = loss + AuxCoef * aux
 //
-// its backward, and an Adam update (Adam, whose moments and step count go
-// into checkpoints). Initial parameters come from Config.Seed, the gate from
+// its backward, and an Adam update (Adam, whose moments and step count are
+// part of the trainer's State). Initial parameters come from Config.Seed, the gate from
 // one stream and expert e from a stream of its own, so the model does not
 // depend on the number of ranks.
 //
-// # Runs, traces and checkpoints
+// # The trainer's state
 //
-// Run drives a whole run as examples/moe-train does. Rank 0 writes an HDF5
-// trace (CreateTrace, one row per step of gathered statistics, flushed every
-// step) and checkpoints (SaveCheckpoint: every rank's experts gathered to
-// rank 0 into one file, written atomically with h5.WriteAtomic).
+// A Trainer's whole state is its State: the model with every expert, in
+// global order, Adam's moments and update count, and the per-rank state of
+// a grad sync with error feedback (SyncState; for A2SGD also each rank's
+// own copy of the gate and shared expert and of their Adam moments).
+// GatherState brings it to rank 0; RestoreState hands it to the ranks of
+// another trainer of the same model, on any number of ranks that divides
+// the experts (each rank takes its share), in either mode and element
+// type, with any tokens per rank. On the same ranks, mode and element type
+// a trainer of 2N steps and one of N steps restored and run N more end
+// bit-identical, with any grad sync; on another number of ranks the ranks'
+// errors are pooled and spread evenly (none is lost) and, under A2SGD,
+// every rank starts from rank 0's copy.
 //
-// Each step's statistics include, per pair of ranks, how long one waited
-// for the other in the ep calls and the token rows it sent to and received
-// from it (StepStats.WaitUS, PeerSent, PeerRecv: each rank's ep.Group.Stats,
-// read and reset once per step, gathered). RunResult sums the waits over
-// the run, and FindStraggler names the rank the others waited for most when
-// it stands out (at least StragglerFactor times the mean for another rank,
-// and StragglerMinUS in all).
-//
-// A run has an identity, its run id (NewRunID), made when it starts from
-// scratch, written into its trace and every checkpoint, and kept by its
-// resumes. Before it changes any file, Run looks at what is at its trace
-// path and in its checkpoint directory: a run from scratch refuses another
-// run's files unless RunOptions.Fresh, which moves them aside (to
-// DIR/moved-aside/<time>/, never deleting them); a resume refuses a trace or
-// checkpoints of another run. Resume ResumeAuto continues the run of the
-// checkpoint directory from its newest checkpoint, and refuses a directory
-// of two runs. A resume continues its run's trace (ContinueTrace): the rows
-// up to the checkpoint's step are kept, those after it (work lost with a
-// crash) are dropped and counted, new rows append, and the trace's /segments
-// records every segment of the run (start step, checkpoint, ranks, nodes,
-// hosts, mode, dtype, tokens, command, start time).
-//
-// LoadCheckpoint resumes on any number of ranks that divides the experts
-// (the checkpoint holds them all in global order; each rank takes its
-// share), in either mode and element type, with any tokens per rank. It
-// refuses a checkpoint of another model or training configuration, naming
-// each field that differs and both values, and a truncated or damaged file
-// (a checksum covers the arrays). A grad sync with error feedback keeps
-// per-rank state, which the checkpoint holds rank by rank (SyncState; for
-// A2SGD with each rank's own copy of the gate and shared expert and of
-// their Adam moments). On the same ranks, mode and element type a run of 2N
-// steps and a run of N steps resumed for N more end bit-identical, with any
-// grad sync; on another number of ranks the ranks' errors are pooled and
-// spread evenly (none is lost) and, under A2SGD, every rank starts from rank
-// 0's copy, and the run says so; on another number of ranks with the same global batch the
-// resumed run trains on the same tokens and follows the uninterrupted run's
-// loss within rounding (docs/trace-schema.md has the measured tolerance).
-// The file formats are in docs/trace-schema.md.
+// Package moe/runs manages whole runs over a Trainer: the run's identity,
+// its HDF5 trace (one row per step of StepStats), its checkpoints (a State
+// in a file), resumes, and the straggler analysis of the per-peer waits.
 //
 // # Collectives and errors
 //
-// NewLayer, Forward, Backward, Trainer.Step, SaveCheckpoint, LoadCheckpoint
-// and Run are collective: every rank calls them in the same order. Errors
-// are returned, never panics. Those that every rank meets at the same point
-// (bad configuration, an unusable checkpoint, a file rank 0 cannot write)
-// come back from Run as *CollectiveError, and the job can end normally;
-// others may be on one rank only, and the program should call mpi.Abort so
-// that the other ranks do not wait for it.
+// NewLayer, Forward, Backward, NewTrainer, Trainer.Step, GatherState and
+// RestoreState are collective: every rank calls them in the same order.
+// Errors are returned, never panics. RestoreState refuses a state of
+// another shape on every rank alike; other errors (a failed MPI call) may
+// be on one rank only, and the program should call mpi.Abort so that the
+// other ranks do not wait for it.
 package moe

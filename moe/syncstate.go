@@ -3,27 +3,23 @@ package moe
 import (
 	"fmt"
 
-	"github.com/goep/goep/internal/h5"
 	"github.com/goep/goep/mpi"
 )
 
 // SyncState is each rank's own state of a data-parallel gradient sync that
-// keeps one (GradSync.PerRankState), in a checkpoint: [WorldSize][n]
-// arrays, rank by rank, n = Config.DataParallelParams, each row in the order
-// of the data-parallel vector (gate, shared_w1, shared_b1, shared_w2,
-// shared_b2, flattened).
+// keeps one (GradSync.PerRankState), in a State: [ranks][n] arrays, rank by
+// rank, n = Config.DataParallelParams, each row in the order of the
+// data-parallel vector (gate, shared_w1, shared_b1, shared_w2, shared_b2,
+// flattened).
 type SyncState struct {
 	// Residual is each rank's error feedback (Syncer.Residual).
 	Residual []float64
 	// Model, AdamM and AdamV are each rank's own copy of the data-parallel
 	// parameters and of their Adam moments, for a sync whose copies drift
 	// apart (A2SGD: not GradSync.Replicated); nil otherwise, where every
-	// rank's copy is the checkpoint's Model.
+	// rank's copy is the State's Model.
 	Model, AdamM, AdamV []float64
 }
-
-// syncNames are the datasets of a SyncState under /sync, in arrays() order.
-var syncNames = []string{"residual", "model", "adam_m", "adam_v"}
 
 // arrays lists the state's arrays in a fixed order (nil for a nil state);
 // the per-rank copies are absent when the parameters stay replicated.
@@ -35,40 +31,6 @@ func (s *SyncState) arrays() [][]float64 {
 		return [][]float64{s.Residual}
 	}
 	return [][]float64{s.Residual, s.Model, s.AdamM, s.AdamV}
-}
-
-// write puts the state under /sync (nothing for a nil state).
-func (s *SyncState) write(f *h5.File, ranks, n int) error {
-	for i, a := range s.arrays() {
-		if err := f.WriteDataset("sync/"+syncNames[i], []int{ranks, n}, a); err != nil {
-			return err
-		}
-	}
-	if s == nil {
-		return nil
-	}
-	return f.SetAttr("sync", "layout", "one row per rank, in rank order: gate, shared_w1, shared_b1, shared_w2, shared_b2, flattened")
-}
-
-// readSyncState reads the /sync state that a checkpoint of g on ranks ranks
-// with n data-parallel parameters must have.
-func readSyncState(f *h5.File, g GradSync, ranks, n int) (*SyncState, error) {
-	s := &SyncState{}
-	dst := []*[]float64{&s.Residual}
-	if !g.Replicated() {
-		dst = append(dst, &s.Model, &s.AdamM, &s.AdamV)
-	}
-	for i, d := range dst {
-		data, shape, err := f.ReadFloat64("sync/" + syncNames[i])
-		if err != nil {
-			return nil, fmt.Errorf("grad sync %v keeps per-rank state: %w", g, err)
-		}
-		if !equalInts(shape, []int{ranks, n}) {
-			return nil, fmt.Errorf("/sync/%s has shape %v, want [%d %d] (ranks, data-parallel parameters)", syncNames[i], shape, ranks, n)
-		}
-		*d = data
-	}
-	return s, nil
 }
 
 // localSyncState is this rank's row of the SyncState (nil for a sync with
@@ -120,15 +82,16 @@ func (tr *Trainer) gatherSyncState() (*SyncState, error) {
 	return s, nil
 }
 
-// restoreSyncState gives every rank its state from the checkpoint's, which
-// rank 0 holds in ck (the other ranks pass a Checkpoint without it), written
-// by ckRanks ranks. On the same number of ranks each rank takes its own row:
+// restoreSyncState gives every rank its state from st's, which rank 0
+// holds (the other ranks pass a State without it), gathered from ckRanks
+// ranks. On the same number of ranks each rank takes its own row:
 // the run continues bit for bit. On another number the rows do not map onto
 // ranks: the residuals are pooled (summed) and spread evenly, so that the
 // gradient not yet applied is kept as a whole, and every rank keeps rank 0's
-// copy of the data-parallel parameters that LoadCheckpoint gave it.
-// CheckpointInfo.Changes says so. Collective.
-func (tr *Trainer) restoreSyncState(ck *Checkpoint, ckRanks int) error {
+// copy of the data-parallel parameters that RestoreState gave it (a
+// checkpoint's CheckpointInfo.Changes, in package moe/runs, says so).
+// Collective.
+func (tr *Trainer) restoreSyncState(ck *State, ckRanks int) error {
 	g := tr.cfg.GradSync
 	if !g.PerRankState() {
 		return nil

@@ -1,9 +1,6 @@
 package moe
 
 import (
-	cryptorand "crypto/rand"
-	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"math"
 	"time"
@@ -26,8 +23,7 @@ type Trainer struct {
 	teacher *Teacher
 	adam    *Adam
 	step    int64
-	runID   string
-	device  Device // what the checkpoints record (SetDevice)
+	device  Device // what its ep calls run on (SetDevice)
 	// betweenPasses, if set, is called between each step's forward and
 	// backward (SetBetweenPasses).
 	betweenPasses func(step int64)
@@ -61,56 +57,32 @@ type StepStats struct {
 	Elapsed           time.Duration
 }
 
-// NewTrainer creates the student layer (collective), the teacher and Adam,
-// and gives the run a new identity (RunID), the same on every rank.
+// NewTrainer creates the student layer (collective), the teacher and Adam.
 func NewTrainer(comm *mpi.Comm, cfg TrainConfig) (*Trainer, error) {
 	if err := cfg.Validate(comm.Size()); err != nil {
 		return nil, err
-	}
-	var id string
-	if comm.Rank() == 0 {
-		id = NewRunID(time.Now())
-	}
-	id, err := bcastString(comm, id, 0)
-	if err != nil {
-		return nil, fmt.Errorf("moe: new trainer: %w", err)
 	}
 	l, err := NewLayer(comm, cfg.Config)
 	if err != nil {
 		return nil, err
 	}
 	return &Trainer{cfg: cfg, comm: comm, layer: l, teacher: NewTeacher(cfg.Config, cfg.TeacherSeed),
-		adam: NewAdam(cfg.LR, l.Params()), runID: id, device: Device{Backend: l.Backend()}}, nil
+		adam: NewAdam(cfg.LR, l.Params()), device: Device{Backend: l.Backend()}}, nil
 }
 
-// SetDevice sets what the trainer's checkpoints record of the device its
-// ep calls run on (Checkpoint.Device); its Backend is always the layer's.
+// SetDevice describes the device the trainer's ep calls run on (what a
+// run's traces and checkpoints record); its Backend is always the layer's.
 // Not collective.
 func (tr *Trainer) SetDevice(d Device) {
 	d.Backend = tr.layer.Backend()
 	tr.device = d
 }
 
-// Device is what the trainer's checkpoints record of its device.
+// Device describes the device the trainer's ep calls run on (SetDevice).
 func (tr *Trainer) Device() Device { return tr.device }
 
-// NewRunID returns a new run identity: the UTC start time and 32 random
-// bits, such as "20250812T141502Z-3f9a1c2b". It sorts by start time and is
-// safe in file names.
-func NewRunID(start time.Time) string {
-	var b [4]byte
-	if _, err := cryptorand.Read(b[:]); err != nil {
-		// crypto/rand does not fail on Linux; the clock's nanoseconds still
-		// tell two runs of the same second apart.
-		binary.LittleEndian.PutUint32(b[:], uint32(start.UnixNano()))
-	}
-	return start.UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b[:])
-}
-
-// RunID is the run's identity: made by NewTrainer for a run from scratch,
-// taken from the checkpoint by LoadCheckpoint. Checkpoints and traces record
-// it, so that files of different runs are never mixed up.
-func (tr *Trainer) RunID() string { return tr.runID }
+// Comm is the communicator of the trainer's ranks.
+func (tr *Trainer) Comm() *mpi.Comm { return tr.comm }
 
 // Close releases the layer's ep group.
 func (tr *Trainer) Close() error { return tr.layer.Close() }
@@ -127,8 +99,8 @@ func (tr *Trainer) Teacher() *Teacher { return tr.teacher }
 // Adam is the optimiser and its state.
 func (tr *Trainer) Adam() *Adam { return tr.adam }
 
-// StepsDone is the number of steps taken, counting those before the
-// checkpoint a run resumed from.
+// StepsDone is the number of steps taken, counting those before the state
+// it was restored to (RestoreState).
 func (tr *Trainer) StepsDone() int64 { return tr.step }
 
 // SetBetweenPasses sets f to be called on this rank between each step's

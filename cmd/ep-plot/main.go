@@ -49,7 +49,7 @@
 // waits reads a moe-train trace's wait matrix (schema version 4: wait_us,
 // how long each rank waited for each other rank in ep calls), sums it over
 // the steps, prints it in milliseconds with each rank's total waited for
-// and the slowest rank and its host when one stands out (moe.FindStraggler),
+// and the slowest rank and its host when one stands out (runs.FindStraggler),
 // and draws it as a heat map, waits.png: the rank waited for across, the
 // waiting rank up.
 //

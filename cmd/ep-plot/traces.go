@@ -18,14 +18,14 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 )
 
 // trainRun is one moe-train trace, read and reduced to what the charts and the
 // table compare.
 type trainRun struct {
 	label string
-	d     *moe.TraceData
+	d     *runs.TraceData
 	// Per step: the wall time since the run's start (segments laid end to
 	// end), and the means over ranks of what each rank sent and spent.
 	wall, syncBytes, epBytes, syncUS []float64
@@ -35,7 +35,7 @@ type trainRun struct {
 }
 
 func readRun(path, label string) (*trainRun, error) {
-	d, err := moe.ReadTrace(path)
+	d, err := runs.ReadTrace(path)
 	if err != nil {
 		return nil, err
 	}
@@ -369,7 +369,7 @@ func window(runs []*trainRun, smooth int) int {
 	return max(1, n/40)
 }
 
-func steps(d *moe.TraceData) []float64 {
+func steps(d *runs.TraceData) []float64 {
 	x := make([]float64, len(d.Step))
 	for i, s := range d.Step {
 		x[i] = float64(s)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 )
 
 // writeTrace writes a trace of steps steps on 2 ranks whose loss halves
@@ -20,8 +21,8 @@ func writeTrace(t *testing.T, path string, gs moe.GradSync, steps int, stepMS, s
 	cfg := moe.TrainConfig{Config: moe.Config{Mode: ep.LowLatency, DType: moe.Float32, Experts: 4, TopK: 1, Hidden: 8, FFN: 8,
 		Tokens: 4, Act: moe.SiLU, Seed: 1, SharedFFN: 16, GradSync: gs}, TeacherSeed: 2, LR: 0.01}
 	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	tr, err := moe.CreateTrace(path, moe.TraceInfo{RunID: "r-" + gs.String(), Config: cfg,
-		Segment: moe.Segment{WorldSize: 2, Nodes: 1, Steps: int64(steps), Start: start}})
+	tr, err := runs.CreateTrace(path, runs.TraceInfo{RunID: "r-" + gs.String(), Config: cfg,
+		Segment: runs.Segment{WorldSize: 2, Nodes: 1, Steps: int64(steps), Start: start}})
 	if err != nil {
 		t.Fatal(err)
 	}

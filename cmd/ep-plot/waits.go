@@ -15,7 +15,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 )
 
 // waitMatrix is a trace's wait_us summed over its steps: [i][j] (row-major,
@@ -29,7 +29,7 @@ type waitMatrix struct {
 
 // sumWaits adds up the trace's wait matrices from row skip on; NaN (not
 // measured, or past a segment's ranks) counts as nothing.
-func sumWaits(d *moe.TraceData, skip int) (*waitMatrix, error) {
+func sumWaits(d *runs.TraceData, skip int) (*waitMatrix, error) {
 	if d.Version < 4 {
 		return nil, fmt.Errorf("%s: trace schema version %d has no wait matrix (version 4 added wait_us)", d.Path, d.Version)
 	}
@@ -65,7 +65,7 @@ func sumWaits(d *moe.TraceData, skip int) (*waitMatrix, error) {
 }
 
 // waits prints a trace's wait matrix summed over its steps, names the
-// straggler (moe.FindStraggler) and draws waits.png.
+// straggler (runs.FindStraggler) and draws waits.png.
 func waits(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("waits", stderr, "[flags] TRACE.h5")
 	dir := fs.String("o", ".", "directory for waits.png")
@@ -81,7 +81,7 @@ func waits(stdout, stderr io.Writer, args []string) error {
 	if *skip < 0 {
 		return usagef("-skip %d: want >= 0", *skip)
 	}
-	d, err := moe.ReadTrace(fs.Arg(0))
+	d, err := runs.ReadTrace(fs.Arg(0))
 	if err != nil {
 		return err
 	}
@@ -133,7 +133,7 @@ func (m *waitMatrix) print(w io.Writer) {
 		fmt.Fprintf(w, " %9.3f", v/1e3)
 	}
 	fmt.Fprintln(w)
-	s, ok := moe.FindStraggler(m.us, m.n)
+	s, ok := runs.FindStraggler(m.us, m.n)
 	host := ""
 	if m.hosts[s.Rank] != "" {
 		host = " on host " + m.hosts[s.Rank]

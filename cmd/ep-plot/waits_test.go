@@ -144,7 +144,7 @@ func TestWaitsFromRealRun(t *testing.T) {
 		{[]string{"waits", "-skip", "-1", trace}, 2, "-skip -1"},
 		{[]string{"waits", "-skip", "200", trace}, 1, "no steps after the first 200"},
 		{[]string{"waits", filepath.Join(dir, "missing.h5")}, 1, "missing.h5"},
-		{[]string{"waits", "../../moe/testdata/v2/trace.h5"}, 1, "trace schema version 2 has no wait matrix"},
+		{[]string{"waits", "../../moe/runs/testdata/v2/trace.h5"}, 1, "trace schema version 2 has no wait matrix"},
 	} {
 		code, _, errs := runCmd(t, tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) {

@@ -21,6 +21,7 @@ import (
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/internal/mpitesting"
 	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 	"github.com/goep/goep/moe/serve"
 )
 
@@ -195,10 +196,10 @@ func checkpoint(t *testing.T, dir string) (string, moe.Config) {
 	p := moe.TeacherParams(c, 77, 0, c.Experts)
 	zero := p.Clone()
 	zero.Zero()
-	ck := &moe.Checkpoint{CheckpointInfo: moe.CheckpointInfo{Version: moe.CheckpointVersion, RunID: "test", Step: 10, WorldSize: 2,
-		Config: moe.TrainConfig{Config: c, TeacherSeed: 2, LR: 0.01}}, Model: p, AdamM: zero, AdamV: zero.Clone(), AdamT: 10}
+	ck := &runs.Checkpoint{CheckpointInfo: runs.CheckpointInfo{Version: runs.CheckpointVersion, RunID: "test", Step: 10, WorldSize: 2,
+		Config: moe.TrainConfig{Config: c, TeacherSeed: 2, LR: 0.01}}, State: moe.State{Model: p, AdamM: zero, AdamV: zero.Clone(), AdamT: 10}}
 	path := filepath.Join(dir, "ckpt.h5")
-	require.NoError(t, moe.WriteCheckpoint(path, ck))
+	require.NoError(t, runs.WriteCheckpoint(path, ck))
 	return path, c
 }
 
@@ -218,7 +219,7 @@ func TestServeFromCheckpoint(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, c.Hidden, res.Config.Model.Hidden)
 	assert.Equal(t, moe.GELU, res.Config.Model.Act)
-	loaded, err := moe.ReadCheckpoint(ck)
+	loaded, err := runs.ReadCheckpoint(ck)
 	require.NoError(t, err)
 	m, err := serve.NewModel(res.Config.Model, 0, c.Experts, loaded)
 	require.NoError(t, err)

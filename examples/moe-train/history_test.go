@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 )
 
 // copyRun copies the files of a run directory (not its subdirectories) into
@@ -81,7 +81,7 @@ func TestResumeKeepsTheTracesPast(t *testing.T) {
 	dir := copyRun(t, base)
 	trace := filepath.Join(dir, "trace.h5")
 	out, err := mpirun(t, 2, 2*time.Minute, append(slices.Clone(small), "-mode", "ht", "-steps", "40", "-ckpt-every", "10",
-		"-ckpt-dir", dir, "-trace", trace, "-resume", moe.CheckpointPath(dir, 20), "-progress-every", "10")...)
+		"-ckpt-dir", dir, "-trace", trace, "-resume", runs.CheckpointPath(dir, 20), "-progress-every", "10")...)
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, out, "dropped 10 rows of steps 21..30")
 	assert.Contains(t, out, "moved 1 file(s) of run")
@@ -90,9 +90,9 @@ func TestResumeKeepsTheTracesPast(t *testing.T) {
 	ls, err := exec.Command("h5ls", "-r", trace).CombinedOutput()
 	require.NoError(t, err, "%s", ls)
 	assert.Regexp(t, `/trace/loss\s+Dataset \{40/Inf\}`, string(ls))
-	first, err := moe.ReadTrace(filepath.Join(base, "trace.h5"))
+	first, err := runs.ReadTrace(filepath.Join(base, "trace.h5"))
 	require.NoError(t, err)
-	tr, err := moe.ReadTrace(trace)
+	tr, err := runs.ReadTrace(trace)
 	require.NoError(t, err)
 	require.Len(t, tr.Step, 40)
 	assert.Equal(t, int64(1), tr.Step[0])
@@ -103,8 +103,8 @@ func TestResumeKeepsTheTracesPast(t *testing.T) {
 	assert.Equal(t, "2", h5attr(t, trace, "/segment_count"))
 	assert.Equal(t, "20", h5attr(t, trace, "/segments/0001/start_step"))
 	assert.Equal(t, "10", h5attr(t, trace, "/segments/0001/dropped_rows"))
-	assert.Equal(t, moe.CheckpointPath(dir, 20), h5attr(t, trace, "/segments/0001/checkpoint"))
-	assert.Equal(t, first.RunID, h5attr(t, moe.CheckpointPath(dir, 40), "/run_id"))
+	assert.Equal(t, runs.CheckpointPath(dir, 20), h5attr(t, trace, "/segments/0001/checkpoint"))
+	assert.Equal(t, first.RunID, h5attr(t, runs.CheckpointPath(dir, 40), "/run_id"))
 }
 
 // The issue's second failure: a new run into a directory of another run's
@@ -116,7 +116,7 @@ func TestNewRunRefusesAnotherRunsFiles(t *testing.T) {
 	base, _ := baseRun(t)
 	dir := copyRun(t, base)
 	trace := filepath.Join(dir, "trace.h5")
-	old, err := moe.ReadTrace(trace)
+	old, err := runs.ReadTrace(trace)
 	require.NoError(t, err)
 	before := hashTree(t, dir)
 	args := append(slices.Clone(small), "-mode", "ht", "-steps", "20", "-ckpt-every", "10", "-ckpt-dir", dir, "-trace", trace)
@@ -142,9 +142,9 @@ func TestNewRunRefusesAnotherRunsFiles(t *testing.T) {
 
 	out, err = mpirun(t, 2, 2*time.Minute, append(args, "-steps", "30", "-resume", "auto")...)
 	require.NoError(t, err, "%s", out)
-	assert.Contains(t, out, "run "+newID+": resuming (newest checkpoint) from "+moe.CheckpointPath(dir, 20))
-	assert.Equal(t, newID, h5attr(t, moe.CheckpointPath(dir, 30), "/run_id"))
-	tr, err := moe.ReadTrace(trace)
+	assert.Contains(t, out, "run "+newID+": resuming (newest checkpoint) from "+runs.CheckpointPath(dir, 20))
+	assert.Equal(t, newID, h5attr(t, runs.CheckpointPath(dir, 30), "/run_id"))
+	tr, err := runs.ReadTrace(trace)
 	require.NoError(t, err)
 	assert.Len(t, tr.Step, 30)
 	assert.Len(t, tr.Segments, 2)
@@ -221,9 +221,9 @@ func elasticResume(t *testing.T, K int, mode, dtype string, stepTol, meanTol flo
 	assert.Contains(t, out, "8 ranks on 2 node(s)")
 	assert.Contains(t, out, "world size = 2 ranks in the checkpoint, 8 in this run")
 
-	want, err := moe.ReadTrace(filepath.Join(ref, "trace.h5"))
+	want, err := runs.ReadTrace(filepath.Join(ref, "trace.h5"))
 	require.NoError(t, err)
-	got, err := moe.ReadTrace(trace)
+	got, err := runs.ReadTrace(trace)
 	require.NoError(t, err)
 	require.Len(t, got.Step, 3*K)
 	assert.Equal(t, want.Loss[:K], got.Loss[:K], "the first segment is the reference's, bit for bit")
@@ -242,9 +242,9 @@ func elasticResume(t *testing.T, K int, mode, dtype string, stepTol, meanTol flo
 		assert.LessOrEqual(t, worst, stepTol, "segment on %d ranks: a step's loss", ranks)
 		assert.LessOrEqual(t, mean, meanTol, "segment on %d ranks: the mean loss", ranks)
 	}
-	a, err := moe.ReadCheckpoint(moe.CheckpointPath(ref, int64(3*K)))
+	a, err := runs.ReadCheckpoint(runs.CheckpointPath(ref, int64(3*K)))
 	require.NoError(t, err)
-	b, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, int64(3*K)))
+	b, err := runs.ReadCheckpoint(runs.CheckpointPath(dir, int64(3*K)))
 	require.NoError(t, err)
 	t.Logf("final parameters: relative difference %.3g (gate), %.3g (w1), %.3g (w2)",
 		relDiff(a.Model.Gate, b.Model.Gate), relDiff(a.Model.W1, b.Model.W1), relDiff(a.Model.W2, b.Model.W2))
@@ -274,7 +274,7 @@ func elasticResume(t *testing.T, K int, mode, dtype string, stepTol, meanTol flo
 	// Another global batch, mode and element type: allowed, and said.
 	other := t.TempDir()
 	out, err = mpirun(t, 2, limit, append(slices.Clone(model), "-tokens", "16", "-mode", "ll", "-dtype", "f32", "-steps", step(K+2),
-		"-resume", moe.CheckpointPath(ref, int64(K)), "-ckpt-dir", other, "-trace", filepath.Join(other, "trace.h5"))...)
+		"-resume", runs.CheckpointPath(ref, int64(K)), "-ckpt-dir", other, "-trace", filepath.Join(other, "trace.h5"))...)
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, out, "the global batch changed: 4 ranks x 16 tokens = 64 tokens per step in the checkpoint, 2 x 16 = 32 in this run")
 	if mode != "ll" {

@@ -99,6 +99,7 @@ import (
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/ep/epgpu"
 	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 	"github.com/goep/goep/mpi"
 )
 
@@ -110,7 +111,7 @@ var devices = map[string]ep.Backend{"cpu": nil, "emulate": epgpu.Emulated, "cuda
 
 // options are the parsed flags.
 type options struct {
-	run           moe.RunOptions
+	run           runs.Options
 	progressEvery int64
 	progress      string
 	timeout       time.Duration
@@ -196,7 +197,7 @@ func (v *flagValues) checkRanges() error {
 		return fmt.Errorf("-aux %v: want 0 <= aux <= 1000", v.aux)
 	case v.fresh && v.resume != "":
 		return fmt.Errorf("-fresh starts a new run and -resume %q continues one: give one of them", v.resume)
-	case v.resume == moe.ResumeAuto && v.ckptDir == "":
+	case v.resume == runs.ResumeAuto && v.ckptDir == "":
 		return errors.New("-resume auto looks for checkpoints in -ckpt-dir, which is empty")
 	case v.timeout <= 0:
 		return fmt.Errorf("-timeout %v: want a positive duration", v.timeout)
@@ -269,7 +270,7 @@ func parse(stderr io.Writer, args []string, quiet bool) (*options, int) {
 		return nil, 2
 	}
 	o := &options{progressEvery: v.progressEvery, progress: v.progress, timeout: v.timeout, device: v.device}
-	o.run = moe.RunOptions{TrainConfig: c, Steps: v.steps, TracePath: v.trace, CheckpointDir: v.ckptDir,
+	o.run = runs.Options{TrainConfig: c, Steps: v.steps, TracePath: v.trace, CheckpointDir: v.ckptDir,
 		CheckpointEvery: v.ckptEvery, Resume: v.resume, Fresh: v.fresh,
 		Command: strings.Join(append([]string{"moe-train"}, args...), " ")}
 	return o, -1
@@ -289,7 +290,7 @@ func run(stdout, stderr io.Writer, args []string) int {
 	world.SetTimeout(o.timeout)
 	rank := world.Rank()
 	if err := train(stdout, world, o); err != nil {
-		var ce *moe.CollectiveError
+		var ce *runs.CollectiveError
 		if errors.As(err, &ce) {
 			// Every rank has this error: rank 0 reports it and the job ends normally.
 			if rank == 0 {
@@ -341,7 +342,7 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 		o.run.OnStep = p.step
 		o.run.OnNote = func(s string) { fmt.Fprintln(stdout, "moe-train:", s) }
 	}
-	res, err := moe.Run(world, o.run)
+	res, err := runs.Train(world, o.run)
 	if err != nil {
 		if p != nil {
 			p.abandon()
@@ -367,7 +368,7 @@ func bootstrap(world *mpi.Comm, o *options) error {
 	}
 	boot, err := epgpu.Bootstrap(world, b)
 	if err != nil {
-		return &moe.CollectiveError{Err: fmt.Errorf("-device %s: %w", o.device, err)}
+		return &runs.CollectiveError{Err: fmt.Errorf("-device %s: %w", o.device, err)}
 	}
 	o.boot = boot
 	o.run.Backend = boot.Backend
@@ -520,7 +521,7 @@ func (p *progress) line(st *moe.StepStats, now time.Time, bar bool) string {
 	return b.String()
 }
 
-func (p *progress) summary(r *moe.RunResult) {
+func (p *progress) summary(r *runs.Result) {
 	c := p.o.run
 	w := p.w
 	if r.Steps == 0 {
@@ -581,9 +582,9 @@ func bytesText(n int64) string {
 }
 
 // stragglerLine says which rank the others waited for most in ep calls and
-// where it ran, when one stands out (moe.FindStraggler), or that none did;
+// where it ran, when one stands out (runs.FindStraggler), or that none did;
 // "" where the waits were not measured.
-func stragglerLine(r *moe.RunResult) string {
+func stragglerLine(r *runs.Result) string {
 	measured := false
 	for _, v := range r.WaitUS {
 		measured = measured || !math.IsNaN(v)
@@ -596,14 +597,14 @@ func stragglerLine(r *moe.RunResult) string {
 			s.Rank, s.Host, micro(s.WaitedUS), 100*s.Share, s.WaitedUS/max(s.OthersMeanUS, 1e-9))
 	}
 	R := len(r.Hosts)
-	s, _ := moe.FindStraggler(r.WaitUS, R)
+	s, _ := runs.FindStraggler(r.WaitUS, R)
 	return fmt.Sprintf("no rank stands out: the most waited for was rank %d, %s, %.0f%% of all waiting between ranks", s.Rank, micro(s.WaitedUS), 100*s.Share)
 }
 
 // copiesLine says what the copies between the host and the ep group's
 // memory were: none on the CPU engine; on a device, how many per rank per
 // step, their bytes and time, which dispatch and combine do not include.
-func copiesLine(r *moe.RunResult) string {
+func copiesLine(r *runs.Result) string {
 	if r.Copies == 0 && r.Device.Backend == ep.CPU.Name() {
 		return "none: the CPU engine's tensors are host memory"
 	}

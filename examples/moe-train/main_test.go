@@ -22,6 +22,7 @@ import (
 
 	"github.com/goep/goep/internal/mpitesting"
 	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 )
 
 var (
@@ -148,7 +149,7 @@ func TestTrainWritesTraceAndCheckpoints(t *testing.T) {
 	assert.Contains(t, out, filepath.Join(dir, "trace.h5"))
 	assert.Contains(t, out, "checkpoints 3: "+filepath.Join(dir, "ckpt-000010.h5")+" ... "+filepath.Join(dir, "ckpt-000030.h5"))
 	for _, step := range []int{10, 20, 30} {
-		assert.FileExists(t, moe.CheckpointPath(dir, int64(step)))
+		assert.FileExists(t, runs.CheckpointPath(dir, int64(step)))
 	}
 
 	trace := filepath.Join(dir, "trace.h5")
@@ -163,17 +164,17 @@ func TestTrainWritesTraceAndCheckpoints(t *testing.T) {
 	for _, s := range []string{`ATTRIBUTE "world_size"`, `ATTRIBUTE "nodes"`, `"ht"`, `"f32"`, `ATTRIBUTE "start_time"`, `ATTRIBUTE "version"`} {
 		assert.Contains(t, string(dump), s)
 	}
-	tr, err := moe.ReadTrace(trace)
+	tr, err := runs.ReadTrace(trace)
 	require.NoError(t, err)
 	assert.Len(t, tr.Loss, 30)
 	assert.Equal(t, 2, tr.WorldSize)
 	assert.Less(t, tr.Loss[29], tr.Loss[0])
 
-	ck := moe.CheckpointPath(dir, 30)
+	ck := runs.CheckpointPath(dir, 30)
 	dump, err = exec.Command("h5dump", "-H", ck).CombinedOutput()
 	require.NoError(t, err, "%s", dump)
 	assert.Contains(t, string(dump), `DATASET "w1"`)
-	c, err := moe.ReadCheckpoint(ck)
+	c, err := runs.ReadCheckpoint(ck)
 	require.NoError(t, err)
 	assert.Equal(t, int64(30), c.Step)
 	assert.Len(t, c.Model.W1, 8*16*32)
@@ -185,23 +186,23 @@ func TestResumeIsBitIdentical(t *testing.T) {
 	dir, _ := baseRun(t)
 	b := t.TempDir()
 	out, err := mpirun(t, 2, 2*time.Minute, append(slices.Clone(small), "-mode", "ht", "-steps", "30", "-ckpt-every", "10",
-		"-ckpt-dir", b, "-trace", filepath.Join(b, "trace.h5"), "-resume", moe.CheckpointPath(dir, 10), "-progress", "bar")...)
+		"-ckpt-dir", b, "-trace", filepath.Join(b, "trace.h5"), "-resume", runs.CheckpointPath(dir, 10), "-progress", "bar")...)
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, out, "\rstep", "-progress bar draws a live line")
 	assert.Regexp(t, `done: run \S+, steps 11\.\.30`, out)
-	a, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 30))
+	a, err := runs.ReadCheckpoint(runs.CheckpointPath(dir, 30))
 	require.NoError(t, err)
-	c, err := moe.ReadCheckpoint(moe.CheckpointPath(b, 30))
+	c, err := runs.ReadCheckpoint(runs.CheckpointPath(b, 30))
 	require.NoError(t, err)
 	assert.Equal(t, a.Model, c.Model, "final model")
 	assert.Equal(t, a.AdamM, c.AdamM, "final Adam moments")
 	assert.Equal(t, a.AdamV, c.AdamV, "final Adam moments")
-	ta, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+	ta, err := runs.ReadTrace(filepath.Join(dir, "trace.h5"))
 	require.NoError(t, err)
-	tb, err := moe.ReadTrace(filepath.Join(b, "trace.h5"))
+	tb, err := runs.ReadTrace(filepath.Join(b, "trace.h5"))
 	require.NoError(t, err)
 	assert.Equal(t, ta.Loss[10:], tb.Loss)
-	assert.NoFileExists(t, moe.CheckpointPath(b, 10), "no checkpoint for steps before the resume")
+	assert.NoFileExists(t, runs.CheckpointPath(b, 10), "no checkpoint for steps before the resume")
 }
 
 // A checkpoint of another model or training configuration is refused,
@@ -210,7 +211,7 @@ func TestResumeIsBitIdentical(t *testing.T) {
 // change: TestElasticResume.)
 func TestResumeMismatchIsRefused(t *testing.T) {
 	dir, _ := baseRun(t)
-	ck := moe.CheckpointPath(dir, 20)
+	ck := runs.CheckpointPath(dir, 20)
 	b := t.TempDir()
 	common := []string{"-mode", "ht", "-steps", "40", "-ckpt-dir", b, "-trace", "", "-resume", ck}
 
@@ -299,11 +300,11 @@ func TestKilledRank(t *testing.T) {
 		dump, err := exec.Command("h5dump", "-H", f).CombinedOutput()
 		require.NoError(t, err, "h5dump -H %s:\n%s", f, dump)
 	}
-	c, err := moe.ReadCheckpoint(last)
+	c, err := runs.ReadCheckpoint(last)
 	require.NoError(t, err)
 	assert.Zero(t, c.Step%20)
 	assert.Equal(t, 2, c.WorldSize)
-	tr, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+	tr, err := runs.ReadTrace(filepath.Join(dir, "trace.h5"))
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, int64(len(tr.Step)), c.Step, "the trace was flushed at least up to the last checkpoint")
 	t.Logf("last checkpoint at step %d, trace has %d rows", c.Step, len(tr.Step))
@@ -369,7 +370,7 @@ func TestGradSyncTrains(t *testing.T) {
 					"topk:40": int64(np-1) * 12 * 40}[gs]
 				assert.Contains(t, out, "sync      "+gs+": ")
 				assert.Contains(t, out, " and "+bytesText(want)+" sent per rank per step")
-				tr, err := moe.ReadTrace(trace)
+				tr, err := runs.ReadTrace(trace)
 				require.NoError(t, err)
 				require.Len(t, tr.Loss, 80)
 				assert.Equal(t, gs, tr.Config.GradSync.String())
@@ -416,7 +417,7 @@ func TestFP8Trains(t *testing.T) {
 			first, _ := strconv.ParseFloat(m[1], 64)
 			last, _ := strconv.ParseFloat(m[2], 64)
 			assert.Less(t, 1.5*last, first, "the loss falls in FP8 as in the other modes:\n%s", out)
-			tr, err := moe.ReadTrace(trace)
+			tr, err := runs.ReadTrace(trace)
 			require.NoError(t, err)
 			require.NotEmpty(t, tr.Segments)
 			assert.Equal(t, moe.FP8, tr.Segments[0].DType)
@@ -442,7 +443,7 @@ func TestSummaryNamesStraggler(t *testing.T) {
 	require.NoError(t, herr)
 	assert.Contains(t, out, "waits     slowest rank 1 on host "+host+": the others waited ")
 
-	tr, err := moe.ReadTrace(trace)
+	tr, err := runs.ReadTrace(trace)
 	require.NoError(t, err)
 	require.Len(t, tr.Step, 200)
 	var for1, for0 float64 // rank 0's waits for rank 1, rank 1's for rank 0
@@ -487,7 +488,7 @@ func TestDeviceEmulateMatchesCPU(t *testing.T) {
 				out, err := mpirunSim(t, tc.np, tc.perNode, 2*time.Minute, append(slices.Clone(small), "-mode", tc.mode, "-dtype", tc.dtype,
 					"-device", device, "-steps", "20", "-ckpt-every", "0", "-progress-every", "10", "-trace", trace, "-ckpt-dir", filepath.Join(dir, device))...)
 				require.NoError(t, err, "%s", out)
-				tr, err := moe.ReadTrace(trace)
+				tr, err := runs.ReadTrace(trace)
 				require.NoError(t, err)
 				require.Len(t, tr.Loss, 20)
 				losses[device] = tr.Loss
@@ -527,25 +528,25 @@ func TestResumeAcrossDevices(t *testing.T) {
 	dir, _ := baseRun(t)
 	b := t.TempDir()
 	common := append(slices.Clone(small), "-mode", "ht", "-ckpt-every", "10", "-ckpt-dir", b, "-trace", filepath.Join(b, "trace.h5"))
-	out, err := mpirun(t, 2, 2*time.Minute, append(slices.Clone(common), "-device", "emulate", "-steps", "20", "-resume", moe.CheckpointPath(dir, 10))...)
+	out, err := mpirun(t, 2, 2*time.Minute, append(slices.Clone(common), "-device", "emulate", "-steps", "20", "-resume", runs.CheckpointPath(dir, 10))...)
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, out, "backend = cpu in the checkpoint, gpu:emulated in this run: a checkpoint is the model, not the device")
 	out, err = mpirun(t, 2, 2*time.Minute, append(slices.Clone(common), "-device", "cpu", "-steps", "30", "-resume", "auto")...)
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, out, "backend = gpu:emulated in the checkpoint, cpu in this run: a checkpoint is the model, not the device")
-	want, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 30))
+	want, err := runs.ReadCheckpoint(runs.CheckpointPath(dir, 30))
 	require.NoError(t, err)
-	got, err := moe.ReadCheckpoint(moe.CheckpointPath(b, 30))
+	got, err := runs.ReadCheckpoint(runs.CheckpointPath(b, 30))
 	require.NoError(t, err)
 	assert.Equal(t, want.Model, got.Model, "final model")
 	assert.Equal(t, want.AdamM, got.AdamM, "final Adam moments")
 	assert.Equal(t, want.AdamV, got.AdamV, "final Adam moments")
-	mid, err := moe.ReadCheckpointInfo(moe.CheckpointPath(b, 20))
+	mid, err := runs.ReadCheckpointInfo(runs.CheckpointPath(b, 20))
 	require.NoError(t, err)
 	assert.Equal(t, "gpu:emulated", mid.Device.Backend)
-	ta, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+	ta, err := runs.ReadTrace(filepath.Join(dir, "trace.h5"))
 	require.NoError(t, err)
-	tb, err := moe.ReadTrace(filepath.Join(b, "trace.h5"))
+	tb, err := runs.ReadTrace(filepath.Join(b, "trace.h5"))
 	require.NoError(t, err)
 	assert.Equal(t, ta.Loss[10:], tb.Loss)
 	require.Len(t, tb.Segments, 2)

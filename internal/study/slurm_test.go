@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 )
 
 // TestSlurmOutputs reads back, with the project's readers, the files that
@@ -29,7 +29,7 @@ func TestSlurmOutputs(t *testing.T) {
 		n1 = "n1"
 	}
 	path := filepath.Join(dir, "train", "trace.h5")
-	tr, err := moe.ReadTrace(path)
+	tr, err := runs.ReadTrace(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 )
 
 // ModelConfig is the decoder's shape. Every rank must pass the same one.
@@ -218,7 +219,7 @@ func (c Config) Validate(size int) error {
 // ModelFromCheckpoint returns m with the MoE layer's shape (Hidden, FFN,
 // SharedFFN, Experts, TopK, Act) of the moe-train checkpoint at path.
 func ModelFromCheckpoint(m ModelConfig, path string) (ModelConfig, error) {
-	info, err := moe.ReadCheckpointInfo(path)
+	info, err := runs.ReadCheckpointInfo(path)
 	if err != nil {
 		return m, err
 	}

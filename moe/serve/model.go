@@ -10,6 +10,7 @@ import (
 
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 )
 
 // Model is the decoder's parameters on one rank: the embedding, every
@@ -32,7 +33,7 @@ type LayerParams struct {
 // [first, first+n) of each layer. With ck (a moe-train checkpoint, nil for
 // none) every layer's MoE layer is the checkpoint's instead; cfg must have
 // its shape.
-func NewModel(cfg ModelConfig, first, n int, ck *moe.Checkpoint) (*Model, error) {
+func NewModel(cfg ModelConfig, first, n int, ck *runs.Checkpoint) (*Model, error) {
 	if err := cfg.Validate(0); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 	"github.com/goep/goep/mpi"
 )
 
@@ -88,9 +89,9 @@ func serve[E ep.Element](world *mpi.Comm, cfg Config, opt Options) (_ *Result, e
 	for i := range s.reqs {
 		s.reqs[i] = w.Request(i, arrivals, cfg.Model.Vocab)
 	}
-	var ck *moe.Checkpoint
+	var ck *runs.Checkpoint
 	if cfg.Checkpoint != "" {
-		if ck, err = moe.ReadCheckpoint(cfg.Checkpoint); err != nil {
+		if ck, err = runs.ReadCheckpoint(cfg.Checkpoint); err != nil {
 			return nil, err
 		}
 	}

@@ -16,9 +16,9 @@
 #                reference, scaled experts, both buffer sets in turn, backward, row values,
 #                statistics, FP8) at 2x2 and 4x1: the whole suite at each layout would add some
 #                5 minutes (its lifecycle, refusal and stalled-rank checks run at 2+2+1)
-#   tests-moe    the moe test binary at 2+2+1 (10 experts there: the tests take the least multiple
-#                of the ranks from 8)
-#   tests-moe-core  the same at 2x2 and 4x1 but for its three trainings to a lower loss and its
+#   tests-moe    the moe and moe/runs test binaries at 2+2+1 (10 experts there: the tests take the
+#                least multiple of the ranks from 8)
+#   tests-moe-core  the same at 2x2 and 4x1 but for moe's three trainings to a lower loss and its
 #                finite-difference gradients (60 of a layout's 85 s; they run at 2+2+1, and every
 #                test of the binary on 2x2, 2x4 and 4x2 simulated nodes in make test).
 #                GOEP_CLUSTER_EP_HOSTS, GOEP_CLUSTER_EP_CORE_HOSTS, GOEP_CLUSTER_MOE_HOSTS,
@@ -141,8 +141,8 @@ mpitest() { # NAME LAYOUTS PACKAGE...
 mpitest tests-mpi "$MPI_HOSTS" ./mpi
 mpitest tests-ep "$EP_HOSTS" -skip "$EP_SKIP" ./ep
 mpitest tests-ep-core "$EP_CORE_HOSTS" -run "$EP_CORE_RUN" ./ep
-mpitest tests-moe "$MOE_HOSTS" ./moe
-mpitest tests-moe-core "$MOE_CORE_HOSTS" -skip "$MOE_CORE_SKIP" ./moe
+mpitest tests-moe "$MOE_HOSTS" ./moe ./moe/runs
+mpitest tests-moe-core "$MOE_CORE_HOSTS" -skip "$MOE_CORE_SKIP" ./moe ./moe/runs
 mpitest tests-serve "$SERVE_HOSTS" -run "$SERVE_RUN" ./moe/serve
 
 # h5attr FILE NAME: a root attribute as h5dump prints it. h5rows FILE DATASET: its rows (h5ls).

@@ -38,7 +38,7 @@
 #   gradsync-srun   sbatch --wait gradsync.sbatch, a tiny grad sync study on 2 nodes x 2 ranks
 #                   (allreduce, a2sgd, topk:K): exit 0, 3 traces of 2 nodes and 4 ranks with their
 #                   grad_sync, summary.md with a row per method, loss.png and cost.png
-#   go-readers      go test -run TestSlurmOutputs ./internal/study: the trace (3 segments) read by moe.ReadTrace,
+#   go-readers      go test -run TestSlurmOutputs ./internal/study: the trace (3 segments) read by runs.ReadTrace (moe/runs),
 #                   the study by internal/study (2-node rows from 2-node steps only), the model
 #   no-daemons      after stop, no slurmctld, slurmd, slurmstepd (or munged it started) is left
 # The cluster is always stopped (trap EXIT). Each check prints PASS or FAIL with its time; a
@@ -371,7 +371,7 @@ errs=$( [ "$rc" = 0 ] || echo "sbatch --wait exit status $rc;"
   grep -q "srun --mpi=pmix -N 2 -n 4" "$LOGS/gradsync-srun.log" || echo "no srun --mpi=pmix -N 2 -n 4 step;")
 result gradsync-srun "$t" "$errs"
 
-# j. the project's readers: moe.ReadTrace, internal/study.
+# j. the project's readers: runs.ReadTrace (moe/runs), internal/study.
 t=$SECONDS; rc=0
 GOEP_SLURM_OUTPUTS=$LOGS GOEP_SLURM_FIRST_NODE=$N1 "$GO" test -count=1 -run TestSlurmOutputs -v ./internal/study >"$LOGS/go-readers.log" 2>&1 || rc=$?
 errs=$( [ "$rc" = 0 ] || echo "go test exit status $rc;"

@@ -1,4 +1,4 @@
-package moe
+package runs
 
 import (
 	"errors"
@@ -20,7 +20,7 @@ import (
 // never writes over another run's files, and never loses any of its own
 // without being asked.
 
-// ResumeAuto as RunOptions.Resume continues the run whose checkpoints are in
+// ResumeAuto as Options.Resume continues the run whose checkpoints are in
 // the checkpoint directory, from its newest checkpoint, or starts a new run
 // when there are none.
 const ResumeAuto = "auto"
@@ -41,7 +41,7 @@ func scanCheckpoints(dir string) ([]*CheckpointInfo, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("moe: checkpoint directory: %w", err)
+		return nil, fmt.Errorf("runs: checkpoint directory: %w", err)
 	}
 	var out []*CheckpointInfo
 	for _, e := range entries {
@@ -97,15 +97,15 @@ func (r *runFiles) describe() string {
 // groupRuns groups checkpoints (and the trace, if any) by run id, in order
 // of first appearance by step.
 func groupRuns(trace *TraceData, ckpts []*CheckpointInfo) []*runFiles {
-	var runs []*runFiles
+	var found []*runFiles
 	find := func(id string) *runFiles {
-		for _, r := range runs {
+		for _, r := range found {
 			if r.id == id {
 				return r
 			}
 		}
 		r := &runFiles{id: id}
-		runs = append(runs, r)
+		found = append(found, r)
 		return r
 	}
 	for _, c := range ckpts {
@@ -115,7 +115,7 @@ func groupRuns(trace *TraceData, ckpts []*CheckpointInfo) []*runFiles {
 	if trace != nil {
 		find(trace.RunID).trace = trace
 	}
-	return runs
+	return found
 }
 
 // move is a file to move aside, and where.
@@ -139,7 +139,7 @@ type runPlan struct {
 // or refuses with an error naming the file, the field and both values. It
 // changes nothing. newID is the identity a new run gets; now names the
 // directories files are moved aside to.
-func planRun(o RunOptions, ranks int, newID string, now time.Time) (*runPlan, error) {
+func planRun(o Options, ranks int, newID string, now time.Time) (*runPlan, error) {
 	trace, err := existingTrace(o.TracePath)
 	if err != nil && !o.Fresh {
 		return nil, err
@@ -153,20 +153,20 @@ func planRun(o RunOptions, ranks int, newID string, now time.Time) (*runPlan, er
 		return nil, fmt.Errorf("%w (the checkpoint directory %s must hold only this run's checkpoints)", err, o.CheckpointDir)
 	}
 	p := &runPlan{runID: newID}
-	runs := groupRuns(trace, ckpts)
+	found := groupRuns(trace, ckpts)
 
 	switch o.Resume {
 	case "":
-		if len(runs) == 0 && !unreadableTrace {
+		if len(found) == 0 && !unreadableTrace {
 			p.notes = append(p.notes, fmt.Sprintf("run %s: from scratch to step %d", newID, o.Steps))
 			return p, nil
 		}
 		if !o.Fresh {
 			var what []string
-			for _, r := range runs {
+			for _, r := range found {
 				what = append(what, r.describe())
 			}
-			return nil, fmt.Errorf("moe: refusing to start a new run (run_id %s) over another run's files: %s; -resume %s continues that run, -fresh moves its files aside and starts over",
+			return nil, fmt.Errorf("runs: refusing to start a new run (run_id %s) over another run's files: %s; -resume %s continues that run, -fresh moves its files aside and starts over",
 				newID, strings.Join(what, "; "), ResumeAuto)
 		}
 		var files []move
@@ -186,34 +186,34 @@ func planRun(o RunOptions, ranks int, newID string, now time.Time) (*runPlan, er
 
 	case ResumeAuto:
 		if o.CheckpointDir == "" {
-			return nil, errors.New("moe: -resume auto looks for the run's checkpoints in the checkpoint directory, and none is set (-ckpt-dir)")
+			return nil, errors.New("runs: -resume auto looks for the run's checkpoints in the checkpoint directory, and none is set (-ckpt-dir)")
 		}
 		if unreadableTrace {
 			return nil, err
 		}
-		withCkpts := slices.DeleteFunc(slices.Clone(runs), func(r *runFiles) bool { return len(r.ckpts) == 0 })
+		withCkpts := slices.DeleteFunc(slices.Clone(found), func(r *runFiles) bool { return len(r.ckpts) == 0 })
 		switch {
-		case len(runs) == 0:
+		case len(found) == 0:
 			p.notes = append(p.notes, fmt.Sprintf("run %s: from scratch to step %d (no checkpoint in %s to resume from)", newID, o.Steps, o.CheckpointDir))
 			return p, nil
-		case len(runs) > 1:
+		case len(found) > 1:
 			var what []string
-			for _, r := range runs {
+			for _, r := range found {
 				what = append(what, r.describe())
 			}
 			where := o.CheckpointDir
 			if o.TracePath != "" {
 				where += " and " + o.TracePath
 			}
-			return nil, fmt.Errorf("moe: cannot resume automatically: %s hold files of %d runs (run_id differs): %s; move the files of the run not to continue out of the way, or start over with -fresh (without -resume), which moves them all aside",
-				where, len(runs), strings.Join(what, "; "))
+			return nil, fmt.Errorf("runs: cannot resume automatically: %s hold files of %d runs (run_id differs): %s; move the files of the run not to continue out of the way, or start over with -fresh (without -resume), which moves them all aside",
+				where, len(found), strings.Join(what, "; "))
 		case len(withCkpts) == 0:
-			return nil, fmt.Errorf("moe: cannot resume automatically: %s, but %s has no checkpoint of it to resume from; -fresh moves it aside and starts over",
-				runs[0].describe(), o.CheckpointDir)
-		case runs[0].id == "":
-			return nil, fmt.Errorf("moe: cannot resume automatically: %s; resume one explicitly with -resume PATH and another -ckpt-dir", runs[0].describe())
+			return nil, fmt.Errorf("runs: cannot resume automatically: %s, but %s has no checkpoint of it to resume from; -fresh moves it aside and starts over",
+				found[0].describe(), o.CheckpointDir)
+		case found[0].id == "":
+			return nil, fmt.Errorf("runs: cannot resume automatically: %s; resume one explicitly with -resume PATH and another -ckpt-dir", found[0].describe())
 		}
-		c := runs[0].ckpts
+		c := found[0].ckpts
 		return planResume(p, o, ranks, c[len(c)-1], trace, ckpts, true, now)
 
 	default:
@@ -229,7 +229,7 @@ func planRun(o RunOptions, ranks int, newID string, now time.Time) (*runPlan, er
 }
 
 // planResume plans the continuation of the run of checkpoint info.
-func planResume(p *runPlan, o RunOptions, ranks int, info *CheckpointInfo, trace *TraceData, ckpts []*CheckpointInfo, auto bool, now time.Time) (*runPlan, error) {
+func planResume(p *runPlan, o Options, ranks int, info *CheckpointInfo, trace *TraceData, ckpts []*CheckpointInfo, auto bool, now time.Time) (*runPlan, error) {
 	if err := info.Compatible(o.TrainConfig, ranks); err != nil {
 		return nil, err
 	}
@@ -242,7 +242,7 @@ func planResume(p *runPlan, o RunOptions, ranks int, info *CheckpointInfo, trace
 			p.notes = append(p.notes, fmt.Sprintf("run %s: the newest checkpoint, %s, is at step %d and the run asks for %d: nothing to do", info.RunID, info.Path, info.Step, o.Steps))
 			return p, nil
 		}
-		return nil, fmt.Errorf("moe: the checkpoint %s is at step %d: nothing to do for a run to step %d (steps counts from the start of the first run)", info.Path, info.Step, o.Steps)
+		return nil, fmt.Errorf("runs: the checkpoint %s is at step %d: nothing to do for a run to step %d (steps counts from the start of the first run)", info.Path, info.Step, o.Steps)
 	}
 	p.resume = info
 	how := "resuming"
@@ -257,7 +257,7 @@ func planResume(p *runPlan, o RunOptions, ranks int, info *CheckpointInfo, trace
 	var superseded []move
 	for _, c := range ckpts {
 		if c.RunID != p.runID {
-			return nil, fmt.Errorf("moe: refusing to write run %s's checkpoints into %s: %s belongs to another run: run_id = %q in that checkpoint, %q in this run (resumed from %s); use another -ckpt-dir, or move that run's files away",
+			return nil, fmt.Errorf("runs: refusing to write run %s's checkpoints into %s: %s belongs to another run: run_id = %q in that checkpoint, %q in this run (resumed from %s); use another -ckpt-dir, or move that run's files away",
 				p.runID, o.CheckpointDir, c.Path, c.RunID, p.runID, info.Path)
 		}
 		if c.Step > info.Step {
@@ -294,9 +294,9 @@ func existingTrace(path string) (*TraceData, error) {
 	d, err := ReadTrace(path)
 	if err != nil {
 		if errors.Is(err, h5.ErrLocked) {
-			return nil, fmt.Errorf("moe: %s is open for writing by another process (a run still going?): %w", path, err)
+			return nil, fmt.Errorf("runs: %s is open for writing by another process (a run still going?): %w", path, err)
 		}
-		return nil, fmt.Errorf("moe: %s is there and is not a trace this run can continue or replace unasked (%w); -fresh moves it aside", path, err)
+		return nil, fmt.Errorf("runs: %s is there and is not a trace this run can continue or replace unasked (%w); -fresh moves it aside", path, err)
 	}
 	return d, nil
 }
@@ -340,10 +340,10 @@ func moveAside(moves []move, why string) ([]string, error) {
 	for _, m := range moves {
 		dir := filepath.Dir(m.to)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("moe: moving %s aside: %w", m.from, err)
+			return nil, fmt.Errorf("runs: moving %s aside: %w", m.from, err)
 		}
 		if err := os.Rename(m.from, m.to); err != nil {
-			return nil, fmt.Errorf("moe: moving %s aside: %w", m.from, err)
+			return nil, fmt.Errorf("runs: moving %s aside: %w", m.from, err)
 		}
 		i := slices.IndexFunc(groups, func(g *group) bool { return g.dir == dir })
 		if i < 0 {

@@ -1,4 +1,4 @@
-package moe_test
+package runs_test
 
 import (
 	"crypto/sha256"
@@ -20,6 +20,7 @@ import (
 	"github.com/goep/goep/internal/h5"
 	"github.com/goep/goep/internal/mpitesting"
 	"github.com/goep/goep/moe"
+	"github.com/goep/goep/moe/runs"
 	"github.com/goep/goep/mpi"
 )
 
@@ -32,13 +33,13 @@ func TestRunTraceCheckpointsResume(t *testing.T) {
 	defer mpitesting.Agree(t, w)
 	const N = 10
 	dir := tempDir(t, w)
-	o := moe.RunOptions{TrainConfig: smallConfig(ep.HighThroughput, moe.Float32), Steps: 2 * N,
+	o := runs.Options{TrainConfig: smallConfig(ep.HighThroughput, moe.Float32), Steps: 2 * N,
 		TracePath: filepath.Join(dir, "a", "trace.h5"), CheckpointDir: filepath.Join(dir, "a"), CheckpointEvery: N,
 		Nodes: 1, Command: "test"}
 	E := o.Config.Experts
 	calls := 0
 	o.OnStep = func(*moe.StepStats) { calls++ }
-	res, err := moe.Run(w, o)
+	res, err := runs.Train(w, o)
 	require.NoError(t, err)
 	assert.Equal(t, 2*N, calls)
 	assert.Equal(t, int64(2*N), res.Steps)
@@ -49,8 +50,8 @@ func TestRunTraceCheckpointsResume(t *testing.T) {
 
 	b := o
 	b.TracePath, b.CheckpointDir, b.OnStep = filepath.Join(dir, "b", "trace.h5"), filepath.Join(dir, "b"), nil
-	b.Resume = moe.CheckpointPath(o.CheckpointDir, N)
-	resB, err := moe.Run(w, b)
+	b.Resume = runs.CheckpointPath(o.CheckpointDir, N)
+	resB, err := runs.Train(w, b)
 	require.NoError(t, err)
 	assert.Equal(t, int64(N), resB.Steps)
 	assert.Equal(t, res.Last.Loss, resB.Last.Loss)
@@ -59,12 +60,12 @@ func TestRunTraceCheckpointsResume(t *testing.T) {
 		assert.Empty(t, res.Files)
 		return
 	}
-	assert.Equal(t, []string{o.TracePath, moe.CheckpointPath(o.CheckpointDir, N), moe.CheckpointPath(o.CheckpointDir, 2*N)}, res.Files)
-	tr, err := moe.ReadTrace(o.TracePath)
+	assert.Equal(t, []string{o.TracePath, runs.CheckpointPath(o.CheckpointDir, N), runs.CheckpointPath(o.CheckpointDir, 2*N)}, res.Files)
+	tr, err := runs.ReadTrace(o.TracePath)
 	require.NoError(t, err)
 	assert.Equal(t, o.TrainConfig, tr.Config)
 	assert.Equal(t, R, tr.WorldSize)
-	assert.Equal(t, moe.TraceVersion, tr.Version)
+	assert.Equal(t, runs.TraceVersion, tr.Version)
 	require.Len(t, tr.Step, 2*N)
 	for i := range tr.Step {
 		assert.Equal(t, int64(i+1), tr.Step[i])
@@ -89,7 +90,7 @@ func TestRunTraceCheckpointsResume(t *testing.T) {
 		}
 	}
 
-	trB, err := moe.ReadTrace(b.TracePath)
+	trB, err := runs.ReadTrace(b.TracePath)
 	require.NoError(t, err)
 	assert.Equal(t, int64(N), trB.StartStep)
 	assert.Equal(t, b.Resume, trB.ResumedFrom)
@@ -97,9 +98,9 @@ func TestRunTraceCheckpointsResume(t *testing.T) {
 	assert.Equal(t, tr.Loss[N:], trB.Loss, "losses after the resume")
 	assert.Equal(t, tr.TokensPerExpert[N*E:], trB.TokensPerExpert)
 
-	ckA, err := moe.ReadCheckpoint(moe.CheckpointPath(o.CheckpointDir, 2*N))
+	ckA, err := runs.ReadCheckpoint(runs.CheckpointPath(o.CheckpointDir, 2*N))
 	require.NoError(t, err)
-	ckB, err := moe.ReadCheckpoint(moe.CheckpointPath(b.CheckpointDir, 2*N))
+	ckB, err := runs.ReadCheckpoint(runs.CheckpointPath(b.CheckpointDir, 2*N))
 	require.NoError(t, err)
 	assert.True(t, paramsEqual(&ckA.Model, &ckB.Model), "final models differ")
 	assert.True(t, paramsEqual(&ckA.AdamM, &ckB.AdamM) && paramsEqual(&ckA.AdamV, &ckB.AdamV), "final Adam states differ")
@@ -111,19 +112,19 @@ func TestRunTraceCheckpointsResume(t *testing.T) {
 func TestRunCollectiveErrors(t *testing.T) {
 	w := mpitesting.World
 	defer mpitesting.Agree(t, w)
-	o := moe.RunOptions{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 2}
+	o := runs.Options{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 2}
 	o.TopK = 20
-	_, err := moe.Run(w, o)
-	var ce *moe.CollectiveError
+	_, err := runs.Train(w, o)
+	var ce *runs.CollectiveError
 	require.ErrorAs(t, err, &ce)
 	assert.Contains(t, err.Error(), "topk = 20")
 
 	dir := tempDir(t, w)
-	o = moe.RunOptions{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 2, CheckpointDir: dir}
-	_, err = moe.Run(w, o)
+	o = runs.Options{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 2, CheckpointDir: dir}
+	_, err = runs.Train(w, o)
 	require.NoError(t, err)
-	o.Resume = moe.CheckpointPath(dir, 2)
-	_, err = moe.Run(w, o)
+	o.Resume = runs.CheckpointPath(dir, 2)
+	_, err = runs.Train(w, o)
 	require.ErrorAs(t, err, &ce)
 	assert.Contains(t, err.Error(), "nothing to do")
 }
@@ -165,22 +166,22 @@ func TestRunContinuesItsTrace(t *testing.T) {
 	defer mpitesting.Agree(t, w)
 	const N = 5
 	dir := tempDir(t, w)
-	o := moe.RunOptions{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 3 * N,
+	o := runs.Options{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 3 * N,
 		TracePath: filepath.Join(dir, "trace.h5"), CheckpointDir: dir, CheckpointEvery: N, Nodes: 1, Command: "first"}
-	resA, err := moe.Run(w, o)
+	resA, err := runs.Train(w, o)
 	require.NoError(t, err)
-	var first *moe.TraceData
-	var firstCkpt *moe.Checkpoint
+	var first *runs.TraceData
+	var firstCkpt *runs.Checkpoint
 	if w.Rank() == 0 {
-		first, err = moe.ReadTrace(o.TracePath)
+		first, err = runs.ReadTrace(o.TracePath)
 		require.NoError(t, err)
-		firstCkpt, err = moe.ReadCheckpoint(moe.CheckpointPath(dir, 3*N))
+		firstCkpt, err = runs.ReadCheckpoint(runs.CheckpointPath(dir, 3*N))
 		require.NoError(t, err)
 	}
 
 	b := o
-	b.Steps, b.Resume, b.Command = 4*N, moe.CheckpointPath(dir, 2*N), "second"
-	resB, err := moe.Run(w, b)
+	b.Steps, b.Resume, b.Command = 4*N, runs.CheckpointPath(dir, 2*N), "second"
+	resB, err := runs.Train(w, b)
 	require.NoError(t, err)
 	assert.Equal(t, resA.RunID, resB.RunID, "a resume keeps the run id")
 	assert.Equal(t, int64(2*N), resB.StartStep)
@@ -193,7 +194,7 @@ func TestRunContinuesItsTrace(t *testing.T) {
 	assert.Contains(t, notes, fmt.Sprintf("dropped %d rows of steps %d..%d", N, 2*N+1, 3*N))
 	assert.Contains(t, notes, "moved 1 file(s) of run "+resA.RunID)
 
-	tr, err := moe.ReadTrace(o.TracePath)
+	tr, err := runs.ReadTrace(o.TracePath)
 	require.NoError(t, err)
 	assert.Equal(t, resA.RunID, tr.RunID)
 	require.Len(t, tr.Step, 4*N)
@@ -224,9 +225,9 @@ func TestRunContinuesItsTrace(t *testing.T) {
 	aside, err := filepath.Glob(filepath.Join(dir, "moved-aside", "*", "ckpt-000015.h5"))
 	require.NoError(t, err)
 	require.Len(t, aside, 1, "the old checkpoint of step 3N, moved aside")
-	old, err := moe.ReadCheckpoint(aside[0])
+	old, err := runs.ReadCheckpoint(aside[0])
 	require.NoError(t, err)
-	again, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 3*N))
+	again, err := runs.ReadCheckpoint(runs.CheckpointPath(dir, 3*N))
 	require.NoError(t, err)
 	assert.Equal(t, firstCkpt.Model, old.Model)
 	assert.Equal(t, old.Model, again.Model)
@@ -255,12 +256,12 @@ func TestRunRefusesAnotherRunsFiles(t *testing.T) {
 	const N = 4
 	dir := tempDir(t, w)
 	trace := filepath.Join(dir, "trace.h5")
-	o := moe.RunOptions{TrainConfig: smallConfig(ep.HighThroughput, moe.Float32), Steps: 2 * N,
+	o := runs.Options{TrainConfig: smallConfig(ep.HighThroughput, moe.Float32), Steps: 2 * N,
 		TracePath: trace, CheckpointDir: dir, CheckpointEvery: N, Nodes: 1}
 	// Auto-resume with nothing there starts a new run.
 	auto := o
-	auto.Resume = moe.ResumeAuto
-	resA, err := moe.Run(w, auto)
+	auto.Resume = runs.ResumeAuto
+	resA, err := runs.Train(w, auto)
 	require.NoError(t, err)
 	assert.Empty(t, resA.ResumedFrom)
 	if w.Rank() == 0 {
@@ -268,23 +269,23 @@ func TestRunRefusesAnotherRunsFiles(t *testing.T) {
 	}
 	before := snapshot(t, w, dir)
 
-	var ce *moe.CollectiveError
-	_, err = moe.Run(w, o)
+	var ce *runs.CollectiveError
+	_, err = runs.Train(w, o)
 	require.ErrorAs(t, err, &ce)
-	for _, s := range []string{"refusing to start a new run", "run " + resA.RunID, trace, moe.CheckpointPath(dir, N), "-fresh", "-resume auto"} {
+	for _, s := range []string{"refusing to start a new run", "run " + resA.RunID, trace, runs.CheckpointPath(dir, N), "-fresh", "-resume auto"} {
 		assert.Contains(t, err.Error(), s)
 	}
 	assert.Equal(t, before, snapshot(t, w, dir), "a refused run changed files")
 
 	both := o
-	both.Fresh, both.Resume = true, moe.ResumeAuto
-	_, err = moe.Run(w, both)
+	both.Fresh, both.Resume = true, runs.ResumeAuto
+	_, err = runs.Train(w, both)
 	require.ErrorAs(t, err, &ce)
 	assert.Contains(t, err.Error(), "contradict")
 
 	fresh := o
 	fresh.Fresh = true
-	resB, err := moe.Run(w, fresh)
+	resB, err := runs.Train(w, fresh)
 	require.NoError(t, err)
 	assert.NotEqual(t, resA.RunID, resB.RunID)
 	var aside string
@@ -298,7 +299,7 @@ func TestRunRefusesAnotherRunsFiles(t *testing.T) {
 		for name, sum := range before { // every old file, unchanged, aside
 			assert.Equal(t, sum, snapshot(t, w, aside)[name], "%s moved aside", name)
 		}
-		tr, err := moe.ReadTrace(trace)
+		tr, err := runs.ReadTrace(trace)
 		require.NoError(t, err)
 		assert.Equal(t, resB.RunID, tr.RunID)
 		assert.Len(t, tr.Segments, 1)
@@ -306,22 +307,22 @@ func TestRunRefusesAnotherRunsFiles(t *testing.T) {
 
 	// Auto-resume continues run B, not A (whose files are aside).
 	auto.Steps = 3 * N
-	resC, err := moe.Run(w, auto)
+	resC, err := runs.Train(w, auto)
 	require.NoError(t, err)
 	assert.Equal(t, resB.RunID, resC.RunID)
-	assert.Equal(t, moe.CheckpointPath(dir, 2*N), resC.ResumedFrom)
+	assert.Equal(t, runs.CheckpointPath(dir, 2*N), resC.ResumedFrom)
 	if w.Rank() == 0 {
-		tr, err := moe.ReadTrace(trace)
+		tr, err := runs.ReadTrace(trace)
 		require.NoError(t, err)
 		assert.Len(t, tr.Step, 3*N)
 		assert.Len(t, tr.Segments, 2)
-		ck, err := moe.ReadCheckpointInfo(moe.CheckpointPath(dir, 3*N))
+		ck, err := runs.ReadCheckpointInfo(runs.CheckpointPath(dir, 3*N))
 		require.NoError(t, err)
 		assert.Equal(t, resB.RunID, ck.RunID)
 	}
 	// Done: nothing to do, nothing changed.
 	before = snapshot(t, w, dir)
-	resD, err := moe.Run(w, auto)
+	resD, err := runs.Train(w, auto)
 	require.NoError(t, err)
 	assert.True(t, resD.NothingToDo)
 	assert.Equal(t, resB.RunID, resD.RunID)
@@ -332,20 +333,20 @@ func TestRunRefusesAnotherRunsFiles(t *testing.T) {
 	if w.Rank() == 0 {
 		data, err := os.ReadFile(filepath.Join(aside, "ckpt-000004.h5"))
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(moe.CheckpointPath(dir, 1), data, 0o644))
+		require.NoError(t, os.WriteFile(runs.CheckpointPath(dir, 1), data, 0o644))
 	}
 	before = snapshot(t, w, dir)
 	auto.Steps = 4 * N
-	_, err = moe.Run(w, auto)
+	_, err = runs.Train(w, auto)
 	require.ErrorAs(t, err, &ce)
-	for _, s := range []string{"2 runs", "run " + resA.RunID, "run " + resB.RunID, moe.CheckpointPath(dir, 1)} {
+	for _, s := range []string{"2 runs", "run " + resA.RunID, "run " + resB.RunID, runs.CheckpointPath(dir, 1)} {
 		assert.Contains(t, err.Error(), s)
 	}
 	explicit := o
-	explicit.Steps, explicit.Resume = 4*N, moe.CheckpointPath(dir, 3*N)
-	_, err = moe.Run(w, explicit)
+	explicit.Steps, explicit.Resume = 4*N, runs.CheckpointPath(dir, 3*N)
+	_, err = runs.Train(w, explicit)
 	require.ErrorAs(t, err, &ce)
-	assert.Contains(t, err.Error(), fmt.Sprintf("%s belongs to another run: run_id = %q in that checkpoint, %q in this run", moe.CheckpointPath(dir, 1), resA.RunID, resB.RunID))
+	assert.Contains(t, err.Error(), fmt.Sprintf("%s belongs to another run: run_id = %q in that checkpoint, %q in this run", runs.CheckpointPath(dir, 1), resA.RunID, resB.RunID))
 	assert.Equal(t, before, snapshot(t, w, dir), "a refused run changed files")
 }
 
@@ -356,54 +357,54 @@ func TestRunVersion1Files(t *testing.T) {
 	w := mpitesting.World
 	defer mpitesting.Agree(t, w)
 	dir := tempDir(t, w)
-	o := moe.RunOptions{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 3,
+	o := runs.Options{TrainConfig: smallConfig(ep.LowLatency, moe.Float32), Steps: 3,
 		TracePath: filepath.Join(dir, "trace.h5"), CheckpointDir: dir}
-	_, err := moe.Run(w, o)
+	_, err := runs.Train(w, o)
 	require.NoError(t, err)
 	var werr error
 	if w.Rank() == 0 { // make them version 1 files: the readers then ignore run_id and /segments
-		for _, p := range []string{o.TracePath, moe.CheckpointPath(dir, 3)} {
+		for _, p := range []string{o.TracePath, runs.CheckpointPath(dir, 3)} {
 			f, err := h5.OpenRW(p)
 			require.NoError(t, err)
 			require.NoError(t, f.SetAttr("/", "version", 1))
 			werr = errors.Join(werr, f.Close())
 		}
-		tr, err := moe.ReadTrace(o.TracePath)
+		tr, err := runs.ReadTrace(o.TracePath)
 		require.NoError(t, err)
 		assert.Equal(t, 1, tr.Version)
 		assert.Empty(t, tr.RunID)
 		require.Len(t, tr.Segments, 1)
 		assert.Equal(t, w.Size(), tr.Segments[0].WorldSize)
-		ck, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 3))
+		ck, err := runs.ReadCheckpoint(runs.CheckpointPath(dir, 3))
 		require.NoError(t, err)
 		assert.Equal(t, 1, ck.Version)
 		assert.Empty(t, ck.RunID)
 	}
 	require.NoError(t, werr)
 
-	var ce *moe.CollectiveError
+	var ce *runs.CollectiveError
 	auto := o
-	auto.Steps, auto.Resume = 6, moe.ResumeAuto
-	_, err = moe.Run(w, auto)
+	auto.Steps, auto.Resume = 6, runs.ResumeAuto
+	_, err = runs.Train(w, auto)
 	require.ErrorAs(t, err, &ce)
 	assert.Contains(t, err.Error(), "files with no run id (written before run ids: version 1)")
-	_, err = moe.Run(w, o)
+	_, err = runs.Train(w, o)
 	require.ErrorAs(t, err, &ce)
 	assert.Contains(t, err.Error(), "refusing to start a new run")
 
 	other := tempDir(t, w)
-	resume := moe.RunOptions{TrainConfig: o.TrainConfig, Steps: 6, Resume: moe.CheckpointPath(dir, 3),
+	resume := runs.Options{TrainConfig: o.TrainConfig, Steps: 6, Resume: runs.CheckpointPath(dir, 3),
 		TracePath: filepath.Join(other, "trace.h5"), CheckpointDir: other}
-	res, err := moe.Run(w, resume)
+	res, err := runs.Train(w, resume)
 	require.NoError(t, err)
 	assert.NotEmpty(t, res.RunID)
 	assert.Equal(t, int64(3), res.StartStep)
 	if w.Rank() == 0 {
 		assert.Contains(t, strings.Join(res.Notes, "\n"), "has no run id (checkpoint version 1")
-		ck, err := moe.ReadCheckpointInfo(moe.CheckpointPath(other, 6))
+		ck, err := runs.ReadCheckpointInfo(runs.CheckpointPath(other, 6))
 		require.NoError(t, err)
 		assert.Equal(t, res.RunID, ck.RunID)
-		assert.Equal(t, moe.CheckpointVersion, ck.Version)
+		assert.Equal(t, runs.CheckpointVersion, ck.Version)
 	}
 }
 
@@ -419,8 +420,8 @@ func TestRunTracesTheSync(t *testing.T) {
 		t.Run(cfg.GradSync.String(), func(t *testing.T) {
 			defer mpitesting.Agree(t, w)
 			dir := tempDir(t, w)
-			o := moe.RunOptions{TrainConfig: cfg, Steps: 4, TracePath: filepath.Join(dir, "trace.h5")}
-			res, err := moe.Run(w, o)
+			o := runs.Options{TrainConfig: cfg, Steps: 4, TracePath: filepath.Join(dir, "trace.h5")}
+			res, err := runs.Train(w, o)
 			require.NoError(t, err)
 			n := int64(cfg.DataParallelParams())
 			want := map[moe.SyncMethod]int64{moe.SyncAllreduce: 2 * int64(R-1) * 8 * n / int64(R),
@@ -430,7 +431,7 @@ func TestRunTracesTheSync(t *testing.T) {
 			if w.Rank() != 0 {
 				return
 			}
-			tr, err := moe.ReadTrace(o.TracePath)
+			tr, err := runs.ReadTrace(o.TracePath)
 			require.NoError(t, err)
 			assert.Equal(t, cfg, tr.Config)
 			require.Len(t, tr.SyncBytes, 4*R)
@@ -465,14 +466,14 @@ func TestRunVersion2Files(t *testing.T) {
 		Tokens: 4, Act: moe.SiLU, Seed: 1}, TeacherSeed: 2, LR: 0.01, AuxCoef: 0.01}
 	dir := tempDir(t, w)
 	onRanks(t, w, 1, func(c *mpi.Comm) {
-		tr, err := moe.ReadTrace("testdata/v2/trace.h5")
+		tr, err := runs.ReadTrace("testdata/v2/trace.h5")
 		require.NoError(t, err)
 		assert.Equal(t, 2, tr.Version)
 		assert.Equal(t, cfg, tr.Config)
 		require.Len(t, tr.Step, 3)
 		assert.Equal(t, []int64{-1, -1, -1}, tr.SyncBytes)
 		assert.True(t, math.IsNaN(tr.SyncUS[0]) && math.IsNaN(tr.StepUS[2]), "unknown sync time")
-		ck, err := moe.ReadCheckpoint("testdata/v2/ckpt-000003.h5")
+		ck, err := runs.ReadCheckpoint("testdata/v2/ckpt-000003.h5")
 		require.NoError(t, err)
 		assert.Equal(t, 2, ck.Version)
 		assert.Equal(t, cfg, ck.Config)
@@ -484,14 +485,14 @@ func TestRunVersion2Files(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join(dir, f), data, 0o644))
 		}
-		res, err := moe.Run(c, moe.RunOptions{TrainConfig: cfg, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
-			CheckpointDir: dir, Resume: moe.ResumeAuto})
+		res, err := runs.Train(c, runs.Options{TrainConfig: cfg, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
+			CheckpointDir: dir, Resume: runs.ResumeAuto})
 		require.NoError(t, err)
 		assert.Equal(t, tr.RunID, res.RunID)
 		assert.Equal(t, int64(3), res.StartStep)
-		now, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+		now, err := runs.ReadTrace(filepath.Join(dir, "trace.h5"))
 		require.NoError(t, err)
-		assert.Equal(t, moe.TraceVersion, now.Version)
+		assert.Equal(t, runs.TraceVersion, now.Version)
 		assert.Equal(t, tr.Loss, now.Loss[:3], "the old rows are kept")
 		assert.Equal(t, []int64{-1, -1, -1, 0, 0}, now.SyncBytes, "unknown for the old rows, none sent on one rank")
 		assert.Positive(t, now.StepUS[4])
@@ -500,9 +501,9 @@ func TestRunVersion2Files(t *testing.T) {
 		assert.Equal(t, []int64{-1, -1, -1}, now.PeerSent[:3])
 		assert.Positive(t, now.PeerSent[4], "the rows rank 0 kept")
 		assert.Equal(t, now.PeerSent, now.PeerRecv)
-		ck, err = moe.ReadCheckpoint(moe.CheckpointPath(dir, 5))
+		ck, err = runs.ReadCheckpoint(runs.CheckpointPath(dir, 5))
 		require.NoError(t, err)
-		assert.Equal(t, moe.CheckpointVersion, ck.Version)
+		assert.Equal(t, runs.CheckpointVersion, ck.Version)
 	})
 }
 
@@ -517,7 +518,7 @@ func TestRunVersion3Files(t *testing.T) {
 	if w.Size() < 2 {
 		t.Log("one rank: only the reading (the resume needs the trace's 2 ranks)")
 	}
-	tr, err := moe.ReadTrace("testdata/v3/trace.h5")
+	tr, err := runs.ReadTrace("testdata/v3/trace.h5")
 	require.NoError(t, err)
 	assert.Equal(t, 3, tr.Version)
 	require.Len(t, tr.Step, 3)
@@ -542,16 +543,16 @@ func TestRunVersion3Files(t *testing.T) {
 			}
 		}
 		require.NoError(t, c.Barrier())
-		res, err := moe.Run(c, moe.RunOptions{TrainConfig: tr.Config, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
-			CheckpointDir: dir, Resume: moe.ResumeAuto})
+		res, err := runs.Train(c, runs.Options{TrainConfig: tr.Config, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
+			CheckpointDir: dir, Resume: runs.ResumeAuto})
 		require.NoError(t, err)
 		assert.Equal(t, int64(3), res.StartStep)
 		if c.Rank() != 0 {
 			return
 		}
-		now, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+		now, err := runs.ReadTrace(filepath.Join(dir, "trace.h5"))
 		require.NoError(t, err)
-		assert.Equal(t, moe.TraceVersion, now.Version)
+		assert.Equal(t, runs.TraceVersion, now.Version)
 		require.Len(t, now.Step, 5)
 		assert.Equal(t, tr.Loss, now.Loss[:3], "the old rows are kept")
 		for i := 0; i < 5*4; i++ {
@@ -570,7 +571,7 @@ func TestRunVersion3Files(t *testing.T) {
 func TestRunVersion4Files(t *testing.T) {
 	w := mpitesting.World
 	defer mpitesting.Agree(t, w)
-	tr, err := moe.ReadTrace("testdata/v4/trace.h5")
+	tr, err := runs.ReadTrace("testdata/v4/trace.h5")
 	require.NoError(t, err)
 	assert.Equal(t, 4, tr.Version)
 	require.Len(t, tr.Step, 3)
@@ -584,7 +585,7 @@ func TestRunVersion4Files(t *testing.T) {
 		assert.True(t, math.IsNaN(tr.CopyUS[i]))
 	}
 	assert.Positive(t, tr.PeerSent[0], "version 4's own columns are read")
-	ck, err := moe.ReadCheckpointInfo("testdata/v4/ckpt-000003.h5")
+	ck, err := runs.ReadCheckpointInfo("testdata/v4/ckpt-000003.h5")
 	require.NoError(t, err)
 	assert.Equal(t, 3, ck.Version)
 	assert.Equal(t, moe.Device{Backend: "cpu"}, ck.Device)
@@ -602,8 +603,8 @@ func TestRunVersion4Files(t *testing.T) {
 			}
 		}
 		require.NoError(t, c.Barrier())
-		res, err := moe.Run(c, moe.RunOptions{TrainConfig: tr.Config, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
-			CheckpointDir: dir, Resume: moe.ResumeAuto})
+		res, err := runs.Train(c, runs.Options{TrainConfig: tr.Config, Steps: 5, TracePath: filepath.Join(dir, "trace.h5"),
+			CheckpointDir: dir, Resume: runs.ResumeAuto})
 		require.NoError(t, err)
 		assert.Equal(t, int64(3), res.StartStep)
 		if c.Rank() != 0 {
@@ -612,9 +613,9 @@ func TestRunVersion4Files(t *testing.T) {
 		for _, n := range res.Notes {
 			assert.NotContains(t, n, "backend", "the CPU engine then and now")
 		}
-		now, err := moe.ReadTrace(filepath.Join(dir, "trace.h5"))
+		now, err := runs.ReadTrace(filepath.Join(dir, "trace.h5"))
 		require.NoError(t, err)
-		assert.Equal(t, moe.TraceVersion, now.Version)
+		assert.Equal(t, runs.TraceVersion, now.Version)
 		require.Len(t, now.Step, 5)
 		assert.Equal(t, tr.Loss, now.Loss[:3], "the old rows are kept")
 		for i := 0; i < 5*2; i++ {
@@ -622,9 +623,9 @@ func TestRunVersion4Files(t *testing.T) {
 			assert.Equal(t, i < 3*2, math.IsNaN(now.CopyUS[i]), "copy_us[%d][%d]", i/2, i%2)
 		}
 		assert.Equal(t, []int64{0, 0}, now.Copies[3*2:4*2], "the CPU engine copies nothing")
-		ck, err := moe.ReadCheckpoint(moe.CheckpointPath(dir, 5))
+		ck, err := runs.ReadCheckpoint(runs.CheckpointPath(dir, 5))
 		require.NoError(t, err)
-		assert.Equal(t, moe.CheckpointVersion, ck.Version)
+		assert.Equal(t, runs.CheckpointVersion, ck.Version)
 		assert.Equal(t, "cpu", ck.Device.Backend)
 	})
 }

@@ -1,4 +1,4 @@
-package moe
+package runs
 
 import "math"
 

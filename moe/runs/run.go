@@ -1,6 +1,9 @@
-package moe
+package runs
 
 import (
+	cryptorand "crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -9,13 +12,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/goep/goep/moe"
 	"github.com/goep/goep/mpi"
 )
 
-// RunOptions describes a training run: the model and task, how long, and
+// Options describes a training run: the model and task, how long, and
 // which files to write.
-type RunOptions struct {
-	TrainConfig
+type Options struct {
+	moe.TrainConfig
 	// Steps is the step the run ends at, counting the steps of the
 	// checkpoint it resumes from: a run of 2N steps, and a run of N steps
 	// resumed with Steps 2N, end in the same state.
@@ -44,42 +48,42 @@ type RunOptions struct {
 	Command string
 	// Device describes the device the ep calls run on (Config.Backend),
 	// for the trace's segment and the checkpoints; its Backend is filled
-	// in from the layer's.
-	Device Device
+	// in from the layer's (moe.Trainer.SetDevice).
+	Device moe.Device
 	// OnNote, if set, is called on rank 0 with each thing the run has to say
 	// before it trains: which run it is, what it resumes from, what changed
 	// since the checkpoint, the files it moved aside, the trace rows it
-	// dropped (RunResult.Notes collects them too).
+	// dropped (Result.Notes collects them too).
 	OnNote func(string)
 	// OnStep, if set, is called on every rank after each step (after the
 	// step's trace row and checkpoint are written).
-	OnStep func(*StepStats)
+	OnStep func(*moe.StepStats)
 	// BetweenPasses, if set, is called on this rank between each step's
-	// forward and backward (Trainer.SetBetweenPasses).
+	// forward and backward (moe.Trainer.SetBetweenPasses).
 	BetweenPasses func(step int64)
 }
 
-// RunResult sums up a run; it is the same on every rank except for Files,
+// Result sums up a run; it is the same on every rank except for Files,
 // Notes and DroppedRows, which are rank 0's.
-type RunResult struct {
-	RunID        string     // the run's identity (new, or the checkpoint's)
-	StartStep    int64      // the step it started after (the checkpoint's; 0 from scratch)
-	ResumedFrom  string     // the checkpoint it resumed from, or ""
-	NothingToDo  bool       // Resume was ResumeAuto and the run was already at Steps
-	First, Last  *StepStats // the run's first and last steps (nil if none)
-	Steps        int64      // steps run (not counting those before a resume)
-	Tokens       int64      // tokens processed over all ranks
+type Result struct {
+	RunID        string         // the run's identity (new, or the checkpoint's)
+	StartStep    int64          // the step it started after (the checkpoint's; 0 from scratch)
+	ResumedFrom  string         // the checkpoint it resumed from, or ""
+	NothingToDo  bool           // Resume was ResumeAuto and the run was already at Steps
+	First, Last  *moe.StepStats // the run's first and last steps (nil if none)
+	Steps        int64          // steps run (not counting those before a resume)
+	Tokens       int64          // tokens processed over all ranks
 	StepTime     time.Duration
 	MeanDispatch time.Duration // per step, mean over ranks and steps
 	MeanCombine  time.Duration
 	MeanSync     time.Duration // per step, mean over ranks and steps: the data-parallel gradient sync
 	SyncBytes    int64         // per step, mean over ranks and steps: bytes the sync sent
 	// Per step, mean over ranks and steps: the copies between the host and
-	// the ep group's memory (CommStats.Copies), their bytes and time.
+	// the ep group's memory (moe.CommStats.Copies), their bytes and time.
 	Copies    float64
 	CopyBytes int64
 	MeanCopy  time.Duration
-	Device    Device // what the ep calls ran on
+	Device    moe.Device // what the ep calls ran on
 	// WaitUS is, [ranks][ranks] row-major, how long rank i waited for rank j
 	// in ep calls over the run's steps, in microseconds (NaN where the
 	// engine does not measure it); Hosts the host of each rank; Straggler
@@ -95,7 +99,7 @@ type RunResult struct {
 
 // TokensPerSecond is the training throughput: tokens over all ranks per
 // second of step time (checkpoint writing excluded).
-func (r *RunResult) TokensPerSecond() float64 {
+func (r *Result) TokensPerSecond() float64 {
 	if r.StepTime <= 0 {
 		return 0
 	}
@@ -105,7 +109,7 @@ func (r *RunResult) TokensPerSecond() float64 {
 // CollectiveError is an error that every rank of the run returned at the
 // same point (a bad configuration, a checkpoint that does not fit, a file
 // that rank 0 could not write): the job can end normally. Other errors from
-// Run may be on one rank only, and the caller should abort the job
+// Train may be on one rank only, and the caller should abort the job
 // (mpi.Abort) so that the others do not wait for it.
 type CollectiveError struct{ Err error }
 
@@ -119,22 +123,37 @@ func collective(err error) error {
 	return &CollectiveError{err}
 }
 
+// NewID returns a new run identity: the UTC start time and 32 random bits,
+// such as "20250812T141502Z-3f9a1c2b". It sorts by start time and is safe in
+// file names. Traces and checkpoints record it (Result.RunID), so that files
+// of different runs are never mixed up.
+func NewID(start time.Time) string {
+	var b [4]byte
+	if _, err := cryptorand.Read(b[:]); err != nil {
+		// crypto/rand does not fail on Linux; the clock's nanoseconds still
+		// tell two runs of the same second apart.
+		binary.LittleEndian.PutUint32(b[:], uint32(start.UnixNano()))
+	}
+	return start.UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b[:])
+}
+
 // CheckpointPath is the name of the checkpoint of step in dir.
 func CheckpointPath(dir string, step int64) string {
 	return filepath.Join(dir, fmt.Sprintf("ckpt-%06d.h5", step))
 }
 
-// Run trains as o says: it builds the trainer, decides what to do with the
-// files already at the trace path and in the checkpoint directory (a new run
-// refuses another run's files unless o.Fresh; a resume continues its own
-// run's trace and refuses any other run's files), resumes from o.Resume if
-// set, runs until step o.Steps, and writes the trace and the checkpoints.
-// Every refusal happens before any file is changed. Collective.
-func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
+// Train runs a training run as o says: it builds the trainer, decides what
+// to do with the files already at the trace path and in the checkpoint
+// directory (a new run refuses another run's files unless o.Fresh; a resume
+// continues its own run's trace and refuses any other run's files), resumes
+// from o.Resume if set, trains until step o.Steps, and writes the trace and
+// the checkpoints. Every refusal happens before any file is changed.
+// Collective.
+func Train(comm *mpi.Comm, o Options) (_ *Result, err error) {
 	if err := checkRun(o, comm.Size()); err != nil {
 		return nil, collective(err)
 	}
-	tr, err := NewTrainer(comm, o.TrainConfig)
+	tr, err := moe.NewTrainer(comm, o.TrainConfig)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +176,7 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	}
 	start := time.Now()
 	rank0 := comm.Rank() == 0
-	res := &RunResult{Hosts: hostList, Device: tr.Device()}
+	res := &Result{Hosts: hostList, Device: tr.Device()}
 	note := func(s string) {
 		res.Notes = append(res.Notes, s)
 		if o.OnNote != nil {
@@ -168,7 +187,7 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 	// Rank 0 looks at the files and decides; nothing changes yet.
 	var plan *runPlan
 	if rank0 {
-		plan, err = planRun(o, comm.Size(), tr.RunID(), start)
+		plan, err = planRun(o, comm.Size(), NewID(start), start)
 	}
 	if err := agree(comm, err); err != nil {
 		return nil, collective(err)
@@ -190,18 +209,18 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 		return res, nil
 	}
 	if resume != "" {
-		if err := tr.LoadCheckpoint(resume); err != nil {
+		if _, err := LoadCheckpoint(tr, resume); err != nil {
 			return nil, collective(err)
 		}
 		res.ResumedFrom = resume
 	}
-	res.RunID, res.StartStep = tr.RunID(), tr.StepsDone()
+	res.StartStep = tr.StepsDone()
 
 	// Now rank 0 changes files: moves others aside, opens the trace.
 	planNotes()
 	var trace *Trace
 	if rank0 {
-		trace, err = openRunFiles(o, plan, tr, comm.Size(), hosts, start, res, note)
+		trace, err = openRunFiles(o, plan, tr, res.RunID, comm.Size(), hosts, start, res, note)
 	}
 	if err := agree(comm, err); err != nil {
 		return nil, collective(err)
@@ -220,7 +239,7 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 			return nil, err
 		}
 		sums.add(res, st)
-		if err := recordStep(o, tr, trace, st, rank0, res); err != nil {
+		if err := recordStep(o, tr, res.RunID, trace, st, rank0, res); err != nil {
 			return nil, err
 		}
 		if o.OnStep != nil {
@@ -232,32 +251,36 @@ func Run(comm *mpi.Comm, o RunOptions) (_ *RunResult, err error) {
 }
 
 // checkRun refuses options that no run can follow.
-func checkRun(o RunOptions, ranks int) error {
+func checkRun(o Options, ranks int) error {
 	if err := o.Validate(ranks); err != nil {
 		return err
 	}
 	if o.Steps <= 0 || o.CheckpointEvery < 0 || o.FlushEvery < 0 {
-		return fmt.Errorf("moe: invalid run: steps = %d, checkpoint every %d, flush every %d", o.Steps, o.CheckpointEvery, o.FlushEvery)
+		return fmt.Errorf("runs: invalid run: steps = %d, checkpoint every %d, flush every %d", o.Steps, o.CheckpointEvery, o.FlushEvery)
 	}
 	if o.Fresh && o.Resume != "" {
-		return fmt.Errorf("moe: invalid run: fresh (start a new run) and resume %q (continue one) contradict each other", o.Resume)
+		return fmt.Errorf("runs: invalid run: fresh (start a new run) and resume %q (continue one) contradict each other", o.Resume)
 	}
 	return nil
 }
 
 // sharePlan gives every rank what rank 0's plan (nil on the other ranks)
-// decided: the checkpoint to resume from ("" for none), and whether the
-// run has nothing left to do, in which case res.RunID is the plan's.
-func sharePlan(comm *mpi.Comm, plan *runPlan, res *RunResult) (resume string, nothing bool, err error) {
+// decided: the run's identity (res.RunID: a new one, or the checkpoint's),
+// the checkpoint to resume from ("" for none), and whether the run has
+// nothing left to do.
+func sharePlan(comm *mpi.Comm, plan *runPlan, res *Result) (resume string, nothing bool, err error) {
 	flags := []int64{0}
 	if plan != nil {
+		res.RunID = plan.runID
 		if plan.resume != nil {
 			resume = plan.resume.Path
 		}
 		if plan.nothingToDo {
 			flags[0] = 1
-			res.RunID = plan.runID
 		}
+	}
+	if res.RunID, err = bcastString(comm, res.RunID, 0); err != nil {
+		return "", false, err
 	}
 	if resume, err = bcastString(comm, resume, 0); err != nil {
 		return "", false, err
@@ -265,20 +288,14 @@ func sharePlan(comm *mpi.Comm, plan *runPlan, res *RunResult) (resume string, no
 	if err := mpi.BcastSlice(comm, flags, 0); err != nil {
 		return "", false, err
 	}
-	if flags[0] == 0 {
-		return resume, false, nil
-	}
-	if res.RunID, err = bcastString(comm, res.RunID, 0); err != nil {
-		return "", false, err
-	}
-	return resume, true, nil
+	return resume, flags[0] == 1, nil
 }
 
 // recordStep writes step st where the options ask: a trace row (rank 0's
 // trace, flushed every FlushEvery steps, at a checkpoint and at the end)
 // and, every CheckpointEvery steps and at the last, a checkpoint, which
 // every rank takes part in.
-func recordStep(o RunOptions, tr *Trainer, trace *Trace, st *StepStats, rank0 bool, res *RunResult) error {
+func recordStep(o Options, tr *moe.Trainer, runID string, trace *Trace, st *moe.StepStats, rank0 bool, res *Result) error {
 	ckpt := o.CheckpointDir != "" && (st.Step == o.Steps || (o.CheckpointEvery > 0 && st.Step%o.CheckpointEvery == 0))
 	if trace != nil {
 		if err := trace.Append(st, time.Now()); err != nil {
@@ -294,7 +311,7 @@ func recordStep(o RunOptions, tr *Trainer, trace *Trace, st *StepStats, rank0 bo
 		return nil
 	}
 	path := CheckpointPath(o.CheckpointDir, st.Step)
-	if err := tr.SaveCheckpoint(path); err != nil {
+	if err := SaveCheckpoint(tr, path, runID); err != nil {
 		return collective(err)
 	}
 	if rank0 {
@@ -308,7 +325,7 @@ func recordStep(o RunOptions, tr *Trainer, trace *Trace, st *StepStats, rank0 bo
 type stepSums struct{ dispatchUS, combineUS, syncUS, syncBytes, copies, copyBytes, copyUS float64 }
 
 // add counts step st into the result and the sums.
-func (s *stepSums) add(res *RunResult, st *StepStats) {
+func (s *stepSums) add(res *Result, st *moe.StepStats) {
 	if res.First == nil {
 		res.First = st
 	}
@@ -335,7 +352,7 @@ func (s *stepSums) add(res *RunResult, st *StepStats) {
 }
 
 // summarize sets the result's means over steps and its straggler.
-func (s *stepSums) summarize(res *RunResult, ranks int) {
+func (s *stepSums) summarize(res *Result, ranks int) {
 	n := float64(res.Steps)
 	res.MeanDispatch = time.Duration(s.dispatchUS / n * 1e3)
 	res.MeanCombine = time.Duration(s.combineUS / n * 1e3)
@@ -352,7 +369,7 @@ func (s *stepSums) summarize(res *RunResult, ranks int) {
 
 // openRunFiles carries out rank 0's plan: it creates the directories, moves
 // files aside, and creates or continues the trace.
-func openRunFiles(o RunOptions, plan *runPlan, tr *Trainer, ranks int, hosts string, start time.Time, res *RunResult, note func(string)) (*Trace, error) {
+func openRunFiles(o Options, plan *runPlan, tr *moe.Trainer, runID string, ranks int, hosts string, start time.Time, res *Result, note func(string)) (*Trace, error) {
 	if err := prepareFiles(o); err != nil {
 		return nil, err
 	}
@@ -367,7 +384,7 @@ func openRunFiles(o RunOptions, plan *runPlan, tr *Trainer, ranks int, hosts str
 	if err != nil || o.TracePath == "" {
 		return nil, err
 	}
-	info := TraceInfo{RunID: tr.RunID(), Config: o.TrainConfig, Segment: Segment{StartStep: tr.StepsDone(), Checkpoint: res.ResumedFrom,
+	info := TraceInfo{RunID: runID, Config: o.TrainConfig, Segment: Segment{StartStep: tr.StepsDone(), Checkpoint: res.ResumedFrom,
 		Steps: o.Steps, WorldSize: ranks, Nodes: o.Nodes, Hosts: hosts, Command: o.Command, Start: start, Device: tr.Device()}}
 	var trace *Trace
 	if plan.trace != nil {
@@ -406,7 +423,7 @@ func gatherHosts(comm *mpi.Comm) ([]string, string, error) {
 	}
 	all, err := gatherStrings(comm, host, 256)
 	if err != nil {
-		return nil, "", fmt.Errorf("moe: gathering host names: %w", err)
+		return nil, "", fmt.Errorf("runs: gathering host names: %w", err)
 	}
 	var parts []string
 	for i := 0; i < len(all); {
@@ -421,7 +438,7 @@ func gatherHosts(comm *mpi.Comm) ([]string, string, error) {
 }
 
 // prepareFiles creates the directories of the run's files.
-func prepareFiles(o RunOptions) error {
+func prepareFiles(o Options) error {
 	var errs []error
 	if o.CheckpointDir != "" {
 		errs = append(errs, os.MkdirAll(o.CheckpointDir, 0o755))

@@ -1,4 +1,4 @@
-package moe
+package runs
 
 import (
 	"encoding/binary"
@@ -11,9 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/goep/goep/ep"
 	"github.com/goep/goep/internal/h5"
-	"github.com/goep/goep/mpi"
+	"github.com/goep/goep/moe"
 )
 
 // CheckpointFormat is the value of a checkpoint's "format" attribute, and
@@ -28,23 +27,17 @@ const (
 	CheckpointVersion = 4
 )
 
-// Checkpoint is the whole state of a training run after Step updates: the
-// model with every expert (gathered from all ranks, in global order), Adam's
-// moments and step count, the run's identity, and the configuration and
-// world size it was written with. A checksum of the arrays (the "checksum"
-// attribute) catches damage to the data that HDF5 cannot see. The data of a
-// step depends on (seed, step, tokens x ranks) alone (see Batch), so there is
-// no random generator state to save. Since the experts are in global order,
-// a checkpoint resumes on any number of ranks that divides them. The
-// data-parallel parameters (gate, shared expert) in Model are rank 0's; a
-// grad sync with per-rank state adds each rank's (Sync).
+// Checkpoint is the whole state of a training run after Step updates, in a
+// file: the trainer's State (the model with every expert, gathered from all
+// ranks in global order, Adam's moments and update count, the grad sync's
+// per-rank state), the run's identity, and the configuration and world size
+// it was written with. A checksum of the arrays (the "checksum" attribute)
+// catches damage to the data that HDF5 cannot see. Since the experts are in
+// global order, a checkpoint resumes on any number of ranks that divides
+// them.
 type Checkpoint struct {
 	CheckpointInfo
-	Model Params // all Experts experts
-	AdamT int64
-	AdamM Params
-	AdamV Params
-	Sync  *SyncState // nil unless Config.GradSync.PerRankState()
+	moe.State
 }
 
 // CheckpointInfo is what a checkpoint's attributes say, read without its
@@ -55,37 +48,95 @@ type CheckpointInfo struct {
 	RunID     string // the run it belongs to; "" in version 1 files
 	Step      int64
 	WorldSize int
-	Config    TrainConfig
+	Config    moe.TrainConfig
 	WrittenAt time.Time
 	// Device is what the run that wrote it trained on: the model does not
 	// depend on it, and a run may resume on another (Changes says so).
-	Device Device
+	Device moe.Device
 }
 
-// paramNames are the dataset names of the Params arrays, in slices() order.
-// A checkpoint without a shared expert has no shared_* datasets.
+// paramNames are the dataset names of the Params arrays, in paramArrays
+// order. A checkpoint without a shared expert has no shared_* datasets.
 var paramNames = []string{"gate", "w1", "b1", "w2", "b2", "shared_w1", "shared_b1", "shared_w2", "shared_b2"}
+
+// paramArrays lists the arrays of p in the order of paramNames.
+func paramArrays(p *moe.Params) []*[]float64 {
+	return []*[]float64{&p.Gate, &p.W1, &p.B1, &p.W2, &p.B2, &p.SharedW1, &p.SharedB1, &p.SharedW2, &p.SharedB2}
+}
 
 // groups are the checkpoint's parameter groups and their HDF5 group names.
 func (ck *Checkpoint) groups() []struct {
 	name string
-	p    *Params
+	p    *moe.Params
 } {
 	return []struct {
 		name string
-		p    *Params
+		p    *moe.Params
 	}{{"model", &ck.Model}, {"adam/m", &ck.AdamM}, {"adam/v", &ck.AdamV}}
 }
 
 // paramShapes are the shapes of the arrays of Params for n experts, in
-// slices() order.
-func paramShapes(c Config, n int) [][]int {
+// paramNames order.
+func paramShapes(c moe.Config, n int) [][]int {
 	H, F, E, S := c.Hidden, c.FFN, c.Experts, c.SharedFFN
 	return [][]int{{H, E}, {n, H, F}, {n, F}, {n, F, H}, {n, H}, {H, S}, {S}, {S, H}, {H}}
 }
 
-// isSharedParam reports whether array i of slices() is the shared expert's.
+// isSharedParam reports whether array i of paramNames is the shared
+// expert's.
 func isSharedParam(i int) bool { return i >= 5 }
+
+// syncNames are the datasets of a SyncState under /sync, in syncArrays
+// order.
+var syncNames = []string{"residual", "model", "adam_m", "adam_v"}
+
+// syncArrays lists the sync state's arrays in the order of syncNames: the
+// residuals, then, where the copies drift apart (s.Model not nil), each
+// rank's copy of the data-parallel parameters and their Adam moments; none
+// for a nil state.
+func syncArrays(s *moe.SyncState) []*[]float64 {
+	switch {
+	case s == nil:
+		return nil
+	case s.Model == nil:
+		return []*[]float64{&s.Residual}
+	}
+	return []*[]float64{&s.Residual, &s.Model, &s.AdamM, &s.AdamV}
+}
+
+// writeSyncState puts s under /sync, [ranks][n] arrays (nothing for a nil
+// state).
+func writeSyncState(f *h5.File, s *moe.SyncState, ranks, n int) error {
+	for i, a := range syncArrays(s) {
+		if err := f.WriteDataset("sync/"+syncNames[i], []int{ranks, n}, *a); err != nil {
+			return err
+		}
+	}
+	if s == nil {
+		return nil
+	}
+	return f.SetAttr("sync", "layout", "one row per rank, in rank order: gate, shared_w1, shared_b1, shared_w2, shared_b2, flattened")
+}
+
+// readSyncState reads the /sync state that a checkpoint of g on ranks ranks
+// with n data-parallel parameters must have.
+func readSyncState(f *h5.File, g moe.GradSync, ranks, n int) (*moe.SyncState, error) {
+	s := &moe.SyncState{}
+	if !g.Replicated() {
+		s.Model = []float64{} // not nil: syncArrays lists the per-rank copies
+	}
+	for i, d := range syncArrays(s) {
+		data, shape, err := f.ReadFloat64("sync/" + syncNames[i])
+		if err != nil {
+			return nil, fmt.Errorf("grad sync %v keeps per-rank state: %w", g, err)
+		}
+		if !slices.Equal(shape, []int{ranks, n}) {
+			return nil, fmt.Errorf("/sync/%s has shape %v, want [%d %d] (ranks, data-parallel parameters)", syncNames[i], shape, ranks, n)
+		}
+		*d = data
+	}
+	return s, nil
+}
 
 // WriteCheckpoint writes ck to path atomically (h5.WriteAtomic): a reader
 // finds the previous file or the new one, whole.
@@ -117,16 +168,16 @@ func WriteCheckpoint(path string, ck *Checkpoint) error {
 		}
 		shapes := paramShapes(ck.Config.Config, ck.Config.Experts)
 		for _, g := range ck.groups() {
-			for i, s := range g.p.slices() {
+			for i, s := range paramArrays(g.p) {
 				if isSharedParam(i) && ck.Config.SharedFFN == 0 {
 					continue
 				}
-				if err := f.WriteDataset(g.name+"/"+paramNames[i], shapes[i], s); err != nil {
+				if err := f.WriteDataset(g.name+"/"+paramNames[i], shapes[i], *s); err != nil {
 					return err
 				}
 			}
 		}
-		return ck.Sync.write(f, ck.WorldSize, ck.Config.DataParallelParams())
+		return writeSyncState(f, ck.Sync, ck.WorldSize, ck.Config.DataParallelParams())
 	})
 }
 
@@ -140,7 +191,7 @@ func ReadCheckpoint(path string) (*Checkpoint, error) {
 	}
 	defer f.Close()
 	bad := func(format string, a ...any) error {
-		return fmt.Errorf("moe: %s is not a usable checkpoint: "+format, append([]any{path}, a...)...)
+		return fmt.Errorf("runs: %s is not a usable checkpoint: "+format, append([]any{path}, a...)...)
 	}
 	ck := &Checkpoint{CheckpointInfo: *info}
 	if ck.AdamT, err = f.AttrInt64("/", "adam_t"); err != nil {
@@ -151,8 +202,7 @@ func ReadCheckpoint(path string) (*Checkpoint, error) {
 	}
 	shapes := paramShapes(ck.Config.Config, ck.Config.Experts)
 	for _, g := range ck.groups() {
-		p := g.p
-		dst := []*[]float64{&p.Gate, &p.W1, &p.B1, &p.W2, &p.B2, &p.SharedW1, &p.SharedB1, &p.SharedW2, &p.SharedB2}
+		dst := paramArrays(g.p)
 		for i, name := range paramNames {
 			if isSharedParam(i) && ck.Config.SharedFFN == 0 {
 				continue
@@ -161,7 +211,7 @@ func ReadCheckpoint(path string) (*Checkpoint, error) {
 			if err != nil {
 				return nil, bad("%v", err)
 			}
-			if !equalInts(shape, shapes[i]) {
+			if !slices.Equal(shape, shapes[i]) {
 				return nil, bad("/%s/%s has shape %v, want %v for its configuration", g.name, name, shape, shapes[i])
 			}
 			*dst[i] = data
@@ -197,10 +247,10 @@ func ReadCheckpointInfo(path string) (*CheckpointInfo, error) {
 // openCheckpoint opens a checkpoint file and reads its attributes.
 func openCheckpoint(path string) (_ *h5.File, _ *CheckpointInfo, err error) {
 	bad := func(format string, a ...any) error {
-		return fmt.Errorf("moe: %s is not a usable checkpoint: "+format, append([]any{path}, a...)...)
+		return fmt.Errorf("runs: %s is not a usable checkpoint: "+format, append([]any{path}, a...)...)
 	}
 	if _, err := os.Stat(path); err != nil {
-		return nil, nil, fmt.Errorf("moe: checkpoint: %w", err)
+		return nil, nil, fmt.Errorf("runs: checkpoint: %w", err)
 	}
 	f, err := h5.Open(path)
 	if err != nil {
@@ -262,30 +312,18 @@ func openCheckpoint(path string) (_ *h5.File, _ *CheckpointInfo, err error) {
 func checksumHex(ck *Checkpoint) string {
 	h := fnv.New64a()
 	var b [8]byte
-	arrays := [][]float64{}
+	var arrays []*[]float64
 	for _, g := range ck.groups() {
-		arrays = append(arrays, g.p.slices()...)
+		arrays = append(arrays, paramArrays(g.p)...)
 	}
-	arrays = append(arrays, ck.Sync.arrays()...)
+	arrays = append(arrays, syncArrays(ck.Sync)...)
 	for _, s := range arrays {
-		for _, v := range s {
+		for _, v := range *s {
 			binary.LittleEndian.PutUint64(b[:], math.Float64bits(v))
 			h.Write(b[:])
 		}
 	}
 	return fmt.Sprintf("%016x", h.Sum64())
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Compatible reports, as an error naming every field that differs and both
@@ -296,38 +334,15 @@ func equalInts(a, b []int) bool {
 // divides the experts: they are resharded at load), the mode, the element
 // type on the wire, the tokens per rank and the backend (a checkpoint is
 // the model, not the device).
-func (ck *CheckpointInfo) Compatible(cfg TrainConfig, worldSize int) error {
+func (ck *CheckpointInfo) Compatible(cfg moe.TrainConfig, worldSize int) error {
 	diffs := fixedDiffs(ck.Config, cfg, "in the checkpoint", "in this run")
 	if worldSize <= 0 || ck.Config.Experts%worldSize != 0 {
 		diffs = append(diffs, fmt.Sprintf("experts = %d in the checkpoint is not a multiple of the %d ranks of this run", ck.Config.Experts, worldSize))
 	}
 	if len(diffs) > 0 {
-		return fmt.Errorf("moe: cannot resume from %s: the checkpoint was written by a different run: %s", ck.Path, strings.Join(diffs, "; "))
+		return fmt.Errorf("runs: cannot resume from %s: the checkpoint was written by a different run: %s", ck.Path, strings.Join(diffs, "; "))
 	}
 	return nil
-}
-
-// fixedDiffs lists the fields that define a run's model and training and
-// differ between a (described by inA) and b, with both values.
-func fixedDiffs(a, b TrainConfig, inA, inB string) []string {
-	var diffs []string
-	add := func(name string, av, bv any) {
-		if fmt.Sprint(av) != fmt.Sprint(bv) {
-			diffs = append(diffs, fmt.Sprintf("%s = %v %s, %v %s", name, av, inA, bv, inB))
-		}
-	}
-	add("experts", a.Experts, b.Experts)
-	add("topk", a.TopK, b.TopK)
-	add("hidden", a.Hidden, b.Hidden)
-	add("ffn", a.FFN, b.FFN)
-	add("shared-ffn", a.SharedFFN, b.SharedFFN)
-	add("act", a.Act, b.Act)
-	add("seed", a.Seed, b.Seed)
-	add("teacher-seed", a.TeacherSeed, b.TeacherSeed)
-	add("lr", a.LR, b.LR)
-	add("aux", a.AuxCoef, b.AuxCoef)
-	add("grad-sync", a.GradSync, b.GradSync)
-	return diffs
 }
 
 // GlobalBatch is the tokens of one step over all ranks.
@@ -338,7 +353,7 @@ func (ck *CheckpointInfo) GlobalBatch() int { return ck.Config.Tokens * ck.World
 // may change (see Compatible); nil if nothing. A changed global batch (tokens
 // x ranks) is said explicitly: the steps after the checkpoint then train on
 // other tokens than an uninterrupted run would.
-func (ck *CheckpointInfo) Changes(cfg TrainConfig, worldSize int) []string {
+func (ck *CheckpointInfo) Changes(cfg moe.TrainConfig, worldSize int) []string {
 	var out []string
 	a := ck.Config
 	if ck.WorldSize != worldSize {
@@ -372,210 +387,51 @@ func (ck *CheckpointInfo) Changes(cfg TrainConfig, worldSize int) []string {
 	return out
 }
 
-// configAttrs lists the attributes that record a TrainConfig.
-func configAttrs(c TrainConfig) []struct {
-	name  string
-	value any
-} {
-	return []struct {
-		name  string
-		value any
-	}{
-		{"experts", c.Experts}, {"topk", c.TopK}, {"hidden", c.Hidden}, {"ffn", c.FFN},
-		{"tokens", c.Tokens}, {"mode", c.Mode.String()}, {"dtype", c.DType.String()}, {"act", c.Act.String()},
-		{"seed", int64(c.Seed)}, {"teacher_seed", int64(c.TeacherSeed)}, {"lr", c.LR}, {"aux_coef", c.AuxCoef},
-		{"shared_ffn", c.SharedFFN}, {"grad_sync", c.GradSync.String()},
-	}
-}
-
-func writeConfigAttrs(f *h5.File, obj string, c TrainConfig) error {
-	for _, a := range configAttrs(c) {
-		if err := f.SetAttr(obj, a.name, a.value); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func readConfigAttrs(f *h5.File, obj string) (TrainConfig, error) {
-	var c TrainConfig
-	ints := map[string]*int{"experts": &c.Experts, "topk": &c.TopK, "hidden": &c.Hidden, "ffn": &c.FFN, "tokens": &c.Tokens}
-	for name, dst := range ints {
-		v, err := f.AttrInt64(obj, name)
-		if err != nil {
-			return c, err
-		}
-		*dst = int(v)
-	}
-	for name, dst := range map[string]*uint64{"seed": &c.Seed, "teacher_seed": &c.TeacherSeed} {
-		v, err := f.AttrInt64(obj, name)
-		if err != nil {
-			return c, err
-		}
-		*dst = uint64(v)
-	}
-	for name, dst := range map[string]*float64{"lr": &c.LR, "aux_coef": &c.AuxCoef} {
-		v, err := f.AttrFloat64(obj, name)
-		if err != nil {
-			return c, err
-		}
-		*dst = v
-	}
-	strs := map[string]string{}
-	for _, name := range []string{"mode", "dtype", "act"} {
-		v, err := f.AttrString(obj, name)
-		if err != nil {
-			return c, err
-		}
-		strs[name] = v
-	}
-	var err error
-	if c.Mode, err = ep.ParseMode(strs["mode"]); err != nil {
-		return c, err
-	}
-	if c.DType, err = ParseDType(strs["dtype"]); err != nil {
-		return c, err
-	}
-	if c.Act, err = ParseActivation(strs["act"]); err != nil {
-		return c, err
-	}
-	// Added with checkpoint version 3 and trace version 2: absent, the run
-	// had no shared expert and summed its gate's gradient by allreduce.
-	names, err := f.AttrNames(obj)
+// SaveCheckpoint gathers tr's state to rank 0 (moe.Trainer.GatherState),
+// which writes it to path atomically as a checkpoint of run runID after
+// tr.StepsDone() steps, with tr's configuration and device. Collective;
+// every rank returns the same outcome.
+func SaveCheckpoint(tr *moe.Trainer, path, runID string) error {
+	st, err := tr.GatherState()
 	if err != nil {
-		return c, err
+		return fmt.Errorf("runs: checkpoint %s: %w", path, err)
 	}
-	if slices.Contains(names, "shared_ffn") {
-		v, err := f.AttrInt64(obj, "shared_ffn")
-		if err != nil {
-			return c, err
-		}
-		c.SharedFFN = int(v)
-	}
-	if slices.Contains(names, "grad_sync") {
-		v, err := f.AttrString(obj, "grad_sync")
-		if err != nil {
-			return c, err
-		}
-		if c.GradSync, err = ParseGradSync(v); err != nil {
-			return c, err
-		}
-	}
-	return c, nil
-}
-
-// localState lists this rank's expert arrays of the model and of Adam's
-// moments, in a fixed order.
-func (tr *Trainer) localState() [][]float64 {
-	p, m, v := tr.layer.Params(), &tr.adam.M, &tr.adam.V
-	return append(append(p.expertSlices(), m.expertSlices()...), v.expertSlices()...)
-}
-
-// SaveCheckpoint gathers the model and Adam's state to rank 0, which writes
-// them to path atomically. Collective; every rank returns the same outcome.
-func (tr *Trainer) SaveCheckpoint(path string) error {
-	local := tr.localState()
-	n := 0
-	for _, s := range local {
-		n += len(s)
-	}
-	mine := make([]float64, 0, n)
-	for _, s := range local {
-		mine = append(mine, s...)
-	}
-	R := tr.comm.Size()
-	all := make([]float64, n*R)
-	if err := mpi.AllgatherSlice(tr.comm, mine, all); err != nil {
-		return fmt.Errorf("moe: checkpoint %s: gathering the experts: %w", path, err)
-	}
-	sync, err := tr.gatherSyncState()
-	if err != nil {
-		return fmt.Errorf("moe: checkpoint %s: %w", path, err)
-	}
-	if tr.comm.Rank() == 0 {
-		c := tr.cfg.Config
-		ck := &Checkpoint{CheckpointInfo: CheckpointInfo{Version: CheckpointVersion, RunID: tr.runID, Step: tr.step, WorldSize: R,
-			Config: tr.cfg, WrittenAt: time.Now(), Device: tr.device}, AdamT: tr.adam.T,
-			Model: newParams(c, c.Experts), AdamM: newParams(c, c.Experts), AdamV: newParams(c, c.Experts), Sync: sync}
-		for _, pair := range [][2]*Params{{&ck.Model, tr.layer.Params()}, {&ck.AdamM, &tr.adam.M}, {&ck.AdamV, &tr.adam.V}} {
-			ds, ss := pair[0].dataParallelSlices(), pair[1].dataParallelSlices()
-			for i := range ds {
-				copy(ds[i], ss[i])
-			}
-		}
-		global := append(append(ck.Model.expertSlices(), ck.AdamM.expertSlices()...), ck.AdamV.expertSlices()...)
-		for r := 0; r < R; r++ {
-			chunk := all[r*n : (r+1)*n]
-			for i, s := range local {
-				copy(global[i][r*len(s):(r+1)*len(s)], chunk[:len(s)])
-				chunk = chunk[len(s):]
-			}
-		}
+	if st != nil { // rank 0
+		ck := &Checkpoint{CheckpointInfo: CheckpointInfo{Version: CheckpointVersion, RunID: runID, Step: tr.StepsDone(),
+			WorldSize: tr.Comm().Size(), Config: tr.Config(), WrittenAt: time.Now(), Device: tr.Device()}, State: *st}
 		err = WriteCheckpoint(path, ck)
 	}
-	return agree(tr.comm, err)
+	return agree(tr.Comm(), err)
 }
 
-// LoadCheckpoint restores the run from the checkpoint at path: rank 0 reads
-// and checks it (Compatible), then every rank takes the gate and the shared
-// expert, its share of the experts (the checkpoint holds them all in global
-// order, so it may come from any number of ranks), Adam's state, the step,
-// the run id (a version 1 checkpoint has none: the trainer keeps its own)
-// and its state of the grad sync (see restoreSyncState). Collective; every
-// rank returns the same outcome.
-func (tr *Trainer) LoadCheckpoint(path string) error {
-	c := tr.cfg.Config
-	R, me := tr.comm.Size(), tr.comm.Rank()
-	var ck *Checkpoint
-	var err error
-	if me == 0 {
+// LoadCheckpoint restores tr from the checkpoint at path: rank 0 reads and
+// checks it (ReadCheckpoint, Compatible), then every rank takes its part of
+// the state (moe.Trainer.RestoreState: the checkpoint holds every expert in
+// global order, so it may come from any number of ranks). It returns the
+// checkpoint's run id ("" for a version 1 checkpoint), the same on every
+// rank. A checkpoint that does not fit is refused, naming why, and tr is
+// left as it was. Collective; every rank returns the same outcome.
+func LoadCheckpoint(tr *moe.Trainer, path string) (runID string, err error) {
+	comm := tr.Comm()
+	var st *moe.State
+	if comm.Rank() == 0 {
+		var ck *Checkpoint
 		ck, err = ReadCheckpoint(path)
 		if err == nil {
-			err = ck.Compatible(tr.cfg, R)
+			err = ck.Compatible(tr.Config(), comm.Size())
 		}
-	} else {
-		ck = &Checkpoint{Model: newParams(c, c.Experts), AdamM: newParams(c, c.Experts), AdamV: newParams(c, c.Experts)}
-	}
-	if err := agree(tr.comm, err); err != nil {
-		return err
-	}
-	steps := []int64{ck.Step, ck.AdamT, int64(ck.WorldSize)}
-	if err := mpi.BcastSlice(tr.comm, steps, 0); err != nil {
-		return fmt.Errorf("moe: resume from %s: %w", path, err)
-	}
-	id, err := bcastString(tr.comm, ck.RunID, 0)
-	if err != nil {
-		return fmt.Errorf("moe: resume from %s: %w", path, err)
-	}
-	for _, p := range []*Params{&ck.Model, &ck.AdamM, &ck.AdamV} {
-		for _, s := range p.slices() {
-			if len(s) == 0 {
-				continue // no shared expert
-			}
-			if err := mpi.BcastSlice(tr.comm, s, 0); err != nil {
-				return fmt.Errorf("moe: resume from %s: %w", path, err)
-			}
+		if err == nil {
+			runID, st = ck.RunID, &ck.State
 		}
 	}
-	first, L := tr.layer.FirstExpert(), tr.layer.LocalExperts()
-	for _, pair := range [][2]*Params{{tr.layer.Params(), &ck.Model}, {&tr.adam.M, &ck.AdamM}, {&tr.adam.V, &ck.AdamV}} {
-		dst, src := pair[0], pair[1]
-		dd, sd := dst.dataParallelSlices(), src.dataParallelSlices()
-		for j := range dd {
-			copy(dd[j], sd[j])
-		}
-		ds, ss := dst.expertSlices(), src.expertSlices()
-		for j := range ds {
-			per := len(ds[j]) / L
-			copy(ds[j], ss[j][first*per:(first+L)*per])
-		}
+	if err := agree(comm, err); err != nil {
+		return "", err
 	}
-	if err := tr.restoreSyncState(ck, int(steps[2])); err != nil {
-		return fmt.Errorf("moe: resume from %s: %w", path, err)
+	if runID, err = bcastString(comm, runID, 0); err != nil {
+		return "", fmt.Errorf("runs: resume from %s: %w", path, err)
 	}
-	tr.step, tr.adam.T = steps[0], steps[1]
-	if id != "" {
-		tr.runID = id
+	if err := tr.RestoreState(st); err != nil {
+		return "", fmt.Errorf("runs: resume from %s: %w", path, err)
 	}
-	return nil
+	return runID, nil
 }

@@ -1,4 +1,4 @@
-package moe
+package runs
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/goep/goep/ep"
 	"github.com/goep/goep/internal/h5"
+	"github.com/goep/goep/moe"
 )
 
 // TraceVersion is the value of a trace's "version" attribute: the version of
@@ -43,14 +44,14 @@ type Segment struct {
 	Nodes       int       // nodes (simulated ones with GOEP_RANKS_PER_NODE)
 	Hosts       string    // the hosts and their ranks in rank order, "host:ranks,host:ranks"
 	Mode        ep.Mode   // dispatch mode
-	DType       DType     // element type on the wire
+	DType       moe.DType // element type on the wire
 	Tokens      int       // tokens per rank per step
 	Command     string    // the command line
 	Start       time.Time // when it started
 	GoVersion   string    // the Go toolchain that built the program
 	// Device is what its ep calls ran on (schema version 5; older
 	// segments read as the CPU engine, the only backend then).
-	Device Device
+	Device moe.Device
 }
 
 // TraceInfo is what a trace records about its run and the segment that opens
@@ -59,7 +60,7 @@ type TraceInfo struct {
 	RunID string
 	// Config is the run's configuration; its Mode, DType and Tokens are the
 	// segment's (they may change between segments), the rest the run's.
-	Config  TrainConfig
+	Config  moe.TrainConfig
 	Segment Segment // Mode, DType, Tokens and GoVersion are filled in from Config and the runtime
 }
 
@@ -191,24 +192,24 @@ func ContinueTrace(path string, info TraceInfo) (_ *Trace, dropped int64, err er
 func checkTraceInfo(path string, info TraceInfo) error {
 	switch {
 	case info.RunID == "":
-		return fmt.Errorf("moe: trace %s: no run id", path)
+		return fmt.Errorf("runs: trace %s: no run id", path)
 	case info.Segment.WorldSize <= 0:
-		return fmt.Errorf("moe: trace %s: world size %d", path, info.Segment.WorldSize)
+		return fmt.Errorf("runs: trace %s: world size %d", path, info.Segment.WorldSize)
 	}
 	return nil
 }
 
 // continuableBy says why a run runID with cfg cannot continue the trace, or
 // nil: the trace must be of this schema, of the same run and model.
-func (d *TraceData) continuableBy(runID string, cfg TrainConfig) error {
+func (d *TraceData) continuableBy(runID string, cfg moe.TrainConfig) error {
 	if d.Version < 2 || d.RunID == "" {
-		return fmt.Errorf("moe: %s is a trace of schema version %d, with no run id: it cannot be told to belong to run %s (use another -trace path, or move it away)", d.Path, d.Version, runID)
+		return fmt.Errorf("runs: %s is a trace of schema version %d, with no run id: it cannot be told to belong to run %s (use another -trace path, or move it away)", d.Path, d.Version, runID)
 	}
 	if d.RunID != runID {
-		return fmt.Errorf("moe: %s belongs to another run: run_id = %s in the trace, %s in this run", d.Path, d.RunID, runID)
+		return fmt.Errorf("runs: %s belongs to another run: run_id = %s in the trace, %s in this run", d.Path, d.RunID, runID)
 	}
 	if diffs := fixedDiffs(d.Config, cfg, "in the trace", "in this run"); len(diffs) > 0 {
-		return fmt.Errorf("moe: %s, a trace of run %s, holds another model: %s", d.Path, runID, strings.Join(diffs, "; "))
+		return fmt.Errorf("runs: %s, a trace of run %s, holds another model: %s", d.Path, runID, strings.Join(diffs, "; "))
 	}
 	return nil
 }
@@ -323,7 +324,7 @@ func readSegment(f *h5.File, name string) (Segment, error) {
 	if s.Mode, err = ep.ParseMode(strs["mode"]); err != nil {
 		return s, err
 	}
-	if s.DType, err = ParseDType(strs["dtype"]); err != nil {
+	if s.DType, err = moe.ParseDType(strs["dtype"]); err != nil {
 		return s, err
 	}
 	if s.Start, err = time.Parse(time.RFC3339Nano, strs["start_time"]); err != nil {
@@ -337,22 +338,22 @@ func readSegment(f *h5.File, name string) (Segment, error) {
 func (t *Trace) Path() string { return t.f.Path() }
 
 // Append adds the row of one step; it reaches the file at the next Flush.
-func (t *Trace) Append(s *StepStats, end time.Time) error {
+func (t *Trace) Append(s *moe.StepStats, end time.Time) error {
 	if len(s.DispatchUS) != t.ranks || len(s.CombineUS) != t.ranks || len(s.BytesSent) != t.ranks {
-		return fmt.Errorf("moe: trace %s: step %d has statistics of %d ranks, this segment has %d", t.Path(), s.Step, len(s.DispatchUS), t.ranks)
+		return fmt.Errorf("runs: trace %s: step %d has statistics of %d ranks, this segment has %d", t.Path(), s.Step, len(s.DispatchUS), t.ranks)
 	}
 	if len(s.SyncUS) != t.ranks || len(s.SyncBytes) != t.ranks {
-		return fmt.Errorf("moe: trace %s: step %d has sync statistics of %d ranks, this segment has %d", t.Path(), s.Step, len(s.SyncUS), t.ranks)
+		return fmt.Errorf("runs: trace %s: step %d has sync statistics of %d ranks, this segment has %d", t.Path(), s.Step, len(s.SyncUS), t.ranks)
 	}
 	if R2 := t.ranks * t.ranks; len(s.WaitUS) != R2 || len(s.PeerSent) != R2 || len(s.PeerRecv) != R2 {
-		return fmt.Errorf("moe: trace %s: step %d has per-peer statistics of %d, %d and %d values, this segment's %d ranks want %d", t.Path(), s.Step, len(s.WaitUS), len(s.PeerSent), len(s.PeerRecv), t.ranks, R2)
+		return fmt.Errorf("runs: trace %s: step %d has per-peer statistics of %d, %d and %d values, this segment's %d ranks want %d", t.Path(), s.Step, len(s.WaitUS), len(s.PeerSent), len(s.PeerRecv), t.ranks, R2)
 	}
 	copies, copyBytes, copyUS := s.Copies, s.CopyBytes, s.CopyUS
 	if len(copies) == 0 && len(copyBytes) == 0 && len(copyUS) == 0 { // not measured
 		copies, copyBytes, copyUS = padInts(nil, t.ranks), padInts(nil, t.ranks), padFloats(nil, t.ranks)
 	}
 	if len(copies) != t.ranks || len(copyBytes) != t.ranks || len(copyUS) != t.ranks {
-		return fmt.Errorf("moe: trace %s: step %d has copy statistics of %d, %d and %d ranks, this segment has %d", t.Path(), s.Step, len(copies), len(copyBytes), len(copyUS), t.ranks)
+		return fmt.Errorf("runs: trace %s: step %d has copy statistics of %d, %d and %d ranks, this segment has %d", t.Path(), s.Step, len(copies), len(copyBytes), len(copyUS), t.ranks)
 	}
 	rows := map[string]any{
 		"copies": padInts(copies, t.width), "copy_bytes": padInts(copyBytes, t.width), "copy_us": padFloats(copyUS, t.width),
@@ -474,7 +475,7 @@ type TraceData struct {
 	// Config is the run's configuration, with the latest segment's mode,
 	// dtype and tokens; WorldSize, Nodes, StartStep, ResumedFrom and
 	// StartTime are the latest segment's too (Segments has them all).
-	Config      TrainConfig
+	Config      moe.TrainConfig
 	WorldSize   int
 	Nodes       int
 	StartStep   int64
@@ -510,7 +511,7 @@ type TraceData struct {
 	Copies, CopyBytes []int64
 	CopyUS            []float64
 	// Device is the latest segment's (Segments has each one's).
-	Device Device
+	Device moe.Device
 }
 
 // RowsUpTo is the number of leading rows of steps up to step.
@@ -543,7 +544,7 @@ func ReadTrace(path string) (*TraceData, error) {
 		return nil, err
 	}
 	defer f.Close()
-	bad := func(err error) error { return fmt.Errorf("moe: %s is not a readable trace: %w", path, err) }
+	bad := func(err error) error { return fmt.Errorf("runs: %s is not a readable trace: %w", path, err) }
 	if format, err := f.AttrString("/", "format"); err != nil || format != TraceFormat {
 		return nil, bad(fmt.Errorf("its format attribute is %q, want %q (%v)", format, TraceFormat, err))
 	}
@@ -576,7 +577,7 @@ func ReadTrace(path string) (*TraceData, error) {
 		}
 	} else {
 		s := Segment{StartStep: d.StartStep, Checkpoint: d.ResumedFrom, WorldSize: d.WorldSize, Nodes: d.Nodes,
-			Mode: d.Config.Mode, DType: d.Config.DType, Tokens: d.Config.Tokens, Device: Device{Backend: "cpu"}}
+			Mode: d.Config.Mode, DType: d.Config.DType, Tokens: d.Config.Tokens, Device: moe.Device{Backend: "cpu"}}
 		s.Steps, _ = f.AttrInt64("/", "steps")
 		s.Command, _ = f.AttrString("/", "command")
 		s.GoVersion, _ = f.AttrString("/", "go_version")
