@@ -2,15 +2,25 @@
 # figures.sh: measure the figures of the README's "Figures" table and write them, as ep-bench's
 # JSON lines, under docs/bench/ (one file per part), with the commit, the machine and its load.
 #
-#   scripts/bench/figures.sh [one-node] [latency] [cross-host] [fp8] [layouts]     (default: all)
+#   scripts/bench/figures.sh [one-node] [latency] [cross-host] [fp8] [layouts] [train] [serve] [capi]
+#                                                                                    (default: all)
 #
 # one-node    ep-bench LL 128 and HT 4096 (hidden 7168, top-8, 64 experts, bf16) on 2 and 4 ranks
 # latency     ep-bench -latency on 2 ranks (hidden 128, top-2, 8 experts), and its chart
 # cross-host  the same LL and HT across emulated hosts (scripts/cluster, as root): 2x2, 4x1, 4x2
 #             (HT without the baseline there: both do not fit in 24 GB; and HT 2048 with it), 2+2+1
-# fp8         FP8 dispatch and the FP8 combine beside bf16, one node and 2x2 hosts
+# fp8         FP8 dispatch and the FP8 combine beside bf16, one node and 2x2 hosts, twice each
 # layouts     HT's expert-major zones against the flat layout plus the user's permutation, 2 ranks
 #             and 2x2 hosts
+# train       the main job, moe-train (4 ranks, LL, f32, 2000 steps), on the CPU engine and on the GPU
+#             engine's emulated device, alternately, twice each; its summaries in docs/bench/train.txt
+# serve       moe-serve: a full batch (64 requests at once, 16 per rank) and a stream (128 requests at
+#             60/s), overlap on and off alternately, on 1 node x 2 ranks and 2 hosts x 2 ranks; the
+#             summaries in docs/bench/serve.txt
+# capi        the C and Python boundaries against the same round in Go (scripts/capi/bench-boundary.sh)
+#
+# python3 scripts/bench/tables.py update rewrites the tables of the README and docs/bench.md
+# from these files.
 #
 # Each configuration runs once; the machine's other work should be stopped (this VM's speed moves
 # by up to 1.5x between runs: the README reads ratios taken within one run).
@@ -18,7 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(one-node latency cross-host fp8 layouts)
+[ ${#parts[@]} -gt 0 ] || parts=(one-node latency cross-host fp8 layouts train serve capi)
 OUT=docs/bench
 MPIRUN=(mpirun --oversubscribe)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
@@ -26,6 +36,8 @@ GO=${GO:-go}
 mkdir -p "$OUT" bin
 "$GO" build -tags mpi -o bin/ep-bench ./examples/ep-bench
 "$GO" build -o bin/ep-plot ./cmd/ep-plot
+"$GO" build -tags mpi -o bin/moe-train ./examples/moe-train
+"$GO" build -tags mpi -o bin/moe-serve ./examples/moe-serve
 stamp() { echo "# commit $(git rev-parse --short HEAD), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 common=(-hidden 7168 -topk 8 -experts 64 -dtype bf16 -json)
 
@@ -70,10 +82,12 @@ for part in "${parts[@]}"; do
     scripts/cluster/cluster.sh up 2 --slots 2 >/dev/null
     f=$OUT/fp8.jsonl; stamp >"$f"
     ll=(-mode ll -tokens 128 -hidden 7168 -topk 8 -experts 64 -json -iters 10 -warmup 2 -no-baseline)
-    "${MPIRUN[@]}" -np 2 bin/ep-bench "${ll[@]}" -dtype fp8 >>"$f"
-    "${MPIRUN[@]}" -np 2 bin/ep-bench "${ll[@]}" -combine fp8 >>"$f"
-    scripts/cluster/mpirun -np 4 --host goep-h1:2,goep-h2:2 bin/ep-bench "${ll[@]}" -dtype fp8 | grep '^{' >>"$f"
-    scripts/cluster/mpirun -np 4 --host goep-h1:2,goep-h2:2 bin/ep-bench "${ll[@]}" -combine fp8 | grep '^{' >>"$f"
+    for run in 1 2; do # twice: one run of these moves by up to 1.5x
+      "${MPIRUN[@]}" -np 2 bin/ep-bench "${ll[@]}" -dtype fp8 >>"$f"
+      "${MPIRUN[@]}" -np 2 bin/ep-bench "${ll[@]}" -combine fp8 >>"$f"
+      scripts/cluster/mpirun -np 4 --host goep-h1:2,goep-h2:2 bin/ep-bench "${ll[@]}" -dtype fp8 | grep '^{' >>"$f"
+      scripts/cluster/mpirun -np 4 --host goep-h1:2,goep-h2:2 bin/ep-bench "${ll[@]}" -combine fp8 | grep '^{' >>"$f"
+    done
     scripts/cluster/cluster.sh down >/dev/null; trap - EXIT ;;
   layouts)
     export GOEP_CLUSTER_NAME=${GOEP_CLUSTER_NAME:-gfig}
@@ -86,7 +100,42 @@ for part in "${parts[@]}"; do
     scripts/cluster/mpirun -np 4 --host goep-h1:2,goep-h2:2 bin/ep-bench "${em[@]}" -floor=false -iters 8 -warmup 1 |
       grep '^{' >>"$f"
     scripts/cluster/cluster.sh down >/dev/null; trap - EXIT ;;
-  *) echo "figures.sh: unknown part $part (one-node, latency, cross-host, fp8, layouts)" >&2; exit 2 ;;
+  train)
+    f=$OUT/train.txt; stamp >"$f"
+    for dev in cpu emulate cpu emulate; do
+      echo "== device $dev" >>"$f"
+      "${MPIRUN[@]}" -np 4 bin/moe-train -device $dev -mode ll -dtype f32 -steps 2000 -ckpt-every 1000 \
+        -progress lines -progress-every 1000 -trace out/figures/trace.h5 -ckpt-dir out/figures -fresh |
+        sed -n '/moe-train: done/,/copies/p' >>"$f"
+    done
+    rm -rf out/figures ;;
+  serve)
+    export GOEP_CLUSTER_NAME=${GOEP_CLUSTER_NAME:-gfig}
+    trap 'scripts/cluster/cluster.sh down >/dev/null 2>&1 || true' EXIT
+    scripts/cluster/cluster.sh up 2 --slots 2 >/dev/null
+    f=$OUT/serve.txt; stamp >"$f"
+    for where in "1 node x 2" "2 hosts x 2"; do
+      launch=("${MPIRUN[@]}" -np 2)
+      [ "$where" = "2 hosts x 2" ] && launch=(scripts/cluster/mpirun -np 4 --host goep-h1:2,goep-h2:2)
+      for w in "full batch|-requests 64 -rate 0 -prompt 8:48 -gen 64:64 -batch 16" \
+        "stream, 60 requests/s|-requests 128 -rate 60 -prompt 8:48 -gen 16:48"; do
+        for overlap in true false; do
+          echo "== ${w%%|*} | $where | overlap $overlap" >>"$f"
+          rm -rf out/figures
+          # shellcheck disable=SC2086
+          "${launch[@]}" bin/moe-serve ${w#*|} -overlap=$overlap -trace out/figures/serve.h5 |
+            grep -E '^  (decode|prefill|TTFT|tokens/s) ' >>"$f"
+        done
+      done
+    done
+    rm -rf out/figures
+    scripts/cluster/cluster.sh down >/dev/null; trap - EXIT ;;
+  capi)
+    make -s capi >/dev/null
+    f=$OUT/capi.jsonl; stamp >"$f"
+    scripts/capi/bench-boundary.sh | grep '^{' >>"$f" ;;
+  *) echo "figures.sh: unknown part $part (one-node, latency, cross-host, fp8, layouts, train, serve, capi)" >&2
+    exit 2 ;;
   esac
   echo "figures.sh: $part -> $f"
 done

@@ -1,0 +1,433 @@
+#!/usr/bin/env python3
+"""tables.py: the Markdown tables of the README and docs/bench.md, from the JSON lines that
+scripts/bench/figures.sh writes under docs/bench/ (and compare.sh's).
+
+    python3 scripts/bench/tables.py readme            # the README's one table of figures
+    python3 scripts/bench/tables.py bench             # docs/bench.md's tables, part by part
+    python3 scripts/bench/tables.py compare FILE      # compare.sh's builds, before against after
+    python3 scripts/bench/tables.py update            # rewrite the tables in README.md and docs/bench.md
+                                                      # (between their <!-- begin/end ... --> lines)
+
+Every number printed is read from a file; nothing is typed in by hand.
+"""
+import json
+import os
+import re
+import statistics
+import sys
+
+DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "bench")
+
+
+def load(name):
+    """The stamp line and the records of docs/bench/NAME.jsonl ([] where it is missing)."""
+    path = os.path.join(DIR, name + ".jsonl")
+    if not os.path.exists(path):
+        return "", []
+    stamp, recs = "", []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("#"):
+                stamp = stamp or line.lstrip("# ")
+            elif line.startswith("{"):
+                recs.append(json.loads(line))
+    return stamp, recs
+
+
+def layout(r):
+    """'2 ranks' on one node, 'N x R' on nodes of equal size, else the ranks over the nodes."""
+    n, p = r["nodes"], r["ranks"]
+    if n == 1:
+        return f"1 node x {p}"
+    if p % n == 0:
+        return f"{n} x {p // n}"
+    big = -(-p // n)
+    sizes = [big] * (p - (big - 1) * n) + [big - 1] * (n - (p - (big - 1) * n))
+    return "+".join(map(str, sizes))
+
+
+def ms(us):
+    """A time in us, printed with three significant digits or more."""
+    for unit, scale in (("s", 1e6), ("ms", 1e3), ("us", 1)):
+        if us >= scale or unit == "us":
+            v = us / scale
+            return f"{v:.0f} {unit}" if v >= 100 else f"{v:.1f} {unit}" if v >= 10 else f"{v:.2f} {unit}"
+
+
+def where(r):
+    return layout(r) + (" hosts" if r["nodes"] > 1 else "")
+
+
+def x(v):
+    return f"{v:.2f}x"
+
+
+def what(r):
+    mode = {"ll": "LL decode", "ht": "HT prefill"}[r["mode"]]
+    return f"{mode}, {r['tokens']} tokens"
+
+
+def total(r, pre=""):
+    return r[pre + "dispatch_us"] + r[pre + "combine_us"]
+
+
+def readme():
+    rows = []
+    cmd = "scripts/bench/figures.sh"
+    _, one = load("one-node")
+    for r in one:
+        rows.append((what(r), layout(r), ms(total(r)), "alltoallv by hand " + ms(total(r, "alltoallv_")),
+                     x(r["speedup_vs_alltoallv"]) + " faster", cmd + " one-node"))
+    _, lat = load("latency")
+    for r in lat:
+        if r["tokens"] in (1, 128):
+            rows.append((f"LL decode rounds back to back, {r['tokens']} token{'s' * (r['tokens'] > 1)} "
+                          f"(hidden {r['hidden']}, top-{r['topk']} of {r['experts']} experts)",
+                         layout(r), ms(r["steady_round_us"]),
+                         "alltoallv by hand " + ms(r["alltoallv_steady_round_us"]) + "; the data round trip " +
+                         ms(r["data_round_trip_us"]),
+                         x(r["alltoallv_steady_round_us"] / r["steady_round_us"]) + " faster; " +
+                         x(r["steady_round_us"] / r["data_round_trip_us"]) + " the data round trip's time",
+                         cmd + " latency"))
+    _, xh = load("cross-host")
+    for r in xh:
+        ref = []
+        if r.get("alltoallv_dispatch_us"):
+            ref.append("alltoallv by hand " + ms(total(r, "alltoallv_")))
+        if r.get("floor_dispatch_us"):
+            ref.append("wire floor " + ms(r["floor_dispatch_us"] + r["floor_combine_us"]))
+        ratio = []
+        if r.get("speedup_vs_alltoallv"):
+            ratio.append(x(r["speedup_vs_alltoallv"]) + " faster")
+        if r.get("x_floor"):
+            ratio.append(f"{x(r['x_floor'])} the floor's time")
+        rows.append((what(r), where(r), ms(total(r)), "; ".join(ref), "; ".join(ratio), cmd + " cross-host"))
+    _, fp8 = load("fp8")
+    groups = {}
+    for r in fp8:
+        kind = "combine" if r.get("combine_wire") == "fp8" else "dispatch" if r["dtype"] == "fp8" else None
+        if kind:
+            groups.setdefault((kind, where(r)), []).append(r)
+    for (kind, place), rs in groups.items():
+        t = [r[kind + "_us"] for r in rs]
+        b = [r["bf16_" + kind + "_us"] for r in rs]
+        sp = sorted(r["fp8_" + kind + "_speedup"] for r in rs)
+        rows.append((f"LL FP8 {kind}, 128 tokens" + (f" ({len(rs)} runs)" if len(rs) > 1 else ""), place,
+                     f"{kind} " + ", ".join(ms(v) for v in t), f"bf16 {kind} " + ", ".join(ms(v) for v in b),
+                     (x(sp[0]) if len(sp) == 1 else f"{x(sp[0])}-{x(sp[-1])}") + " bf16's speed", cmd + " fp8"))
+    _, lay = load("layouts")
+    for r in lay:
+        rows.append((f"HT expert-major zones (align {r['expert_alignment']}), {r['tokens']} tokens", where(r), ms(total(r)),
+                     "flat + the user's permutation " + ms(r["flat_permute_dispatch_us"] + r["flat_permute_combine_us"]),
+                     x(r["expert_major_speedup"]) + " faster", cmd + " layouts"))
+    train = train_rows() + serve_rows() + capi_rows()
+    print("| what | ranks | goep | reference, same run | goep against it | command |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for row in rows + train:
+        print("| " + " | ".join(row) + " |")
+    print()
+    print(measured())
+
+
+def stamps():
+    out = []
+    for part in ("one-node", "latency", "cross-host", "fp8", "layouts"):
+        s, _ = load(part)
+        if s:
+            out.append((part, s))
+    for part in ("train.txt", "serve.txt"):
+        t = text(part)
+        if t:
+            out.append((part[:-4], t[0].lstrip("# ")))
+    s, _ = load("capi")
+    if s:
+        out.append(("capi", s))
+    return out
+
+
+def train_text():
+    return text("train.txt")
+
+
+def train_runs():
+    """{device: [(tokens/s, the summary's speed line, its copies line), ...]} from train.txt."""
+    runs, dev = {}, None
+    for line in train_text():
+        m = re.match(r"== device (\w+)", line)
+        if m:
+            dev = m.group(1)
+            runs.setdefault(dev, []).append([0.0, "", ""])
+            continue
+        if dev is None:
+            continue
+        m = re.search(r"speed\s+([0-9.]+)(k?) tokens/s", line)
+        if m:
+            runs[dev][-1][0] = float(m.group(1)) * (1000 if m.group(2) else 1)
+            runs[dev][-1][1] = line.strip()
+        elif line.strip().startswith("copies"):
+            runs[dev][-1][2] = line.strip()
+    return {d: [r for r in rs if r[0] > 0] for d, rs in runs.items()}
+
+
+def kspan(runs):
+    v = sorted(r[0] / 1000 for r in runs)
+    return f"{v[0]:.1f}k" if len(v) == 1 or f"{v[0]:.1f}" == f"{v[-1]:.1f}" else f"{v[0]:.1f}k-{v[-1]:.1f}k"
+
+
+def train_rows():
+    runs = train_runs()
+    if not runs.get("cpu") or not runs.get("emulate"):
+        return []
+    ratio = statistics.median(r[0] for r in runs["emulate"]) / statistics.median(r[0] for r in runs["cpu"])
+    return [("main job: moe-train, LL, f32", "1 node x 4", "CPU engine " + kspan(runs["cpu"]) + " tokens/s",
+             "the GPU engine on the emulated device " + kspan(runs["emulate"]) + " tokens/s",
+             "the emulated device at " + x(ratio) + " the CPU engine's speed", "scripts/bench/figures.sh train")]
+
+
+def measured():
+    """One sentence: the commit(s), the machine, the time span and each part's load."""
+    parts = stamps()
+    if not parts:
+        return ""
+    rx = re.compile(r"commit (\S+), (.*), (\d+) cores, (\S+), load (\S+)")
+    commits, machines, times, loads = set(), set(), [], []
+    for part, st in parts:
+        m = rx.match(st)
+        if not m:
+            loads.append(f"{part}: {st}")
+            continue
+        commits.add(m.group(1))
+        machines.add(f"{m.group(2)}, {m.group(3)} cores")
+        times.append(m.group(4))
+        loads.append(f"{part} {m.group(5)}")
+    times.sort()
+    span = f"{times[0].replace('T', ' ')[:16]} to {times[-1][11:16]} UTC" if times else ""
+    return (f"Measured at commit {', '.join(sorted(commits))} on {'; '.join(sorted(machines))}, {span}; the "
+            f"load (1-minute average) as each part began: {', '.join(loads)}.")
+
+
+def text(name):
+    path = os.path.join(DIR, name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+def serve_runs():
+    """[(workload, where, overlap, decode p50, decode p99, tokens/s per rank)] from serve.txt."""
+    runs, cur = [], None
+    for line in text("serve.txt"):
+        if line.startswith("== "):
+            w, where, ov = [p.strip() for p in line[3:].split("|")]
+            cur = [w, where, ov.split()[-1] == "true", "", "", ""]
+            runs.append(cur)
+        elif cur is not None:
+            m = re.match(r"\s+decode\s+p50 (\S+ \S+)\s+p90 \S+ \S+\s+p99 (\S+ \S+)", line)
+            if m:
+                cur[3], cur[4] = m.group(1), m.group(2)
+            m = re.match(r"\s+tokens/s\s+\S+ in all, (\S+) per rank", line)
+            if m:
+                cur[5] = m.group(1)
+    return [tuple(r) for r in runs if r[5]]
+
+
+def serve_rows():
+    """One row per workload and place: overlap on and off side by side."""
+    rows, seen = [], {}
+    for w, where, ov, p50, p99, tps in serve_runs():
+        seen.setdefault((w, where), {})[ov] = (p50, p99, tps)
+    for (w, where), by in seen.items():
+        if True not in by or False not in by:
+            continue
+        on, off = by[True], by[False]
+        rows.append((f"serving (moe-serve), {w}", where,
+                     f"overlap on: decode p50 {on[0]}, p99 {on[1]}, {on[2]} tokens/s per rank",
+                     f"overlap off: p50 {off[0]}, p99 {off[1]}, {off[2]} tokens/s per rank",
+                     "overlap on at " + x(float(on[2]) / float(off[2])) + " off's tokens/s", "scripts/bench/figures.sh serve"))
+    return rows
+
+
+def capi_rows():
+    """One row per LL round size: the C and Python interfaces against the same round in Go."""
+    _, recs = load("capi")
+    by = {}
+    for r in recs:
+        a = by.setdefault((r["mode"], r["tokens"], layout(r)), {"go": []})
+        if r["api"] == "go":
+            a["go"].append(r["round_us"])  # the C program's run, then the Python program's
+        else:
+            a[r["api"]] = r
+    rows = []
+    for (mode, tokens, where), a in by.items():
+        if mode != "ll" or not all(k in a for k in ("c", "c-zero-copy", "python", "python-zero-copy")):
+            continue
+        rows.append((f"C and Python interfaces, an LL round of {tokens} token{'s' * (tokens > 1)}", where,
+                     f"C {ms(a['c']['round_us'])} (zero-copy {ms(a['c-zero-copy']['round_us'])}); "
+                     f"Python {ms(a['python']['round_us'])} (zero-copy {ms(a['python-zero-copy']['round_us'])})",
+                     "the same round in Go in each program: " + " / ".join(ms(v) for v in a["go"]),
+                     f"at Go's speed times: C {x(1 / a['c']['vs_go'])} (zero-copy {x(1 / a['c-zero-copy']['vs_go'])}), "
+                     f"Python {x(1 / a['python']['vs_go'])} (zero-copy {x(1 / a['python-zero-copy']['vs_go'])})",
+                     "scripts/bench/figures.sh capi"))
+    return rows
+
+
+def table(head, rows):
+    print("| " + " | ".join(head) + " |")
+    print("| " + " | ".join("---" for _ in head) + " |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print()
+
+
+def bench():
+    s, one = load("one-node")
+    if one:
+        print(f"### One node\n\n`scripts/bench/figures.sh one-node` ({s}):\n")
+        table(["config", "ranks", "ep dispatch / combine", "alltoallv by hand", "speedup", "memcpy GB/s per rank",
+               "ep as % of memcpy (dispatch / combine)"],
+              [(what(r), layout(r), f"{ms(r['dispatch_us'])} / {ms(r['combine_us'])}",
+                f"{ms(r['alltoallv_dispatch_us'])} / {ms(r['alltoallv_combine_us'])}", x(r["speedup_vs_alltoallv"]),
+                f"{r['memcpy_gbps']:.2f}",
+                f"{100 * r['dispatch_memcpy_frac']:.0f}% / {100 * r['combine_memcpy_frac']:.0f}%") for r in one])
+    s, lat = load("latency")
+    if lat:
+        print(f"### Decode latency\n\n`scripts/bench/figures.sh latency` ({s}):\n")
+        table(["tokens per rank", "ep round", "x flag round trip", "x data round trip", "alltoallv round", "ep speedup",
+               "flag round trip", "data round trip"],
+              [(str(r["tokens"]), ms(r["steady_round_us"]), x(r["steady_round_us"] / r["flag_round_trip_us"]),
+                x(r["steady_round_us"] / r["data_round_trip_us"]), ms(r["alltoallv_steady_round_us"]),
+                x(r["alltoallv_steady_round_us"] / r["steady_round_us"]), ms(r["flag_round_trip_us"]),
+                ms(r["data_round_trip_us"])) for r in lat])
+    s, xh = load("cross-host")
+    if xh:
+        print(f"### Across emulated hosts\n\n`scripts/bench/figures.sh cross-host` ({s}):\n")
+        rows = []
+        for r in xh:
+            a2a = ms(total(r, "alltoallv_")) if r.get("alltoallv_dispatch_us") else "not run"
+            sp = x(r["speedup_vs_alltoallv"]) if r.get("speedup_vs_alltoallv") else ""
+            by = f"{r['network_bytes_per_call'] / 1e6:.0f} MB" if r.get("network_bytes_per_call") else ""
+            if by and r.get("flat_network_bytes_per_call"):
+                by += f" / {r['flat_network_bytes_per_call'] / 1e6:.0f} MB"
+            floor = r.get("floor_dispatch_us")
+            rows.append((what(r), layout(r), f"{ms(r['dispatch_us'])} / {ms(r['combine_us'])}", a2a,
+                         ms(floor + r["floor_combine_us"]) if floor else "not run", sp,
+                         x(r["x_floor"]) if floor else "",
+                         f"{ms(r['cpu_per_round_us'])} / {ms(r['floor_cpu_per_round_us'])}" if floor else "", by))
+        table(["config", "hosts x ranks", "ep dispatch / combine", "alltoallv by hand", "wire floor",
+               "speedup over alltoallv", "ep x floor", "processor time per round, ep / floor",
+               "bytes across hosts per call, ep / flat"], rows)
+    s, fp8 = load("fp8")
+    if fp8:
+        print(f"### FP8\n\n`scripts/bench/figures.sh fp8` ({s}):\n")
+        rows = []
+        for r in fp8:
+            if r.get("combine_wire") == "fp8":
+                rows.append(("FP8 combine", where(r), ms(r["combine_us"]), ms(r["bf16_combine_us"]),
+                             x(r["fp8_combine_speedup"]), f"{r['combine_bytes_per_rank'] / 1e6:.1f} MB",
+                             f"{r['network_bytes_per_call'] / 1e6:.1f} / {r['bf16_network_bytes_per_call'] / 1e6:.1f} MB"
+                             if r.get("bf16_network_bytes_per_call") else ""))
+            else:
+                rows.append(("FP8 dispatch", where(r), ms(r["dispatch_us"]), ms(r["bf16_dispatch_us"]),
+                             x(r["fp8_dispatch_speedup"]),
+                             f"{r['bytes_per_rank'] / 1e6:.1f} / {r['bf16_bytes_per_rank'] / 1e6:.1f} MB", ""))
+        table(["LL 128 tokens", "ranks", "FP8", "bf16, same rounds", "FP8's speed over bf16's",
+               "bytes per rank (FP8 / bf16)", "bytes across hosts per call (FP8 / bf16)"], rows)
+    s, lay = load("layouts")
+    if lay:
+        print(f"### Receive layouts\n\n`scripts/bench/figures.sh layouts` ({s}):\n")
+        table(["HT 4096 tokens", "ranks", "expert-major dispatch / combine", "flat + permutation dispatch / combine",
+               "speedup (total)", "speedup (dispatch)", "the permutation / the sums back alone"],
+              [(f"align {r['expert_alignment']}", where(r),
+                f"{ms(r['dispatch_us'])} / {ms(r['combine_us'])}",
+                f"{ms(r['flat_permute_dispatch_us'])} / {ms(r['flat_permute_combine_us'])}",
+                x(r["expert_major_speedup"]), x(r["expert_major_dispatch_speedup"]),
+                f"{ms(r['permute_us'])} / {ms(r['unpermute_us'])}") for r in lay])
+    runs = train_runs()
+    if runs:
+        print(f"### The main job\n\n`scripts/bench/figures.sh train` ({train_text()[0].lstrip('# ')}):\n")
+        def clean(line):
+            return re.sub(r"^(speed|copies)\s+", "", line)
+        table(["device", "speed, and dispatch / combine per step", "host-device copies"],
+              [(d, clean(r[1]), clean(r[2]) or "none") for d, rs in runs.items() for r in rs])
+    serve_table()
+
+
+def serve_table():
+    runs = serve_runs()
+    if runs:
+        print(f"### Serving\n\n`scripts/bench/figures.sh serve` ({text('serve.txt')[0].lstrip('# ')}):\n")
+        table(["workload", "ranks", "overlap", "decode p50", "decode p99", "tokens/s per rank"],
+              [(w, where, "on" if ov else "off", p50, p99, tps) for w, where, ov, p50, p99, tps in runs])
+
+
+def compare(path):
+    stamp, recs = "", []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                stamp = stamp or line.lstrip("# ").strip()
+            elif line.startswith("{"):
+                recs.append(json.loads(line))
+    groups = {}
+    for r in recs:
+        key = (what(r), where(r))
+        groups.setdefault(key, {"before": [], "after": []})[r["build"]].append(r)
+    rows = []
+    for (w, place), g in groups.items():
+        if not g["before"] or not g["after"]:
+            continue
+        tb = [total(r) for r in g["before"]]
+        ta = [total(r) for r in g["after"]]
+        sb = [r.get("speedup_vs_alltoallv", 0) for r in g["before"]]
+        sa = [r.get("speedup_vs_alltoallv", 0) for r in g["after"]]
+        # each after run beside the before run just ahead of it: the pairs share the machine's state
+        pairs = [b / a for b, a in zip(tb, ta)]
+        rows.append((w, place, ", ".join(ms(t) for t in tb), ", ".join(ms(t) for t in ta),
+                     x(statistics.median(pairs)) + " (pairs: " + ", ".join(x(v) for v in pairs) + ")",
+                     ", ".join(x(v) for v in sb), ", ".join(x(v) for v in sa)))
+    print(f"compare.sh ({stamp}):\n")
+    table(["config", "ranks", "ep before (dispatch+combine)", "ep after", "after's speed over before's, median of the pairs run in turn",
+           "before: speedup over alltoallv", "after: speedup over alltoallv"], rows)
+
+
+def update():
+    import contextlib
+    import io
+    root = os.path.join(DIR, "..", "..")
+    for doc, kind, fn in (("README.md", "figures", readme), (os.path.join("docs", "bench.md"), "tables", bench)):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            fn()
+        path = os.path.join(root, doc)
+        with open(path) as f:
+            s = f.read()
+        begin = f"<!-- begin {kind}: python3 scripts/bench/tables.py update -->\n"
+        end = f"<!-- end {kind} -->\n"
+        if begin not in s or end not in s:
+            sys.exit(f"tables.py: {doc} has no {begin.strip()} ... {end.strip()} lines")
+        head, rest = s.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        with open(path, "w") as f:
+            f.write(head + begin + "\n" + buf.getvalue().rstrip("\n") + "\n\n" + end + tail)
+        print(f"tables.py: {doc} updated")
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in ("readme", "bench", "compare", "update"):
+        sys.exit("usage: tables.py readme | bench | compare FILE | update")
+    if sys.argv[1] == "update":
+        update()
+    elif sys.argv[1] == "readme":
+        readme()
+    elif sys.argv[1] == "bench":
+        bench()
+    else:
+        if len(sys.argv) != 3:
+            sys.exit("usage: tables.py compare FILE")
+        compare(sys.argv[2])
+
+
+if __name__ == "__main__":
+    main()
