@@ -235,7 +235,7 @@ func (w *epWire[E]) received(h ep.Handle[E], spans []span, dst []float64) error 
 			if err != nil {
 				return err
 			}
-			fromWire(out, rows)
+			FromWire(out, rows)
 			continue
 		}
 		G := ep.ScaleGroups(H)
@@ -263,8 +263,10 @@ func (w *epWire[E]) received(h ep.Handle[E], spans []span, dst []float64) error 
 	return nil
 }
 
-// toWire rounds float64 values to E (bfloat16 through float32).
-func toWire[E ep.Element](dst []E, src []float64) {
+// ToWire rounds float64 values to the element type E that rows travel
+// in (bfloat16 through float32): how the model's float64 activations
+// become dispatch rows. FromWire widens them back.
+func ToWire[E ep.Element](dst []E, src []float64) {
 	switch d := any(dst).(type) {
 	case []float32:
 		for i, v := range src {
@@ -277,8 +279,8 @@ func toWire[E ep.Element](dst []E, src []float64) {
 	}
 }
 
-// fromWire widens E values to float64.
-func fromWire[E ep.Element](dst []float64, src []E) {
+// FromWire widens E values to float64.
+func FromWire[E ep.Element](dst []float64, src []E) {
 	switch s := any(src).(type) {
 	case []float32:
 		for i, v := range s {
@@ -295,7 +297,7 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 	H, K := w.c.Hidden, w.c.TopK
 	T := len(topk) / K
 	tok := w.tok[:T*H]
-	toWire(tok, x)
+	ToWire(tok, x)
 	xt, err := tensorOf(&w.stats, tok, w.dTok)
 	if err != nil {
 		return nil, err
@@ -399,13 +401,13 @@ func (w *epWire[E]) publish(h ep.Handle[E], r *routed, y []float64) (ep.Tensor[E
 		src := y[i*H : (i+sp.n)*H]
 		i += sp.n
 		if dst.Memory() == ep.HostMemory {
-			toWire(dst.Host(), src)
+			ToWire(dst.Host(), src)
 			continue
 		}
 		if cap(w.cbuf) < len(src) {
 			w.cbuf = make([]E, len(src))
 		}
-		toWire(w.cbuf[:len(src)], src)
+		ToWire(w.cbuf[:len(src)], src)
 		start := time.Now()
 		err := ep.Upload(dst, w.cbuf[:len(src)])
 		w.stats.copied(start, len(src)*int(elemBytes[E]()))
@@ -441,7 +443,7 @@ func (w *epWire[E]) combine(r *routed, y, out []float64) error {
 	if err != nil {
 		return err
 	}
-	fromWire(out, o)
+	FromWire(out, o)
 	w.stats.bytesSent += w.rowBytes
 	return nil
 }
@@ -449,7 +451,7 @@ func (w *epWire[E]) combine(r *routed, y, out []float64) error {
 func (w *epWire[E]) dispatchGrad(r *routed, g []float64) ([]float64, error) {
 	H := w.c.Hidden
 	tok := w.tok[:w.h.NumTokens()*H]
-	toWire(tok, g)
+	ToWire(tok, g)
 	xt, err := tensorOf(&w.stats, tok, w.dTok)
 	if err != nil {
 		return nil, err
@@ -517,7 +519,7 @@ func (w *epWire[E]) combineGrad(r *routed, dx, rowValues, gx, gw []float64) erro
 	if err != nil {
 		return err
 	}
-	fromWire(gx, o)
+	FromWire(gx, o)
 	slots, err := hostOf(&w.stats, sv, &w.slotValues)
 	if err != nil {
 		return err

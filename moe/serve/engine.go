@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/moe"
 	"github.com/goep/goep/mpi"
 )
 
@@ -241,8 +242,8 @@ func (e *engine[E]) front(step int64, l int, mb *mbatch[E]) error {
 		return err
 	}
 	rmsNorm(mb.uf, mb.h, H)
-	toWire(mb.u, mb.uf)
-	fromWire(mb.uf, mb.u)
+	moe.ToWire(mb.u, mb.uf)
+	moe.FromWire(mb.uf, mb.u)
 	e.m.route(l, mb.uf, mb.topk, mb.w)
 	e.record(step, l, mb, PhaseAttention, t)
 	t = e.now()
@@ -296,7 +297,7 @@ func (e *engine[E]) experts(l int, hd ep.Handle[E]) {
 			}
 			lo := le * e.span
 			e.expU, e.expO = growF(e.expU, n*H), growF(e.expO, n*H)
-			fromWire(e.expU, recv[lo*H:(lo+n)*H])
+			moe.FromWire(e.expU, recv[lo*H:(lo+n)*H])
 			e.m.expert(l, le, e.expU, e.expO)
 			for j := 0; j < n; j++ {
 				w := float64(rw[lo+j])
@@ -305,7 +306,7 @@ func (e *engine[E]) experts(l int, hd ep.Handle[E]) {
 					o[c] = grid(w * v)
 				}
 			}
-			toWire(buf[lo*H:(lo+n)*H], e.expO)
+			moe.ToWire(buf[lo*H:(lo+n)*H], e.expO)
 		}
 		return
 	}
@@ -328,7 +329,7 @@ func (e *engine[E]) experts(l int, hd ep.Handle[E]) {
 		e.expU, e.expO = growF(e.expU, m*H), growF(e.expO, m*H)
 		for j, i := range sel {
 			row := i / K
-			fromWire(e.expU[j*H:(j+1)*H], recv[row*H:(row+1)*H])
+			moe.FromWire(e.expU[j*H:(j+1)*H], recv[row*H:(row+1)*H])
 		}
 		e.m.expert(l, le, e.expU, e.expO)
 		for j, i := range sel {
@@ -339,7 +340,7 @@ func (e *engine[E]) experts(l int, hd ep.Handle[E]) {
 			}
 		}
 	}
-	toWire(buf[:n*H], e.expY)
+	moe.ToWire(buf[:n*H], e.expY)
 }
 
 // back completes a micro-batch's combine and adds the MoE output (and the
@@ -358,7 +359,7 @@ func (e *engine[E]) back(step int64, l int, mb *mbatch[E]) error {
 	n := len(mb.rows)
 	e.moeS = growF(e.moeS, n*H)
 	moeOut := e.moeS
-	fromWire(moeOut, mb.out)
+	moe.FromWire(moeOut, mb.out)
 	for i, v := range moeOut {
 		mb.h[i] += v
 	}

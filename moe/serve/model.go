@@ -8,7 +8,6 @@ import (
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas64"
 
-	"github.com/goep/goep/ep"
 	"github.com/goep/goep/moe"
 	"github.com/goep/goep/moe/runs"
 )
@@ -280,32 +279,4 @@ func growF(s []float64, n int) []float64 {
 		return s[:n]
 	}
 	return make([]float64, n)
-}
-
-// toWire rounds float64 values to the element type E, and fromWire widens
-// them back.
-func toWire[E ep.Element](dst []E, src []float64) {
-	switch d := any(dst).(type) {
-	case []float32:
-		for i, v := range src {
-			d[i] = float32(v)
-		}
-	case []ep.BF16:
-		for i, v := range src {
-			d[i] = ep.BF16From(float32(v))
-		}
-	}
-}
-
-func fromWire[E ep.Element](dst []float64, src []E) {
-	switch s := any(src).(type) {
-	case []float32:
-		for i, v := range s {
-			dst[i] = float64(v)
-		}
-	case []ep.BF16:
-		for i, v := range s {
-			dst[i] = float64(v.Float32())
-		}
-	}
 }
