@@ -333,40 +333,22 @@ type traceReader struct {
 	err error
 }
 
-func (rd *traceReader) str(obj, name string) string {
-	if rd.err != nil {
-		return ""
+// attrAs reads one attribute with get, unless an earlier read failed.
+func attrAs[T any](rd *traceReader, obj, name string, get func(obj, name string) (T, error)) T {
+	var v T
+	if rd.err == nil {
+		v, rd.err = get(obj, name)
 	}
-	v, err := rd.f.AttrString(obj, name)
-	rd.err = err
 	return v
 }
 
+func (rd *traceReader) str(obj, name string) string { return attrAs(rd, obj, name, rd.f.AttrString) }
 func (rd *traceReader) strs(obj, name string) []string {
-	if rd.err != nil {
-		return nil
-	}
-	v, err := rd.f.AttrStrings(obj, name)
-	rd.err = err
-	return v
+	return attrAs(rd, obj, name, rd.f.AttrStrings)
 }
-
-func (rd *traceReader) int(obj, name string) int64 {
-	if rd.err != nil {
-		return 0
-	}
-	v, err := rd.f.AttrInt64(obj, name)
-	rd.err = err
-	return v
-}
-
+func (rd *traceReader) int(obj, name string) int64 { return attrAs(rd, obj, name, rd.f.AttrInt64) }
 func (rd *traceReader) float(obj, name string) float64 {
-	if rd.err != nil {
-		return 0
-	}
-	v, err := rd.f.AttrFloat64(obj, name)
-	rd.err = err
-	return v
+	return attrAs(rd, obj, name, rd.f.AttrFloat64)
 }
 
 // check notes a dataset of another length than n (n < 0: any).
