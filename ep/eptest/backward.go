@@ -22,23 +22,6 @@ func (s Suite) testBackwardIsTranspose(t *testing.T) {
 			g := newGroup[float32](t, s, s.Backend, sc.config(mode))
 			H, K := sc.hidden, sc.topk
 			in := sc.input(me, R)
-			small := func(i, salt int) float32 { return float32((i*7+salt*13+me*5)%9 - 4) }
-			x := make([]float32, in.T*H)
-			for i := range x {
-				x[i] = small(i, 1)
-			}
-			h, err := g.Dispatch(upload(t, g, x), in.topk, in.weights)
-			require.NoError(t, err)
-			recv := host(t, h.Recv())
-			valid := validRows(mode, h.ExpertCounts(), h.NumRecv(), R*sc.maxTok)
-			y := make([]float32, len(recv))
-			var lhs float64
-			for _, r := range valid {
-				for c := 0; c < H; c++ {
-					y[r*H+c] = small(r*H+c, 2)
-					lhs += float64(recv[r*H+c]) * float64(y[r*H+c])
-				}
-			}
 			var opts *ep.CombineOptions
 			if mode == ep.LowLatency {
 				ones := make([]float32, in.T*K)
@@ -47,39 +30,72 @@ func (s Suite) testBackwardIsTranspose(t *testing.T) {
 				}
 				opts = &ep.CombineOptions{WeightsOverride: ones}
 			}
-			outT := zeros[float32](t, g, in.T*H)
-			require.NoError(t, g.Combine(h, upload(t, g, y), outT, opts))
-			out := host(t, outT)
-			var rhs float64
-			for i := range x {
-				rhs += float64(x[i]) * float64(out[i])
-			}
-			sums := make([]float64, 2)
-			require.NoError(t, mpi.Allreduce(s.Comm, mpi.OpSum, []float64{lhs, rhs}, sums))
-			assert.Equal(t, sums[0], sums[1], "<D x, y> = <x, C y> summed over ranks")
-
-			// Backward of the combine: dispatch the output gradient with the same routing.
-			gradOut := make([]float32, in.T*H)
-			var lhs2 float64
-			for i := range gradOut {
-				gradOut[i] = small(i, 3)
-				lhs2 += float64(out[i]) * float64(gradOut[i])
-			}
-			hb, err := g.DispatchCached(h, upload(t, g, gradOut), nil)
-			require.NoError(t, err)
-			var rhs2 float64
-			grecv := host(t, hb.Recv())
-			for _, r := range validRows(mode, hb.ExpertCounts(), hb.NumRecv(), R*sc.maxTok) {
-				for c := 0; c < H; c++ {
-					rhs2 += float64(y[r*H+c]) * float64(grecv[r*H+c])
-				}
-			}
-			require.NoError(t, mpi.Allreduce(s.Comm, mpi.OpSum, []float64{lhs2, rhs2}, sums))
-			assert.Equal(t, sums[0], sums[1], "<C y, g> = <y, D_cached g> summed over ranks")
-			if mode == ep.LowLatency {
-				require.NoError(t, g.Combine(hb, hb.Recv(), zeros[float32](t, g, in.T*H), nil))
-			}
+			checkTranspose(t, s, g, mode, in, H, opts, 0, func(h ep.Handle[float32]) []int {
+				return validRows(mode, h.ExpertCounts(), h.NumRecv(), R*sc.maxTok)
+			})
 		})
+	}
+}
+
+// checkTranspose checks, summed over ranks, that g's combine is the
+// transpose of its dispatch (<D x, y> = <x, C y>) and that the backward of
+// the combine, a cached dispatch of the output gradient, is the transpose
+// of the combine (<C y, g> = <y, D_cached g>), for x, y and g of small
+// integers, whose products and sums are exact. valid lists a handle's
+// received rows; y's other rows hold pad (NaN where no one may read them).
+func checkTranspose(t *testing.T, s Suite, g *ep.Group[float32], mode ep.Mode, in input, H int,
+	opts *ep.CombineOptions, pad float32, valid func(ep.Handle[float32]) []int) {
+	me := s.Comm.Rank()
+	small := func(i, salt int) float32 { return float32((i*7+salt*13+me*5)%9 - 4) }
+	x := make([]float32, in.T*H)
+	for i := range x {
+		x[i] = small(i, 1)
+	}
+	h, err := g.Dispatch(upload(t, g, x), in.topk, in.weights)
+	require.NoError(t, err)
+	recv := host(t, h.Recv())
+	y := make([]float32, len(recv))
+	for i := range y {
+		y[i] = pad
+	}
+	var lhs float64
+	for _, r := range valid(h) {
+		for c := 0; c < H; c++ {
+			y[r*H+c] = small(r*H+c, 2)
+			lhs += float64(recv[r*H+c]) * float64(y[r*H+c])
+		}
+	}
+	outT := zeros[float32](t, g, in.T*H)
+	require.NoError(t, g.Combine(h, upload(t, g, y), outT, opts))
+	out := host(t, outT)
+	var rhs float64
+	for i := range x {
+		rhs += float64(x[i]) * float64(out[i])
+	}
+	sums := make([]float64, 2)
+	require.NoError(t, mpi.Allreduce(s.Comm, mpi.OpSum, []float64{lhs, rhs}, sums))
+	assert.Equal(t, sums[0], sums[1], "<D x, y> = <x, C y> summed over ranks")
+
+	// Backward of the combine: dispatch the output gradient with the same routing.
+	gradOut := make([]float32, in.T*H)
+	var lhs2 float64
+	for i := range gradOut {
+		gradOut[i] = small(i, 3)
+		lhs2 += float64(out[i]) * float64(gradOut[i])
+	}
+	hb, err := g.DispatchCached(h, upload(t, g, gradOut), nil)
+	require.NoError(t, err)
+	var rhs2 float64
+	grecv := host(t, hb.Recv())
+	for _, r := range valid(hb) {
+		for c := 0; c < H; c++ {
+			rhs2 += float64(y[r*H+c]) * float64(grecv[r*H+c])
+		}
+	}
+	require.NoError(t, mpi.Allreduce(s.Comm, mpi.OpSum, []float64{lhs2, rhs2}, sums))
+	assert.Equal(t, sums[0], sums[1], "<C y, g> = <y, D_cached g> summed over ranks")
+	if mode == ep.LowLatency {
+		require.NoError(t, g.Combine(hb, hb.Recv(), zeros[float32](t, g, in.T*H), nil))
 	}
 }
 

@@ -150,24 +150,31 @@ func checkHTRecv[E ep.Element](t *testing.T, s Suite, h ep.Handle[E], sc scenari
 	t.Helper()
 	R, me, H, K := len(ins), s.Comm.Rank(), sc.hidden, sc.topk
 	L := sc.experts / R
-	exp := htExpected(sc, ins, me, R)
-	require.Equal(t, len(exp), h.NumRecv(), "rows received")
+	checkHTRows(t, h, ins, htExpected(sc, ins, me, R), me, H, K, L, "rows received")
+}
+
+// checkHTRows checks that an HT handle received exactly the rows want, in
+// that order: each row's values, source, local top-k ids and weights, and
+// the rows per local expert. It reports whether every row's values matched.
+func checkHTRows[E ep.Element](t *testing.T, h ep.Handle[E], ins []input, want []row, me, H, K, L int, what string) bool {
+	t.Helper()
+	require.Equal(t, len(want), h.NumRecv(), what)
 	recv, ids, wts := host(t, h.Recv()), host(t, h.RecvTopK()), host(t, h.RecvWeights())
 	counts := make([]int, L)
-	for r, want := range exp {
-		x := payload[E](want.src, ins[want.src].T, H)
-		if !rowsEqual(t, fmt.Sprintf("row %d (rank %d token %d)", r, want.src, want.tok), recv[r*H:(r+1)*H], x[want.tok*H:(want.tok+1)*H]) {
-			return
+	for r, w := range want {
+		x := payload[E](w.src, ins[w.src].T, H)
+		if !rowsEqual(t, fmt.Sprintf("row %d (rank %d token %d)", r, w.src, w.tok), recv[r*H:(r+1)*H], x[w.tok*H:(w.tok+1)*H]) {
+			return false
 		}
 		src, tok, err := h.Source(r)
 		require.NoError(t, err)
-		assert.Equal(t, [2]int{want.src, want.tok}, [2]int{src, tok}, "source of row %d", r)
-		from := ins[want.src]
+		assert.Equal(t, [2]int{w.src, w.tok}, [2]int{src, tok}, "source of row %d", r)
+		from := ins[w.src]
 		for k := 0; k < K; k++ {
-			e := from.topk[want.tok*K+k]
+			e := from.topk[w.tok*K+k]
 			wantID, wantW := int32(-1), float32(0)
 			if e >= 0 && int(e)/L == me {
-				wantID, wantW = e-int32(me*L), from.weights[want.tok*K+k]
+				wantID, wantW = e-int32(me*L), from.weights[w.tok*K+k]
 				counts[wantID]++
 			}
 			assert.Equal(t, wantID, ids[r*K+k], "local id of row %d slot %d", r, k)
@@ -175,6 +182,7 @@ func checkHTRecv[E ep.Element](t *testing.T, s Suite, h ep.Handle[E], sc scenari
 		}
 	}
 	assert.Equal(t, counts, h.ExpertCounts(), "rows per local expert")
+	return true
 }
 
 func checkIdentityCombine[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc scenario, in input, out []E) {

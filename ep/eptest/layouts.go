@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep/goep/ep"
-	"github.com/goep/goep/mpi"
 )
 
 // layoutCase is a receive layout other than a mode's default, or an id
@@ -350,58 +349,10 @@ func checkLayoutBackward(t *testing.T, s Suite, c layoutCase, sc scenario) {
 	defer s.agree(t)
 	g := newGroup[float32](t, s, s.Backend, c.config(sc))
 	R, me, H := s.Comm.Size(), s.Comm.Rank(), sc.hidden
-	in := sc.input(me, R)
-	small := func(i, salt int) float32 { return float32((i*7+salt*13+me*5)%9 - 4) }
-	x := make([]float32, in.T*H)
-	for i := range x {
-		x[i] = small(i, 1)
-	}
-	h, err := g.Dispatch(upload(t, g, x), in.topk, in.weights)
-	require.NoError(t, err)
-	recv := host(t, h.Recv())
-	y := make([]float32, len(recv))
-	for i := range y {
-		y[i] = float32(math.NaN())
-	}
-	var lhs float64
-	valid := validLayoutRows(c, h, sc.maxTok)
-	for _, r := range valid {
-		for col := 0; col < H; col++ {
-			y[r*H+col] = small(r*H+col, 2)
-			lhs += float64(recv[r*H+col]) * float64(y[r*H+col])
-		}
-	}
-	outT := zeros[float32](t, g, in.T*H)
-	require.NoError(t, g.Combine(h, upload(t, g, y), outT, nil)) // unweighted in these layouts
-	out := host(t, outT)
-	var rhs float64
-	for i := range x {
-		rhs += float64(x[i]) * float64(out[i])
-	}
-	sums := make([]float64, 2)
-	require.NoError(t, mpi.Allreduce(s.Comm, mpi.OpSum, []float64{lhs, rhs}, sums))
-	assert.Equal(t, sums[0], sums[1], "<D x, y> = <x, C y> summed over ranks")
-
-	gradOut := make([]float32, in.T*H)
-	var lhs2 float64
-	for i := range gradOut {
-		gradOut[i] = small(i, 3)
-		lhs2 += float64(out[i]) * float64(gradOut[i])
-	}
-	hb, err := g.DispatchCached(h, upload(t, g, gradOut), nil)
-	require.NoError(t, err)
-	var rhs2 float64
-	grecv := host(t, hb.Recv())
-	for _, r := range validLayoutRows(c, hb, sc.maxTok) {
-		for col := 0; col < H; col++ {
-			rhs2 += float64(y[r*H+col]) * float64(grecv[r*H+col])
-		}
-	}
-	require.NoError(t, mpi.Allreduce(s.Comm, mpi.OpSum, []float64{lhs2, rhs2}, sums))
-	assert.Equal(t, sums[0], sums[1], "<C y, g> = <y, D_cached g> summed over ranks")
-	if c.mode == ep.LowLatency {
-		require.NoError(t, g.Combine(hb, hb.Recv(), zeros[float32](t, g, in.T*H), nil))
-	}
+	// unweighted combines in these layouts; NaN on the rows that hold no received row
+	checkTranspose(t, s, g, c.mode, sc.input(me, R), H, nil, float32(math.NaN()), func(h ep.Handle[float32]) []int {
+		return validLayoutRows(c, h, sc.maxTok)
+	})
 }
 
 // RowValues reach their (token, slot): one per row in an expert-major

@@ -103,30 +103,9 @@ func checkOverflow[E ep.Element](t *testing.T, s Suite, sc scenario, policy ep.O
 			}
 		}
 	}
-	require.Equal(t, len(want), h.NumRecv(), "rows received with MaxRecvTokensPerRank = %d", cap)
-	recv, ids, wts := host(t, h.Recv()), host(t, h.RecvTopK()), host(t, h.RecvWeights())
-	counts := make([]int, L)
-	for r, w := range want {
-		x := payload[E](w.src, ins[w.src].T, H)
-		if !rowsEqual(t, fmt.Sprintf("row %d (rank %d token %d)", r, w.src, w.tok), recv[r*H:(r+1)*H], x[w.tok*H:(w.tok+1)*H]) {
-			return
-		}
-		src, tok, err := h.Source(r)
-		require.NoError(t, err)
-		assert.Equal(t, [2]int{w.src, w.tok}, [2]int{src, tok}, "source of row %d", r)
-		from := ins[w.src]
-		for k := 0; k < K; k++ {
-			e := from.topk[w.tok*K+k]
-			wantID, wantW := int32(-1), float32(0)
-			if e >= 0 && int(e)/L == me {
-				wantID, wantW = e-int32(me*L), from.weights[w.tok*K+k]
-				counts[wantID]++
-			}
-			assert.Equal(t, wantID, ids[r*K+k], "local id of row %d slot %d", r, k)
-			assert.Equal(t, wantW, wts[r*K+k], "weight of row %d slot %d", r, k)
-		}
+	if !checkHTRows(t, h, ins, want, me, H, K, L, fmt.Sprintf("rows received with MaxRecvTokensPerRank = %d", cap)) {
+		return
 	}
-	assert.Equal(t, counts, h.ExpertCounts(), "rows per local expert")
 
 	// What this rank's dispatch dropped.
 	var dropped []int32
