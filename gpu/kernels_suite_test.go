@@ -542,6 +542,9 @@ func testReduceRows(t *testing.T, env kernelEnv) {
 				reduceCase{in: in, out: out, n: 25, hidden: 300, maxSrc: 9, weights: false},
 				reduceCase{in: in, out: out, n: 30, hidden: 7, maxSrc: 3, weights: true, specials: true, nullSources: true},
 				reduceCase{in: in, out: out, n: 3, hidden: 1030, maxSrc: 2, weights: true},
+				// Rows of whole 16-byte pieces: the vector path.
+				reduceCase{in: in, out: out, n: 30, hidden: 136, maxSrc: 9, weights: true, specials: true, nullSources: true},
+				reduceCase{in: in, out: out, n: 12, hidden: 2048, maxSrc: 8, weights: false},
 			)
 		}
 	}
