@@ -131,6 +131,14 @@ type NetworkMeter interface {
 	NetworkSent() []int64
 }
 
+// A DeviceTimer is an Engine on a device that times its calls on the
+// device's clock: the time from the first work its last dispatch (or
+// combine) queued to the last, beside the host's wall time of the call.
+// Group.DeviceTimes reports them.
+type DeviceTimer interface {
+	DeviceTimes() (dispatch, combine time.Duration)
+}
+
 // A Masker is an Engine that can mask stalled ranks
 // (Config.MaskStalledRanks).
 type Masker interface {

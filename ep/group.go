@@ -274,6 +274,19 @@ func (g *Group[E]) LocalExperts() int { return g.sh.L }
 // collective.
 func (g *Group[E]) BufferBytes() int { return g.eng.BufferBytes() }
 
+// DeviceTimes is, on a backend that runs on a device (an engine that is a
+// DeviceTimer), the device's time of this rank's last completed dispatch
+// and last completed combine, from the first work each queued to the last
+// (0 before the first); ok is false on other backends. Not collective.
+func (g *Group[E]) DeviceTimes() (dispatch, combine time.Duration, ok bool) {
+	t, ok := g.eng.(DeviceTimer)
+	if !ok {
+		return 0, 0, false
+	}
+	dispatch, combine = t.DeviceTimes()
+	return dispatch, combine, true
+}
+
 // Memory is where the group's tensors are, and where the tensors passed to
 // it must be. Not collective.
 func (g *Group[E]) Memory() Memory { return g.mem }

@@ -15,8 +15,9 @@ import (
 // code that keeps device addresses (DevicePtr) rather than Buffers, such as
 // an engine that carves its buffers out of a few allocations, and the part
 // of the Device and Stream interfaces that CUDA implements. The synchronous
-// copies are methods of CUDADevice and, like cuMemcpy, complete before they
-// return; the asynchronous ones are queued on a CUDAStream.
+// copies are methods of CUDADevice with the driver's own synchronization
+// (Device says which complete before they return: only MemcpyDtoH); the
+// asynchronous ones are queued on a CUDAStream.
 
 // MemAlloc returns the address of n bytes of device memory, not
 // initialised (cuMemAlloc; n = 0 allocates one byte, so that every
@@ -32,8 +33,8 @@ func (d *CUDADevice) MemAlloc(n int) (DevicePtr, error) {
 	return DevicePtr(p), nil
 }
 
-// MemFree releases memory that MemAlloc returned (cuMemFree). Like
-// cuMemFree it does not wait for the work that uses it.
+// MemFree releases memory that MemAlloc returned (cuMemFree, which waits
+// for the device's queued work first).
 func (d *CUDADevice) MemFree(p DevicePtr) error {
 	if p == 0 {
 		return errors.New("gpu: MemFree: address 0")
@@ -44,7 +45,9 @@ func (d *CUDADevice) MemFree(p DevicePtr) error {
 	return nil
 }
 
-// MemcpyHtoD copies src to device address dst (cuMemcpyHtoD).
+// MemcpyHtoD copies src to device address dst (cuMemcpyHtoD): it returns
+// once src has been read; the bytes land when the legacy stream gets to
+// them.
 func (d *CUDADevice) MemcpyHtoD(dst DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
@@ -55,7 +58,8 @@ func (d *CUDADevice) MemcpyHtoD(dst DevicePtr, src []byte) error {
 	return cuErr("cuMemcpyHtoD", C.goep_cu_memcpy_htod(d.ctx, C.uint64_t(dst), unsafe.Pointer(&src[0]), C.size_t(len(src))))
 }
 
-// MemcpyDtoH copies len(dst) bytes from device address src (cuMemcpyDtoH).
+// MemcpyDtoH copies len(dst) bytes from device address src (cuMemcpyDtoH),
+// after the legacy stream's earlier work.
 func (d *CUDADevice) MemcpyDtoH(dst []byte, src DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
@@ -66,7 +70,8 @@ func (d *CUDADevice) MemcpyDtoH(dst []byte, src DevicePtr) error {
 	return cuErr("cuMemcpyDtoH", C.goep_cu_memcpy_dtoh(d.ctx, unsafe.Pointer(&dst[0]), C.uint64_t(src), C.size_t(len(dst))))
 }
 
-// MemcpyDtoD copies n bytes from src to dst on the device (cuMemcpyDtoD).
+// MemcpyDtoD queues a copy of n bytes from src to dst on the legacy stream
+// (cuMemcpyDtoD).
 func (d *CUDADevice) MemcpyDtoD(dst, src DevicePtr, n int) error {
 	if err := checkAddrs("MemcpyDtoD", dst, src, n); err != nil || n == 0 {
 		return err
@@ -74,7 +79,8 @@ func (d *CUDADevice) MemcpyDtoD(dst, src DevicePtr, n int) error {
 	return cuErr("cuMemcpyDtoD", C.goep_cu_memcpy_dtod(d.ctx, C.uint64_t(dst), C.uint64_t(src), C.size_t(n)))
 }
 
-// MemsetD8 sets n bytes at dst to v (cuMemsetD8).
+// MemsetD8 queues setting n bytes at dst to v on the legacy stream
+// (cuMemsetD8).
 func (d *CUDADevice) MemsetD8(dst DevicePtr, v byte, n int) error {
 	if err := checkAddrs("MemsetD8", dst, dst, n); err != nil || n == 0 {
 		return err

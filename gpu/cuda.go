@@ -307,12 +307,23 @@ func (b *Buffer) checkLen(op string, n int) error {
 	return nil
 }
 
-// Upload copies src (len(src) == Len()) from host memory to the buffer.
+// Upload copies src (len(src) == Len()) from host memory to the buffer,
+// and returns once the bytes are in device memory (cuMemcpyHtoD alone
+// returns once src has been read).
 func (b *Buffer) Upload(src []byte) error {
 	if err := b.checkLen("Upload", len(src)); err != nil || len(src) == 0 {
 		return err
 	}
-	return cuErr("cuMemcpyHtoD", C.goep_cu_memcpy_htod(b.dev.ctx, C.uint64_t(b.ptr), unsafe.Pointer(&src[0]), C.size_t(len(src))))
+	if err := cuErr("cuMemcpyHtoD", C.goep_cu_memcpy_htod(b.dev.ctx, C.uint64_t(b.ptr), unsafe.Pointer(&src[0]), C.size_t(len(src)))); err != nil {
+		return err
+	}
+	return b.dev.syncLegacy()
+}
+
+// syncLegacy waits for the synchronous copies queued so far: the legacy
+// default stream's work.
+func (d *CUDADevice) syncLegacy() error {
+	return cuErr("cuStreamSynchronize", C.goep_cu_legacy_synchronize(d.ctx))
 }
 
 // Download copies the buffer to dst (len(dst) == Len()) in host memory.
@@ -324,20 +335,26 @@ func (b *Buffer) Download(dst []byte) error {
 }
 
 // CopyFrom copies src (of the same length) into the buffer, device to
-// device.
+// device, and returns once the copy is done.
 func (b *Buffer) CopyFrom(src *Buffer) error {
 	if err := b.checkLen("CopyFrom", src.n); err != nil || b.n == 0 {
 		return err
 	}
-	return cuErr("cuMemcpyDtoD", C.goep_cu_memcpy_dtod(b.dev.ctx, C.uint64_t(b.ptr), C.uint64_t(src.ptr), C.size_t(b.n)))
+	if err := cuErr("cuMemcpyDtoD", C.goep_cu_memcpy_dtod(b.dev.ctx, C.uint64_t(b.ptr), C.uint64_t(src.ptr), C.size_t(b.n))); err != nil {
+		return err
+	}
+	return b.dev.syncLegacy()
 }
 
-// Memset sets every byte of the buffer to v.
+// Memset sets every byte of the buffer to v, and returns once it is done.
 func (b *Buffer) Memset(v byte) error {
 	if b.n == 0 {
 		return nil
 	}
-	return cuErr("cuMemsetD8", C.goep_cu_memset_d8(b.dev.ctx, C.uint64_t(b.ptr), C.uchar(v), C.size_t(b.n)))
+	if err := cuErr("cuMemsetD8", C.goep_cu_memset_d8(b.dev.ctx, C.uint64_t(b.ptr), C.uchar(v), C.size_t(b.n))); err != nil {
+		return err
+	}
+	return b.dev.syncLegacy()
 }
 
 // UploadAsync queues a copy of src (pinned host memory of the same length)
@@ -622,6 +639,11 @@ func (e *CUDAEvent) Close() error {
 	e.e = nil
 	return err
 }
+
+// ElapsedSince is the time from start's mark to this event's, both
+// recorded and reached (cuEventElapsedTime; about half a microsecond of
+// resolution).
+func (e *CUDAEvent) ElapsedSince(start Event) (time.Duration, error) { return Elapsed(start, e) }
 
 // Elapsed returns the time between two recorded events of a CUDA device
 // that have happened (resolution about half a microsecond).

@@ -1,5 +1,10 @@
 package gpu
 
+import (
+	"errors"
+	"time"
+)
+
 // The device interface: what code written for a GPU needs of one, so that
 // it runs unchanged on a CUDA device (this package) and on the emulated
 // device of package gpu/emulator, which implement it directly:
@@ -15,15 +20,27 @@ package gpu
 // own device only: a CUDA stream handed an emulated event returns an error
 // naming both types.
 
-// Device is a GPU: device memory named by address, synchronous copies,
-// streams and events, and the package's kernels. Synchronous copies do not
-// wait for streams (as cuMemcpy does not wait for non-blocking streams);
-// Synchronize does.
+// Device is a GPU: device memory named by address, copies on the legacy
+// default stream, streams and events, and the package's kernels.
+//
+// The copies by address keep CUDA's own synchronization rules (the
+// driver's "API synchronization behavior"), which an emulated device
+// keeps too: MemcpyHtoD returns once src has been read, but the bytes
+// reach device memory later; MemcpyDtoD and MemsetD8 are asynchronous to
+// the host; all three run on the legacy default stream, which the
+// non-blocking streams of NewStream do not wait for. MemcpyDtoH returns
+// once the bytes are in dst, after the earlier work of the legacy stream
+// (not of other streams). So work on a stream that reads what a
+// synchronous copy wrote must come after Synchronize, or use the stream's
+// own asynchronous copy. Synchronize waits for every stream, the legacy
+// one included.
 type Device interface {
 	String() string
 	// MemAlloc returns n bytes of device memory, not initialised (cuMemAlloc;
-	// n = 0 still gives an address); MemFree releases them, without waiting
-	// for the work that uses them: the caller synchronises first.
+	// n = 0 still gives an address); MemFree releases them. Like cuMemFree,
+	// MemFree first waits for the work queued on every stream of the
+	// device: it blocks for ever behind a transfer whose peer never comes,
+	// so a communicator with such work is aborted before memory is freed.
 	MemAlloc(n int) (DevicePtr, error)
 	MemFree(p DevicePtr) error
 	// AllocHost returns n bytes of host memory for asynchronous copies
@@ -70,6 +87,10 @@ type Event interface {
 	// Synchronize waits for it.
 	Done() (bool, error)
 	Synchronize() error
+	// ElapsedSince is the device's time from start's latest mark to this
+	// event's (cuEventElapsedTime), both reached; start is an event of
+	// the same device.
+	ElapsedSince(start Event) (time.Duration, error)
 	Close() error
 }
 
@@ -85,21 +106,41 @@ type HostBuffer interface {
 // Comm is NCCL's part: grouped point-to-point transfers between the ranks'
 // devices, queued on a stream, and the means to end them when a peer
 // stalls (NCCL has no timeouts).
+//
+// A Comm is non-blocking, as an NCCL communicator made with blocking = 0:
+// SendRecv may return before its group is on the stream (NCCL connects
+// to new peers in the background, which needs them to post their side).
+// Until AsyncError returns nil, the caller must queue nothing on the
+// group's stream and call nothing on the Comm but AsyncError and Abort.
+// A Comm is used by one goroutine at a time, Abort included: NCCL allows
+// no concurrent calls on a communicator, and ncclCommAbort frees it, so
+// the goroutine that waits on the Comm is the one that aborts it. After
+// Abort, every method returns an error and does nothing.
 type Comm interface {
-	// SendRecv queues one group of transfers on s (ncclGroupStart,
+	// SendRecv posts one group of transfers on s (ncclGroupStart,
 	// ncclSend/ncclRecv, ncclGroupEnd): the stream goes on when every one
 	// has completed. Transfers between two ranks match in the order they
-	// are listed and must agree in size; a rank may transfer to itself.
+	// are listed and must agree in size (a send and a receive of
+	// different sizes hang, as NCCL's do); a rank may transfer to itself.
 	SendRecv(s Stream, sends, recvs []Transfer) error
-	// AsyncError reports the failure of a queued group
-	// (ncclCommGetAsyncError); nil while all is well.
+	// AsyncError is the communicator's state (ncclCommGetAsyncError):
+	// nil when the last call has taken effect and nothing has failed,
+	// ErrInProgress while a SendRecv is still being enqueued, or the
+	// failure of a queued group.
 	AsyncError() error
-	// Abort ends the queued groups (ncclCommAbort); any goroutine may call
-	// it while another waits.
+	// Abort ends the queued groups and frees the communicator
+	// (ncclCommAbort); the streams that ran its groups go on.
 	Abort() error
-	// Close releases the communicator. It is collective.
+	// Close waits for the communicator's queued work, up to the timeout
+	// it was made with, and frees it (ncclCommFinalize, then
+	// ncclCommDestroy); past the timeout it aborts it instead. It is
+	// collective.
 	Close() error
 }
+
+// ErrInProgress is what Comm.AsyncError returns while a call is still
+// taking effect in the background (ncclInProgress).
+var ErrInProgress = errors.New("gpu: the communicator's last call is still in progress (ncclInProgress)")
 
 // The CUDA implementation.
 var (

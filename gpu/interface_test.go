@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -15,6 +16,8 @@ type otherEvent struct{}
 func (otherEvent) Done() (bool, error) { return true, nil }
 func (otherEvent) Synchronize() error  { return nil }
 func (otherEvent) Close() error        { return nil }
+
+func (otherEvent) ElapsedSince(Event) (time.Duration, error) { return 0, nil }
 
 type otherHost struct{ b []byte }
 

@@ -142,6 +142,38 @@ func opener(f cLoader) func(string) error {
 	}
 }
 
+// nvrtcBuiltins is the NVRTC builtins library loaded beside NVRTC (see
+// withBuiltins), "" if none was.
+var nvrtcBuiltins string
+
+// withBuiltins opens, before NVRTC itself, the libnvrtc-builtins.so.* that
+// lies beside it. NVRTC loads its builtins library at its first
+// compilation by soname, through the loader's search path, not from its
+// own folder; when NVRTC comes from a folder off that path (a pip wheel's,
+// a toolkit's not in ld.so.conf) every compilation would fail with
+// NVRTC_ERROR_BUILTIN_OPERATION_FAILURE. A library already loaded under
+// that soname is the one the loader gives it.
+func withBuiltins(open func(string) error) func(string) error {
+	return func(path string) error {
+		if strings.Contains(path, "/") {
+			m, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "libnvrtc-builtins.so.*"))
+			sort.Sort(sort.Reverse(sort.StringSlice(m)))
+			for _, b := range m {
+				if loadKept(b) == nil {
+					nvrtcBuiltins = b
+					break
+				}
+			}
+		}
+		return open(path)
+	}
+}
+
+// loadKept loads the library at path for the life of the process.
+func loadKept(path string) error {
+	return opener(func(p, e *C.char, n C.size_t) C.int { return C.goep_dlopen_keep(p, e, n) })(path)
+}
+
 // pythonLibs lists glob patterns for a library that pip's nvidia-* wheels
 // install (nvidia/<component>/lib/), under the usual site-packages roots.
 func pythonLibs(file string) []string {
@@ -175,7 +207,7 @@ var (
 			"/usr/local/cuda/lib64/libnvrtc.so*", "/usr/local/cuda/targets/*/lib/libnvrtc.so*",
 			"/usr/local/cuda-*/lib64/libnvrtc.so*", "/usr/lib/x86_64-linux-gnu/libnvrtc.so*"},
 			pythonLibs("libnvrtc.so*")...),
-		open: opener(func(p, e *C.char, n C.size_t) C.int { return C.goep_load_nvrtc(p, e, n) }),
+		open: withBuiltins(opener(func(p, e *C.char, n C.size_t) C.int { return C.goep_load_nvrtc(p, e, n) })),
 	}
 	ncclLib = &library{
 		what: "NCCL", name: "libnccl.so.2", env: "GOEP_NCCL_LIB",
@@ -195,6 +227,9 @@ func Libraries() map[string]string {
 		} else {
 			out[l.what] = l.path
 		}
+	}
+	if nvrtcBuiltins != "" {
+		out["NVRTC builtins"] = nvrtcBuiltins
 	}
 	return out
 }

@@ -7,8 +7,11 @@ package gpu
 import "C"
 
 import (
+	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/goep/goep/mpi"
@@ -80,14 +83,14 @@ func ncclUniqueID(lib *library) (mpi.UniqueID, error) {
 	return id, nil
 }
 
-// NCCLComm is an NCCL communicator of one rank, on one device. Abort and
-// AsyncError may be called from another goroutine while SendRecv or a wait
-// on its stream is in progress (a watchdog's use); its other methods are
-// for one goroutine at a time.
+// NCCLComm is a non-blocking NCCL communicator of one rank, on one device:
+// the Comm of a CUDA device. As NCCL requires, it is for one goroutine at a
+// time, Abort included.
 type NCCLComm struct {
 	dev        *CUDADevice
 	h          atomic.Pointer[ncclHandle] // nil once destroyed or aborted
 	rank, size int
+	timeout    time.Duration // how long Close and the set-up wait for the peers
 }
 
 // ncclHandle holds an ncclComm_t.
@@ -106,10 +109,11 @@ func (c *NCCLComm) handle(op string) (unsafe.Pointer, error) {
 // rank per MPI rank, as NCCL's MPI bootstrap does: each rank opens its
 // device (DeviceForRank's choice when device is negative), rank 0 creates
 // the unique ID (NCCLUniqueID) and mpi.BootstrapID broadcasts it, and every
-// rank calls ncclCommInitRank. It is collective. Before NCCL is entered the
-// ranks agree that each has its libraries and device, so that a rank that
-// lacks them makes every rank return an error naming it, instead of leaving
-// the others waiting inside ncclCommInitRank.
+// rank joins (NewNCCLCommFromID, within world's timeout). It is
+// collective. Before NCCL is entered the ranks agree that each has its
+// libraries and device, so that a rank that lacks them makes every rank
+// return an error naming it, instead of leaving the others waiting inside
+// NCCL.
 func NewNCCLComm(world *mpi.Comm, device int) (*NCCLComm, error) {
 	dev, err := openForNCCL(world, device, "NewNCCLComm")
 	if err != nil {
@@ -119,7 +123,7 @@ func NewNCCLComm(world *mpi.Comm, device int) (*NCCLComm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gpu: NewNCCLComm: %w", err)
 	}
-	return NewNCCLCommFromID(dev, id, world.Rank(), world.Size())
+	return NewNCCLCommFromID(dev, id, world.Rank(), world.Size(), world.Timeout())
 }
 
 // NewNCCLCommWithID is NewNCCLComm with the unique ID made beforehand, on
@@ -137,7 +141,7 @@ func NewNCCLCommWithID(world *mpi.Comm, device int, id mpi.UniqueID) (*NCCLComm,
 	if err := mpi.CheckSameID(world, 0, id); err != nil {
 		return nil, fmt.Errorf("gpu: NewNCCLCommWithID: %w", err)
 	}
-	return NewNCCLCommFromID(dev, id, world.Rank(), world.Size())
+	return NewNCCLCommFromID(dev, id, world.Rank(), world.Size(), world.Timeout())
 }
 
 // openForNCCL opens this rank's device (DeviceForRank's choice when device
@@ -170,12 +174,17 @@ func openForNCCL(world *mpi.Comm, device int, op string) (*CUDADevice, error) {
 	return dev, nil
 }
 
-// NewNCCLCommFromID joins rank `rank` of an NCCL communicator of `size`
-// ranks whose unique ID the caller has shared by other means
-// (ncclCommInitRank). It blocks until every rank has joined.
-func NewNCCLCommFromID(dev *CUDADevice, id mpi.UniqueID, rank, size int) (*NCCLComm, error) {
+// NewNCCLCommFromID joins rank `rank` of a non-blocking NCCL communicator
+// of `size` ranks whose unique ID the caller has shared by other means
+// (ncclCommInitRankConfig with blocking = 0). It waits until every rank has
+// joined, for at most timeout (0: no limit): past it, it aborts the
+// communicator and returns an error.
+func NewNCCLCommFromID(dev *CUDADevice, id mpi.UniqueID, rank, size int, timeout time.Duration) (*NCCLComm, error) {
 	if size < 1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("gpu: NewNCCLCommFromID: rank %d of %d", rank, size)
+	}
+	if timeout < 0 {
+		return nil, fmt.Errorf("gpu: NewNCCLCommFromID: negative timeout %v", timeout)
 	}
 	if err := ncclLib.load(); err != nil {
 		return nil, err
@@ -185,13 +194,55 @@ func NewNCCLCommFromID(dev *CUDADevice, id mpi.UniqueID, rank, size int) (*NCCLC
 		cid[i] = C.uchar(b)
 	}
 	var comm unsafe.Pointer
-	r := C.goep_nccl_comm_init_rank(dev.ctx, &comm, C.int(size), &cid[0], C.int(rank))
-	if err := ncclErr("ncclCommInitRank", r, nil); err != nil {
+	r := C.goep_nccl_comm_init_rank_config(dev.ctx, &comm, C.int(size), &cid[0], C.int(rank), 0)
+	if r != 0 && r != ncclInProgress {
+		err := ncclErr("ncclCommInitRankConfig", r, nil)
+		if comm != nil {
+			_ = C.goep_nccl_comm_abort(dev.ctx, comm)
+		}
 		return nil, fmt.Errorf("%w (rank %d of %d on %v)", err, rank, size, dev)
 	}
-	c := &NCCLComm{dev: dev, rank: rank, size: size}
+	c := &NCCLComm{dev: dev, rank: rank, size: size, timeout: timeout}
 	c.h.Store(&ncclHandle{comm: comm})
+	if err := c.settle("ncclCommInitRankConfig"); err != nil {
+		return nil, fmt.Errorf("%w (rank %d of %d on %v)", err, rank, size, dev)
+	}
 	return c, nil
+}
+
+// settle waits until the communicator's last call has taken effect
+// (AsyncError is no longer ErrInProgress), for at most the communicator's
+// timeout; on a failure or past the timeout it aborts the communicator.
+func (c *NCCLComm) settle(op string) error {
+	start := time.Now()
+	for spin := 0; ; spin++ {
+		err := c.AsyncError()
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ErrInProgress) {
+			_ = c.Abort()
+			return err
+		}
+		if c.timeout > 0 && time.Since(start) > c.timeout {
+			_ = c.Abort()
+			return fmt.Errorf("gpu: %s: not done within %v (a rank that never took part?): the communicator was aborted", op, c.timeout)
+		}
+		Backoff(time.Since(start))
+	}
+}
+
+// Backoff pauses a loop that polls the device or a communicator, by how
+// long it has polled so far: it yields for the first 100 us (a wait for a
+// kernel or a transfer on a GPU is tens of microseconds), then sleeps an
+// eighth of the time waited, at most 1 ms, so that a machine with more
+// ranks than cores stays responsive.
+func Backoff(waited time.Duration) {
+	if waited < 100*time.Microsecond {
+		runtime.Gosched()
+		return
+	}
+	time.Sleep(min(waited/8, time.Millisecond))
 }
 
 // DeviceForRank returns the device a rank of world uses by default: its
@@ -289,7 +340,9 @@ type Transfer struct {
 // default stream), so that they progress together and cannot deadlock on
 // their order: the transport of a GPU dispatch or combine. A peer may be
 // this rank itself. Every send must match a receive of the same size on
-// its peer. It returns once the work is queued; s completes it.
+// its peer. The communicator being non-blocking, the group may still be
+// being enqueued when SendRecv returns: AsyncError says ErrInProgress
+// until it is on s.
 func (c *NCCLComm) SendRecv(s Stream, sends, recvs []Transfer) error {
 	n := len(sends) + len(recvs)
 	if n == 0 {
@@ -319,16 +372,19 @@ func (c *NCCLComm) SendRecv(s Stream, sends, recvs []Transfer) error {
 		}
 	}
 	r := C.goep_nccl_send_recv(c.dev.ctx, comm, cs.handle(), C.int(n), &isRecv[0], &peers[0], &ptrs[0], &bytes[0])
+	if r == ncclInProgress {
+		return nil
+	}
 	return ncclErr("ncclSend/ncclRecv group", r, comm)
 }
 
 const ncclInProgress = 7 // ncclInProgress: a non-blocking operation still running
 
-// AsyncError reports the failure of an operation NCCL ran asynchronously
-// (ncclCommGetAsyncError): nil while all is well or still in progress, an
+// AsyncError is the communicator's state (ncclCommGetAsyncError): nil while
+// all is well, ErrInProgress while a call still runs in the background, an
 // *NCCLError once an operation failed (a peer's connection broke, say), an
-// error once the communicator is closed or aborted. NCCL has no timeouts: a
-// watchdog polls this and calls Abort past its deadline.
+// error once the communicator is closed or aborted. NCCL has no timeouts:
+// the caller polls this and calls Abort past its deadline.
 func (c *NCCLComm) AsyncError() error {
 	comm, err := c.handle("AsyncError")
 	if err != nil {
@@ -338,27 +394,42 @@ func (c *NCCLComm) AsyncError() error {
 	if err := ncclErr("ncclCommGetAsyncError", C.goep_nccl_comm_get_async_error(comm, &state), comm); err != nil {
 		return err
 	}
-	if state == 0 || state == ncclInProgress {
+	switch state {
+	case 0:
 		return nil
+	case ncclInProgress:
+		return ErrInProgress
 	}
 	return ncclErr("an asynchronous NCCL operation", state, comm)
 }
 
-// Close destroys the communicator (ncclCommDestroy) after its queued work.
-// Closing a closed or aborted communicator does nothing.
+// Close flushes the communicator's queued work and frees it
+// (ncclCommFinalize, polled until done, then ncclCommDestroy); past the
+// communicator's timeout, or on a failure, it aborts it instead. Closing a
+// closed or aborted communicator does nothing.
 func (c *NCCLComm) Close() error {
-	h := c.h.Swap(nil)
+	h := c.h.Load()
 	if h == nil {
+		return nil
+	}
+	r := C.goep_nccl_comm_finalize(c.dev.ctx, h.comm)
+	if r != 0 && r != ncclInProgress {
+		err := ncclErr("ncclCommFinalize", r, h.comm)
+		_ = c.Abort()
+		return err
+	}
+	if err := c.settle("ncclCommFinalize"); err != nil {
+		return err // aborted
+	}
+	if h = c.h.Swap(nil); h == nil {
 		return nil
 	}
 	return ncclErr("ncclCommDestroy", C.goep_nccl_comm_destroy(c.dev.ctx, h.comm), nil)
 }
 
-// Abort destroys the communicator at once, abandoning queued work (a
-// SendRecv blocked in NCCL, and the kernels of queued groups, return): for
-// error paths, where a peer may never arrive. It may be called from another
-// goroutine than the one using the communicator; only the first call of
-// Abort or Close does anything.
+// Abort destroys the communicator at once, abandoning queued work (the
+// kernels of queued groups return): for error paths, where a peer may
+// never arrive. Only the first call of Abort or Close does anything.
 func (c *NCCLComm) Abort() error {
 	h := c.h.Swap(nil)
 	if h == nil {

@@ -8,6 +8,7 @@
 #include "shim.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,8 @@ typedef struct { char internal[128]; } nccl_id;
   X(int, ncclGetVersion, (int *), "ncclGetVersion")                                             \
   X(int, ncclGetUniqueId, (nccl_id *), "ncclGetUniqueId")                                       \
   X(int, ncclCommInitRank, (void **, int, nccl_id, int), "ncclCommInitRank")                    \
+  X(int, ncclCommInitRankConfig, (void **, int, nccl_id, int, void *), "ncclCommInitRankConfig") \
+  X(int, ncclCommFinalize, (void *), "ncclCommFinalize")                                        \
   X(int, ncclCommDestroy, (void *), "ncclCommDestroy")                                          \
   X(int, ncclCommAbort, (void *), "ncclCommAbort")                                              \
   X(int, ncclCommGetAsyncError, (void *, int *), "ncclCommGetAsyncError")                       \
@@ -135,6 +138,10 @@ int goep_load_cuda(const char *path, char *err, size_t errlen) {
   CU_SYMBOLS(PUBLISH, PUBLISH)
   p_cuEventElapsedTime = elapsed;
   return 0;
+}
+
+int goep_dlopen_keep(const char *path, char *err, size_t errlen) {
+  return open_lib(path, err, errlen) ? 0 : 1;  // never closed
 }
 
 int goep_load_nvrtc(const char *path, char *err, size_t errlen) {
@@ -279,6 +286,11 @@ int goep_cu_stream_destroy(void *ctx, void *s) {
 int goep_cu_stream_synchronize(void *ctx, void *s) {
   IN_CTX(ctx);
   return p_cuStreamSynchronize(s);
+}
+
+int goep_cu_legacy_synchronize(void *ctx) {
+  IN_CTX(ctx);
+  return p_cuStreamSynchronize((void *)(uintptr_t)1);  // CU_STREAM_LEGACY
 }
 
 int goep_cu_stream_query(void *ctx, void *s) {
@@ -433,6 +445,40 @@ int goep_nccl_comm_init_rank(void *ctx, void **comm, int nranks, const unsigned 
   int r = p_cuCtxSetCurrent(ctx);
   if (r != 0) return 1;  // ncclUnhandledCudaError
   return p_ncclCommInitRank(comm, nranks, u, rank);
+}
+
+// ncclConfig_t as NCCL 2.17 laid it out. NCCL reads a config by its size
+// and version and gives the fields a newer version added their defaults,
+// so this prefix is a valid config for every NCCL since.
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+  int cga_cluster_size;
+  int min_ctas;
+  int max_ctas;
+  const char *net_name;
+} nccl_config_2_17;
+
+#define NCCL_API_MAGIC 0xcafebeefu
+#define NCCL_CONFIG_VERSION 21700u  // NCCL_VERSION(2, 17, 0)
+#define NCCL_CONFIG_UNDEF_INT INT_MIN
+
+int goep_nccl_comm_init_rank_config(void *ctx, void **comm, int nranks, const unsigned char *id, int rank,
+                                    int blocking) {
+  nccl_id u;
+  memcpy(u.internal, id, sizeof u.internal);
+  nccl_config_2_17 cfg = {sizeof cfg, NCCL_API_MAGIC, NCCL_CONFIG_VERSION, blocking,
+                          NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NULL};
+  int r = p_cuCtxSetCurrent(ctx);
+  if (r != 0) return 1;  // ncclUnhandledCudaError
+  return p_ncclCommInitRankConfig(comm, nranks, u, rank, &cfg);
+}
+
+int goep_nccl_comm_finalize(void *ctx, void *comm) {
+  if (p_cuCtxSetCurrent(ctx) != 0) return 1;
+  return p_ncclCommFinalize(comm);
 }
 
 int goep_nccl_comm_destroy(void *ctx, void *comm) {

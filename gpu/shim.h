@@ -23,6 +23,9 @@ enum {
 int goep_load_cuda(const char *path, char *err, size_t errlen);
 int goep_load_nvrtc(const char *path, char *err, size_t errlen);
 int goep_load_nccl(const char *path, char *err, size_t errlen);
+// goep_dlopen_keep loads a library and keeps it for the life of the
+// process, so that a later dlopen of its soname by a library finds it.
+int goep_dlopen_keep(const char *path, char *err, size_t errlen);
 
 // CUDA driver.
 const char *goep_cu_error_name(int r);
@@ -56,6 +59,9 @@ int goep_cu_stream_create(void *ctx, void **s, unsigned flags);
 int goep_cu_stream_destroy(void *ctx, void *s);
 int goep_cu_stream_synchronize(void *ctx, void *s);
 int goep_cu_stream_query(void *ctx, void *s);
+// goep_cu_legacy_synchronize waits for the work of the legacy default
+// stream (CU_STREAM_LEGACY): the synchronous copies by address.
+int goep_cu_legacy_synchronize(void *ctx);
 int goep_cu_stream_wait_event(void *ctx, void *s, void *e);
 int goep_cu_event_create(void *ctx, void **e, unsigned flags);
 int goep_cu_event_destroy(void *ctx, void *e);
@@ -91,6 +97,12 @@ const char *goep_nccl_last_error(void *comm);
 int goep_nccl_version(int *v);
 int goep_nccl_get_unique_id(unsigned char *id);
 int goep_nccl_comm_init_rank(void *ctx, void **comm, int nranks, const unsigned char *id, int rank);
+// goep_nccl_comm_init_rank_config is ncclCommInitRankConfig with a config
+// whose only setting is blocking (0: a non-blocking communicator, whose
+// calls may return ncclInProgress and finish in the background).
+int goep_nccl_comm_init_rank_config(void *ctx, void **comm, int nranks, const unsigned char *id, int rank,
+                                    int blocking);
+int goep_nccl_comm_finalize(void *ctx, void *comm);
 int goep_nccl_comm_destroy(void *ctx, void *comm);
 int goep_nccl_comm_abort(void *ctx, void *comm);
 // goep_nccl_comm_get_async_error stores the communicator's asynchronous

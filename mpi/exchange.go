@@ -1,9 +1,14 @@
 package mpi
 
 import (
+	"errors"
 	"syscall"
 	"unsafe"
 )
+
+// ErrMessageSize is matched (errors.Is) by Exchange.Test's error for a
+// message received with another size than its receive was posted with.
+var ErrMessageSize = errors.New("mpi: Exchange: a message's size differs from its receive's")
 
 // Message is one point-to-point message of an Exchange: Bytes bytes at
 // address Addr, to or from rank Peer of the communicator (another rank than

@@ -78,6 +78,9 @@ func (x *Exchange) Test() (bool, error) {
 	}
 	n := len(x.msgs)
 	if rc := C.goep_p2p_test(C.int(n), &x.reqs[0], &x.recv[0], &x.done[0], &x.got[0]); rc != C.MPI_SUCCESS {
+		if C.goep_is_truncate(rc) != 0 {
+			return false, fmt.Errorf("%w: a message was longer than its receive (%w)", ErrMessageSize, mpiError("MPI_Test", rc))
+		}
 		return false, mpiError("MPI_Test", rc)
 	}
 	x.left = 0
@@ -87,8 +90,8 @@ func (x *Exchange) Test() (bool, error) {
 			continue
 		}
 		if x.recv[i] != 0 && int(x.got[i]) != x.msgs[i].Bytes {
-			return false, fmt.Errorf("mpi: Exchange: the message from rank %d has %d bytes, %d were posted for it: the peers disagree on its size",
-				x.msgs[i].Peer, int64(x.got[i]), x.msgs[i].Bytes)
+			return false, fmt.Errorf("%w: the message from rank %d has %d bytes, %d were posted for it: the peers disagree on its size",
+				ErrMessageSize, x.msgs[i].Peer, int64(x.got[i]), x.msgs[i].Bytes)
 		}
 	}
 	return x.left == 0, nil

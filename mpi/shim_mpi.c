@@ -297,6 +297,11 @@ int goep_p2p_test(int n, MPI_Request *reqs, const int *recv, int *done, int64_t 
   return MPI_SUCCESS;
 }
 
+int goep_is_truncate(int rc) {
+  int cls = 0;
+  return MPI_Error_class(rc, &cls) == MPI_SUCCESS && cls == MPI_ERR_TRUNCATE;
+}
+
 int goep_p2p_cancel(int n, MPI_Request *reqs, const int *recv, const int *done) {
   int left = 0;
   for (int i = 0; i < n; i++) {

@@ -49,6 +49,9 @@ void goep_mpi_state(int *initialized, int *finalized);
 int64_t goep_p2p_start(MPI_Comm comm, int n, const int *recv, const int *peer, const uint64_t *addr, const int *bytes,
                        int tag, MPI_Request *reqs);
 int goep_p2p_test(int n, MPI_Request *reqs, const int *recv, int *done, int64_t *got);
+// goep_is_truncate reports whether rc is of class MPI_ERR_TRUNCATE (a
+// message longer than its receive).
+int goep_is_truncate(int rc);
 int goep_p2p_cancel(int n, MPI_Request *reqs, const int *recv, const int *done);
 
 // One-sided helpers on a window in a lock_all epoch.

@@ -70,10 +70,11 @@ func (backend) Supports(f ep.Feature) bool {
 
 // The GPU backend and its engine, a Refuser and a Meter.
 var (
-	_ ep.Capable = backend{}
-	_ ep.Engine  = (*engine)(nil)
-	_ ep.Refuser = (*engine)(nil)
-	_ ep.Meter   = (*engine)(nil)
+	_ ep.Capable     = backend{}
+	_ ep.Engine      = (*engine)(nil)
+	_ ep.Refuser     = (*engine)(nil)
+	_ ep.Meter       = (*engine)(nil)
+	_ ep.DeviceTimer = (*engine)(nil)
 )
 
 func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {

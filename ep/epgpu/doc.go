@@ -68,12 +68,16 @@
 // # Waits and failures
 //
 // Every transfer group carries the call's sequence number in a header
-// word per peer, checked on arrival. NCCL has no timeouts: a watchdog,
-// armed during every wait on peers, polls the communicator's asynchronous
-// error and aborts it past the group's timeout, which ends the queued
+// word per peer, checked on arrival. NCCL has no timeouts and allows one
+// call at a time on a communicator, so the engine makes its communicator
+// non-blocking and polls it on the goroutine that makes the call: while
+// NCCL puts a group on its stream (which may wait for peers to connect)
+// and during every wait, it reads the communicator's state and, past the
+// group's timeout or on a failure, aborts it there, which ends the queued
 // transfers; the waiter then reads the peers' headers on a stream of its
 // own and returns an *ep.TimeoutError naming the first peer whose header
-// did not arrive. The group is then unusable, as with every backend.
+// did not arrive. The group is then unusable, as with every backend, and
+// Close only drains the streams and frees the memory.
 //
 // A call that one rank's checks refuse fails at once on every rank: the
 // refusing rank takes part in the call's transfers with headers that say

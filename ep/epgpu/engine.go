@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/goep/goep/ep"
@@ -14,8 +13,16 @@ import (
 
 // engine is the GPU engine of one group: device buffers, two streams (ks
 // runs the kernels and the copies to and from the host, cs the transfers),
-// events between them, the communicator and its watchdog, and a mode that
-// decides what goes where.
+// events between them, the communicator, and a mode that decides what goes
+// where.
+//
+// NCCL has no timeouts and allows one call at a time on a communicator, so
+// the engine polls its non-blocking communicator itself, on the goroutine
+// that makes the call: while NCCL puts a group on the stream (it may wait
+// for peers to connect) and while a wait's event is not reached, it reads
+// the communicator's state, and past the group's timeout, or on a failure,
+// it aborts the communicator there and then. From then on every call
+// fails, and Close only drains and frees.
 type engine struct {
 	spec       ep.Spec
 	rank, size int
@@ -24,7 +31,7 @@ type engine struct {
 	mem        memory
 	k          *gpu.Kernels
 	comm       gpu.Comm
-	wd         *watchdog
+	failed     error // why the communicator was aborted (errStalled, or its failure); nil while it is not
 	ks, cs     gpu.Stream
 	diag       gpu.Stream     // reads the headers of a group that timed out
 	diagHost   gpu.HostBuffer // [size] header words
@@ -34,6 +41,11 @@ type engine struct {
 	ksEnd      gpu.Event // orders a refused call's transfers after the kernels queued before it
 	met        meter
 	late       []int // a probe's late peers (meter.go)
+	// starts marks on ks where each half call's device work begins, by
+	// kind (dispatch, combine) and buffer set; devTimes are the last
+	// completed dispatch's and combine's device times (DeviceTimes).
+	starts   [2][2]gpu.Event
+	devTimes [2]time.Duration
 
 	allocs []gpu.DevicePtr
 	hosts  []gpu.HostBuffer
@@ -51,14 +63,17 @@ type mode interface {
 	// its headers saying so, and waits for them; it returns the other
 	// ranks that refused the call too (ascending).
 	refuse(r *ep.Refusal) ([]int, error)
+	// end is the event a wait of kind (0 dispatch, 1 combine) on buffer
+	// set waits for: the end of the call's device work.
+	end(kind, set int) gpu.Event
 }
 
 type opNames struct{ dispatch, combine, open string }
 
 // openEngine opens the device and communicator (collective), allocates the
 // mode's buffers, agrees with the other ranks that every one succeeded and
-// exchanges a word with every peer under the watchdog, which also makes NCCL
-// connect them now. After the communicator exists, a failure returns the
+// exchanges a word with every peer, within the group's timeout, which also
+// makes NCCL connect them now. After the communicator exists, a failure returns the
 // engine too: the Group closes it on every rank.
 func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (gpu.Device, gpu.Comm, error)) (*engine, error) {
 	m := spec.Mode.String()
@@ -77,7 +92,6 @@ func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (gpu.Device, gpu.Comm,
 		return nil, err
 	}
 	e.mem = memory{e.dev}
-	e.wd = newWatchdog(e.comm, spec.Timeout)
 	err = e.setUp()
 	if err = mpi.AgreeOnError(comm, err); err != nil {
 		return e, err
@@ -107,12 +121,24 @@ func (e *engine) setUp() error {
 	if e.ksEnd, err = e.event(); err != nil {
 		return err
 	}
+	for k := range e.starts {
+		for b := range e.starts[k] {
+			if e.starts[k][b], err = e.event(); err != nil {
+				return err
+			}
+		}
+	}
 	if e.spec.Mode == ep.LowLatency {
 		e.mode, err = newLL(e)
 	} else {
 		e.mode, err = newHT(e)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	// The modes' set-up copies run on the legacy stream, which the
+	// engine's streams do not wait for.
+	return e.dev.Synchronize()
 }
 
 // connect exchanges one word with every rank, itself included.
@@ -126,7 +152,7 @@ func (e *engine) connect() error {
 		sends = append(sends, gpu.Transfer{Peer: p, Ptr: buf, Bytes: 4})
 		recvs = append(recvs, gpu.Transfer{Peer: p, Ptr: buf + gpu.DevicePtr(4*e.size+4*p), Bytes: 4})
 	}
-	if err := e.dev.MemsetD8(buf, 0, 8*e.size); err != nil {
+	if err := e.cs.MemsetD8Async(buf, 0, 8*e.size); err != nil {
 		return err
 	}
 	ev, err := e.event()
@@ -178,10 +204,49 @@ func (e *engine) Placement() ep.Placement { return e.place }
 func (e *engine) Memory() ep.Memory       { return e.mem }
 func (e *engine) BufferBytes() int        { return e.bytes }
 
-func (e *engine) DispatchSend(d *ep.Dispatch) error { return e.mode.send(d) }
-func (e *engine) DispatchWait(d *ep.Dispatch) error { return e.mode.wait(d) }
-func (e *engine) CombineSend(c *ep.Combine) error   { return e.mode.combineSend(c) }
-func (e *engine) CombineWait(c *ep.Combine) error   { return e.mode.combineWait(c) }
+func (e *engine) DispatchSend(d *ep.Dispatch) error {
+	if err := e.ks.Record(e.starts[0][d.Set]); err != nil {
+		return fmt.Errorf("epgpu: %s: %w", e.names.dispatch, err)
+	}
+	return e.mode.send(d)
+}
+
+func (e *engine) DispatchWait(d *ep.Dispatch) error {
+	if err := e.mode.wait(d); err != nil {
+		return err
+	}
+	e.timed(0, d.Set)
+	return nil
+}
+
+func (e *engine) CombineSend(c *ep.Combine) error {
+	if err := e.ks.Record(e.starts[1][c.Dispatch.Set]); err != nil {
+		return fmt.Errorf("epgpu: %s: %w", e.names.combine, err)
+	}
+	return e.mode.combineSend(c)
+}
+
+func (e *engine) CombineWait(c *ep.Combine) error {
+	if err := e.mode.combineWait(c); err != nil {
+		return err
+	}
+	e.timed(1, c.Dispatch.Set)
+	return nil
+}
+
+// timed sets the device time of a call of kind on set that completed:
+// from its start mark to the event its wait waited for.
+func (e *engine) timed(kind, set int) {
+	t, err := e.mode.end(kind, set).ElapsedSince(e.starts[kind][set])
+	if err != nil {
+		t = 0 // both events were reached: only a device fault fails this, and the next call reports it
+	}
+	e.devTimes[kind] = t
+}
+
+// DeviceTimes are the device times of the last completed dispatch and
+// combine (ep.DeviceTimer).
+func (e *engine) DeviceTimes() (dispatch, combine time.Duration) { return e.devTimes[0], e.devTimes[1] }
 
 // Refuse takes part in a call this rank refused: it sends its reason to
 // every other rank, takes part in the call's transfers with headers that
@@ -224,44 +289,62 @@ func (e *engine) afterKernels(q *queue) {
 	q.do(e.cs.WaitEvent(e.ksEnd))
 }
 
-// drainLimit bounds the wait for the streams at Close: they end by
-// themselves, the communicator aborted if a peer stalled.
+// drainLimit bounds the wait for the streams at Close once the
+// communicator is aborted: the abort ends its groups, and the kernels then
+// finish by themselves.
 const drainLimit = time.Minute
 
 // Close waits for the streams, frees the buffers and closes the
-// communicator. It is collective.
+// communicator. It is collective. Work still queued that waits for peers
+// (a send half never waited for, whose peers never come) is given the
+// group's timeout; past it, or when the communicator was aborted already,
+// Close aborts the communicator first, then drains the streams, then frees
+// the memory (freeing memory waits for the device's work, which would wait
+// for ever behind a group whose peer is gone).
 func (e *engine) Close() error {
 	if e == nil {
 		return nil
 	}
 	var errs []error
-	if e.wd != nil {
-		e.wd.close()
-		e.wd = nil
+	streams := []gpu.Stream{e.ks, e.cs, e.diag}
+	if e.comm != nil && e.failed == nil {
+		for _, s := range streams {
+			if s != nil && drain(s, e.spec.Timeout) != nil {
+				e.abort(errStalled)
+				break
+			}
+		}
 	}
-	for _, s := range []gpu.Stream{e.ks, e.cs, e.diag} {
+	drained := true
+	for _, s := range streams {
 		if s == nil {
 			continue
 		}
 		if err := drain(s, drainLimit); err != nil {
 			errs = append(errs, err)
+			drained = false
 			continue
 		}
 		errs = append(errs, s.Close())
 	}
 	e.ks, e.cs, e.diag = nil, nil, nil
-	for _, p := range e.allocs {
-		errs = append(errs, e.dev.MemFree(p))
-	}
-	for _, h := range e.hosts {
-		errs = append(errs, h.Free())
+	if drained {
+		for _, p := range e.allocs {
+			errs = append(errs, e.dev.MemFree(p))
+		}
+		for _, h := range e.hosts {
+			errs = append(errs, h.Free())
+		}
+	} else {
+		// A stream that did not end may still use them: left allocated.
+		errs = append(errs, fmt.Errorf("epgpu: Close: %d bytes of device memory left allocated behind a stream that did not end", e.bytes))
 	}
 	for _, ev := range e.events {
 		errs = append(errs, ev.Close())
 	}
 	e.allocs, e.hosts, e.events = nil, nil, nil
 	if e.comm != nil {
-		errs = append(errs, e.comm.Close())
+		errs = append(errs, e.comm.Close()) // after an abort: only what is left to free
 		e.comm = nil
 	}
 	if e.notes != nil {
@@ -273,40 +356,65 @@ func (e *engine) Close() error {
 
 // drain waits for a stream's work, for at most limit.
 func drain(s gpu.Stream, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for spin := 0; ; spin++ {
+	start := time.Now()
+	for {
 		done, err := s.Done()
 		if err != nil || done {
 			return err
 		}
-		if time.Now().After(deadline) {
+		if time.Since(start) > limit {
 			return fmt.Errorf("epgpu: a stream's work did not finish within %v of Close", limit)
 		}
-		pause(spin)
+		gpu.Backoff(time.Since(start))
 	}
 }
 
-// pause backs off between polls: yield at first, then sleep a little
-// longer each time, up to 200 us (a machine may run more ranks than cores).
-func pause(spin int) {
-	if spin < 32 {
-		runtime.Gosched()
+// errStalled is the reason of an abort past the group's timeout.
+var errStalled = errors.New("epgpu: a wait on the peers outlived the group's timeout")
+
+// abort aborts the communicator, once, for reason: its queued groups end,
+// and every later call fails with reason.
+func (e *engine) abort(reason error) {
+	if e.failed != nil {
 		return
 	}
-	time.Sleep(time.Duration(min(spin-31, 200)) * time.Microsecond)
+	e.failed = reason
+	_ = e.comm.Abort()
 }
 
-// sendRecv queues a group of transfers under the watchdog: NCCL may block
-// while it connects to a peer.
+// broken is the error of a call after the communicator was aborted.
+func (e *engine) broken(op string) error {
+	return fmt.Errorf("epgpu: %s: the group's communicator was aborted after an earlier failure (%v): close the group", op, e.failed)
+}
+
+// pollEvery is how often a wait reads the communicator's state.
+const pollEvery = time.Millisecond
+
+// sendRecv posts a group of transfers and polls the communicator until
+// NCCL has put it on the stream (it may wait for peers to connect), for at
+// most the group's timeout.
 func (e *engine) sendRecv(op string, s gpu.Stream, sends, recvs []gpu.Transfer) error {
-	e.wd.arm()
-	err := e.comm.SendRecv(s, sends, recvs)
-	e.wd.disarm()
-	if f := e.wd.err(); f != nil {
-		return e.failure(op, "the transfers", f, headers{})
+	if e.failed != nil {
+		return e.broken(op)
 	}
-	if err != nil {
+	if err := e.comm.SendRecv(s, sends, recvs); err != nil {
 		return fmt.Errorf("epgpu: %s: %w", op, err)
+	}
+	start := time.Now()
+	for {
+		err := e.comm.AsyncError()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, gpu.ErrInProgress) {
+			e.abort(err)
+			return e.failure(op, "the transfers", err, headers{})
+		}
+		if time.Since(start) > e.spec.Timeout {
+			e.abort(errStalled)
+			return e.failure(op, "the peers to post the transfers", errStalled, headers{})
+		}
+		gpu.Backoff(time.Since(start))
 	}
 	e.met.sent(sends)
 	return nil
@@ -321,41 +429,45 @@ type headers struct {
 	op     uint32
 }
 
-// wait waits for ev under the watchdog. A stalled peer becomes a
-// *ep.TimeoutError naming it where h can tell (-1 otherwise); an
-// asynchronous failure of the transport an error of op. The time waited
-// is charged to the peers h finds late (meter.go).
+// wait waits for ev, polling the communicator, for at most the group's
+// timeout. A stalled peer becomes a *ep.TimeoutError naming it where h can
+// tell (-1 otherwise); an asynchronous failure of the transport an error of
+// op; either aborts the communicator. The time waited is charged to the
+// peers h finds late (meter.go).
 func (e *engine) wait(op, what string, ev gpu.Event, h headers) error {
-	e.wd.arm()
-	defer e.wd.disarm()
-	p := probe{h: h, start: time.Now(), late: e.late[:0]}
-	for spin := 0; ; spin++ {
+	if e.failed != nil {
+		return e.broken(op)
+	}
+	start := time.Now()
+	p := probe{h: h, start: start, late: e.late[:0]}
+	polled := start
+	for {
 		done, err := ev.Done()
 		if err != nil {
 			return fmt.Errorf("epgpu: %s: waiting for %s: %w", op, what, err)
 		}
-		if done {
-			// The watchdog's verdict first: its abort also ends the
-			// group, and then the event, before this loop sees it.
-			if f := e.wd.err(); f != nil {
-				return e.failure(op, what, f, h)
-			}
-			if err := e.comm.AsyncError(); err != nil {
+		now := time.Now()
+		if done || now.Sub(polled) >= pollEvery {
+			polled = now
+			if err := e.comm.AsyncError(); err != nil && !errors.Is(err, gpu.ErrInProgress) {
+				e.abort(err)
 				return e.failure(op, what, err, h)
 			}
+		}
+		if done {
 			e.charge(&p)
 			return nil
 		}
-		if f := e.wd.err(); f != nil {
-			return e.failure(op, what, f, h)
+		if now.Sub(start) > e.spec.Timeout {
+			e.abort(errStalled)
+			return e.failure(op, what, errStalled, h)
 		}
 		e.step(&p)
-		pause(spin)
+		gpu.Backoff(now.Sub(start))
 	}
 }
 
-// failure is the error of a wait that the watchdog ended, or of a failed
-// transport.
+// failure is the error of a wait or a post that ended in an abort.
 func (e *engine) failure(op, what string, reason error, h headers) error {
 	if reason == errStalled {
 		return &ep.TimeoutError{Op: op, Peer: e.missing(h), What: what, After: e.spec.Timeout}

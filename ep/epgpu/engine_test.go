@@ -1,6 +1,7 @@
 package epgpu
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -26,15 +27,57 @@ func openTestEngine(t *testing.T, timeout time.Duration) *engine {
 	return e
 }
 
-// A transfer group whose sides disagree fails asynchronously; the wait
-// returns the transport's error (not a timeout), naming the mismatch.
+// failingComm is a communicator whose state turns to a failure, as NCCL's
+// does when a peer's connection breaks (which the emulated one cannot
+// provoke): the wait returns the transport's error, not a timeout, and
+// aborts the communicator.
+type failingComm struct {
+	gpu.Comm
+	fail    error
+	aborted bool
+}
+
+func (c *failingComm) AsyncError() error {
+	if c.fail != nil {
+		return c.fail
+	}
+	return c.Comm.AsyncError()
+}
+
+func (c *failingComm) Abort() error { c.aborted = true; return c.Comm.Abort() }
+
 func TestWaitReportsTransportFailure(t *testing.T) {
+	w := mpitesting.World
+	defer mpitesting.Agree(t, w)
+	e := openTestEngine(t, 20*time.Second)
+	fc := &failingComm{Comm: e.comm}
+	e.comm = fc
+	ev, err := e.event()
+	require.NoError(t, err)
+	slow, err := e.alloc(8 << 20)
+	require.NoError(t, err)
+	require.NoError(t, e.k.CopyRows(e.ks, gpu.CopyRowsArgs{Dst: slow, DstRows: 1 << 18, Src: slow, SrcRows: 1 << 18,
+		SrcIdx: 0, N: 1 << 18, RowBytes: 16}))
+	require.NoError(t, e.ks.Record(ev))
+	fc.fail = errors.New("NCCL: remote process exited or there was a network error")
+	err = e.wait("test", "the rows", ev, headers{})
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, ep.ErrTimeout)
+	assert.ErrorContains(t, err, "epgpu: test: waiting for the rows: the transport failed: NCCL: remote process exited")
+	assert.True(t, fc.aborted, "the failed communicator was aborted")
+	assert.ErrorContains(t, e.sendRecv("next", e.cs, nil, nil), "epgpu: next: the group's communicator was aborted after an earlier failure")
+}
+
+// A send and a receive of different sizes hang, as NCCL's do: the wait
+// ends in a timeout after the group's, naming the silent side where the
+// headers can tell.
+func TestMismatchedTransferTimesOut(t *testing.T) {
 	w := mpitesting.World
 	if w.Size() < 2 {
 		t.Skip("needs two ranks: run under mpirun")
 	}
 	defer mpitesting.Agree(t, w)
-	e := openTestEngine(t, 20*time.Second)
+	e := openTestEngine(t, 300*time.Millisecond)
 	buf, err := e.alloc(64)
 	require.NoError(t, err)
 	ev, err := e.event()
@@ -50,19 +93,18 @@ func TestWaitReportsTransportFailure(t *testing.T) {
 	require.NoError(t, e.cs.Record(ev))
 	err = e.wait("test", "a mismatched transfer", ev, headers{})
 	if e.rank == 1 {
-		require.Error(t, err)
-		assert.NotErrorIs(t, err, ep.ErrTimeout)
-		assert.ErrorContains(t, err, "the transport failed")
-		assert.ErrorContains(t, err, "has 8 bytes, 16 were posted")
+		var te *ep.TimeoutError
+		require.ErrorAs(t, err, &te)
+		assert.Equal(t, 300*time.Millisecond, te.After)
 	} else {
 		assert.NoError(t, err)
 	}
 	require.NoError(t, w.Barrier())
 }
 
-// A peer that never posts its side: the watchdog aborts past the timeout,
-// and the wait names the peer whose header word did not arrive.
-func TestWatchdogNamesTheSilentPeer(t *testing.T) {
+// A peer that never posts its side: the wait aborts the communicator past
+// the timeout, and names the peer whose header word did not arrive.
+func TestWaitNamesTheSilentPeer(t *testing.T) {
 	w := mpitesting.World
 	if w.Size() < 2 {
 		t.Skip("needs two ranks: run under mpirun")
@@ -77,6 +119,7 @@ func TestWatchdogNamesTheSilentPeer(t *testing.T) {
 	word, err := e.alloc(4)
 	require.NoError(t, err)
 	require.NoError(t, e.dev.MemcpyHtoD(word, []byte{7, 0, 0, 0}))
+	require.NoError(t, e.dev.Synchronize(), "the synchronous copies land before the group reads them")
 	ev, err := e.event()
 	require.NoError(t, err)
 	if e.rank != last {

@@ -13,7 +13,7 @@ import (
 //
 //	dispatch send: (unless cached) exchange every rank's tokens per rank
 //	  (q and the counts, one group, copied to the host) and wait for them
-//	  under the watchdog; refuse a dispatch that would overflow a receiver,
+//	  polling the communicator; refuse a dispatch that would overflow a receiver,
 //	  on every rank alike. Kernel stream: copy the routing (each token's
 //	  place among the tokens to each rank) and each sent row's token,
 //	  global top-k ids and weights to the device; pack the rows, grouped
@@ -24,7 +24,7 @@ import (
 //	  the top-k ids local (-1: elsewhere, weight zeroed); count_local
 //	  counts the rows per local expert; copy the counts and headers to
 //	  the host; record "dispatched".
-//	dispatch wait: wait for "dispatched" under the watchdog.
+//	dispatch wait: wait for "dispatched" polling the communicator.
 //	combine send: copy the reduction's lists (each token's partials, rank
 //	  by rank) to the device; record "ready"; transfer stream: wait; one
 //	  group: to every source its rows of the expert outputs, straight from
@@ -32,7 +32,7 @@ import (
 //	  from every destination the same; record "returned"; kernel stream:
 //	  wait; sum each token's partials in rank order, and its slot values;
 //	  copy the headers to the host; record "combined".
-//	combine wait: wait for "combined" under the watchdog.
+//	combine wait: wait for "combined" polling the communicator.
 type htMode struct {
 	e                                  *engine
 	R, L, M, K, H, rb, capS, maxRecv   int
@@ -126,6 +126,13 @@ func newHT(e *engine) (*htMode, error) {
 	m.refOut, m.refIn, m.hRef, m.refDone = a.dev(hb), a.dev(hb), a.host(2*hb), a.event()
 	m.links = make([]htLink, R)
 	return m, a.err
+}
+
+func (m *htMode) end(kind, _ int) gpu.Event {
+	if kind == 0 {
+		return m.dispatched
+	}
+	return m.combd
 }
 
 func (m *htMode) state(d *ep.Dispatch) *htState {

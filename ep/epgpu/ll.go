@@ -28,7 +28,7 @@ import (
 //	  packed), its token and weight there, the counts, and whether every
 //	  block is of call q; copy the rows there; copy the counts to the host;
 //	  record "dispatched".
-//	dispatch wait: wait for "dispatched" under the watchdog.
+//	dispatch wait: wait for "dispatched" polling the communicator.
 //	combine send, kernel stream: copy the reduction's lists (each token's
 //	  source rows in slot order, their weights) to the device; gather the
 //	  expert outputs back into staged order (the inverse of the
@@ -38,7 +38,7 @@ import (
 //	  wait; reduce each token's rows in slot order with their weights;
 //	  gather the slot values; copy the headers to the host; record
 //	  "combined".
-//	combine wait: wait for "combined" under the watchdog.
+//	combine wait: wait for "combined" polling the communicator.
 //
 // The staged block a rank sends to rank d is laid out like the one it
 // receives back in the combine, so the rows of a token's pairs are found
@@ -123,6 +123,13 @@ func newLL(e *engine) (*llMode, error) {
 		a.err = e.dev.MemsetD8(m.refMeta, 0, 4*m.words)
 	}
 	return m, a.err
+}
+
+func (m *llMode) end(kind, set int) gpu.Event {
+	if kind == 0 {
+		return m.set[set].dispatched
+	}
+	return m.set[set].combined
 }
 
 func (m *llMode) state(d *ep.Dispatch) *llState {

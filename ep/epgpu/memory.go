@@ -9,7 +9,9 @@ import (
 
 // memory is a device's memory as package ep sees it: tensors are device
 // addresses, moved to and from the host only by copies that first wait for
-// the work queued on the device's streams. It is a value: tensors compare
+// the work queued on the device's streams, and that have landed when they
+// return (a synchronous copy to the device lands later, on the legacy
+// stream, which the engine's streams do not wait for). It is a value: tensors compare
 // memories with ==, and two memories of one device are equal.
 type memory struct{ dev gpu.Device }
 
@@ -27,6 +29,9 @@ func (m memory) Alloc(n int) (ep.Tensor[byte], error) {
 	if err := m.dev.MemsetD8(p, 0, n); err != nil {
 		return ep.Tensor[byte]{}, err
 	}
+	if err := m.dev.Synchronize(); err != nil {
+		return ep.Tensor[byte]{}, err
+	}
 	return ep.OnDevice[byte](m, uint64(p), n), nil
 }
 
@@ -42,7 +47,8 @@ func (m memory) Free(t ep.Tensor[byte]) error {
 	return m.dev.MemFree(ptrOf(t))
 }
 
-// Upload copies src into dst once the work queued on the device has run.
+// Upload copies src into dst once the work queued on the device has run,
+// and returns once the bytes are there.
 func (m memory) Upload(dst ep.Tensor[byte], src []byte) error {
 	if err := m.mine("Upload", dst); err != nil {
 		return err
@@ -53,7 +59,10 @@ func (m memory) Upload(dst ep.Tensor[byte], src []byte) error {
 	if err := m.dev.Synchronize(); err != nil {
 		return err
 	}
-	return m.dev.MemcpyHtoD(ptrOf(dst), src)
+	if err := m.dev.MemcpyHtoD(ptrOf(dst), src); err != nil {
+		return err
+	}
+	return m.dev.Synchronize()
 }
 
 // Download copies src into dst once the work queued on the device has run.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/gpu"
 	"github.com/goep/goep/mpi"
 )
 
@@ -101,8 +102,9 @@ func (n *notes) recv(op string, from []int) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epgpu: %s: receiving the reason of a refusal: %w", op, err)
 	}
-	deadline := time.Now().Add(n.timeout)
-	for spin := 0; ; spin++ {
+	start := time.Now()
+	deadline := start.Add(n.timeout)
+	for {
 		done, err := x.Test()
 		if err != nil {
 			x.Cancel()
@@ -119,7 +121,7 @@ func (n *notes) recv(op string, from []int) ([]string, error) {
 			x.Cancel()
 			return nil, &ep.TimeoutError{Op: op, Peer: peer, What: "the reason it refused the call", After: n.timeout}
 		}
-		pause(spin)
+		gpu.Backoff(time.Since(start))
 	}
 	out := make([]string, len(from))
 	for i := range from {
@@ -140,10 +142,10 @@ const drainNotesLimit = 5 * time.Second
 // communicator. It is collective. A note that did not complete is
 // abandoned, its buffer left to MPI.
 func (n *notes) close() error {
-	deadline := time.Now().Add(drainNotesLimit)
-	for spin := 0; len(n.sent) > 0 && time.Now().Before(deadline); spin++ {
+	start := time.Now()
+	for len(n.sent) > 0 && time.Since(start) < drainNotesLimit {
 		n.reap()
-		pause(spin)
+		gpu.Backoff(time.Since(start))
 	}
 	for _, s := range n.sent {
 		if !s.x.Cancel() {

@@ -3,6 +3,7 @@ package emulator
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -16,18 +17,39 @@ import (
 // ErrAborted is matched (errors.Is) by Comm's errors once it is aborted.
 var ErrAborted = errors.New("emulator: the communicator was aborted")
 
-// Comm is an emulated NCCL communicator of one rank, a gpu.Comm: grouped
-// point-to-point transfers between the emulated devices of an MPI job's
-// ranks.
+// Comm is an emulated NCCL communicator of one rank, a gpu.Comm:
+// grouped point-to-point transfers between the emulated devices of an MPI
+// job's ranks, with an NCCL communicator's rules, never kinder:
+//
+//   - It is non-blocking (ncclCommInitRankConfig with blocking = 0):
+//     SendRecv returns at once and puts its group on the stream later, in
+//     the background; until then AsyncError says gpu.ErrInProgress, the
+//     stream refuses other work, and another SendRecv or Close is a
+//     misuse. The first group a rank posts with a peer waits, before it
+//     reaches the stream, until that peer has posted its first group with
+//     this rank, as NCCL connects a pair only when both sides take part.
+//   - One goroutine at a time: a call made while another goroutine is
+//     inside one (an Abort from a watchdog during SendRecv, say) is a
+//     misuse. A misuse is sticky: AsyncError, SendRecv and Close return
+//     it from then on.
+//   - A send and a receive of different sizes hang, as NCCL's do, until
+//     Abort (a timeout then names the peer), instead of failing clearly.
 type Comm struct {
 	d          *Device
-	mc         *mpi.Comm // the communicator's own, for its messages only
+	mc         *mpi.Comm // the communicator's own, for its transfers
+	hs         *mpi.Comm // and its connections' handshakes
 	rank, size int
 	id         mpi.UniqueID
+	timeout    time.Duration // how long Close waits for the queued groups
 	aborted    atomic.Bool
+	busy       atomic.Int32 // goroutines inside a call
+	pending    atomic.Bool  // a group is being put on its stream
+	inflight   atomic.Int64 // groups on a stream and not finished
+	connected  []bool       // per peer: the pair has posted a group together (the caller's goroutine only)
 
 	mu       sync.Mutex
 	asyncErr error // the first failure of a queued group
+	misuse   error // the first call NCCL would not allow
 	closed   bool
 }
 
@@ -55,9 +77,9 @@ var _ mpi.IDGenerator = UniqueID
 // was given over MPI (mpi.BootstrapID), as ncclCommInitRank creates one
 // from an NCCL ID. It is collective over c: every rank returns an error,
 // the same, if any rank's id is not one UniqueID made or differs from
-// rank 0's (where NCCL would wait for ever), naming the rank. The emulated
-// transfers run on the streams' goroutines, so MPI must provide
-// MPI_THREAD_MULTIPLE.
+// rank 0's (where NCCL would wait for ever), naming the rank. Close waits
+// for the queued groups for at most c's timeout. The emulated transfers
+// run on the streams' goroutines, so MPI must provide MPI_THREAD_MULTIPLE.
 func NewComm(d *Device, c *mpi.Comm, id mpi.UniqueID) (*Comm, error) {
 	if lvl := mpi.ThreadLevel(); lvl != mpi.ThreadMultiple {
 		// Every rank has the same MPI library, so every rank returns this.
@@ -77,7 +99,13 @@ func NewComm(d *Device, c *mpi.Comm, id mpi.UniqueID) (*Comm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("emulator: NewComm: %w", err)
 	}
-	return &Comm{d: d, mc: mc, rank: mc.Rank(), size: mc.Size(), id: id}, nil
+	hs, err := c.Split(0, c.Rank(), "emulated nccl connections "+id.Digest())
+	if err != nil {
+		_ = mc.Free()
+		return nil, fmt.Errorf("emulator: NewComm: %w", err)
+	}
+	return &Comm{d: d, mc: mc, hs: hs, rank: mc.Rank(), size: mc.Size(), id: id, timeout: c.Timeout(),
+		connected: make([]bool, mc.Size())}, nil
 }
 
 // ID is the unique ID the communicator was created from.
@@ -89,17 +117,65 @@ func (c *Comm) Rank() int { return c.rank }
 // Size is the number of ranks.
 func (c *Comm) Size() int { return c.size }
 
-// SendRecv queues, on stream s, one group of transfers: every send and
+// enter marks a call as in progress; a second goroutine inside a call at
+// the same time is a misuse. The caller defers leave.
+func (c *Comm) enter(op string) {
+	if c.busy.Add(1) != 1 {
+		_ = c.misused(fmt.Errorf("emulator: %s called while another goroutine was inside a call on the same communicator: NCCL allows no concurrent calls on one communicator (and ncclCommAbort frees it)", op))
+	}
+	if c.d.jitter.Load() > 0 {
+		runtime.Gosched() // widen the window in which a concurrent call shows
+	}
+}
+
+func (c *Comm) leave() { c.busy.Add(-1) }
+
+// misused records err as the communicator's first misuse and returns the
+// first one.
+func (c *Comm) misused(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.misuse == nil {
+		c.misuse = err
+	}
+	return c.misuse
+}
+
+// usable is nil unless the communicator was aborted, closed or misused.
+func (c *Comm) usable(op string) error {
+	if c.aborted.Load() {
+		return fmt.Errorf("emulator: %s: %w", op, ErrAborted)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.misuse != nil {
+		return c.misuse
+	}
+	if c.closed {
+		return fmt.Errorf("emulator: %s: the communicator is closed", op)
+	}
+	return nil
+}
+
+// SendRecv posts, for stream s, one group of transfers: every send and
 // receive is posted when the stream reaches the group, and the stream goes
 // on when all have completed, as an NCCL group does (ncclGroupStart,
 // ncclSend and ncclRecv, ncclGroupEnd). Transfers between two ranks match
 // in the order they are listed, and must agree in size. Transfers with this
 // rank itself are copies, the k-th send to itself going to the k-th
-// receive from itself. The arguments are checked now; a failure while the
-// group runs (a size mismatch, an MPI error) is reported by AsyncError.
+// receive from itself. The arguments are checked now; the group reaches
+// the stream in the background (AsyncError says gpu.ErrInProgress until
+// it has), after this rank's first group with each new peer has met that
+// peer's. A failure while the group runs (an MPI error) is reported by
+// AsyncError.
 func (c *Comm) SendRecv(gs gpu.Stream, sends, recvs []gpu.Transfer) error {
+	c.enter("SendRecv")
+	defer c.leave()
 	if err := c.usable("SendRecv"); err != nil {
 		return err
+	}
+	if c.pending.Load() {
+		return c.misused(errors.New("emulator: SendRecv while the previous one was still in progress: NCCL requires polling AsyncError until it is no longer ncclInProgress first"))
 	}
 	s, ok := gs.(*Stream)
 	if !ok || s == nil || s.d != c.d {
@@ -107,6 +183,7 @@ func (c *Comm) SendRecv(gs gpu.Stream, sends, recvs []gpu.Transfer) error {
 	}
 	var msgs [2][]mpi.Message
 	var self [2][]gpu.Transfer
+	var fresh []int // peers this rank has not posted a group with before
 	for k, list := range [][]gpu.Transfer{sends, recvs} {
 		for _, t := range list {
 			if t.Peer < 0 || t.Peer >= c.size || t.Bytes < 0 || (t.Bytes > 0 && t.Ptr == 0) {
@@ -117,8 +194,12 @@ func (c *Comm) SendRecv(gs gpu.Stream, sends, recvs []gpu.Transfer) error {
 			}
 			if t.Peer == c.rank {
 				self[k] = append(self[k], t)
-			} else {
-				msgs[k] = append(msgs[k], mpi.Message{Peer: t.Peer, Addr: uintptr(t.Ptr), Bytes: t.Bytes})
+				continue
+			}
+			msgs[k] = append(msgs[k], mpi.Message{Peer: t.Peer, Addr: uintptr(t.Ptr), Bytes: t.Bytes})
+			if !c.connected[t.Peer] {
+				c.connected[t.Peer] = true
+				fresh = append(fresh, t.Peer)
 			}
 		}
 	}
@@ -133,17 +214,84 @@ func (c *Comm) SendRecv(gs gpu.Stream, sends, recvs []gpu.Transfer) error {
 	if len(msgs[0])+len(msgs[1])+len(self[0]) == 0 {
 		return nil
 	}
-	return s.enqueue(func() error {
+	group := op{f: func() error {
+		defer c.inflight.Add(-1)
 		for i, t := range self[0] {
 			kernels.Copy(uint64(self[1][i].Ptr), uint64(t.Ptr), t.Bytes)
 		}
 		c.run(msgs[0], msgs[1])
 		return nil
-	})
+	}}
+	c.pending.Store(true)
+	s.enqueuing.Store(c)
+	go c.enqueue(s, group, fresh)
+	return nil
+}
+
+// enqueue puts a group on its stream in the background, as a non-blocking
+// NCCL communicator does: after a delay (the jitter), and, for a peer this
+// rank meets for the first time, after that peer has posted its own first
+// group with this rank. An abort meanwhile drops the group.
+func (c *Comm) enqueue(s *Stream, group op, fresh []int) {
+	defer func() {
+		s.enqueuing.Store(nil)
+		c.pending.Store(false)
+	}()
+	if j := c.d.jitter.Load(); j > 0 {
+		time.Sleep(time.Duration(rand.Int64N(j)))
+	}
+	if len(fresh) > 0 && !c.connect(fresh) {
+		return
+	}
+	c.inflight.Add(1)
+	if err := s.pushNow(group); err != nil {
+		c.inflight.Add(-1)
+		c.setAsyncErr(err)
+	}
+}
+
+// connect exchanges a handshake with each peer, as NCCL connects a pair
+// when both have posted a transfer to each other; false if the
+// communicator was aborted first.
+func (c *Comm) connect(peers []int) bool {
+	buf, err := mpi.NewBuffer(2 * len(peers))
+	if err != nil {
+		c.setAsyncErr(err)
+		return false
+	}
+	defer func() { _ = buf.Free() }()
+	var sends, recvs []mpi.Message
+	for i, p := range peers {
+		sends = append(sends, mpi.Message{Peer: p, Addr: buf.Addr(2 * i), Bytes: 1})
+		recvs = append(recvs, mpi.Message{Peer: p, Addr: buf.Addr(2*i + 1), Bytes: 1})
+	}
+	x, err := c.hs.Exchange(sends, recvs)
+	if err != nil {
+		c.setAsyncErr(err)
+		return false
+	}
+	start := time.Now()
+	for {
+		done, err := x.Test()
+		if err != nil {
+			c.setAsyncErr(err)
+			x.Cancel()
+			return false
+		}
+		if done {
+			return true
+		}
+		if c.aborted.Load() {
+			x.Cancel() // the handshake's buffer is freed only if no send is left
+			return false
+		}
+		gpu.Backoff(time.Since(start))
+	}
 }
 
 // run posts and completes one group's messages on a stream's goroutine;
-// failures go to asyncErr.
+// failures go to asyncErr. Messages of sizes the two sides disagree on
+// hang until Abort, as NCCL's do.
 func (c *Comm) run(sends, recvs []mpi.Message) {
 	if len(sends)+len(recvs) == 0 || c.aborted.Load() {
 		return
@@ -153,8 +301,16 @@ func (c *Comm) run(sends, recvs []mpi.Message) {
 		c.setAsyncErr(err)
 		return
 	}
-	for spin := 0; ; spin++ {
+	start := time.Now()
+	for {
 		done, err := x.Test()
+		if errors.Is(err, mpi.ErrMessageSize) {
+			for !c.aborted.Load() {
+				time.Sleep(time.Millisecond)
+			}
+			c.cancel(x, sends)
+			return
+		}
 		if err != nil {
 			c.setAsyncErr(err)
 			c.cancel(x, sends)
@@ -167,13 +323,7 @@ func (c *Comm) run(sends, recvs []mpi.Message) {
 			c.cancel(x, sends)
 			return
 		}
-		// Poll like a rank with fewer cores than ranks must: yield first,
-		// then short sleeps.
-		if spin < 64 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(time.Duration(min(spin, 400)) * time.Microsecond / 2)
-		}
+		gpu.Backoff(time.Since(start))
 	}
 }
 
@@ -194,40 +344,46 @@ func (c *Comm) setAsyncErr(err error) {
 	c.mu.Unlock()
 }
 
-func (c *Comm) usable(op string) error {
-	if c.aborted.Load() {
-		return fmt.Errorf("emulator: %s: %w", op, ErrAborted)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return fmt.Errorf("emulator: %s: the communicator is closed", op)
-	}
-	return nil
-}
-
-// AsyncError reports the failure of a queued group (as
-// ncclCommGetAsyncError): nil while all is well, ErrAborted after Abort.
-// Any goroutine may call it.
+// AsyncError is the communicator's state (as ncclCommGetAsyncError): nil
+// while all is well, gpu.ErrInProgress while a group is being put on its
+// stream, the first failure of a queued group or the first misuse, and
+// ErrAborted after Abort.
 func (c *Comm) AsyncError() error {
+	c.enter("AsyncError")
+	defer c.leave()
 	if c.aborted.Load() {
 		return ErrAborted
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.asyncErr
+	if c.misuse != nil {
+		return c.misuse
+	}
+	if c.asyncErr != nil {
+		return c.asyncErr
+	}
+	if c.pending.Load() {
+		return gpu.ErrInProgress
+	}
+	return nil
 }
 
 // Abort abandons the queued groups: a group waiting for a peer returns,
-// and its stream goes on. Any goroutine may call it, once or more.
+// and its stream goes on. Later calls return ErrAborted.
 func (c *Comm) Abort() error {
+	c.enter("Abort")
+	defer c.leave()
 	c.aborted.Store(true)
 	return nil
 }
 
-// Close frees the communicator's MPI communicator. It is collective; the
-// streams that ran its groups must have finished them.
+// Close waits for the queued groups to finish, for at most the timeout the
+// communicator was made with (past it, it aborts them), and frees the
+// communicator's MPI communicators. It is collective. It returns the
+// communicator's misuse, if there was one, so that a test sees it.
 func (c *Comm) Close() error {
+	c.enter("Close")
+	defer c.leave()
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -235,5 +391,24 @@ func (c *Comm) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	return c.mc.Free()
+	var errs []error
+	if c.pending.Load() && !c.aborted.Load() {
+		errs = append(errs, c.misused(errors.New("emulator: Close while a SendRecv was still in progress: NCCL requires polling AsyncError until it is no longer ncclInProgress first")))
+	}
+	start := time.Now()
+	for !c.aborted.Load() && (c.inflight.Load() > 0 || c.pending.Load()) {
+		if c.timeout > 0 && time.Since(start) > c.timeout {
+			c.aborted.Store(true)
+			errs = append(errs, fmt.Errorf("emulator: Close: the queued groups did not finish within %v: aborted", c.timeout))
+			break
+		}
+		gpu.Backoff(time.Since(start))
+	}
+	c.mu.Lock()
+	if c.misuse != nil && len(errs) == 0 {
+		errs = append(errs, c.misuse)
+	}
+	c.mu.Unlock()
+	errs = append(errs, c.hs.Free(), c.mc.Free())
+	return errors.Join(errs...)
 }

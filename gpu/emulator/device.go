@@ -30,6 +30,7 @@ type Device struct {
 	held    []span // freed while an abandoned transfer may still read them: never released
 	streams map[*Stream]bool
 	sticky  error
+	legacy  *Stream // the legacy default stream: the synchronous copies run on it
 
 	kernelsOnce sync.Once
 	kernels     *gpu.Kernels
@@ -66,6 +67,7 @@ func Open(ordinal int) *Device {
 	d := devices[ordinal]
 	if d == nil {
 		d = &Device{ordinal: ordinal, streams: map[*Stream]bool{}}
+		d.legacy = d.newStream()
 		devices[ordinal] = d
 	}
 	return d
@@ -127,9 +129,17 @@ func (d *Device) MemAlloc(n int) (gpu.DevicePtr, error) {
 	return p, nil
 }
 
-// MemFree releases memory that MemAlloc returned. Like cuMemFree it does
-// not wait for queued work: the caller synchronises first.
+// MemFree releases memory that MemAlloc returned. Like cuMemFree it first
+// waits for the work queued on every stream of the device: behind a
+// transfer whose peer never comes, it waits for ever.
 func (d *Device) MemFree(p gpu.DevicePtr) error {
+	_ = d.Synchronize() // a sticky error stays the device's; the memory is released all the same
+	return d.free(p)
+}
+
+// free releases an allocation now (cuMemFreeAsync's part, once its stream
+// gets to it).
+func (d *Device) free(p gpu.DevicePtr) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	i := sort.Search(len(d.allocs), func(i int) bool { return d.allocs[i].p >= p })
@@ -198,39 +208,84 @@ func (d *Device) Live() int {
 	return n
 }
 
-// MemcpyHtoD copies src to device address dst. Like cuMemcpyHtoD it does
-// not wait for the device's streams.
+// MemcpyHtoD copies src to device address dst as cuMemcpyHtoD does from
+// pageable memory: src is read now (and may be reused), the bytes land when
+// the legacy default stream gets to them, which no stream of NewStream
+// waits for.
 func (d *Device) MemcpyHtoD(dst gpu.DevicePtr, src []byte) error {
-	if err := d.check("MemcpyHtoD", dst, len(src)); err != nil {
+	if err := d.check("MemcpyHtoD", dst, len(src)); err != nil || len(src) == 0 {
 		return err
 	}
-	kernels.Write(uint64(dst), src)
-	return nil
+	staged := append([]byte(nil), src...)
+	return d.legacy.enqueue(func() error {
+		if err := d.check("MemcpyHtoD", dst, len(staged)); err != nil {
+			return err
+		}
+		kernels.Write(uint64(dst), staged)
+		return nil
+	})
 }
 
-// MemcpyDtoH copies len(dst) bytes from device address src.
+// MemcpyDtoH copies len(dst) bytes from device address src once the
+// legacy default stream's earlier work has run, and returns when they are
+// in dst (it does not wait for the streams of NewStream).
 func (d *Device) MemcpyDtoH(dst []byte, src gpu.DevicePtr) error {
-	if err := d.check("MemcpyDtoH", src, len(dst)); err != nil {
+	if err := d.check("MemcpyDtoH", src, len(dst)); err != nil || len(dst) == 0 {
 		return err
 	}
-	kernels.Read(dst, uint64(src))
-	return nil
+	err := d.legacy.enqueue(func() error {
+		if err := d.check("MemcpyDtoH", src, len(dst)); err != nil {
+			return err
+		}
+		kernels.Read(dst, uint64(src))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return d.legacy.Synchronize()
 }
 
-// MemcpyDtoD copies n bytes from src to dst on the device.
+// MemcpyDtoD queues a copy of n bytes from src to dst on the legacy
+// default stream, as cuMemcpyDtoD does: it returns before the copy runs.
 func (d *Device) MemcpyDtoD(dst, src gpu.DevicePtr, n int) error {
-	if err := d.check("MemcpyDtoD", src, n); err != nil {
+	if err := d.checkCopy("MemcpyDtoD", dst, src, n); err != nil || n == 0 {
 		return err
 	}
-	if err := d.check("MemcpyDtoD", dst, n); err != nil {
+	return d.legacy.enqueue(func() error { return d.copyNow(dst, src, n) })
+}
+
+// MemsetD8 queues setting n bytes at dst to v on the legacy default
+// stream, as cuMemsetD8 does: it returns before the bytes are set.
+func (d *Device) MemsetD8(dst gpu.DevicePtr, v byte, n int) error {
+	if err := d.check("MemsetD8", dst, n); err != nil || n == 0 {
+		return err
+	}
+	return d.legacy.enqueue(func() error { return d.memsetNow(dst, v, n) })
+}
+
+func (d *Device) checkCopy(op string, dst, src gpu.DevicePtr, n int) error {
+	if n < 0 {
+		return fmt.Errorf("emulator: %s: negative size %d", op, n)
+	}
+	if err := d.check(op, src, n); err != nil {
+		return err
+	}
+	return d.check(op, dst, n)
+}
+
+// copyNow copies n bytes on the device, now: the part of a queued copy
+// that runs when its stream gets to it.
+func (d *Device) copyNow(dst, src gpu.DevicePtr, n int) error {
+	if err := d.checkCopy("MemcpyDtoD", dst, src, n); err != nil {
 		return err
 	}
 	kernels.Copy(uint64(dst), uint64(src), n)
 	return nil
 }
 
-// MemsetD8 sets n bytes at dst to v.
-func (d *Device) MemsetD8(dst gpu.DevicePtr, v byte, n int) error {
+// memsetNow sets n bytes at dst to v, now.
+func (d *Device) memsetNow(dst gpu.DevicePtr, v byte, n int) error {
 	if err := d.check("MemsetD8", dst, n); err != nil {
 		return err
 	}
@@ -363,7 +418,7 @@ func (l launcher) FreeAsync(p gpu.DevicePtr, q gpu.Queue) error {
 	if err != nil {
 		return err
 	}
-	return s.enqueue(func() error { return l.d.MemFree(p) })
+	return s.enqueue(func() error { return l.d.free(p) })
 }
 
 func (l launcher) MemsetAsync(p gpu.DevicePtr, v byte, n int, q gpu.Queue) error {

@@ -94,6 +94,60 @@ func liveOther(d *Device, p gpu.DevicePtr) int {
 	return n
 }
 
+// The synchronous copies run on the legacy default stream, as CUDA's do:
+// MemcpyHtoD and MemsetD8 return before their bytes land, a non-blocking
+// stream does not wait for them, MemcpyDtoH waits for the legacy stream's
+// earlier work, and Synchronize for all of it.
+func TestSyncCopiesRunOnTheLegacyStream(t *testing.T) {
+	d := testDevice(t)
+	p := alloc(t, d, 8)
+	s := stream(t, d)
+	h, err := d.AllocHost(8)
+	require.NoError(t, err)
+	defer h.Free()
+	release := make(chan struct{})
+	require.NoError(t, d.legacy.enqueue(func() error { <-release; return nil })) // the legacy stream is busy
+	require.NoError(t, d.MemcpyHtoD(p, []byte("12345678")), "returns before the bytes land")
+	require.NoError(t, d.MemsetD8(p, 'x', 2))
+	require.NoError(t, s.MemcpyDtoHAsync(h, 0, p, 8))
+	require.NoError(t, s.Synchronize())
+	assert.Equal(t, bytes.Repeat([]byte{garbage}, 8), h.Bytes(), "a non-blocking stream does not wait for the legacy stream")
+	got := make(chan []byte)
+	go func() {
+		b := make([]byte, 8)
+		assert.NoError(t, d.MemcpyDtoH(b, p))
+		got <- b
+	}()
+	select {
+	case b := <-got:
+		t.Fatalf("MemcpyDtoH returned %q before the legacy stream's earlier work ran", b)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	assert.Equal(t, []byte("xx345678"), <-got)
+}
+
+// MemFree waits for the work queued on every stream first, as cuMemFree
+// does: behind a stream that never ends, it never returns.
+func TestMemFreeWaitsForTheStreams(t *testing.T) {
+	d := testDevice(t)
+	s := stream(t, d)
+	p, err := d.MemAlloc(8)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	require.NoError(t, s.(*Stream).enqueue(func() error { <-release; return nil }))
+	freed := make(chan error)
+	go func() { freed <- d.MemFree(p) }()
+	select {
+	case err := <-freed:
+		t.Fatalf("MemFree returned (%v) while a stream's work was still queued", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-freed)
+	assert.False(t, d.Inside(p, 8))
+}
+
 // A copy past the end of an allocation is CUDA's illegal address: sticky,
 // every later call fails, as on a device.
 func TestIllegalAddressIsSticky(t *testing.T) {
@@ -219,6 +273,7 @@ func TestKernelsOnStreams(t *testing.T) {
 	start := alloc(t, d, 12)
 	require.NoError(t, d.MemcpyHtoD(src, f32bytes(x)))
 	require.NoError(t, d.MemcpyHtoD(start, i32bytes([]int32{0, 3, 3})))
+	require.NoError(t, d.Synchronize(), "the synchronous copies land before the kernels read them")
 	require.NoError(t, k.RowPointers(s, ptrs, src, 0, 3, 8))
 	require.NoError(t, k.ReduceRows(s, gpu.ReduceArgs{Out: out, OutType: gpu.F32, Src: ptrs, Start: start, N: 2, Hidden: 2, InType: gpu.F32}))
 	require.NoError(t, s.Synchronize())

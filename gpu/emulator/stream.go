@@ -1,9 +1,11 @@
 package emulator
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/goep/goep/gpu"
@@ -17,6 +19,11 @@ type Stream struct {
 	d   *Device
 	rng *rand.Rand // the jitter's, used by the goroutine only
 
+	// enqueuing is the communicator whose group is being put on this
+	// stream in the background (gpu.ErrInProgress): until it is, the
+	// stream takes no other work, as NCCL requires.
+	enqueuing atomic.Pointer[Comm]
+
 	mu        sync.Mutex
 	cond      sync.Cond
 	queue     []op
@@ -25,18 +32,24 @@ type Stream struct {
 	closed    bool
 }
 
-// NewStream starts a stream on the device (a *Stream).
+// NewStream starts a non-blocking stream on the device (a *Stream): it
+// does not wait for the legacy default stream, which runs the synchronous
+// copies.
 func (d *Device) NewStream() (gpu.Stream, error) {
 	if err := d.err(); err != nil {
 		return nil, err
 	}
+	return d.newStream(), nil
+}
+
+func (d *Device) newStream() *Stream {
 	s := &Stream{d: d, rng: rand.New(rand.NewPCG(d.seeds.Add(1), uint64(d.ordinal)))}
 	s.cond.L = &s.mu
 	d.mu.Lock()
 	d.streams[s] = true
 	d.mu.Unlock()
 	go s.run()
-	return s, nil
+	return s
 }
 
 // op is one queued operation; marks (event records) run even after a
@@ -53,6 +66,15 @@ func (s *Stream) push(o op) error {
 	if err := s.d.err(); err != nil {
 		return err
 	}
+	if c := s.enqueuing.Load(); c != nil {
+		return c.misused(errors.New("emulator: work queued on a stream while an NCCL group is still being put on it (AsyncError said ErrInProgress): NCCL requires waiting for ncclSuccess before using the stream"))
+	}
+	return s.pushNow(o)
+}
+
+// pushNow queues o whatever is being enqueued: the communicator's own
+// group.
+func (s *Stream) pushNow(o op) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -180,7 +202,7 @@ func (s *Stream) MemcpyDtoDAsync(dst, src gpu.DevicePtr, n int) error {
 	if n == 0 {
 		return nil
 	}
-	return s.enqueue(func() error { return s.d.MemcpyDtoD(dst, src, n) })
+	return s.enqueue(func() error { return s.d.copyNow(dst, src, n) })
 }
 
 // MemsetD8Async queues setting n bytes at dst to v.
@@ -191,7 +213,7 @@ func (s *Stream) MemsetD8Async(dst gpu.DevicePtr, v byte, n int) error {
 	if n == 0 {
 		return nil
 	}
-	return s.enqueue(func() error { return s.d.MemsetD8(dst, v, n) })
+	return s.enqueue(func() error { return s.d.memsetNow(dst, v, n) })
 }
 
 // WaitEvent makes the work queued on s from now on wait until e, an event
@@ -230,8 +252,9 @@ type Event struct {
 	d        *Device
 	mu       sync.Mutex
 	cond     sync.Cond
-	recorded uint64 // Records so far
-	reached  uint64 // the latest Record whose point a stream has reached
+	recorded uint64    // Records so far
+	reached  uint64    // the latest Record whose point a stream has reached
+	at       time.Time // when it was reached
 }
 
 // NewEvent creates an event (an *Event).
@@ -254,7 +277,9 @@ func (s *Stream) Record(ge gpu.Event) error {
 	e.mu.Unlock()
 	err = s.push(op{mark: true, f: func() error {
 		e.mu.Lock()
-		e.reached = max(e.reached, g)
+		if g > e.reached {
+			e.reached, e.at = g, time.Now()
+		}
 		e.cond.Broadcast()
 		e.mu.Unlock()
 		return nil
@@ -284,6 +309,29 @@ func (e *Event) Synchronize() error {
 	}
 	e.mu.Unlock()
 	return e.d.err()
+}
+
+// ElapsedSince is the time from start's latest mark to this event's, as
+// the emulated device's streams reached them; both must be reached, as
+// cuEventElapsedTime requires (CUDA_ERROR_NOT_READY otherwise).
+func (e *Event) ElapsedSince(gs gpu.Event) (time.Duration, error) {
+	start, ok := gs.(*Event)
+	if !ok || start == nil || start.d != e.d {
+		return 0, fmt.Errorf("emulator: ElapsedSince: %T is not an event of %v", gs, e.d)
+	}
+	t0, ok0 := start.mark()
+	t1, ok1 := e.mark()
+	if !ok0 || !ok1 {
+		return 0, errors.New("emulator: ElapsedSince: an event not recorded or not reached yet (CUDA_ERROR_NOT_READY)")
+	}
+	return t1.Sub(t0), nil
+}
+
+// mark is when the latest Record was reached, if it was.
+func (e *Event) mark() (time.Time, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.at, e.recorded > 0 && e.reached >= e.recorded
 }
 
 // Close releases the event.
