@@ -145,28 +145,31 @@ test-capi: deps-python capi
 bench-capi: deps-python capi
 	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) scripts/capi/bench-boundary.sh
 
-## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, with the script that
-## runs them: package gpu's (device, kernels, NCCL), the ep conformance suite on the CUDA backend (epgpu),
-## ep-bench for -device cuda, and moe-train -device cuda (the main job), with the HDF5 library in
-## bin/gpu/lib/ for a machine that has none. Carry bin/gpu/ to a GPU machine (no Go needed
-## there) and run bin/gpu/run-on-device.sh; it fails, never skips, where there is no GPU.
+## test-gpu: build the GPU tests (-tags gpu; no GPU needed to build) into bin/gpu/, stripped, with the
+## device command that runs them (scripts/gpu/run-on-device.sh): package gpu's (device, kernels, NCCL),
+## the kernels against a device copy, the ep conformance suite on the CUDA backend (epgpu), ep-bench
+## -device cuda and moe-train -device cuda against -device cpu, with the HDF5 library and what it links
+## in bin/gpu/lib/ for a machine that has none; then the command's dry run here. Carry bin/gpu/ to a GPU
+## machine (no Go needed there) and run bin/gpu/run-on-device.sh; it fails, never skips, without a GPU.
 test-gpu: deps
 	$(GO) vet -tags gpu ./gpu ./ep/epgpu
 	$(GO) vet -tags 'gpu mpi' ./gpu ./ep/epgpu
-	$(GO) test -c -tags gpu -o bin/gpu/gpu.test ./gpu
-	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/gpu-mpi.test ./gpu
-	$(GO) test -c -tags gpu -o bin/gpu/epgpu.test ./ep/epgpu
-	$(GO) test -c -tags 'gpu mpi' -o bin/gpu/epgpu-mpi.test ./ep/epgpu
-	$(GO) build -tags mpi -o bin/gpu/ep-bench ./examples/ep-bench
-	$(GO) build -o bin/gpu/ep-bench-1rank ./examples/ep-bench
+	$(GO) test -c -tags gpu -ldflags '-s -w' -o bin/gpu/gpu.test ./gpu
+	$(GO) test -c -tags 'gpu mpi' -ldflags '-s -w' -o bin/gpu/gpu-mpi.test ./gpu
+	$(GO) test -c -tags gpu -ldflags '-s -w' -o bin/gpu/epgpu.test ./ep/epgpu
+	$(GO) test -c -tags 'gpu mpi' -ldflags '-s -w' -o bin/gpu/epgpu-mpi.test ./ep/epgpu
+	$(GO) build -tags mpi -ldflags '-s -w' -o bin/gpu/ep-bench ./examples/ep-bench
+	$(GO) build -ldflags '-s -w' -o bin/gpu/ep-bench-1rank ./examples/ep-bench
 	$(GO) build -tags mpi -ldflags '-s -w' -o bin/gpu/moe-train ./examples/moe-train
 	$(GO) build -ldflags '-s -w' -o bin/gpu/moe-train-1rank ./examples/moe-train
-	@# moe-train writes HDF5: the HDF5 library and its compression libraries, for a GPU machine
-	@# without them (what they link in turn, libcurl and libcrypto, is left to the machine: bin/gpu/
-	@# stays under 64 MiB)
+	$(GO) build -ldflags '-s -w' -o bin/gpu/gpu-info ./internal/cmd/gpu-info
+	@# moe-train writes HDF5: the HDF5 library and everything it links but glibc, for a GPU machine
+	@# without them
 	rm -rf bin/gpu/lib && mkdir -p bin/gpu/lib && ldd bin/gpu/moe-train-1rank | \
-	  awk '$$2 == "=>" && $$3 ~ /^\// { print $$3 }' | grep -E '/lib(hdf5|sz|aec)[^/]*\.so' | xargs -r cp -L -t bin/gpu/lib
+	  awk '$$2 == "=>" && $$3 ~ /^\// { print $$3 }' | grep -vE '/lib(c|m|pthread|dl|rt|resolv)\.so' | xargs -r cp -L -t bin/gpu/lib
 	cp scripts/gpu/run-on-device.sh bin/gpu/
+	@# the device command's dry run: every section walked, the binaries and test names checked
+	bin/gpu/run-on-device.sh --dry-run
 
 ## test-slurm: a real 2-node Slurm cluster (root): mpi-hello by srun and sbatch+mpirun, the training
 ## (train.sbatch) and a small scaling study (study.sbatch) by srun and mpirun; 1.5-2 min. The nodes

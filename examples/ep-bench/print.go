@@ -33,6 +33,10 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 		}
 		fmt.Fprintf(w, "  %-22s %12.1f %10.2f %12.1f %10.2f %12.1f\n", "ep CPU engine", r.CPUDispatchUS, bw(r.CPUDispatchUS),
 			r.CPUCombineUS, bw(r.CPUCombineUS), r.CPUDispatchUS+r.CPUCombineUS)
+		if r.DispatchDeviceUS > 0 {
+			fmt.Fprintf(w, "  %-22s %12.1f %10s %12.1f %10s %12.1f\n", "  device time (events)", r.DispatchDeviceUS, "",
+				r.CombineDeviceUS, "", r.DispatchDeviceUS+r.CombineDeviceUS)
+		}
 		fmt.Fprintf(w, "  %s takes %.2fx the CPU engine's time (dispatch+combine), results checked against it\n", r.Device,
 			(r.DispatchUS+r.CombineUS)/(r.CPUDispatchUS+r.CPUCombineUS))
 	}

@@ -22,6 +22,7 @@ type samples struct {
 	floorA2A, floorP2P                                                                        [2][]float64 // across nodes: the network floor's exchanges, dispatch and combine
 	epCPU, floorCPU                                                                           []float64    // this rank's processor time in ep's dispatch+combine and in the floor's point-to-point exchanges
 	steady, baseSteady                                                                        []float64    // -latency: a round's mean time over each burst
+	devDispatch, devCombine                                                                   []float64    // ep on a device: its device time (events)
 }
 
 // burst is how many rounds -latency runs back to back per timed sample.
@@ -86,6 +87,7 @@ func (b *bench[E]) rounds() (*samples, error) {
 		if err != nil {
 			return nil, err
 		}
+		devD, devC, _ := b.g.DeviceTimes()
 		epCPU := lastCPU
 		var a2a, p2p [2]time.Duration
 		var floorCPU time.Duration
@@ -148,6 +150,7 @@ func (b *bench[E]) rounds() (*samples, error) {
 			s.floorA2A[0], s.floorA2A[1] = append(s.floorA2A[0], us(a2a[0])), append(s.floorA2A[1], us(a2a[1]))
 			s.floorP2P[0], s.floorP2P[1] = append(s.floorP2P[0], us(p2p[0])), append(s.floorP2P[1], us(p2p[1]))
 			s.epCPU, s.floorCPU = append(s.epCPU, us(epCPU)), append(s.floorCPU, us(floorCPU))
+			s.devDispatch, s.devCombine = append(s.devDispatch, us(devD)), append(s.devCombine, us(devC))
 		}
 	}
 	return &s, nil

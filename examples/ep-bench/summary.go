@@ -18,7 +18,8 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 		median(s.cpuDispatch), median(s.cpuCombine), median(s.deviceCopy), median(s.nativeDispatch), median(s.nativeCombine), b.nbytes,
 		median(s.steady), median(s.baseSteady), median(s.floorA2A[0]), median(s.floorA2A[1]), b.floorBytes(),
 		median(s.floorP2P[0]), median(s.floorP2P[1]), median(s.epCPU), median(s.floorCPU),
-		median(s.flatDispatch), median(s.flatCombine), median(s.permute), median(s.unpermute)}
+		median(s.flatDispatch), median(s.flatCombine), median(s.permute), median(s.unpermute),
+		median(s.devDispatch), median(s.devCombine)}
 	all := make([]float64, len(mine)*R)
 	if err := mpi.AllgatherSlice(b.world, mine, all); err != nil {
 		return nil, err
@@ -118,6 +119,7 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 	if b.cpu != nil {
 		res.Device = b.o.device
 		res.CPUDispatchUS, res.CPUCombineUS = slices.Max(col(6)), slices.Max(col(7))
+		res.DispatchDeviceUS, res.CombineDeviceUS = slices.Max(col(25)), slices.Max(col(26))
 		if res.DeviceCopyGBps = bw(8); res.DeviceCopyGBps > 0 {
 			res.DispatchOfDeviceCopy, res.CombineOfDeviceCopy = res.DispatchGBps/res.DeviceCopyGBps, res.CombineGBps/res.DeviceCopyGBps
 		}

@@ -531,6 +531,7 @@ func (p *progress) summary(r *runs.Result) {
 	fmt.Fprintf(w, "moe-train: done: run %s, steps %d..%d (%s/%s, %d ranks, %d node(s), -device %s) in %s\n",
 		r.RunID, r.First.Step, r.Last.Step, c.Mode, c.DType, p.ranks, p.nodes, p.o.device, clock(time.Since(p.start)))
 	fmt.Fprintf(w, "  loss      %.4f -> %.4f (%.1fx lower); aux loss %.4f -> %.4f\n", r.First.Loss, r.Last.Loss, ratio, r.First.AuxLoss, r.Last.AuxLoss)
+	fmt.Fprintf(w, "  last step loss %v, aux loss %v (exactly, to compare runs)\n", r.Last.Loss, r.Last.AuxLoss)
 	fmt.Fprintf(w, "  speed     %s tokens/s; per step: dispatch %s, combine %s (mean over ranks and steps)\n",
 		si(r.TokensPerSecond()), micro(float64(r.MeanDispatch.Nanoseconds())/1e3), micro(float64(r.MeanCombine.Nanoseconds())/1e3))
 	fmt.Fprintf(w, "  sync      %v: %s and %s sent per rank per step (the gate's and shared expert's gradient; mean over ranks and steps)\n",

@@ -131,6 +131,12 @@ type Record struct {
 	DeviceCopyGBps       float64 `json:"device_copy_gbps,omitempty"`
 	DispatchOfDeviceCopy float64 `json:"dispatch_device_copy_frac,omitempty"`
 	CombineOfDeviceCopy  float64 `json:"combine_device_copy_frac,omitempty"`
+	// On a GPU: the device's time of ep's dispatch and combine (the
+	// slowest rank's median), from the first work each queued to the
+	// last, timed with events; the host times above include the launch
+	// and the host's waits.
+	DispatchDeviceUS float64 `json:"dispatch_device_us,omitempty"`
+	CombineDeviceUS  float64 `json:"combine_device_us,omitempty"`
 
 	// Step is the index of the study's job step that produced the record
 	// (its position in the study's steps attribute); set by the collector,
