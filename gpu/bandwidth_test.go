@@ -218,3 +218,79 @@ func mustEvent(t *testing.T, d *CUDADevice) *CUDAEvent {
 	t.Cleanup(func() { _ = e.Close() })
 	return e.(*CUDAEvent)
 }
+
+// TestGPUNCCLGroupCost times, on one rank, an NCCL group that sends to
+// this rank itself, on a non-blocking communicator (the engine's: NCCL
+// starts a thread per group to enqueue it) and on a blocking one (enqueued
+// on the calling thread): the host's time from posting the group to its
+// completion, for 4 bytes and for a decode step's 14.7 MB, beside a
+// cuMemcpyDtoDAsync of the same bytes (what SendRecv does for transfers
+// to this rank itself). Medians of 50 after 5 untimed; figures, not
+// checks. With GOEP_BENCH_OUT set: $GOEP_BENCH_OUT/nccl.jsonl.
+func TestGPUNCCLGroupCost(t *testing.T) {
+	d := testDevice(t)
+	sq, err := d.NewStream()
+	require.NoError(t, err)
+	defer sq.Close()
+	s := sq.(*CUDAStream)
+	const big = 1024 * 7168 * 2
+	a, err := d.Alloc(big)
+	require.NoError(t, err)
+	defer a.Free()
+	b, err := d.Alloc(big)
+	require.NoError(t, err)
+	defer b.Free()
+	type result struct {
+		Path  string  `json:"path"`
+		Bytes int     `json:"bytes"`
+		US    float64 `json:"host_us"`
+	}
+	var out []result
+	timeIt := func(post func() error, settle func() error) float64 {
+		var ts []float64
+		for i := 0; i < 55; i++ {
+			t0 := time.Now()
+			require.NoError(t, post())
+			require.NoError(t, settle())
+			require.NoError(t, s.Synchronize())
+			if i >= 5 {
+				ts = append(ts, float64(time.Since(t0))/float64(time.Microsecond))
+			}
+		}
+		slices.Sort(ts)
+		return ts[len(ts)/2]
+	}
+	for _, blocking := range []bool{false, true} {
+		id, err := NCCLUniqueID()
+		require.NoError(t, err)
+		c, err := newNCCLComm(d, id, 0, 1, time.Minute, blocking)
+		require.NoError(t, err)
+		name := "nccl non-blocking"
+		if blocking {
+			name = "nccl blocking"
+		}
+		for _, n := range []int{4, big} {
+			us := timeIt(func() error {
+				return c.group(s, []Transfer{{Peer: 0, Ptr: a.Ptr(), Bytes: n}}, []Transfer{{Peer: 0, Ptr: b.Ptr(), Bytes: n}})
+			}, func() error { return c.settle("group") })
+			out = append(out, result{name, n, us})
+		}
+		require.NoError(t, c.Close())
+	}
+	for _, n := range []int{4, big} {
+		us := timeIt(func() error { return s.MemcpyDtoDAsync(b.Ptr(), a.Ptr(), n) }, func() error { return nil })
+		out = append(out, result{"cuMemcpyDtoDAsync", n, us})
+	}
+	for _, r := range out {
+		t.Logf("%-20s %10d bytes %10.1f us", r.Path, r.Bytes, r.US)
+	}
+	if dir := os.Getenv("GOEP_BENCH_OUT"); dir != "" {
+		f, err := os.Create(filepath.Join(dir, "nccl.jsonl"))
+		require.NoError(t, err)
+		defer f.Close()
+		for _, r := range out {
+			b, _ := json.Marshal(r)
+			fmt.Fprintln(f, string(b))
+		}
+	}
+}

@@ -335,7 +335,11 @@ func (k *Kernels) ReduceRows(s Queue, a ReduceArgs) error {
 	if a.Out == 0 || a.Start == 0 || a.Src == 0 {
 		return argErr(op, "Out, Start or Src is 0")
 	}
-	return k.l.Launch("goep_reduce_rows", k.gridFor(int64(a.N), 1), rowBlock(int64(a.Hidden)), []uint64{
+	// One block per (row, segment), a segment being what the block's
+	// threads take at once: 8 elements each on the kernel's vector path.
+	block := rowBlock(int64(a.Hidden) / 8)
+	segs := (int64(a.Hidden) + 8*int64(block) - 1) / (8 * int64(block))
+	return k.l.Launch("goep_reduce_rows", k.gridFor(int64(a.N)*segs, 1), block, []uint64{
 		ptrArg(a.Out), intArg(int(a.OutType)), ptrArg(a.Src), ptrArg(a.Weights), ptrArg(a.Start), i64Arg(a.N), i64Arg(a.Hidden), intArg(int(a.InType))}, s)
 }
 
@@ -360,8 +364,8 @@ func (k *Kernels) convert(op, name string, s Queue, dst, src DevicePtr, n int) e
 	if dst == 0 || src == 0 {
 		return argErr(op, "dst or src is 0")
 	}
-	const block = 256
-	return k.l.Launch(name, k.gridFor(int64(n), block), block, []uint64{ptrArg(dst), ptrArg(src), i64Arg(n)}, s)
+	const block = 256 // of threads that take 8 elements each
+	return k.l.Launch(name, k.gridFor((int64(n)+7)/8, block), block, []uint64{ptrArg(dst), ptrArg(src), i64Arg(n)}, s)
 }
 
 // checkArgs checks a launch's arguments against the kernel table.

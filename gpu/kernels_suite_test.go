@@ -165,6 +165,17 @@ func testConvert(t *testing.T, env kernelEnv) {
 			}
 		}
 	}
+	// A length that is not a whole number of 8-element pieces: the tail.
+	tail := all[:len(all)-3]
+	in = newBufOf(t, env, tail)
+	out = newBufOf(t, env, make([]float32, len(tail)))
+	require.NoError(t, k.FromBF16(env.stream(), out.ptr(), in.ptr(), len(tail)))
+	got = getAs[float32](t, out)
+	for i := range tail {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("FromBF16 of %d: element %d = %#08x, want %#08x", len(tail), i, math.Float32bits(got[i]), math.Float32bits(want[i]))
+		}
+	}
 	require.NoError(t, k.ToBF16(env.stream(), 0, 0, 0), "n = 0 queues nothing")
 }
 

@@ -180,6 +180,13 @@ func openForNCCL(world *mpi.Comm, device int, op string) (*CUDADevice, error) {
 // joined, for at most timeout (0: no limit): past it, it aborts the
 // communicator and returns an error.
 func NewNCCLCommFromID(dev *CUDADevice, id mpi.UniqueID, rank, size int, timeout time.Duration) (*NCCLComm, error) {
+	return newNCCLComm(dev, id, rank, size, timeout, false)
+}
+
+// newNCCLComm is NewNCCLCommFromID, or with blocking a blocking
+// communicator (NCCL's default, whose ncclGroupEnd enqueues on the calling
+// thread instead of a thread of its own): the device tests compare them.
+func newNCCLComm(dev *CUDADevice, id mpi.UniqueID, rank, size int, timeout time.Duration, blocking bool) (*NCCLComm, error) {
 	if size < 1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("gpu: NewNCCLCommFromID: rank %d of %d", rank, size)
 	}
@@ -194,7 +201,11 @@ func NewNCCLCommFromID(dev *CUDADevice, id mpi.UniqueID, rank, size int, timeout
 		cid[i] = C.uchar(b)
 	}
 	var comm unsafe.Pointer
-	r := C.goep_nccl_comm_init_rank_config(dev.ctx, &comm, C.int(size), &cid[0], C.int(rank), 0)
+	block := 0
+	if blocking {
+		block = 1
+	}
+	r := C.goep_nccl_comm_init_rank_config(dev.ctx, &comm, C.int(size), &cid[0], C.int(rank), C.int(block))
 	if r != 0 && r != ncclInProgress {
 		err := ncclErr("ncclCommInitRankConfig", r, nil)
 		if comm != nil {
@@ -338,19 +349,64 @@ type Transfer struct {
 // SendRecv posts sends and receives in one NCCL group (ncclGroupStart,
 // ncclSend/ncclRecv per transfer, ncclGroupEnd) on stream s (nil: the
 // default stream), so that they progress together and cannot deadlock on
-// their order: the transport of a GPU dispatch or combine. A peer may be
-// this rank itself. Every send must match a receive of the same size on
-// its peer. The communicator being non-blocking, the group may still be
-// being enqueued when SendRecv returns: AsyncError says ErrInProgress
-// until it is on s.
+// their order: the transport of a GPU dispatch or combine. Every send must
+// match a receive of the same size on its peer. Transfers between this
+// rank and itself are device-to-device copies queued on s first, the k-th
+// send to itself going to the k-th receive from itself: NCCL moves them
+// through its own channels, at a fraction of the device's copy bandwidth.
+// The communicator being non-blocking, the group may still be being
+// enqueued when SendRecv returns: AsyncError says ErrInProgress until it
+// is on s.
 func (c *NCCLComm) SendRecv(s Stream, sends, recvs []Transfer) error {
-	n := len(sends) + len(recvs)
-	if n == 0 {
+	if len(sends)+len(recvs) == 0 {
 		return nil
 	}
 	cs, err := cudaStream(s)
 	if err != nil {
 		return err
+	}
+	if _, err := c.handle("SendRecv"); err != nil {
+		return err
+	}
+	var self [2][]Transfer
+	var peers [2][]Transfer
+	for k, list := range [][]Transfer{sends, recvs} {
+		for _, t := range list {
+			if t.Peer < 0 || t.Peer >= c.size || t.Bytes < 0 || (t.Bytes > 0 && t.Ptr == 0) {
+				return fmt.Errorf("gpu: SendRecv: bad transfer %+v for %d ranks", t, c.size)
+			}
+			if t.Peer == c.rank {
+				self[k] = append(self[k], t)
+			} else {
+				peers[k] = append(peers[k], t)
+			}
+		}
+	}
+	if len(self[0]) != len(self[1]) {
+		return fmt.Errorf("gpu: SendRecv: %d sends to this rank itself and %d receives from it", len(self[0]), len(self[1]))
+	}
+	for i, t := range self[0] {
+		if t.Bytes != self[1][i].Bytes {
+			return fmt.Errorf("gpu: SendRecv: send %d to this rank itself has %d bytes, its receive %d", i, t.Bytes, self[1][i].Bytes)
+		}
+	}
+	for i, t := range self[0] {
+		if t.Bytes == 0 {
+			continue
+		}
+		if err := cuErr("cuMemcpyDtoDAsync", C.goep_cu_memcpy_dtod_async(c.dev.ctx, C.uint64_t(self[1][i].Ptr), C.uint64_t(t.Ptr), C.size_t(t.Bytes), cs.handle())); err != nil {
+			return err
+		}
+	}
+	return c.group(cs, peers[0], peers[1])
+}
+
+// group posts sends and receives as one NCCL group on cs, whatever their
+// peers.
+func (c *NCCLComm) group(cs *CUDAStream, sends, recvs []Transfer) error {
+	n := len(sends) + len(recvs)
+	if n == 0 {
+		return nil
 	}
 	comm, err := c.handle("SendRecv")
 	if err != nil {
@@ -362,9 +418,6 @@ func (c *NCCLComm) SendRecv(s Stream, sends, recvs []Transfer) error {
 	bytes := make([]C.uint64_t, 0, n)
 	for k, list := range [][]Transfer{sends, recvs} {
 		for _, t := range list {
-			if t.Peer < 0 || t.Peer >= c.size || t.Bytes < 0 || (t.Bytes > 0 && t.Ptr == 0) {
-				return fmt.Errorf("gpu: SendRecv: bad transfer %+v for %d ranks", t, c.size)
-			}
 			isRecv = append(isRecv, C.int(k))
 			peers = append(peers, C.int(t.Peer))
 			ptrs = append(ptrs, C.uint64_t(t.Ptr))

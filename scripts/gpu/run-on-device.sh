@@ -188,7 +188,7 @@ if [ "$dry" = 1 ]; then
   for b in gpu.test gpu-mpi.test epgpu.test epgpu-mpi.test ep-bench ep-bench-1rank moe-train moe-train-1rank gpu-info; do
     [ -x "$bin/$b" ] || { echo "DRY   missing: $bin/$b"; failed=1; }
   done
-  for check in "gpu.test:^TestGPU" "gpu.test:^TestGPUKernelBandwidth$" "epgpu.test:CUDA"; do
+  for check in "gpu.test:^TestGPU" "gpu.test:^(TestGPUKernelBandwidth|TestGPUNCCLGroupCost)$" "epgpu.test:CUDA"; do
     b=${check%%:*} p=${check#*:}
     n=$(list_tests "$bin/$b" "$p")
     echo "DRY   $b -test.run '$p' selects $n test(s)"
@@ -209,8 +209,8 @@ mpi_ok() { # can the MPI sections run here? else the reason on stdout
   return 0
 }
 
-section gpu 150 "$bin/gpu.test" -test.run '^TestGPU' -test.skip '^TestGPUKernelBandwidth$' -test.v -test.count=1 -test.timeout=145s
-section kernels 90 env GOEP_BENCH_OUT="$out" "$bin/gpu.test" -test.run '^TestGPUKernelBandwidth$' -test.v -test.count=1 -test.timeout=85s
+section gpu 150 "$bin/gpu.test" -test.run '^TestGPU' -test.skip '^(TestGPUKernelBandwidth|TestGPUNCCLGroupCost)$' -test.v -test.count=1 -test.timeout=145s
+section kernels 90 env GOEP_BENCH_OUT="$out" "$bin/gpu.test" -test.run '^(TestGPUKernelBandwidth|TestGPUNCCLGroupCost)$' -test.v -test.count=1 -test.timeout=85s
 [ "$dry" = 1 ] || grep 'bandwidth_test.go' "$logs/kernels.log" 2>/dev/null | sed 's/.*bandwidth_test.go:[0-9]*: /  /' 
 section epgpu 150 "$bin/epgpu.test" -test.run 'CUDA' -test.v -test.count=1 -test.timeout=145s
 if why=$(mpi_ok); then

@@ -31,6 +31,7 @@ typedef unsigned long long uptr;
 
 #define GOEP_KERNEL extern "C" __global__ void
 #define GOEP_FN static __device__ __forceinline__
+#define GOEP_UNROLL _Pragma("unroll")
 
 GOEP_FN u32 f2u(float f) { return __float_as_uint(f); }
 GOEP_FN float u2f(u32 u) { return __uint_as_float(u); }
@@ -66,6 +67,7 @@ static goep_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define GOEP_KERNEL static void
 #define GOEP_FN static inline
+#define GOEP_UNROLL
 
 GOEP_FN u32 f2u(float f) { u32 u; memcpy(&u, &f, 4); return u; }
 GOEP_FN float u2f(u32 u) { float f; memcpy(&f, &u, 4); return f; }
