@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -244,16 +245,18 @@ func (c *NCCLComm) settle(op string) error {
 }
 
 // Backoff pauses a loop that polls the device or a communicator, by how
-// long it has polled so far: it yields for the first 100 us (a wait for a
-// kernel or a transfer on a GPU is tens of microseconds), then sleeps an
-// eighth of the time waited, at most 1 ms, so that a machine with more
-// ranks than cores stays responsive.
+// long it has polled so far: it yields for the first 200 us (a kernel or a
+// transfer on a GPU takes tens of microseconds), then sleeps an eighth of
+// the time waited, at most 1 ms, so that a machine with more ranks than
+// cores stays responsive. It sleeps in nanosleep, not time.Sleep, which
+// rounds a pause below a millisecond up to about one on Linux.
 func Backoff(waited time.Duration) {
-	if waited < 100*time.Microsecond {
+	if waited < 200*time.Microsecond {
 		runtime.Gosched()
 		return
 	}
-	time.Sleep(min(waited/8, time.Millisecond))
+	ts := syscall.NsecToTimespec(int64(min(waited/8, time.Millisecond)))
+	_ = syscall.Nanosleep(&ts, nil)
 }
 
 // DeviceForRank returns the device a rank of world uses by default: its
