@@ -98,9 +98,11 @@
 // is how package gpu/emulator runs them on emulated streams.
 //
 // Besides Buffers, memory can be handled by address (DevicePtr): the
-// device's MemAlloc and MemFree, its synchronous MemcpyHtoD, MemcpyDtoH,
-// MemcpyDtoD and MemsetD8, and the stream's asynchronous counterparts, for
-// an engine that carves its own buffers.
+// device's MemAlloc and MemFree, its MemcpyHtoD, MemcpyDtoH, MemcpyDtoD and
+// MemsetD8 on the legacy default stream (with the driver's own
+// synchronization: see Device), and the stream's asynchronous
+// counterparts, for an engine that carves its own buffers. Buffer's Upload,
+// CopyFrom and Memset return once their bytes have landed.
 //
 // # NCCL
 //
@@ -114,14 +116,20 @@
 // made and handed out beforehand (at a job's start: epgpu.Bootstrap), the
 // ranks first agreeing that they hold one ID (mpi.CheckSameID), so that a
 // rank with another fails every rank instead of hanging in NCCL.
-// NewNCCLCommFromID joins with an ID shared otherwise, on one rank. NCCLComm.SendRecv posts sends and receives, any number per
-// peer, as one ncclGroupStart/ncclGroupEnd group on a stream: the transport
-// of a dispatch or combine. NCCL has no timeouts: AsyncError
-// (ncclCommGetAsyncError) and Abort (ncclCommAbort) may be called from
-// another goroutine while a SendRecv or a wait on its stream is in
-// progress, which is how a watchdog turns a stalled peer into an error.
-// Failed NCCL calls return *NCCLError with ncclGetErrorString's text and
-// ncclGetLastError's message.
+// NewNCCLCommFromID joins with an ID shared otherwise, on one rank, within
+// a timeout. Every communicator is non-blocking (ncclCommInitRankConfig with
+// blocking = 0). NCCLComm.SendRecv posts sends and receives, any number per
+// peer, as one ncclGroupStart/ncclGroupEnd group on a stream (transfers to
+// the rank itself as device copies): the transport of a dispatch or
+// combine. NCCL may still be putting the group on the stream when it
+// returns: AsyncError (ncclCommGetAsyncError) says ErrInProgress until it
+// has. NCCL has no timeouts and allows one call at a time on a
+// communicator, so its user polls AsyncError and calls Abort
+// (ncclCommAbort) on the same goroutine past its deadline; Backoff paces
+// such loops. Close finalises the communicator (ncclCommFinalize, polled,
+// then ncclCommDestroy), aborting it past its timeout. Failed NCCL calls
+// return *NCCLError with ncclGetErrorString's text and ncclGetLastError's
+// message.
 //
 // # Tests
 //
@@ -138,8 +146,9 @@
 // into bin/gpu; scripts/gpu/run-on-device.sh runs them on a GPU machine):
 // device query, memory round trips (by Buffer and by address), pinned
 // memory and streams, events, the kernel suite on the device, NCCL on one
-// rank and two ranks on one GPU, and Abort ending a receive from a silent
-// peer. They fail, never skip, where there is no device.
+// rank and two ranks on one GPU (NCCL 2.30 on), Abort ending a receive from
+// a silent peer, and the kernels' and an NCCL group's speed. They fail,
+// never skip, where there is no device.
 //
 // # Expert parallelism on the GPU
 //

@@ -18,9 +18,12 @@
 //     stream, Stream.WaitEvent makes a stream wait for it. SetJitter delays each
 //     operation by a random time, so that work that lacks an event or a
 //     synchronisation races, and shows it.
-//   - Synchronous copies (Device.MemcpyHtoD, ...) do not wait for streams,
-//     as cuMemcpy does not wait for non-blocking streams:
-//     Device.Synchronize does.
+//   - Synchronous copies (Device.MemcpyHtoD, ...) run on a legacy default
+//     stream of their own, as CUDA's do: MemcpyHtoD returns once it has read
+//     its source, its bytes landing later; MemcpyDtoD and MemsetD8 return
+//     before they run; MemcpyDtoH waits for the legacy stream's earlier
+//     work. No stream of NewStream waits for them: Device.Synchronize does.
+//     MemFree waits for every stream first, as cuMemFree does.
 //   - Kernels are package gpu's CUDA C source compiled as C and run by the
 //     emulator of gpu/internal/kernels, each launch's threads in a shuffled
 //     order, through gpu.Kernels: the same argument checks and launches as
@@ -29,13 +32,18 @@
 //     ID that one rank makes (UniqueID, as ncclGetUniqueId) and MPI hands
 //     to every rank (mpi.BootstrapID); NewComm refuses, on every rank, an ID
 //     that UniqueID did not make or that not every rank holds, where NCCL
-//     would wait for ever. SendRecv queues a group of
-//     point-to-point transfers on a stream, which runs them as MPI
-//     non-blocking sends and receives (mpi.Exchange) between the ranks, and
-//     waits for all of them, as an NCCL group kernel occupies its stream.
-//     Transfers to this rank are copies. Both sides must post the same
-//     sizes in the same order (a mismatch is an asynchronous error). NCCL
-//     has no timeouts and neither has this: a stalled peer stalls the
+//     would wait for ever. It is non-blocking, as a communicator made with
+//     blocking = 0: SendRecv puts its group of point-to-point transfers on
+//     the stream in the background (the first group with a peer only once
+//     that peer has posted its own), and AsyncError says gpu.ErrInProgress
+//     until then; the stream runs the group as MPI non-blocking sends and
+//     receives (mpi.Exchange) between the ranks and waits for all of them,
+//     as an NCCL group kernel occupies its stream. Transfers to this rank
+//     are copies. Both sides must post the same sizes in the same order: a
+//     mismatch hangs, as NCCL's does. Calls NCCL forbids (work on the
+//     stream while a group is being put on it, a second call meanwhile, two
+//     goroutines in calls at once) are misuses that stick and are reported.
+//     NCCL has no timeouts and neither has this: a stalled peer stalls the
 //     stream until Abort, which AsyncError then reports.
 //
 // What it cannot show is what only a device has: the speed of the device

@@ -5,7 +5,8 @@ scripts/bench/figures.sh writes under docs/bench/ (and compare.sh's).
     python3 scripts/bench/tables.py readme            # the README's one table of figures
     python3 scripts/bench/tables.py bench             # docs/bench.md's tables, part by part
     python3 scripts/bench/tables.py compare FILE      # compare.sh's builds, before against after
-    python3 scripts/bench/tables.py update            # rewrite the tables in README.md and docs/bench.md
+    python3 scripts/bench/tables.py gpu               # the GPU figures (docs/bench/gpu-*: the device command's files)
+    python3 scripts/bench/tables.py update            # rewrite the tables in README.md, docs/bench.md and docs/gpu.md
                                                       # (between their <!-- begin/end ... --> lines)
 
 Every number printed is read from a file; nothing is typed in by hand.
@@ -65,7 +66,7 @@ def x(v):
 
 def what(r):
     mode = {"ll": "LL decode", "ht": "HT prefill"}[r["mode"]]
-    return f"{mode}, {r['tokens']} tokens"
+    return f"{mode}, {r['tokens']} token{'s' * (r['tokens'] != 1)}"
 
 
 def total(r, pre=""):
@@ -273,6 +274,96 @@ def capi_rows():
     return rows
 
 
+# Published figures of the peers, for scale (../shared/REFERENCE.md): 8 GPUs, not one.
+PEERS = ("NCCL EP (8 x H100, LL 128 tokens, hidden 7168, top-8 of 256 experts): dispatch 224 GB/s, combine 185 GB/s "
+         "per GPU; DeepEP V1 (EP8 on H800, LL 128 tokens): dispatch 77 us, combine 114 us")
+
+
+def gpu_stamp():
+    s, _ = load("gpu-bench")
+    return s
+
+
+def gpu():
+    """The GPU figures: ep on one rank of a GPU against the CPU engine in the same run, the
+    kernels against a device copy, an NCCL group's cost, and the training on both devices."""
+    stamp, bench = load("gpu-bench")
+    if not bench:
+        print("No GPU figures yet: run bin/gpu/run-on-device.sh on a GPU machine and copy its files to docs/bench/gpu-*.")
+        return
+    rows = []
+    for r in bench:
+        dev = r["dispatch_device_us"] + r["combine_device_us"]
+        cpu = r["cpu_dispatch_us"] + r["cpu_combine_us"]
+        rows.append((what(r),
+                     f"{ms(r['dispatch_device_us'])} + {ms(r['combine_device_us'])} = {ms(dev)}",
+                     f"{ms(r['dispatch_us'])} + {ms(r['combine_us'])} = {ms(total(r))}",
+                     f"{r['dispatch_gbps']:.0f} / {r['combine_gbps']:.0f}",
+                     f"{ms(r['cpu_dispatch_us'])} + {ms(r['cpu_combine_us'])} = {ms(cpu)}",
+                     x(cpu / total(r))))
+    print(f"ep on the GPU backend, one rank (`-device cuda`), against ep's CPU engine on the same machine in the same "
+          f"run, whose results the GPU's are checked against; bf16, hidden 7168, top-8 of 64 experts; medians of 20 "
+          f"({stamp}):\n")
+    table(["config", "device time, dispatch + combine (events)", "host time", "GB/s per rank (host time)",
+           "CPU engine, host time", "GPU against the CPU engine"], rows)
+    _, ks = load("gpu-kernels")
+    if ks:
+        krows = []
+        for k in ks:
+            krows.append((k["kernel"], k["case"].upper(), f"{k['bytes'] / 1e6:.2f} MB", ms(k["kernel_us"]), ms(k["copy_us"]),
+                          f"{100 * k['of_copy']:.0f}%"))
+        print("Every kernel against `cuMemcpyDtoDAsync` of the same bytes (read plus written, over two) on the same "
+              "stream, device time from events, medians of 20; LL: 128 tokens, HT: 4096 (1024 and 32768 rows of "
+              "14336 bytes):\n")
+        table(["kernel", "case", "bytes", "kernel", "copy", "kernel at % of the copy's speed"], krows)
+    _, nc = load("gpu-nccl")
+    if nc:
+        print("What an NCCL group costs the host, from posting it to its completion, one rank sending to itself, "
+              "medians of 50:\n")
+        table(["path", "bytes", "host time"], [(n["path"], str(n["bytes"]), ms(n["host_us"])) for n in nc])
+    t = "\n".join(text("gpu-train.txt"))
+    if t:
+        speeds = re.findall(r"speed\s+(\S+) tokens/s", t)
+        losses = re.findall(r"last step loss (\S+), aux loss (\S+) ", t)
+        if len(speeds) == 2 and len(losses) == 2:
+            same = "equal bit for bit" if losses[0] == losses[1] else f"cuda {losses[0]}, cpu {losses[1]}"
+            print(f"The main job, `moe-train` (make run's model, LL, f32, 300 steps, one rank): `-device cuda` "
+                  f"{speeds[0]} tokens/s against `-device cpu` {speeds[1]} tokens/s; the last step's loss and aux loss "
+                  f"{same} ({losses[0][0]}, {losses[0][1]}).\n")
+    print(f"For scale, not a comparison: {PEERS}. One rank on one GPU moves every row within the GPU's own memory; "
+          "their figures are 8 GPUs exchanging over NVLink.")
+
+
+def gpu_readme():
+    """The README's GPU rows: a short table with the stamp."""
+    stamp, bench = load("gpu-bench")
+    if not bench:
+        print("No GPU figures yet.")
+        return
+    rows = []
+    for r in bench:
+        dev = r["dispatch_device_us"] + r["combine_device_us"]
+        cpu = r["cpu_dispatch_us"] + r["cpu_combine_us"]
+        ratio = cpu / total(r)
+        rows.append((what(r), f"{ms(dev)} device, {ms(total(r))} host", f"CPU engine {ms(cpu)}",
+                     x(ratio) + " faster" if ratio >= 1 else x(1 / ratio) + " slower"))
+    _, ks = load("gpu-kernels")
+    movers = [k for k in ks if k["kernel"] in ("PackRows", "CopyRows", "ReduceRows", "ToBF16", "FromBF16")]
+    if movers:
+        lo, hi = min(k["of_copy"] for k in movers), max(k["of_copy"] for k in movers)
+        rows.append(("the row kernels (pack, copy, reduce, convert), LL and HT sizes", f"{100 * lo:.0f}%-{100 * hi:.0f}% of a device copy's speed",
+                     "cuMemcpyDtoDAsync of the same bytes", ""))
+    t = "\n".join(text("gpu-train.txt"))
+    speeds = re.findall(r"speed\s+(\S+) tokens/s", t) if t else []
+    losses = re.findall(r"last step loss (\S+), aux loss (\S+) ", t) if t else []
+    if len(speeds) == 2 and len(losses) == 2:
+        rows.append(("main job: moe-train, LL, f32, 300 steps", f"-device cuda {speeds[0]} tokens/s",
+                     f"-device cpu {speeds[1]} tokens/s",
+                     "losses equal bit for bit" if losses[0] == losses[1] else "losses differ"))
+    table(["what (one rank, bf16, hidden 7168, top-8 of 64 experts)", "goep on the GPU", "reference, same run", "against it"], rows)
+    print(f"Measured by `bin/gpu/run-on-device.sh`: {stamp}. For scale only: {PEERS}; one GPU is not their 8.")
+
+
 def table(head, rows):
     print("| " + " | ".join(head) + " |")
     print("| " + " | ".join("---" for _ in head) + " |")
@@ -396,7 +487,8 @@ def update():
     import contextlib
     import io
     root = os.path.join(DIR, "..", "..")
-    for doc, kind, fn in (("README.md", "figures", readme), (os.path.join("docs", "bench.md"), "tables", bench)):
+    for doc, kind, fn in (("README.md", "figures", readme), (os.path.join("docs", "bench.md"), "tables", bench),
+                          ("README.md", "gpu", gpu_readme), (os.path.join("docs", "gpu.md"), "gpu", gpu)):
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             fn()
@@ -415,10 +507,12 @@ def update():
 
 
 def main():
-    if len(sys.argv) < 2 or sys.argv[1] not in ("readme", "bench", "compare", "update"):
-        sys.exit("usage: tables.py readme | bench | compare FILE | update")
+    if len(sys.argv) < 2 or sys.argv[1] not in ("readme", "bench", "gpu", "compare", "update"):
+        sys.exit("usage: tables.py readme | bench | gpu | compare FILE | update")
     if sys.argv[1] == "update":
         update()
+    elif sys.argv[1] == "gpu":
+        gpu()
     elif sys.argv[1] == "readme":
         readme()
     elif sys.argv[1] == "bench":
