@@ -139,6 +139,15 @@ type DeviceTimer interface {
 	DeviceTimes() (dispatch, combine time.Duration)
 }
 
+// A TransferMeter is an Engine whose transport moves rows between the
+// ranks of a node itself: it counts, since it was opened, the bytes it
+// moved into this rank's buffers (moved) and the bytes transfers of fixed
+// size would have moved for the same calls (full). Group.Stats reports
+// them.
+type TransferMeter interface {
+	TransferBytes() (moved, full int64)
+}
+
 // A Masker is an Engine that can mask stalled ranks
 // (Config.MaskStalledRanks).
 type Masker interface {

@@ -21,6 +21,11 @@ type Stats struct {
 	NetworkBytes         int64           // bytes this rank put across nodes (rows, metadata, flags)
 	NetworkSent          []int64         // per peer: the part of NetworkBytes sent to it (nil: not measured)
 	Hosts                []string        // per peer: its host, to say where a slow rank runs
+	// Where the engine is a TransferMeter (the GPU engine): the bytes its
+	// transport moved into this rank's buffers from other ranks of its
+	// node, and the bytes transfers of fixed size (an NCCL group's) would
+	// have moved for the same calls; both 0 where it moves none itself.
+	TransferBytes, TransferFullBytes int64
 }
 
 // stats is the Group's part of Stats, and the engine's counters at the
@@ -30,6 +35,7 @@ type stats struct {
 	waitBase []time.Duration
 	netBase  int64
 	sentBase []int64
+	xferBase [2]int64
 	hosts    []string
 }
 
@@ -46,6 +52,10 @@ func (g *Group[E]) Stats() Stats {
 			s.Wait[i] = waits[i] - g.stats.waitBase[i]
 		}
 		s.NetworkBytes = net - g.stats.netBase
+	}
+	if m, ok := g.eng.(TransferMeter); ok {
+		moved, full := m.TransferBytes()
+		s.TransferBytes, s.TransferFullBytes = moved-g.stats.xferBase[0], full-g.stats.xferBase[1]
 	}
 	if m, ok := g.eng.(NetworkMeter); ok {
 		sent := m.NetworkSent()
@@ -72,6 +82,9 @@ func (g *Group[E]) ResetStats() {
 	}
 	if m, ok := g.eng.(NetworkMeter); ok {
 		g.stats.sentBase = append(g.stats.sentBase[:0], m.NetworkSent()...)
+	}
+	if m, ok := g.eng.(TransferMeter); ok {
+		g.stats.xferBase[0], g.stats.xferBase[1] = m.TransferBytes()
 	}
 }
 

@@ -342,11 +342,25 @@ func (c *NCCLComm) Size() int { return c.size }
 func (c *NCCLComm) Device() *CUDADevice { return c.dev }
 
 // Transfer is one point-to-point message of SendRecv: Bytes bytes at device
-// address Ptr, to or from rank Peer.
+// address Ptr, to or from rank Peer. Both sides give the same Bytes. A send
+// may say that only its first Used bytes carry data (Partial): a transport
+// that can move less than a fixed size (NodeComm's IPC) moves only those,
+// and the receiver's bytes past them are then unspecified; an NCCL group
+// moves Bytes whatever Used says.
 type Transfer struct {
-	Peer  int
-	Ptr   DevicePtr
-	Bytes int
+	Peer    int
+	Ptr     DevicePtr
+	Bytes   int
+	Partial bool // only the first Used bytes carry data
+	Used    int
+}
+
+// carried is the bytes of t that carry data.
+func (t Transfer) carried() int {
+	if t.Partial {
+		return t.Used
+	}
+	return t.Bytes
 }
 
 // SendRecv posts sends and receives in one NCCL group (ncclGroupStart,

@@ -14,6 +14,7 @@
 #include <string.h>
 
 typedef struct { char internal[128]; } nccl_id;
+typedef struct { char reserved[64]; } ipc_handle;  // CUipcMemHandle, passed by value
 
 // ---- symbol tables ----------------------------------------------------------
 
@@ -35,6 +36,10 @@ typedef struct { char internal[128]; } nccl_id;
   X(int, cuMemAlloc, (uint64_t *, size_t), "cuMemAlloc_v2")                                    \
   X(int, cuMemFree, (uint64_t), "cuMemFree_v2")                                                \
   O(int, cuMemAllocAsync, (uint64_t *, size_t, void *), "cuMemAllocAsync")                     \
+  O(int, cuMemGetAddressRange, (uint64_t *, size_t *, uint64_t), "cuMemGetAddressRange_v2")      \
+  O(int, cuIpcGetMemHandle, (void *, uint64_t), "cuIpcGetMemHandle")                             \
+  O(int, cuIpcOpenMemHandle, (uint64_t *, ipc_handle, unsigned), "cuIpcOpenMemHandle_v2")        \
+  O(int, cuIpcCloseMemHandle, (uint64_t), "cuIpcCloseMemHandle")                                \
   O(int, cuMemFreeAsync, (uint64_t, void *), "cuMemFreeAsync")                                 \
   X(int, cuMemHostAlloc, (void **, size_t, unsigned), "cuMemHostAlloc")                        \
   X(int, cuMemFreeHost, (void *), "cuMemFreeHost")                                             \
@@ -286,6 +291,31 @@ int goep_cu_stream_destroy(void *ctx, void *s) {
 int goep_cu_stream_synchronize(void *ctx, void *s) {
   IN_CTX(ctx);
   return p_cuStreamSynchronize(s);
+}
+
+int goep_cu_ipc_export(void *ctx, uint64_t p, unsigned char *handle, uint64_t *base, size_t *size) {
+  if (!p_cuIpcGetMemHandle || !p_cuMemGetAddressRange) return GOEP_CUDA_ERROR_NOT_SUPPORTED;
+  IN_CTX(ctx);
+  int r = p_cuMemGetAddressRange(base, size, p);
+  if (r != 0) return r;
+  ipc_handle h;
+  r = p_cuIpcGetMemHandle(&h, *base);
+  if (r == 0) memcpy(handle, h.reserved, sizeof h.reserved);
+  return r;
+}
+
+int goep_cu_ipc_open(void *ctx, uint64_t *p, const unsigned char *handle) {
+  if (!p_cuIpcOpenMemHandle) return GOEP_CUDA_ERROR_NOT_SUPPORTED;
+  IN_CTX(ctx);
+  ipc_handle h;
+  memcpy(h.reserved, handle, sizeof h.reserved);
+  return p_cuIpcOpenMemHandle(p, h, 1);  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+}
+
+int goep_cu_ipc_close(void *ctx, uint64_t p) {
+  if (!p_cuIpcCloseMemHandle) return GOEP_CUDA_ERROR_NOT_SUPPORTED;
+  IN_CTX(ctx);
+  return p_cuIpcCloseMemHandle(p);
 }
 
 int goep_cu_legacy_synchronize(void *ctx) {

@@ -62,6 +62,13 @@ int goep_cu_stream_query(void *ctx, void *s);
 // goep_cu_legacy_synchronize waits for the work of the legacy default
 // stream (CU_STREAM_LEGACY): the synchronous copies by address.
 int goep_cu_legacy_synchronize(void *ctx);
+// CUDA IPC: goep_cu_ipc_export writes the 64-byte handle of the allocation
+// holding p (cuMemGetAddressRange, cuIpcGetMemHandle) and the allocation's
+// base and size; goep_cu_ipc_open maps another process's allocation
+// (cuIpcOpenMemHandle); goep_cu_ipc_close unmaps it.
+int goep_cu_ipc_export(void *ctx, uint64_t p, unsigned char *handle, uint64_t *base, size_t *size);
+int goep_cu_ipc_open(void *ctx, uint64_t *p, const unsigned char *handle);
+int goep_cu_ipc_close(void *ctx, uint64_t p);
 int goep_cu_stream_wait_event(void *ctx, void *s, void *e);
 int goep_cu_event_create(void *ctx, void **e, unsigned flags);
 int goep_cu_event_destroy(void *ctx, void *e);

@@ -23,9 +23,31 @@ var CUDA ep.Backend = NewCUDA(-1)
 // GPU.
 var Emulated ep.Backend = NewEmulated(EmulatorOptions{})
 
+// CUDAIPC is the CUDA backend with the ranks of a node writing into each
+// other's device memory over CUDA IPC (gpu.NodeComm), moving only the rows
+// the routing needs, and NCCL only between nodes: several ranks may share a
+// GPU, whatever NCCL's version.
+var CUDAIPC ep.Backend = NewCUDAWith(CUDAOptions{Device: -1, IPC: true})
+
+// EmulatedIPC is the Emulated backend with the IPC transport inside a node.
+var EmulatedIPC ep.Backend = NewEmulated(EmulatorOptions{IPC: true})
+
 // NewCUDA is the CUDA backend on device number device of each rank
 // (negative: gpu.DeviceForRank's choice).
-func NewCUDA(device int) ep.Backend { return backend{cuda: true, device: device} }
+func NewCUDA(device int) ep.Backend { return NewCUDAWith(CUDAOptions{Device: device}) }
+
+// CUDAOptions choose a CUDA backend's device and transport.
+type CUDAOptions struct {
+	// Device is each rank's device number; negative: its local rank
+	// modulo the visible devices (gpu.DeviceForRank).
+	Device int
+	// IPC moves the rows between the ranks of a node over CUDA IPC
+	// (gpu.NodeComm) instead of NCCL, which then only connects the nodes.
+	IPC bool
+}
+
+// NewCUDAWith is the CUDA backend with options.
+func NewCUDAWith(o CUDAOptions) ep.Backend { return backend{cuda: true, device: o.Device, ipc: o.IPC} }
 
 // EmulatorOptions adjust the emulated device.
 type EmulatorOptions struct {
@@ -34,10 +56,13 @@ type EmulatorOptions struct {
 	// races visibly: the conformance test sets it. It applies to the
 	// process's emulated device from the group's creation on.
 	Jitter time.Duration
+	// IPC is CUDAOptions.IPC on the emulated device: the ranks of a node
+	// map each other's emulated memory (shared mappings).
+	IPC bool
 }
 
 // NewEmulated is the Emulated backend with options.
-func NewEmulated(o EmulatorOptions) ep.Backend { return backend{emu: o} }
+func NewEmulated(o EmulatorOptions) ep.Backend { return backend{emu: o, ipc: o.IPC} }
 
 // backend opens engines on a CUDA or an emulated device; boot, when set
 // (Bootstrap), is the unique ID its first group's communicator is made
@@ -45,15 +70,20 @@ func NewEmulated(o EmulatorOptions) ep.Backend { return backend{emu: o} }
 type backend struct {
 	cuda   bool
 	device int
+	ipc    bool
 	emu    EmulatorOptions
 	boot   *boundID
 }
 
 func (b backend) Name() string {
+	name := "gpu:emulated"
 	if b.cuda {
-		return "gpu:cuda"
+		name = "gpu:cuda"
 	}
-	return "gpu:emulated"
+	if b.ipc {
+		name += "+ipc"
+	}
+	return name
 }
 
 // Supports says that the GPU engine fails a refused call on every rank,
@@ -70,11 +100,12 @@ func (backend) Supports(f ep.Feature) bool {
 
 // The GPU backend and its engine, a Refuser and a Meter.
 var (
-	_ ep.Capable     = backend{}
-	_ ep.Engine      = (*engine)(nil)
-	_ ep.Refuser     = (*engine)(nil)
-	_ ep.Meter       = (*engine)(nil)
-	_ ep.DeviceTimer = (*engine)(nil)
+	_ ep.Capable       = backend{}
+	_ ep.Engine        = (*engine)(nil)
+	_ ep.Refuser       = (*engine)(nil)
+	_ ep.Meter         = (*engine)(nil)
+	_ ep.DeviceTimer   = (*engine)(nil)
+	_ ep.TransferMeter = (*engine)(nil)
 )
 
 func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
@@ -85,6 +116,10 @@ func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 	open := func() (gpu.Device, gpu.Comm, error) { return openEmulated(comm, b.emu, id) }
 	if b.cuda {
 		open = func() (gpu.Device, gpu.Comm, error) { return openCUDA(comm, b.device, id) }
+	}
+	if b.ipc {
+		inner := open
+		open = func() (gpu.Device, gpu.Comm, error) { return openIPC(comm, b, inner) }
 	}
 	// A failure after the communicator exists comes back with the engine,
 	// which the Group closes on every rank (its Close is collective).
@@ -130,6 +165,63 @@ func openCUDA(comm *mpi.Comm, device int, id *mpi.UniqueID) (gpu.Device, gpu.Com
 		return nil, nil, err
 	}
 	return c.Device(), c, nil
+}
+
+// openIPC opens this rank's device and a gpu.NodeComm over comm: CUDA IPC
+// inside the node, and, where the group spans nodes, the communicator that
+// inner opens (NCCL's, or the emulated one) between them. It is
+// collective.
+func openIPC(comm *mpi.Comm, b backend, inner func() (gpu.Device, gpu.Comm, error)) (gpu.Device, gpu.Comm, error) {
+	topo, err := comm.Topology()
+	if err != nil {
+		return nil, nil, err
+	}
+	nodes := topo.Nodes
+	if err := topo.Free(); err != nil {
+		return nil, nil, err
+	}
+	var dev gpu.Device
+	var between gpu.Comm
+	if nodes > 1 {
+		if dev, between, err = inner(); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		dev, err = openDeviceOnly(comm, b)
+		if err = mpi.AgreeOnError(comm, err); err != nil {
+			return nil, nil, err
+		}
+	}
+	ipc, ok := dev.(gpu.IPCDevice)
+	if !ok {
+		return nil, nil, fmt.Errorf("epgpu: %s: device %v has no IPC", b.Name(), dev)
+	}
+	c, err := gpu.NewNodeComm(comm, ipc, between, comm.Timeout())
+	if err != nil {
+		if between != nil {
+			_ = between.Abort()
+		}
+		return nil, nil, err
+	}
+	return dev, c, nil
+}
+
+// openDeviceOnly opens this rank's device, without a communicator: a group
+// on one node over IPC.
+func openDeviceOnly(comm *mpi.Comm, b backend) (gpu.Device, error) {
+	if !b.cuda {
+		d := emulator.Open(0)
+		d.SetJitter(b.emu.Jitter)
+		return d, nil
+	}
+	ordinal, err := gpu.DeviceForRank(comm) // collective, whatever b.device is
+	if b.device >= 0 {
+		ordinal, err = b.device, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return gpu.OpenDevice(ordinal)
 }
 
 // openEmulated opens this rank's emulated device and a communicator over

@@ -20,3 +20,11 @@ func TestConformanceEmulated(t *testing.T) {
 	b := epgpu.NewEmulated(epgpu.EmulatorOptions{Jitter: 50 * time.Microsecond})
 	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: b, Reference: ep.CPU})
 }
+
+// The same over the IPC transport inside a node (gpu.NodeComm on the
+// emulated device's shared memory), the emulated NCCL between simulated
+// nodes.
+func TestConformanceEmulatedIPC(t *testing.T) {
+	b := epgpu.NewEmulated(epgpu.EmulatorOptions{Jitter: 50 * time.Microsecond, IPC: true})
+	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: b, Reference: ep.CPU})
+}

@@ -34,3 +34,13 @@ func TestConformanceCUDA(t *testing.T) {
 func TestRefusalsCUDA(t *testing.T) { testRefusals(t, epgpu.CUDA) }
 
 func TestStatsCUDA(t *testing.T) { testStats(t, epgpu.CUDA) }
+
+// The same over CUDA IPC inside a node (gpu.NodeComm): several ranks may
+// share one GPU, whatever NCCL's version; NCCL only between nodes.
+func TestConformanceCUDAIPC(t *testing.T) {
+	eptest.Run(t, eptest.Suite{Comm: mpitesting.World, Backend: epgpu.CUDAIPC, Reference: ep.CPU})
+}
+
+func TestRefusalsCUDAIPC(t *testing.T) { testRefusals(t, epgpu.CUDAIPC) }
+
+func TestStatsCUDAIPC(t *testing.T) { testStats(t, epgpu.CUDAIPC) }

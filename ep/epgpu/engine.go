@@ -244,6 +244,16 @@ func (e *engine) timed(kind, set int) {
 	e.devTimes[kind] = t
 }
 
+// TransferBytes is what the IPC transport moved into this rank's buffers
+// and what fixed-size transfers would have (ep.TransferMeter): zeros over
+// NCCL alone.
+func (e *engine) TransferBytes() (moved, full int64) {
+	if c, ok := e.comm.(*gpu.NodeComm); ok {
+		return c.Moved()
+	}
+	return 0, 0
+}
+
 // DeviceTimes are the device times of the last completed dispatch and
 // combine (ep.DeviceTimer).
 func (e *engine) DeviceTimes() (dispatch, combine time.Duration) { return e.devTimes[0], e.devTimes[1] }
@@ -328,6 +338,12 @@ func (e *engine) Close() error {
 		errs = append(errs, s.Close())
 	}
 	e.ks, e.cs, e.diag = nil, nil, nil
+	// The communicator goes first: over IPC, the node peers unmap this
+	// rank's memory in their Close before any of it is freed.
+	if e.comm != nil {
+		errs = append(errs, e.comm.Close()) // after an abort: only what is left to free
+		e.comm = nil
+	}
 	if drained {
 		for _, p := range e.allocs {
 			errs = append(errs, e.dev.MemFree(p))
@@ -343,10 +359,6 @@ func (e *engine) Close() error {
 		errs = append(errs, ev.Close())
 	}
 	e.allocs, e.hosts, e.events = nil, nil, nil
-	if e.comm != nil {
-		errs = append(errs, e.comm.Close()) // after an abort: only what is left to free
-		e.comm = nil
-	}
 	if e.notes != nil {
 		errs = append(errs, e.notes.close())
 		e.notes = nil
@@ -401,8 +413,17 @@ func (e *engine) sendRecv(op string, s gpu.Stream, sends, recvs []gpu.Transfer) 
 		return fmt.Errorf("epgpu: %s: %w", op, err)
 	}
 	start := time.Now()
+	waiting, _ := e.comm.(interface{ WaitingFor() int })
+	last := start
 	for {
 		err := e.comm.AsyncError()
+		if waiting != nil { // a transport that completes the group on the host: charge the peer it waits for
+			now := time.Now()
+			if p := waiting.WaitingFor(); p >= 0 && p < len(e.met.waits) {
+				e.met.waits[p] += now.Sub(last)
+			}
+			last = now
+		}
 		if err == nil {
 			break
 		}
@@ -411,7 +432,14 @@ func (e *engine) sendRecv(op string, s gpu.Stream, sends, recvs []gpu.Transfer) 
 			return e.failure(op, "the transfers", err, headers{})
 		}
 		if time.Since(start) > e.spec.Timeout {
+			peer := -1
+			if waiting != nil {
+				peer = waiting.WaitingFor() // a transport that completes the transfers on the host knows whom it waits for
+			}
 			e.abort(errStalled)
+			if peer >= 0 {
+				return &ep.TimeoutError{Op: op, Peer: peer, What: "its part of the transfers", After: e.spec.Timeout}
+			}
 			return e.failure(op, "the peers to post the transfers", errStalled, headers{})
 		}
 		gpu.Backoff(time.Since(start))

@@ -201,6 +201,13 @@ func (m *llMode) send(d *ep.Dispatch) error {
 		return fmt.Errorf("epgpu: %s: %w", op, qu.err)
 	}
 	sends, recvs := m.dispatchTransfers(s, s.sendMeta, 4*m.words)
+	for dst := 0; dst < m.R; dst++ { // a transport that can moves only the rows each block holds
+		n := 0
+		for _, c := range rt.PerExpert[dst*L : (dst+1)*L] {
+			n += int(c)
+		}
+		sends[2*dst].Partial, sends[2*dst].Used = true, n*m.rb
+	}
 	if err := e.sendRecv(op, e.cs, sends, recvs); err != nil {
 		return err
 	}
@@ -318,6 +325,15 @@ func (m *llMode) combineSend(c *ep.Combine) error {
 		return fmt.Errorf("epgpu: %s: %w", op, qu.err)
 	}
 	sends, recvs := m.combineTransfers(s, s.comb+gpu.DevicePtr(hdrOff))
+	st := m.state(d)
+	for p := 0; p < m.R; p++ { // back to each source only the rows it sent here
+		n := 0
+		for _, c := range st.source[p*L : (p+1)*L] {
+			n += c
+		}
+		sends[3*p].Partial, sends[3*p].Used = true, n*m.rb
+		sends[3*p+1].Partial, sends[3*p+1].Used = true, 4*n
+	}
 	if err := e.sendRecv(op, e.cs, sends, recvs); err != nil {
 		return err
 	}

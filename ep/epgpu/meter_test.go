@@ -20,6 +20,9 @@ import (
 // there.
 func TestStatsEmulated(t *testing.T) { testStats(t, jittery) }
 
+// Over IPC the group waits on the host for the late rank, and charges it.
+func TestStatsEmulatedIPC(t *testing.T) { testStats(t, jitteryIPC) }
+
 func testStats(t *testing.T, b ep.Backend) {
 	w := mpitesting.World
 	R, me := w.Size(), w.Rank()

@@ -159,6 +159,11 @@ var jittery = epgpu.NewEmulated(epgpu.EmulatorOptions{Jitter: 20 * time.Microsec
 // names its own rank and reason). After each, a normal round is exact.
 func TestRefusalsEmulated(t *testing.T) { testRefusals(t, jittery) }
 
+// The same over the IPC transport inside a node.
+func TestRefusalsEmulatedIPC(t *testing.T) { testRefusals(t, jitteryIPC) }
+
+var jitteryIPC = epgpu.NewEmulated(epgpu.EmulatorOptions{Jitter: 20 * time.Microsecond, IPC: true})
+
 func testRefusals(t *testing.T, b ep.Backend) {
 	w := mpitesting.World
 	R, me := w.Size(), w.Rank()

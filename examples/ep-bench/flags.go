@@ -36,7 +36,8 @@ type options struct {
 
 // devices are the -device values: the backend each measures (nil: ep's
 // default, the CPU engine).
-var devices = map[string]ep.Backend{"cpu": nil, "emulate": epgpu.Emulated, "cuda": epgpu.CUDA}
+var devices = map[string]ep.Backend{"cpu": nil, "emulate": epgpu.Emulated, "cuda": epgpu.CUDA,
+	"emulate-ipc": epgpu.EmulatedIPC, "cuda-ipc": epgpu.CUDAIPC}
 
 // config is one measured combination.
 type config struct {
@@ -67,7 +68,9 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	timeline := fs.Bool("timeline", false, "after the timed rounds, run one more with the engine's timeline on and print every rank's steps (the CPU engine)")
 	floor := fs.Bool("floor", true, "across nodes, also time the network floor: ep's own bytes across nodes (Stats.NetworkSent) moved by two plain MPI_Alltoallv, dispatch then combine")
 	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
-	device := fs.String("device", "cpu", "cpu (ep's CPU engine), emulate (the GPU backend on an emulated device) or cuda (the GPU backend on each rank's GPU); with a device, the CPU engine runs beside it, checks its results and is timed too")
+	device := fs.String("device", "cpu", "cpu (ep's CPU engine), emulate (the GPU backend on an emulated device) or cuda (the GPU backend on each rank's GPU), "+
+		"emulate-ipc or cuda-ipc (the same with the ranks of a node writing into each other's memory over IPC, several ranks per GPU allowed); "+
+		"with a device, the CPU engine runs beside it, checks its results and is timed too")
 	planRanks := fs.Int("plan", 0, "print, for this many ranks (no MPI, nothing allocated), each configuration's buffers (ep.BufferPlan) and exit")
 	planNodes := fs.Int("plan-nodes", 1, "the nodes -plan spreads the ranks over")
 	layout := fs.String("layout", "default", "the receive layout: default (the mode's own), expert-major, rank-major (LL) or flat (HT); "+
@@ -90,7 +93,7 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes,
 		device: *device, floor: *floor, timeline: *timeline, align: *align, maxRecv: *maxRecv}
 	if _, ok := devices[o.device]; !ok {
-		return nil, fmt.Errorf("-device: %q is not cpu, emulate or cuda", o.device)
+		return nil, fmt.Errorf("-device: %q is not cpu, emulate, cuda, emulate-ipc or cuda-ipc", o.device)
 	}
 	var err error
 	if o.layout, err = ep.ParseRecvLayout(*layout); err != nil {

@@ -25,7 +25,7 @@ func TestFlagErrorsNameTheValue(t *testing.T) {
 		{[]string{"-tokens", "12,abc"}, `-tokens: "abc"`},
 		{[]string{"-iters", "0"}, "-iters 0"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
-		{[]string{"-device", "gpu"}, `-device: "gpu" is not cpu, emulate or cuda`},
+		{[]string{"-device", "gpu"}, `-device: "gpu" is not cpu, emulate, cuda, emulate-ipc or cuda-ipc`},
 		{[]string{"-layout", "zones"}, `-layout: ep: unknown receive layout "zones"`},
 	} {
 		var out, errb bytes.Buffer

@@ -92,6 +92,10 @@ func printTable(w io.Writer, r *Result, baseline bool) {
 		fmt.Fprintf(w, "  %s copy of the same bytes in device memory: %.2f GB/s per rank; dispatch %.0f%%, combine %.0f%% of it\n",
 			r.Device, r.DeviceCopyGBps, 100*r.DispatchOfDeviceCopy, 100*r.CombineOfDeviceCopy)
 	}
+	if r.TransferFullBytesPerRound > 0 {
+		fmt.Fprintf(w, "  the IPC transport moved %.2f MB per dispatch+combine (all ranks); fixed-size transfers would move %.2f MB (%.0f%%)\n",
+			r.TransferBytesPerRound/1e6, r.TransferFullBytesPerRound/1e6, 100*r.TransferBytesPerRound/r.TransferFullBytesPerRound)
+	}
 	fmt.Fprintln(w)
 }
 

@@ -120,6 +120,9 @@ func (b *bench[E]) summarize(s *samples) (_ *Result, err error) {
 		res.Device = b.o.device
 		res.CPUDispatchUS, res.CPUCombineUS = slices.Max(col(6)), slices.Max(col(7))
 		res.DispatchDeviceUS, res.CombineDeviceUS = slices.Max(col(25)), slices.Max(col(26))
+		if res.TransferBytesPerRound, res.TransferFullBytesPerRound, err = transferBytesOf(b.world, b.g); err != nil {
+			return nil, err
+		}
 		if res.DeviceCopyGBps = bw(8); res.DeviceCopyGBps > 0 {
 			res.DispatchOfDeviceCopy, res.CombineOfDeviceCopy = res.DispatchGBps/res.DeviceCopyGBps, res.CombineGBps/res.DeviceCopyGBps
 		}
@@ -225,6 +228,22 @@ func netBytesOf[E ep.Element](world *mpi.Comm, g *ep.Group[E]) (float64, error) 
 	sum := make([]float64, 1)
 	err := mpi.Allreduce(world, mpi.OpSum, mine, sum)
 	return sum[0], err
+}
+
+// transferBytesOf is, summed over the ranks, the bytes g's transport moved
+// between the ranks of a node per dispatch+combine round, and what
+// transfers of fixed size would have moved (zeros for engines that move
+// none themselves): it counts since the group was made, warm-up included,
+// which moves what the timed rounds move.
+func transferBytesOf[E ep.Element](world *mpi.Comm, g *ep.Group[E]) (moved, full float64, err error) {
+	st := g.Stats()
+	mine := []float64{0, 0}
+	if st.Dispatches > 0 {
+		mine[0], mine[1] = float64(st.TransferBytes)/float64(st.Dispatches), float64(st.TransferFullBytes)/float64(st.Dispatches)
+	}
+	sum := make([]float64, 2)
+	err = mpi.Allreduce(world, mpi.OpSum, mine, sum)
+	return sum[0], sum[1], err
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/goep/goep/gpu"
 	"github.com/goep/goep/gpu/internal/kernels"
@@ -45,10 +46,15 @@ var (
 	_ gpu.Comm       = (*Comm)(nil)
 )
 
-// span is a range of device addresses.
+// span is a range of device addresses: an allocation (its memory a shared
+// mapping of fd, so that other processes can map it: IPC), or another
+// process's allocation mapped here (imported).
 type span struct {
-	p gpu.DevicePtr
-	n int
+	p        gpu.DevicePtr
+	n        int
+	mem      []byte // the mapping
+	fd       int    // the allocation's memory file; -1 for an imported mapping
+	imported bool
 }
 
 func (s span) contains(p gpu.DevicePtr, n int) bool {
@@ -115,17 +121,13 @@ func (d *Device) MemAlloc(n int) (gpu.DevicePtr, error) {
 	if err := d.err(); err != nil {
 		return 0, err
 	}
-	p := gpu.DevicePtr(kernels.Malloc(max(n, 1)))
-	if p == 0 {
-		return 0, fmt.Errorf("emulator: MemAlloc: out of memory (%d bytes on %v)", n, d)
+	mem, fd, err := sharedMemory(max(n, 1))
+	if err != nil {
+		return 0, fmt.Errorf("emulator: MemAlloc: out of memory (%d bytes on %v): %w", n, d, err)
 	}
+	p := gpu.DevicePtr(uintptr(unsafe.Pointer(&mem[0])))
 	kernels.Memset(uint64(p), garbage, max(n, 1))
-	d.mu.Lock()
-	i := sort.Search(len(d.allocs), func(i int) bool { return d.allocs[i].p > p })
-	d.allocs = append(d.allocs, span{})
-	copy(d.allocs[i+1:], d.allocs[i:])
-	d.allocs[i] = span{p, n}
-	d.mu.Unlock()
+	d.insert(span{p: p, n: n, mem: mem, fd: fd})
 	return p, nil
 }
 
@@ -147,21 +149,33 @@ func (d *Device) free(p gpu.DevicePtr) error {
 		return fmt.Errorf("emulator: MemFree(%#x): not an allocation of %v", uint64(p), d)
 	}
 	a := d.allocs[i]
+	if a.imported {
+		return fmt.Errorf("emulator: MemFree(%#x): another process's allocation, mapped by IPCOpen: IPCClose unmaps it", uint64(p))
+	}
 	d.allocs = append(d.allocs[:i], d.allocs[i+1:]...)
 	for _, h := range d.held {
 		if a.contains(h.p, h.n) {
 			return nil // MPI may still read it: never released
 		}
 	}
-	kernels.Free(uint64(p))
-	return nil
+	return a.release()
+}
+
+// insert adds a live span.
+func (d *Device) insert(a span) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i := sort.Search(len(d.allocs), func(i int) bool { return d.allocs[i].p > a.p })
+	d.allocs = append(d.allocs, span{})
+	copy(d.allocs[i+1:], d.allocs[i:])
+	d.allocs[i] = a
 }
 
 // hold keeps the allocations that hold [p, p+n) from being released: an
 // abandoned send may still read them.
 func (d *Device) hold(p gpu.DevicePtr, n int) {
 	d.mu.Lock()
-	d.held = append(d.held, span{p, n})
+	d.held = append(d.held, span{p: p, n: n})
 	d.mu.Unlock()
 }
 
@@ -203,7 +217,9 @@ func (d *Device) Live() int {
 	defer d.mu.Unlock()
 	n := 0
 	for _, a := range d.allocs {
-		n += a.n
+		if !a.imported {
+			n += a.n
+		}
 	}
 	return n
 }

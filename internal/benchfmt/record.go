@@ -137,6 +137,12 @@ type Record struct {
 	// and the host's waits.
 	DispatchDeviceUS float64 `json:"dispatch_device_us,omitempty"`
 	CombineDeviceUS  float64 `json:"combine_device_us,omitempty"`
+	// With a transport that moves rows between the ranks of a node itself
+	// (the GPU backend over IPC): the bytes it moved per dispatch+combine
+	// round, all ranks together, and what transfers of fixed size (an NCCL
+	// group's) would have moved for the same rounds.
+	TransferBytesPerRound     float64 `json:"transfer_bytes_per_round,omitempty"`
+	TransferFullBytesPerRound float64 `json:"transfer_full_bytes_per_round,omitempty"`
 
 	// Step is the index of the study's job step that produced the record
 	// (its position in the study's steps attribute); set by the collector,

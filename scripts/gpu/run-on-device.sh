@@ -34,6 +34,14 @@
 #             checked against the CPU engine -> bench.jsonl
 #   train-cuda moe-train -device cuda and -device cpu, 300 steps each (make
 #   train-cpu  run's model), and their last losses compared -> train.txt
+#   ipc-epgpu the conformance suite, refusals and statistics on the CUDA
+#             backend over IPC inside the node (epgpu.CUDAIPC), under mpirun
+#             on GOEP_IPC_NP ranks (default 2), which may share one GPU
+#   bench-ipc ep-bench -device cuda-ipc on 1, 2 and 4 ranks (LL 128 tokens,
+#             HT 4096), with the bytes the IPC transport moved -> bench.jsonl
+#
+# GOEP_DEVICE_SECTIONS (default all) runs only the sections it names
+# (space-separated); the others are printed as skipped.
 #
 # Everything goes under $OUT (default: a new temporary folder), at most 8
 # files: summary.txt (section, PASS/FAIL/SKIP, seconds), info.json,
@@ -116,6 +124,10 @@ record() { rows+=("$(printf '%-11s %-5s %6s  %s' "$1" "$2" "$3" "$4")"); }
 section() {
   local name=$1 limit=$2
   shift 2
+  if ! chosen "$name"; then
+    record "$name" SKIP - "not in GOEP_DEVICE_SECTIONS"
+    return 0
+  fi
   if [ "$dry" = 1 ]; then
     echo "DRY   $name (limit ${limit}s): $*"
     record "$name" DRY - "would run: $*"
@@ -158,9 +170,17 @@ skip() {
   record "$1" SKIP - "$2"
 }
 
+# chosen NAME: whether GOEP_DEVICE_SECTIONS lets section NAME run.
+chosen() {
+  local want=${GOEP_DEVICE_SECTIONS:-all}
+  [ "$want" = all ] && return 0
+  case " $want " in *" ${1%%-[0-9]*} "*|*" $1 "*) return 0 ;; esac
+  return 1
+}
+
 # list_tests BINARY PATTERN: the tests of BINARY that PATTERN selects (a
 # dry run checks that each section runs something).
-list_tests() { "$1" -test.list "$2" 2>/dev/null | grep -c '^Test'; }
+list_tests() { GOEP_ALLOW_SINGLETON=1 "$1" -test.list "$2" 2>/dev/null | grep -c '^Test'; }
 
 echo "== machine"
 uname -srm
@@ -179,7 +199,7 @@ nccl=$(field nccl_code); nccl=${nccl:-0}
 multi=$(field nccl_multi_rank_gpu)
 have_mpirun=0
 command -v mpirun >/dev/null && have_mpirun=1
-echo "GPUs: $ngpu; NCCL code: $nccl (two ranks on one GPU: $multi); mpirun: $([ $have_mpirun = 1 ] && command -v mpirun || echo none)"
+echo "GPUs: $ngpu; NCCL code: $nccl (two ranks on one GPU: $multi); mpirun: $([ $have_mpirun = 1 ] && { command -v mpirun; mpirun --version 2>&1 | head -1; } | tr '\n' ' ' || echo none)"
 echo "GOEP_NVRTC_LIB=${GOEP_NVRTC_LIB:-}"
 echo "GOEP_NCCL_LIB=${GOEP_NCCL_LIB:-}"
 if [ "$dry" = 1 ]; then
@@ -188,7 +208,7 @@ if [ "$dry" = 1 ]; then
   for b in gpu.test gpu-mpi.test epgpu.test epgpu-mpi.test ep-bench ep-bench-1rank moe-train moe-train-1rank gpu-info; do
     [ -x "$bin/$b" ] || { echo "DRY   missing: $bin/$b"; failed=1; }
   done
-  for check in "gpu.test:^TestGPU" "gpu.test:^(TestGPUKernelBandwidth|TestGPUNCCLGroupCost)$" "epgpu.test:CUDA"; do
+  for check in "gpu.test:^TestGPU" "gpu.test:^(TestGPUKernelBandwidth|TestGPUNCCLGroupCost)$" "epgpu.test:CUDA" "epgpu-mpi.test:CUDAIPC"; do
     b=${check%%:*} p=${check#*:}
     n=$(list_tests "$bin/$b" "$p")
     echo "DRY   $b -test.run '$p' selects $n test(s)"
@@ -213,6 +233,15 @@ section gpu 150 "$bin/gpu.test" -test.run '^TestGPU' -test.skip '^(TestGPUKernel
 section kernels 90 env GOEP_BENCH_OUT="$out" "$bin/gpu.test" -test.run '^(TestGPUKernelBandwidth|TestGPUNCCLGroupCost)$' -test.v -test.count=1 -test.timeout=85s
 [ "$dry" = 1 ] || grep 'bandwidth_test.go' "$logs/kernels.log" 2>/dev/null | sed 's/.*bandwidth_test.go:[0-9]*: /  /' 
 section epgpu 150 "$bin/epgpu.test" -test.run 'CUDA' -test.v -test.count=1 -test.timeout=145s
+# mpi_runs BINARY: whether mpirun can start BINARY here (its MPI libraries
+# found); else the reason on stdout.
+mpi_runs() {
+  if [ "$have_mpirun" = 0 ]; then echo "no mpirun on this machine (Open MPI 4.1 needed)"; return 1; fi
+  if [ ! -x "$1" ]; then echo "$(basename "$1") was not carried here"; return 1; fi
+  if ldd "$1" | grep -q 'not found'; then echo "$(basename "$1") lacks $(ldd "$1" | awk '/not found/ {print $1}' | tr '\n' ' ')here"; return 1; fi
+  return 0
+}
+
 if why=$(mpi_ok); then
   section mpi-gpu 90 mpirun "${mpi_args[@]}" "$bin/gpu-mpi.test" -test.run 'NCCL|Bootstrap|Agree|LocalRank' -test.count=1 -test.timeout=85s
   section mpi-epgpu 120 mpirun "${mpi_args[@]}" "$bin/epgpu-mpi.test" -test.run 'CUDA' -test.count=1 -test.timeout=115s
@@ -258,6 +287,30 @@ if [ "$dry" = 0 ]; then
   cat "$out/train.txt"
 else
   record losses DRY - "would compare the last step's losses of train-cuda and train-cpu (exact)"
+fi
+
+# Several ranks on one GPU over IPC: NCCL is not needed inside a node.
+ipc_np=${GOEP_IPC_NP:-2}
+ipc_args=(--oversubscribe)
+[ "$(id -u)" = 0 ] && ipc_args+=(--allow-run-as-root)
+for v in NCCL_DEBUG GOEP_REQUIRE_TOOLS GOEP_CUDA_LIB GOEP_NVRTC_LIB GOEP_NCCL_LIB GOEP_PTX_CACHE; do
+  [ -n "${!v:-}" ] && ipc_args+=(-x "$v")
+done
+if [ "$dry" = 0 ] && chosen ipc-epgpu && ! why=$(mpi_runs "$bin/epgpu-mpi.test"); then
+  skip ipc-epgpu "$why"
+else
+  section ipc-epgpu 150 mpirun "${ipc_args[@]}" -np "$ipc_np" "$bin/epgpu-mpi.test" -test.run 'CUDAIPC' \
+    -test.skip 'Lifecycle/CreateRunClose50Times' -test.count=1 -test.v -test.timeout=145s
+fi
+if [ "$dry" = 0 ] && chosen bench-ipc && ! why=$(mpi_runs "$bin/ep-bench"); then
+  skip bench-ipc "$why"
+else
+  for np in 1 2 4; do
+    STDOUT_TO=$out/bench.jsonl section "bench-ipc-$np" 60 mpirun "${ipc_args[@]}" -np "$np" "$bin/ep-bench" -device cuda-ipc \
+      -mode ll -tokens 128 -hidden 7168 -topk 8 -experts 64 -dtype bf16 -iters 10 -warmup 2 -json
+    STDOUT_TO=$out/bench.jsonl section "bench-ipc-$np-ht" 60 mpirun "${ipc_args[@]}" -np "$np" "$bin/ep-bench" -device cuda-ipc \
+      -mode ht -tokens 4096 -hidden 7168 -topk 8 -experts 64 -dtype bf16 -iters 10 -warmup 2 -json
+  done
 fi
 
 tar -C "$work" -czf "$out/logs.tgz" logs 2>/dev/null
