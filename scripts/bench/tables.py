@@ -331,7 +331,22 @@ def gpu():
                   f"{speeds[0]} tokens/s against `-device cpu` {speeds[1]} tokens/s; the last step's loss and aux loss "
                   f"{same} ({losses[0][0]}, {losses[0][1]}).\n")
     print(f"For scale, not a comparison: {PEERS}. One rank on one GPU moves every row within the GPU's own memory; "
-          "their figures are 8 GPUs exchanging over NVLink.")
+          "their figures are 8 GPUs exchanging over NVLink.\n")
+    istamp, ipc = load("gpu-ipc")
+    if ipc:
+        irows = []
+        for r in ipc:
+            dev = r["dispatch_device_us"] + r["combine_device_us"]
+            cpu = r["cpu_dispatch_us"] + r["cpu_combine_us"]
+            moved, full = r.get("transfer_bytes_per_round", 0), r.get("transfer_full_bytes_per_round", 0)
+            irows.append((what(r), str(r["ranks"]), f"{ms(r['dispatch_device_us'])} + {ms(r['combine_device_us'])} = {ms(dev)}",
+                          ms(total(r)), f"{ms(cpu)}",
+                          f"{moved / 1e6:.1f} MB of {full / 1e6:.1f} MB ({100 * moved / full:.0f}%)" if full else "none (one rank)"))
+        print(f"Several ranks on one GPU over CUDA IPC (`-device cuda-ipc`, epgpu.CUDAIPC): the ranks share the GPU's "
+              f"time (no MPS: their kernels take turns) and its memory bandwidth, so these are not the speed of ranks on "
+              f"GPUs of their own; medians of 10 ({istamp}):\n")
+        table(["config", "ranks on the GPU", "device time, dispatch + combine", "host time", "CPU engine, host time",
+               "bytes the IPC transport moved per round (all ranks), of what fixed-size transfers move"], irows)
 
 
 def gpu_readme():
