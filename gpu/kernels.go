@@ -84,11 +84,6 @@ const (
 	BF16 = dtype.BF16 // bfloat16 (ep.BF16)
 )
 
-// argument helpers: one 8-byte slot per kernel parameter.
-func ptrArg(v DevicePtr) uint64 { return uint64(v) }
-func i64Arg(v int) uint64       { return uint64(int64(v)) }
-func intArg(v int) uint64       { return uint64(uint32(int32(v))) }
-
 // gridFor returns the blocks for n items handled one per block (perBlock =
 // 1) or one per thread (perBlock = block size), at least 1, at most maxGrid
 // (the kernels stride over the rest).
@@ -194,17 +189,15 @@ func (k *Kernels) Layout(s Queue, a LayoutArgs) error {
 	}
 	const block = 128
 	grid := k.gridFor(C, block)
-	err = k.l.Launch("goep_layout_count", grid, block, []uint64{
-		ptrArg(a.TopK), i64Arg(a.Tokens), intArg(a.K), intArg(a.Experts), intArg(a.ExpertsPerRank), intArg(a.Ranks), ptrArg(a.NodeOf), intArg(a.Nodes),
-		uint64(chunk), ptrArg(counts), ptrArg(a.Bad)}, s)
+	err = k.launchLayoutCount(s, grid, block, a.TopK, int64(a.Tokens), int32(a.K), int32(a.Experts), int32(a.ExpertsPerRank),
+		int32(a.Ranks), a.NodeOf, int32(a.Nodes), chunk, counts, a.Bad)
 	if err == nil {
-		err = k.l.Launch("goep_layout_scan", k.gridFor(W, block), block, []uint64{
-			ptrArg(counts), uint64(C), intArg(a.Experts), intArg(a.Ranks), intArg(a.Nodes), ptrArg(a.PerExpert), ptrArg(a.PerRank), ptrArg(a.PerNode)}, s)
+		err = k.launchLayoutScan(s, k.gridFor(W, block), block, counts, C, int32(a.Experts), int32(a.Ranks), int32(a.Nodes),
+			a.PerExpert, a.PerRank, a.PerNode)
 	}
 	if err == nil {
-		err = k.l.Launch("goep_layout_assign", grid, block, []uint64{
-			ptrArg(a.TopK), i64Arg(a.Tokens), intArg(a.K), intArg(a.Experts), intArg(a.ExpertsPerRank), intArg(a.Ranks), ptrArg(a.NodeOf), intArg(a.Nodes),
-			uint64(chunk), ptrArg(counts), ptrArg(a.PairOrd), ptrArg(a.TokRankOrd), ptrArg(a.TokNodeOrd)}, s)
+		err = k.launchLayoutAssign(s, grid, block, a.TopK, int64(a.Tokens), int32(a.K), int32(a.Experts), int32(a.ExpertsPerRank),
+			int32(a.Ranks), a.NodeOf, int32(a.Nodes), chunk, counts, a.PairOrd, a.TokRankOrd, a.TokNodeOrd)
 	}
 	return errors.Join(err, k.l.FreeAsync(counts, s))
 }
@@ -237,8 +230,8 @@ func (k *Kernels) CopyRows(s Queue, a CopyRowsArgs) error {
 	if a.Dst == 0 || a.Src == 0 {
 		return argErr(op, "Dst or Src is 0")
 	}
-	return k.l.Launch("goep_copy_rows", k.gridFor(int64(a.N), 1), rowBlock(int64(a.RowBytes)/16), []uint64{
-		ptrArg(a.Dst), ptrArg(a.DstIdx), i64Arg(a.DstRows), ptrArg(a.Src), ptrArg(a.SrcIdx), i64Arg(a.SrcRows), i64Arg(a.N), i64Arg(a.RowBytes)}, s)
+	return k.launchCopyRows(s, k.gridFor(int64(a.N), 1), rowBlock(int64(a.RowBytes)/16),
+		a.Dst, a.DstIdx, int64(a.DstRows), a.Src, a.SrcIdx, int64(a.SrcRows), int64(a.N), int64(a.RowBytes))
 }
 
 // PackRowsArgs describe PackRows: for each item j = t*Width+w with
@@ -283,9 +276,8 @@ func (k *Kernels) PackRows(s Queue, a PackRowsArgs) error {
 		groups = a.Width
 	}
 	n := int64(a.Tokens) * int64(a.Width)
-	return k.l.Launch("goep_pack_rows", k.gridFor(n, 1), rowBlock(int64(a.RowBytes)/16), []uint64{
-		ptrArg(a.Dst), i64Arg(a.DstRows), ptrArg(a.Src), ptrArg(a.Ord), ptrArg(a.Group), ptrArg(a.Base), intArg(groups), i64Arg(a.Tokens), intArg(a.Width),
-		i64Arg(a.RowBytes)}, s)
+	return k.launchPackRows(s, k.gridFor(n, 1), rowBlock(int64(a.RowBytes)/16),
+		a.Dst, int64(a.DstRows), a.Src, a.Ord, a.Group, a.Base, int32(groups), int64(a.Tokens), int32(a.Width), int64(a.RowBytes))
 }
 
 // RowPointers sets dst[i] (uint64) to base + idx[i]*rowBytes, or to 0 where
@@ -302,8 +294,7 @@ func (k *Kernels) RowPointers(s Queue, dst, base, idx DevicePtr, n, rowBytes int
 		return argErr("RowPointers", "dst is 0")
 	}
 	const block = 256
-	return k.l.Launch("goep_row_ptrs", k.gridFor(int64(n), block), block, []uint64{
-		ptrArg(dst), uint64(base), ptrArg(idx), i64Arg(n), i64Arg(rowBytes)}, s)
+	return k.launchRowPtrs(s, k.gridFor(int64(n), block), block, dst, int64(base), idx, int64(n), int64(rowBytes))
 }
 
 // ReduceArgs describe ReduceRows: for each output row i < N,
@@ -339,8 +330,8 @@ func (k *Kernels) ReduceRows(s Queue, a ReduceArgs) error {
 	// threads take at once: 8 elements each on the kernel's vector path.
 	block := rowBlock(int64(a.Hidden) / 8)
 	segs := (int64(a.Hidden) + 8*int64(block) - 1) / (8 * int64(block))
-	return k.l.Launch("goep_reduce_rows", k.gridFor(int64(a.N)*segs, 1), block, []uint64{
-		ptrArg(a.Out), intArg(int(a.OutType)), ptrArg(a.Src), ptrArg(a.Weights), ptrArg(a.Start), i64Arg(a.N), i64Arg(a.Hidden), intArg(int(a.InType))}, s)
+	return k.launchReduceRows(s, k.gridFor(int64(a.N)*segs, 1), block,
+		a.Out, int32(a.OutType), a.Src, a.Weights, a.Start, int64(a.N), int64(a.Hidden), int32(a.InType))
 }
 
 // ToBF16 rounds n float32 at src to bfloat16 at dst, to nearest even
@@ -365,7 +356,11 @@ func (k *Kernels) convert(op, name string, s Queue, dst, src DevicePtr, n int) e
 		return argErr(op, "dst or src is 0")
 	}
 	const block = 256 // of threads that take 8 elements each
-	return k.l.Launch(name, k.gridFor((int64(n)+7)/8, block), block, []uint64{ptrArg(dst), ptrArg(src), i64Arg(n)}, s)
+	grid := k.gridFor((int64(n)+7)/8, block)
+	if name == "goep_f32_to_bf16" {
+		return k.launchF32ToBf16(s, grid, block, dst, src, int64(n))
+	}
+	return k.launchBf16ToF32(s, grid, block, dst, src, int64(n))
 }
 
 // checkArgs checks a launch's arguments against the kernel table.
@@ -410,9 +405,8 @@ func (k *Kernels) HTMeta(s Queue, a HTMetaArgs) error {
 		return argErr(op, "TokOut, TopKOut, WOut, SrcTopK or SrcW is 0")
 	}
 	const block = 128
-	return k.l.Launch("goep_ht_meta", k.gridFor(int64(a.N), block), block, []uint64{
-		ptrArg(a.TokOut), ptrArg(a.TopKOut), ptrArg(a.WOut), ptrArg(a.Rows), i64Arg(a.N), ptrArg(a.SrcTok), ptrArg(a.SrcTopK),
-		ptrArg(a.SrcW), intArg(a.K), intArg(a.L), intArg(a.Rank)}, s)
+	return k.launchHtMeta(s, k.gridFor(int64(a.N), block), block, a.TokOut, a.TopKOut, a.WOut, a.Rows, int64(a.N), a.SrcTok,
+		a.SrcTopK, a.SrcW, int32(a.K), int32(a.L), int32(a.Rank))
 }
 
 // CountLocal sets counts[l] (int32 [l]) to the number of entries of
@@ -435,8 +429,7 @@ func (k *Kernels) CountLocal(s Queue, counts, topkLocal DevicePtr, n, K, L int) 
 		return nil
 	}
 	const block = 256
-	return k.l.Launch("goep_count_local", k.gridFor(int64(n)*int64(K), block), block, []uint64{
-		ptrArg(topkLocal), i64Arg(n), intArg(K), intArg(L), ptrArg(counts)}, s)
+	return k.launchCountLocal(s, k.gridFor(int64(n)*int64(K), block), block, topkLocal, int64(n), int32(K), int32(L), counts)
 }
 
 // LLPlaceArgs describe LLPlace (goep_ll_place): the blocks that R sources
@@ -484,7 +477,6 @@ func (k *Kernels) LLPlace(s Queue, a LLPlaceArgs) error {
 	}
 	n := max(int64(a.R)*int64(a.Cap), int64(a.R)*int64(a.L))
 	const block = 128
-	return k.l.Launch("goep_ll_place", k.gridFor(n, block), block, []uint64{
-		ptrArg(a.Meta), intArg(a.R), intArg(a.L), i64Arg(a.Cap), i64Arg(a.MetaWords), i64Arg(a.Span), uint64(a.Op),
-		ptrArg(a.DstRow), ptrArg(a.TokOut), ptrArg(a.WOut), ptrArg(a.Counts), ptrArg(a.Bad)}, s)
+	return k.launchLlPlace(s, k.gridFor(n, block), block, a.Meta, int32(a.R), int32(a.L), int64(a.Cap), int64(a.MetaWords), int64(a.Span),
+		int32(a.Op), a.DstRow, a.TokOut, a.WOut, a.Counts, a.Bad)
 }

@@ -15,54 +15,18 @@
 
 #include <stdlib.h>
 #include "emulate.h"
+#include "emulate_table.h"
 
 #define P(i) ((void *)(uptr)a[i])
 #define L(i) ((i64)a[i])
 #define I(i) ((int)(i32)(u32)a[i])
 
 static void run_one(int kernel, const uint64_t *a) {
-  switch (kernel) {
-    case 0:
-      goep_layout_count(P(0), L(1), I(2), I(3), I(4), I(5), P(6), I(7), L(8), P(9), P(10));
-      break;
-    case 1:
-      goep_layout_scan(P(0), L(1), I(2), I(3), I(4), P(5), P(6), P(7));
-      break;
-    case 2:
-      goep_layout_assign(P(0), L(1), I(2), I(3), I(4), I(5), P(6), I(7), L(8), P(9), P(10), P(11), P(12));
-      break;
-    case 3:
-      goep_copy_rows(P(0), P(1), L(2), P(3), P(4), L(5), L(6), L(7));
-      break;
-    case 4:
-      goep_pack_rows(P(0), L(1), P(2), P(3), P(4), P(5), I(6), L(7), I(8), L(9));
-      break;
-    case 5:
-      goep_row_ptrs(P(0), (u64)a[1], P(2), L(3), L(4));
-      break;
-    case 6:
-      goep_reduce_rows(P(0), I(1), P(2), P(3), P(4), L(5), L(6), I(7));
-      break;
-    case 7:
-      goep_f32_to_bf16(P(0), P(1), L(2));
-      break;
-    case 8:
-      goep_bf16_to_f32(P(0), P(1), L(2));
-      break;
-    case 9:
-      goep_ht_meta(P(0), P(1), P(2), P(3), L(4), P(5), P(6), P(7), I(8), I(9), I(10));
-      break;
-    case 10:
-      goep_count_local(P(0), L(1), I(2), I(3), P(4));
-      break;
-    case 11:
-      goep_ll_place(P(0), I(1), I(2), L(3), L(4), L(5), I(6), P(7), P(8), P(9), P(10), P(11));
-      break;
-  }
+  switch (kernel) { GOEP_EMULATE_CASES }
 }
 
 int goep_emulate(int kernel, unsigned grid, unsigned block, const uint64_t *args, uint64_t seed) {
-  if (kernel < 0 || kernel > 11) return 1;
+  if (kernel < 0 || kernel >= GOEP_KERNEL_COUNT) return 1;
   uint64_t n = (uint64_t)grid * block;
   if (n == 0) return 0;
   if (n > (1u << 24)) return 2;

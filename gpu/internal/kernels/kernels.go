@@ -29,22 +29,6 @@ type Kernel struct {
 	Params string
 }
 
-// List is every entry point, in the order of emulate.c's switch.
-var List = []Kernel{
-	{"goep_layout_count", "pliiiipilpp"},
-	{"goep_layout_scan", "pliiippp"},
-	{"goep_layout_assign", "pliiiipilpppp"},
-	{"goep_copy_rows", "pplpplll"},
-	{"goep_pack_rows", "plppppilil"},
-	{"goep_row_ptrs", "plpll"},
-	{"goep_reduce_rows", "pippplli"},
-	{"goep_f32_to_bf16", "ppl"},
-	{"goep_bf16_to_f32", "ppl"},
-	{"goep_ht_meta", "pppplpppiii"},
-	{"goep_count_local", "pliip"},
-	{"goep_ll_place", "piilllippppp"},
-}
-
 // Index returns the position of the named kernel in List, or -1.
 func Index(name string) int {
 	for i, k := range List {
