@@ -57,8 +57,9 @@ deps-python:
 bin/ep-plot: deps FORCE
 	$(GO) build -o $@ ./cmd/ep-plot
 
+# The jobs users run live under cmd/, small examples under examples/.
 bin/%: deps FORCE
-	$(GO) build -tags mpi -o $@ ./examples/$*
+	$(GO) build -tags mpi -o $@ ./$(if $(wildcard cmd/$*),cmd,examples)/$*
 
 FORCE:
 
@@ -66,7 +67,7 @@ build: deps
 	$(GO) build ./...
 	$(GO) build -tags mpi ./...
 
-# make run: train the toy MoE (examples/moe-train) on $(NP) ranks, about a minute here;
+# make run: train the toy MoE (cmd/moe-train) on $(NP) ranks, about a minute here;
 # writes out/trace.h5 and out/ckpt-*.h5, a new run each time (-fresh: the previous run's files are
 # moved to out/moved-aside/). Override e.g. RUN_MODE=ht RUN_DTYPE=bf16 RUN_STEPS=2000.
 # RUN_DEVICE picks the ep backend (moe-train -device): cpu (ep's CPU engine), emulate (the GPU engine
@@ -158,10 +159,10 @@ test-gpu: deps
 	$(GO) test -c -tags 'gpu mpi' -ldflags '-s -w' -o bin/gpu/gpu-mpi.test ./gpu
 	$(GO) test -c -tags gpu -ldflags '-s -w' -o bin/gpu/epgpu.test ./ep/epgpu
 	$(GO) test -c -tags 'gpu mpi' -ldflags '-s -w' -o bin/gpu/epgpu-mpi.test ./ep/epgpu
-	$(GO) build -tags mpi -ldflags '-s -w' -o bin/gpu/ep-bench ./examples/ep-bench
-	$(GO) build -ldflags '-s -w' -o bin/gpu/ep-bench-1rank ./examples/ep-bench
-	$(GO) build -tags mpi -ldflags '-s -w' -o bin/gpu/moe-train ./examples/moe-train
-	$(GO) build -ldflags '-s -w' -o bin/gpu/moe-train-1rank ./examples/moe-train
+	$(GO) build -tags mpi -ldflags '-s -w' -o bin/gpu/ep-bench ./cmd/ep-bench
+	$(GO) build -ldflags '-s -w' -o bin/gpu/ep-bench-1rank ./cmd/ep-bench
+	$(GO) build -tags mpi -ldflags '-s -w' -o bin/gpu/moe-train ./cmd/moe-train
+	$(GO) build -ldflags '-s -w' -o bin/gpu/moe-train-1rank ./cmd/moe-train
 	$(GO) build -ldflags '-s -w' -o bin/gpu/gpu-info ./internal/cmd/gpu-info
 	@# moe-train writes HDF5: the HDF5 library and everything it links but glibc, for a GPU machine
 	@# without them

@@ -25,8 +25,8 @@ func stragglerTrace(t *testing.T, dir string, steps int) string {
 	t.Helper()
 	mpitesting.RequireTool(t, "mpirun", "pkg-config", "h5dump")
 	bin := filepath.Join(dir, "moe-train")
-	if out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, "../../examples/moe-train").CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags mpi ../../examples/moe-train: %v\n%s", err, out)
+	if out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, "../moe-train").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags mpi ../moe-train: %v\n%s", err, out)
 	}
 	trace := filepath.Join(dir, "trace.h5")
 	args := append(mpitesting.MPIRunArgs(2), "-x", "GOEP_MOE_STRAGGLER", bin, "-experts", "4", "-topk", "2", "-hidden", "16",

@@ -1,5 +1,5 @@
 // Package runs manages training runs of package moe's toy MoE layer, as
-// examples/moe-train does: it ties a moe.Trainer's steps to an HDF5 trace
+// cmd/moe-train does: it ties a moe.Trainer's steps to an HDF5 trace
 // and checkpoints, gives each run an identity, resumes runs, and reports
 // the rank the others waited for. Package moe is the model and its
 // training step; this package is what persists across jobs.

@@ -1,7 +1,7 @@
 // Package serve serves a stream of requests with a small multi-layer
 // Mixture-of-Experts decoder whose routed experts are spread over the ranks
 // of an MPI job by package ep: LL mode where it is meant to run, in a
-// decode loop. examples/moe-serve is its command; docs/serve.md has the
+// decode loop. cmd/moe-serve is its command; docs/serve.md has the
 // design, the measurements and the trace schema.
 //
 // # The model

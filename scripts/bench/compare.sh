@@ -27,9 +27,9 @@ rev=$(git rev-parse --short "$before")
 wt=bin/compare/src-$rev
 mkdir -p bin/compare
 [ -d "$wt" ] || git worktree add -q --detach "$wt" "$rev"
-(cd "$wt" && "$GO" build -tags mpi -o ../ep-bench-before ./examples/ep-bench)
+(cd "$wt" && "$GO" build -tags mpi -o ../ep-bench-before ./cmd/ep-bench)
 git worktree remove --force "$wt" # the binary is all that is needed of it
-"$GO" build -tags mpi -o bin/compare/ep-bench-after ./examples/ep-bench
+"$GO" build -tags mpi -o bin/compare/ep-bench-after ./cmd/ep-bench
 
 stamp() { echo "# before $rev, after $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo '+changes'), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 stamp >"$OUT"

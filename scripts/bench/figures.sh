@@ -34,10 +34,10 @@ MPIRUN=(mpirun --oversubscribe)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 GO=${GO:-go}
 mkdir -p "$OUT" bin
-"$GO" build -tags mpi -o bin/ep-bench ./examples/ep-bench
+"$GO" build -tags mpi -o bin/ep-bench ./cmd/ep-bench
 "$GO" build -o bin/ep-plot ./cmd/ep-plot
-"$GO" build -tags mpi -o bin/moe-train ./examples/moe-train
-"$GO" build -tags mpi -o bin/moe-serve ./examples/moe-serve
+"$GO" build -tags mpi -o bin/moe-train ./cmd/moe-train
+"$GO" build -tags mpi -o bin/moe-serve ./cmd/moe-serve
 stamp() { echo "# commit $(git rev-parse --short HEAD), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 common=(-hidden 7168 -topk 8 -experts 64 -dtype bf16 -json)
 

@@ -96,7 +96,7 @@ launchers() {
 before=$(launchers)   # a run of ours still going from before (another test-cluster): not this one's
 
 echo "test-cluster: building bin/mpi-hello bin/moe-train bin/moe-serve bin/ep-bench"
-for p in mpi-hello moe-train moe-serve ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
+for p in moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./cmd/$p"; done; "$GO" build -tags "mpi faultinject" -o bin/moe-serve ./cmd/moe-serve; "$GO" build -tags mpi -o bin/mpi-hello ./examples/mpi-hello
 
 trap '"$CLUSTER" down >/dev/null 2>&1 || true' EXIT
 t=$SECONDS

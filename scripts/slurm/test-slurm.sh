@@ -94,7 +94,7 @@ daemons() {
 "$ROOT/scripts/install-deps.sh" --slurm
 before=$(daemons)   # daemons of someone else's, running before this test: not ours to judge
 echo "test-slurm: building bin/mpi-hello bin/moe-train bin/ep-bench bin/ep-plot"
-for p in mpi-hello moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./examples/$p"; done
+for p in moe-train ep-bench; do "$GO" build -tags mpi -o "bin/$p" "./cmd/$p"; done; "$GO" build -tags mpi -o bin/mpi-hello ./examples/mpi-hello
 "$GO" build -o bin/ep-plot ./cmd/ep-plot
 
 trap '"$CLUSTER" stop "${MODE[@]}"' EXIT

@@ -6,7 +6,7 @@
 //
 // Build and run it with 4 ranks (make run does this):
 //
-//	go build -tags mpi -o bin/moe-train ./examples/moe-train
+//	go build -tags mpi -o bin/moe-train ./cmd/moe-train
 //	mpirun -np 4 bin/moe-train -steps 2000 -mode ll -dtype f32
 //	mpirun -np 4 bin/moe-train -steps 4000 -resume auto              # 2000 more, the same run and trace
 //	mpirun -np 2 bin/moe-train -steps 6000 -resume auto -tokens 128  # 2000 more on 2 ranks, the same data

@@ -43,7 +43,7 @@ func buildMPI(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "moe-serve")
-		buildOut, buildErr = exec.Command("go", "build", "-tags", "mpi", "-o", binPath, ".").CombinedOutput()
+		buildOut, buildErr = exec.Command("go", "build", "-tags", "mpi faultinject", "-o", binPath, ".").CombinedOutput()
 	})
 	require.NoError(t, buildErr, "go build -tags mpi: %s", buildOut)
 	return binPath

@@ -13,7 +13,7 @@
 // token, tokens per second per rank, what masking cost) and writes an HDF5
 // trace.
 //
-//	go build -tags mpi -o bin/moe-serve ./examples/moe-serve
+//	go build -tags mpi -o bin/moe-serve ./cmd/moe-serve
 //	mpirun -np 4 bin/moe-serve                                 # decode in LL, prompts through LL, overlap on
 //	mpirun -np 4 bin/moe-serve -overlap=false                   # the same loop, one micro-batch
 //	mpirun -np 4 bin/moe-serve -prefill ht -prompt 512:1024    # long prompts through HT
@@ -53,10 +53,9 @@
 //	-events N          record every phase of the first N steps in the trace (0: all) (5000)
 //
 // With the environment variable GOEP_SERVE_PID_DIR set, every rank writes
-// its process id to DIR/rank-<r>.pid (to stop one with kill -STOP). With
-// GOEP_SERVE_STALL=RANK:AFTER:DURATION (e.g. 1:200ms:3s), that rank stops
-// itself (SIGSTOP) at its first step at least AFTER into serving in which it
-// holds requests, and a helper resumes it (SIGCONT) DURATION later.
+// its process id to DIR/rank-<r>.pid (to stop one with kill -STOP). A build
+// with the faultinject tag (the tests', make test-cluster's) also reads
+// GOEP_SERVE_STALL (stall.go), to stop a rank itself at a chosen step.
 package main
 
 import (
@@ -66,11 +65,9 @@ import (
 	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/goep/goep/ep"
@@ -293,14 +290,9 @@ func serveAll(stdout io.Writer, world *mpi.Comm, o *options) error {
 		}
 	}
 	opt := serve.Options{Workload: o.w, EventSteps: o.events}
-	if v := os.Getenv("GOEP_SERVE_STALL"); v != "" {
-		r, after, d, err := parseStall(v)
-		if err != nil {
-			return err
-		}
-		if r == rank {
-			opt.BeforeStep = stallAfter(after, d)
-		}
+	var err error
+	if opt.BeforeStep, err = faultInjection(rank); err != nil {
+		return err
 	}
 	topo, err := world.Topology()
 	if err != nil {
@@ -431,47 +423,6 @@ func micro(us float64) string {
 		return fmt.Sprintf("%.2f ms", us/1000)
 	}
 	return fmt.Sprintf("%.0f us", us)
-}
-
-// parseStall reads GOEP_SERVE_STALL's RANK:AFTER:DURATION.
-func parseStall(v string) (rank int, after, d time.Duration, err error) {
-	parts := strings.Split(v, ":")
-	if len(parts) == 3 {
-		rank, err = strconv.Atoi(parts[0])
-		if err == nil {
-			after, err = time.ParseDuration(parts[1])
-		}
-		if err == nil {
-			d, err = time.ParseDuration(parts[2])
-		}
-	}
-	if len(parts) != 3 || err != nil || rank < 0 || after < 0 || d <= 0 {
-		return 0, 0, 0, fmt.Errorf("GOEP_SERVE_STALL=%q: want RANK:AFTER:DURATION, such as 1:200ms:3s", v)
-	}
-	return rank, after, d, nil
-}
-
-// stallAfter stops this process (SIGSTOP), at its first step at least
-// after into serving in which it holds requests, and has a helper resume it
-// (SIGCONT) d later.
-func stallAfter(after, d time.Duration) func(int64, int) {
-	var first time.Time
-	done := false
-	return func(_ int64, held int) {
-		if first.IsZero() {
-			first = time.Now()
-		}
-		if done || held == 0 || time.Since(first) < after {
-			return
-		}
-		done = true
-		cont := exec.Command("sh", "-c", fmt.Sprintf("sleep %.3f; kill -CONT %d", d.Seconds(), os.Getpid()))
-		if err := cont.Start(); err != nil {
-			return // no helper to resume it: do not stop
-		}
-		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-		_ = cont.Wait()
-	}
 }
 
 func writePID(dir string, rank int) error {
