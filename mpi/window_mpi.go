@@ -138,7 +138,7 @@ func (h winHandle) free() error {
 // matters across hosts: without it Open MPI's osc/ucx takes a shared lock on
 // every target with remote atomics, which over TCP complete only when the
 // target next calls MPI, so lock_all waits for ranks that poll window memory
-// without calling MPI, as ep's waits do (issue 17). With it, lock_all does
+// without calling MPI, as ep's waits do (docs/cluster.md). With it, lock_all does
 // not communicate at all, and unlock_all only flushes.
 func (h winHandle) lockAll() error {
 	if rc := C.MPI_Win_lock_all(C.MPI_MODE_NOCHECK, h.w); rc != C.MPI_SUCCESS {

@@ -119,7 +119,7 @@ func TestWindowPutGetAtomics(t *testing.T) {
 // Opening an epoch must not need the peers' MPI progress. Across hosts (Open
 // MPI's osc/ucx over TCP) a lock taken with remote atomics completes only when
 // the target next calls MPI, so a rank locking while its peers poll memory, as
-// ep's waits do, would wait for them while they wait for it (issue 17). Here
+// ep's waits do, would wait for them while they wait for it (docs/cluster.md). Here
 // rank 0 locks while every other rank stays out of MPI for a while; LockAll
 // must return before they come back.
 func TestLockAllWhilePeersAreOutOfMPI(t *testing.T) {

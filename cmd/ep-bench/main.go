@@ -1,5 +1,5 @@
 // Command ep-bench measures ep dispatch and combine under mpirun, beside the
-// same work done by hand with MPI_Alltoallv (ep.AlltoallvGroup) and the
+// same work done by hand with MPI_Alltoallv (ep.Alltoallv's baseline) and the
 // memcpy bandwidth of the same bytes, all in the same run.
 //
 // Every numeric flag takes a comma-separated list; each combination is one

@@ -26,7 +26,7 @@ type Record struct {
 	DispatchGBps float64 `json:"dispatch_gbps"` // per rank, mean over ranks
 	CombineGBps  float64 `json:"combine_gbps"`
 
-	// The same work written by hand with MPI_Alltoallv (ep.AlltoallvGroup);
+	// The same work written by hand with MPI_Alltoallv (the ep.Alltoallv backend);
 	// absent when the baseline was not run.
 	AlltoallvDispatchUS   float64 `json:"alltoallv_dispatch_us,omitempty"`
 	AlltoallvCombineUS    float64 `json:"alltoallv_combine_us,omitempty"`

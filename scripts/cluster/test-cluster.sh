@@ -41,7 +41,7 @@
 #
 # ep's one-sided backend (ep.CPUOneSided) is not run across hosts: over TCP, Open MPI's osc/ucx
 # completes a put only while its target calls MPI, and a flush to a stalled rank waits with no
-# deadline (issue 17); its test says so as a skip. ep.CPU sends rows across nodes by message.
+# deadline (docs/cluster.md); its test says so as a skip. ep.CPU sends rows across nodes by message.
 # The cluster always comes down (trap EXIT). Exit status 1 if any check failed.
 #
 # Env: GO (the go command); GOEP_CLUSTER_TEST_LOGS (default out/test-cluster); GOEP_CLUSTER_RATE
