@@ -89,6 +89,15 @@ func sweepFlags(flags, aborts []ptr, first int, target uint64, checkAhead bool) 
 // yield gives up the core to another thread that wants it.
 func yield() { syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
 
+// nap sleeps for about 50 us without allocating. (time.Sleep gives a
+// goroutine a timer of its own the first time it sleeps: an allocation in
+// the first wait of each goroutine that lasts past 5 ms, which the
+// allocation checks counted whenever a peer was late.)
+func nap() {
+	ts := syscall.Timespec{Nsec: 50_000}
+	syscall.Nanosleep(&ts, nil)
+}
+
 // waitAll waits until every flag holds at least target, for at most
 // timeout. aborts (nil: none) holds, for each flag, the abort word of the
 // rank that raises it: when a flag is late and its rank's abort word says
@@ -150,7 +159,7 @@ func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration, ch
 			}
 			spinning = w.time < spin
 			if w.time > 5*time.Millisecond {
-				time.Sleep(50 * time.Microsecond)
+				nap()
 				continue
 			}
 		}
