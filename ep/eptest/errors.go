@@ -315,7 +315,7 @@ const latePeerDelay = 8 * time.Millisecond
 // rank waits for it, on a goroutine that has not waited as long before
 // (each subtest has its own). The count is
 // every allocation of the rounds measured, not an average over them, which
-// would round one allocation in several rounds down to zero.
+// would round one allocation in several rounds down to zero (engineAllocs).
 func checkLatePeerAllocs(t *testing.T, s Suite, mode ep.Mode, sc scenario, me int) {
 	defer s.agree(t)
 	g := newGroup[ep.BF16](t, s, s.Backend, sc.config(mode))
@@ -347,13 +347,13 @@ func checkLatePeerAllocs(t *testing.T, s Suite, mode ep.Mode, sc scenario, me in
 		time.Sleep(time.Microsecond) // Sleep gives this goroutine a timer the first time: not in what is measured
 	}
 	lateNow = true
-	n := mallocs(func() {
+	n, where := engineAllocs(func() {
 		for i := 0; i < 4; i++ {
 			cycle()
 		}
 	})
 	require.NoError(t, failed)
-	assert.Zero(t, n, "allocations of 4 dispatch+combine rounds, rank 0 late to each call")
+	assert.Zero(t, n, "allocations of 4 dispatch+combine rounds, rank 0 late to each call, at:\n%s", where)
 	checkRound(t, mode, sc, in, me, s.Comm.Size(), host(t, out))
 }
 
@@ -388,8 +388,11 @@ func checkZeroAllocs(t *testing.T, s Suite, mode ep.Mode, wire ep.WireFormat, sc
 	for i := 0; i < 2*8; i++ { // fill the handle ring and every buffer
 		cycle()
 	}
-	// Every rank runs the same number of cycles: AllocsPerRun runs f once more than asked.
-	allocs := testing.AllocsPerRun(20, cycle)
+	n, where := engineAllocs(func() {
+		for i := 0; i < 20; i++ {
+			cycle()
+		}
+	})
 	require.NoError(t, failed)
-	assert.Zero(t, allocs, "allocations per dispatch+combine+cached dispatch+combine cycle")
+	assert.Zero(t, n, "allocations of 20 dispatch+combine+cached dispatch+combine cycles, at:\n%s", where)
 }
