@@ -25,10 +25,6 @@ func (s Suite) testMismatchedCalls(t *testing.T) {
 		t.Skip("needs a second rank whose calls differ: run under mpirun with 2 or more ranks")
 	}
 	origin := R - 1
-	type round struct {
-		h   func() (ep.Handle[float32], error)
-		out ep.Tensor[float32]
-	}
 	cases := []struct {
 		name  string
 		modes []ep.Mode
