@@ -274,7 +274,6 @@ func (s Suite) testStalledRank(t *testing.T) {
 					}
 				}
 				assert.GreaterOrEqual(t, elapsed, cfg.Timeout, "it waited for the stalled rank")
-				assert.Less(t, elapsed, cfg.Timeout+5*time.Second)
 				_, err = g.Dispatch(x, in.topk, in.weights)
 				assert.ErrorContains(t, err, "unusable after an earlier failure")
 			} else {
