@@ -7,37 +7,51 @@ NP      ?= 4
 MPIRUN  ?= mpirun
 # More ranks than cores, and root (containers, CI), are normal here.
 MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-as-root)
-# Packages whose tests also run under mpirun (1, 2, 4, 8 ranks and simulated nodes).
+# make test runs every multi-rank test once in each configuration that exercises a path of its own: 1
+# and 2 ranks on one node and 4 ranks on 2 simulated nodes (every transport: shared memory, messages
+# across nodes, the one-sided window), the race detector and cgo's pointer checks at 2 ranks. The long
+# matrix (make test-long: every package at 4 and 8 ranks on one node and 8 on 2 and 4 simulated nodes,
+# nodes of unequal size, the race detector across simulated nodes, and the rank counts below left to
+# it) runs the same tests at more ranks; CI (.ci/run) runs both.
+#
+# Packages whose tests also run under mpirun.
 MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./gpu
-MPI_TEST_NP   ?= 1,2,4,8
-MPI_TEST_SIM  ?= 4/2,8/4,8/2
-# The GPU backend on the emulated device (the ep conformance suite) and the emulator, at 1, 2 and 4
-# ranks and 2 simulated nodes: each run of the suite on the emulator costs 7 to 15 s here.
+MPI_TEST_NP   ?= 1,2
+MPI_TEST_SIM  ?= 4/2
+# ep.CPUOneSided differs from ep.CPU only across nodes (its puts into the staging window): on one node
+# its conformance run is ep.CPU's, so it runs where there are simulated nodes.
+ONE_NODE_SKIP ?= TestConformanceCPUOneSided
+# The GPU backend on the emulated device (the ep conformance suite) and the emulator: each run of the
+# suite on the emulator costs 7 to 15 s here.
 MPI_TEST_EMU_PKGS ?= ./ep/epgpu ./gpu/emulator
-MPI_TEST_EMU_NP   ?= 1,2,4
+MPI_TEST_EMU_NP   ?= 2
 MPI_TEST_EMU_SIM  ?= 4/2
-# Training runs (moe/runs: traces, checkpoints, resumes) at 1, 2 and 4 ranks and 2 and 4 simulated
-# nodes: what they gather, write and reshard is moe's State, whose own tests run at every rank count
-# above; a test binary of its own costs a launch per setting (about 1 s, and 3 to 10 s of tests at
-# 8 ranks here), so moe/runs skips the flat 8 ranks and the 2x4 split.
-MPI_TEST_RUNS_NP  ?= 1,2,4
-MPI_TEST_RUNS_SIM ?= 4/2,8/2
-# The serving loop (moe/serve) at 1, 2 and 4 ranks and 2 simulated nodes: about 40 s here (its
-# stalled-rank test stops a rank for 1.2 s in each of two runs per rank count).
-MPI_TEST_SERVE_NP  ?= 1,2,4
+# Training runs (moe/runs: traces, checkpoints, resumes): what they gather, write and reshard is moe's
+# State, whose own tests run at every rank count above; a test binary of its own costs a launch per
+# setting (about 1 s, and 3 to 10 s of tests at 8 ranks here).
+MPI_TEST_RUNS_NP  ?= 2
+MPI_TEST_RUNS_SIM ?= 4/2
+# The serving loop (moe/serve): its stalled-rank test stops a rank for 1.2 s in each of two runs per
+# rank count.
+MPI_TEST_SERVE_NP  ?= 2
 MPI_TEST_SERVE_SIM ?= 4/2
 
 # The race detector (which also checks unsafe pointer arithmetic: checkptr) and cgo's strict pointer
-# checks (GOEXPERIMENT=cgocheck2) on the multi-rank tests, at small sizes: -race at 2 ranks and 2
-# simulated nodes of 2, without ep's FP8 value sweeps (single-rank arithmetic that takes minutes
+# checks (GOEXPERIMENT=cgocheck2) on the multi-rank tests, at small sizes: -race at 2 ranks (test-long:
+# 2 simulated nodes of 2 too), without ep's FP8 value sweeps (single-rank arithmetic that takes minutes
 # under -race and runs in test-unit and test-mpi); cgocheck2 at 2 ranks.
 RACE_TEST_PKGS     ?= ./ep ./moe ./moe/runs ./mpi
 RACE_TEST_SKIP     ?= TestQuantizeFloat32Sweep|TestE4M3FromMatchesReference|TestQuantizeEveryBF16Value
 CGOCHECK_TEST_PKGS ?= ./ep ./moe ./moe/runs ./mpi ./ep/epgpu ./gpu/emulator
 
+# Fuzz targets, each run for FUZZTIME by make test (their corpus: testdata/fuzz of their package; a
+# crash found is written there and fails the run): routing input through a group, the layout kernel,
+# and the C entry points' descriptors.
+FUZZTIME ?= 10s
+
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps deps-nvrtc deps-python build run hello test test-unit test-mpi test-race test-cgocheck test-capi capi bench-capi test-gpu test-slurm test-cluster lint clean
+.PHONY: all deps deps-nvrtc deps-python build run hello test test-unit test-mpi test-race test-cgocheck test-capi test-fuzz test-long capi bench-capi test-gpu test-slurm test-cluster lint clean
 
 all: build
 
@@ -89,17 +103,20 @@ hello: bin/mpi-hello
 
 ## test: formatting, vet, single-rank tests, then the multi-rank tests under mpirun, some of them
 ## again with the race detector and with cgo's strict pointer checks, then the C and Python
-## interfaces.
-test: lint test-unit test-mpi test-race test-cgocheck test-capi
+## interfaces, then the fuzz targets for a bounded time.
+test: lint test-unit test-mpi test-race test-cgocheck test-capi test-fuzz
 
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags mpi ./...
-	@# staticcheck once per build configuration, merged, so that code used in one only is not "unused"
-	@mkdir -p bin/lint && for tags in none mpi gpu,ci mpi,gpu purego; do \
-	  $(GO) run $(STATICCHECK) -f binary -tags $$tags ./... > bin/lint/$$tags.bin || exit 1; done
+	@# staticcheck once per build configuration, merged, so that code used in one only is not "unused";
+	@# the gpu and purego tags change only the packages named beside them (their files with those tags)
+	@rm -rf bin/lint && mkdir -p bin/lint && for run in none:./... mpi:./... gpu,ci:./gpu/...,./ep/epgpu/... \
+	    mpi,gpu:./gpu/...,./ep/epgpu/... purego:./internal/rowsum; do \
+	  tags=$${run%%:*}; pkgs=$$(echo $${run#*:} | tr , ' '); \
+	  $(GO) run $(STATICCHECK) -f binary -tags $$tags $$pkgs > bin/lint/$$tags.bin || exit 1; done
 	$(GO) run $(STATICCHECK) -merge bin/lint/*.bin
 
 test-unit: deps deps-nvrtc
@@ -107,20 +124,38 @@ test-unit: deps deps-nvrtc
 	$(GO) test -count=1 -tags purego ./internal/rowsum # the Go loops that stand in for the assembly
 
 test-mpi: deps
-	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_NP) -sim "" -skip '$(ONE_NODE_SKIP)' $(MPI_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np "" -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_RUNS_NP) -sim $(MPI_TEST_RUNS_SIM) ./moe/runs
-	# nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2 or 3 nodes; moe and moe/runs at 2+2+1
-	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep
-	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2 ./moe ./moe/runs
 	# the serving loop (moe/serve): served tokens against the reference, overlap on and off, a stalled rank masked
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_SERVE_NP) -sim $(MPI_TEST_SERVE_SIM) ./moe/serve
 	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
 
 test-race: deps
-	$(GO) run ./internal/cmd/mpitest -race -np 2 -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -race -np 2 -sim "" -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 test-cgocheck: deps
 	GOEXPERIMENT=cgocheck2 $(GO) run ./internal/cmd/mpitest -np 2 -sim "" $(CGOCHECK_TEST_PKGS)
+
+test-fuzz: deps
+	$(GO) test -run '^$$' -fuzz '^FuzzDispatchInput$$' -fuzztime $(FUZZTIME) ./ep
+	$(GO) test -run '^$$' -fuzz '^FuzzLayout$$' -fuzztime $(FUZZTIME) ./ep
+	$(GO) test -tags mpi -run '^$$' -fuzz '^FuzzTensorDescriptor$$' -fuzztime $(FUZZTIME) ./capi
+	$(GO) test -tags mpi -run '^$$' -fuzz '^FuzzConfigStructs$$' -fuzztime $(FUZZTIME) ./capi
+
+## test-long: the long matrix, what make test leaves to it: every multi-rank package at 4 and 8 ranks on
+## one node and at 8 on 2 and 4 simulated nodes; nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2
+## or 3 nodes; the race detector across 2 simulated nodes of 2; and the rank counts the training runs,
+## the serving loop and the emulated GPU backend take only here (1 and 4 ranks, 8 on 2 nodes).
+test-long: deps
+	$(GO) run ./internal/cmd/mpitest -np 4,8 -sim "" -skip '$(ONE_NODE_SKIP)' $(MPI_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 8/4,8/2 $(MPI_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2 ./moe ./moe/runs
+	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim 8/2 ./moe/runs
+	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim "" ./moe/serve
+	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim "" $(MPI_TEST_EMU_PKGS)
+	$(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 ## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
 ## capi/goep_ep.h, and the C example, tests and benchmark linked with them.
@@ -134,6 +169,7 @@ capi: deps
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test capi/examples/ep_test.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test_static capi/examples/ep_test.c bin/capi/libgoep_ep.a -lpthread -ldl -lm
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_errors capi/tests/ep_errors.c $(CAPI_LINK)
+	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_sequences capi/tests/ep_sequences.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_bench_capi capi/bench/ep_bench_capi.c $(CAPI_LINK)
 
 ## test-capi: the C and Python interfaces under mpirun at 1, 2, 4 ranks and simulated nodes, and an

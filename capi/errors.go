@@ -55,6 +55,8 @@ func resultOf(err error) C.goepEpResult_t {
 		return ae.code
 	case errors.Is(err, ep.ErrMasked):
 		return C.goepEpMasked
+	case errors.Is(err, ep.ErrMismatch):
+		return C.goepEpMismatch
 	case errors.Is(err, ep.ErrTimeout), errors.Is(err, mpi.ErrTimeout):
 		return C.goepEpTimeout
 	case errors.As(err, &refused):

@@ -144,7 +144,9 @@ func goepEpCreateHandle(handle *C.goepEpHandle_t, group C.goepEpGroup_t, layout 
 		if err != nil {
 			return err
 		}
-		*handle = C.goep_ep_handle_of(C.uint64_t(addHandle(h, gid)))
+		id := addHandle(h, gid)
+		h.setID(id, gid)
+		*handle = C.goep_ep_handle_of(C.uint64_t(id))
 		return nil
 	})
 }
@@ -152,7 +154,37 @@ func goepEpCreateHandle(handle *C.goepEpHandle_t, group C.goepEpGroup_t, layout 
 //export goepEpHandleDestroy
 func goepEpHandleDestroy(handle C.goepEpHandle_t) C.goepEpResult_t {
 	return guard("goepEpHandleDestroy", func() error {
-		return removeHandle(handle)
+		h, id, err := liveHandle(handle)
+		if err != nil {
+			return err
+		}
+		defer removeHandle(id) // destroyed whatever the outcome
+		return h.destroy()
+	})
+}
+
+//export goepEpRefuse
+func goepEpRefuse(group C.goepEpGroup_t, handle C.goepEpHandle_t, call C.goepEpCall_t, reason *C.char) C.goepEpResult_t {
+	return guard("goepEpRefuse", func() error {
+		if reason == nil {
+			return invalidArgf("reason is NULL: say why the call is refused")
+		}
+		why := C.GoString(reason)
+		if why == "" {
+			return invalidArgf("reason is empty: say why the call is refused")
+		}
+		if call == C.GOEP_EP_CALL_CREATE_HANDLE {
+			g, _, err := lookupGroup(group)
+			if err != nil {
+				return err
+			}
+			return g.refuse(why)
+		}
+		h, err := lookupHandle(handle)
+		if err != nil {
+			return err
+		}
+		return h.refuse(call, why)
 	})
 }
 

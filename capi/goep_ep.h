@@ -50,7 +50,22 @@
  *   the process or unwinds across the call: an internal fault is
  *   goepEpInternalError. A peer that stops or stalls makes the others'
  *   collective calls return goepEpTimeout after timeout_ns, naming it where
- *   it can; the group is then unusable and must be destroyed.
+ *   it can; the group is then unusable and must be destroyed (which then
+ *   returns at once).
+ *
+ *   A call refused on one rank fails on every rank: bad input found by this
+ *   library (a descriptor, an expert id) or by the layer above it
+ *   (goepEpRefuse) is goepEpInvalidArgument or goepEpInvalidUsage there and
+ *   goepEpRemoteError on the others, naming the rank and the reason, and the
+ *   group stays usable. A refused goepEpCreateHandle counts too: the
+ *   dispatch the handle would have made fails on every rank (the refusing
+ *   rank takes part in it at its next goepEpCreateHandle, goepEpDispatch or
+ *   goepEpGroupDestroy). Handles are numbered in the order they are created
+ *   (refused ones included), and every call carries its number and kind in
+ *   what it exchanges anyway: where a rank skips a call, or makes one the
+ *   others do not, every rank's call fails with goepEpMismatch naming a rank
+ *   and the call, and the group is unusable. No call ever returns a result
+ *   paired with another rank's different step.
  *
  * Threads
  *
@@ -97,9 +112,19 @@ typedef enum {
     goepEpRemoteError = 6,      /* another rank refused the same collective call (its input was bad): this
                                    call wrote nothing and the group stays usable */
     goepEpTimeout = 64,         /* a peer did not arrive within timeout_ns: the group is unusable */
-    goepEpMasked = 65           /* (enable_mask) the other ranks masked this one after it stalled; it rejoins
+    goepEpMasked = 65,          /* (enable_mask) the other ranks masked this one after it stalled; it rejoins
                                    with goepEpMaskClean, called with them */
+    goepEpMismatch = 66         /* the ranks' calls no longer match (a rank skipped a call, or made one or
+                                   created a handle that the others did not): no result was returned, and the
+                                   group is unusable on every rank */
 } goepEpResult_t;
+
+/* What goepEpRefuse stands for. */
+typedef enum {
+    GOEP_EP_CALL_CREATE_HANDLE = 1,
+    GOEP_EP_CALL_DISPATCH = 2,
+    GOEP_EP_CALL_COMBINE = 3
+} goepEpCall_t;
 
 /* Element types, numbered as NCCL's ncclDataType_t. */
 typedef enum {
@@ -367,14 +392,22 @@ goepEpResult_t goepEpHandleMemSize(goepEpGroup_t group, goepEpLayout_t layout, c
 
 /* Create a handle for one step's routing: topk_idx is [num_tokens, num_topk] int32 or int64 expert ids
  * (-1 = none), copied and checked (ids in range, none repeated in a token, num_tokens at most
- * max_dispatch_tokens_per_rank). Local: not collective. layout_info must be NULL (goep writes the counters
- * at dispatch); config may be NULL. */
+ * max_dispatch_tokens_per_rank). Local: not collective, but numbered: every rank creates its handles of a
+ * group in the same order (its n-th handle stands for the same step on every rank). A refused one (bad
+ * topk_idx) makes the dispatch it stood for fail on every rank, this rank taking part in it at its next
+ * goepEpCreateHandle, goepEpDispatch or goepEpGroupDestroy. layout_info must be NULL (goep writes the
+ * counters at dispatch); config may be NULL. */
 goepEpResult_t goepEpCreateHandle(goepEpHandle_t* handle, goepEpGroup_t group, goepEpLayout_t layout,
                                   const goepEpTensor_t* topk_idx, const goepEpLayoutInfo_t* layout_info,
                                   const goepEpHandleConfig_t* config);
 
-/* Release a handle. An LL handle should be combined first: until it is, its receive buffers stay taken
- * (at most two LL dispatches wait for their combine). */
+/* Release a handle and what it holds, whatever its state. A send-only dispatch or combine of the handle
+ * that goepEpComplete has not finished is finished first (without writing its outputs): collective, as
+ * goepEpComplete. An LL handle dispatched and not combined gives back its receive buffers, which the
+ * second dispatch after it would otherwise be refused for: collective, in the place of its combine (every
+ * rank destroys it; where some ranks combine it instead, every rank fails with goepEpMismatch). Otherwise
+ * local. The handle is released even when the call fails; a call on it afterwards is refused, on every
+ * rank, as a destroyed handle. */
 goepEpResult_t goepEpHandleDestroy(goepEpHandle_t handle);
 
 /* Send each token to the ranks owning its experts and write what this rank receives into outputs
@@ -404,6 +437,16 @@ goepEpResult_t goepEpHandleRecvTokens(goepEpHandle_t handle, goepEpTensor_t* tok
 /* Finish the handle's send-only dispatch or combine (collective, as the call it finishes). With nothing
  * to finish it does nothing and succeeds. config may be NULL. */
 goepEpResult_t goepEpComplete(goepEpHandle_t handle, const goepEpCompleteConfig_t* config);
+
+/* goep extension: take part in a call as a refusal with `reason`, for a layer above this library that checks
+ * its callers' arguments itself (the Python package does, for arrays it cannot describe): the other ranks'
+ * same call fails with goepEpRemoteError naming this rank and reason, and the ranks' calls stay matched,
+ * as when the library refuses an argument itself. call is GOEP_EP_CALL_DISPATCH or GOEP_EP_CALL_COMBINE
+ * of `handle` (collective, as the call; a destroyed handle of a live group is accepted), or
+ * GOEP_EP_CALL_CREATE_HANDLE on `group` (local, as a refused goepEpCreateHandle: the dispatch the handle
+ * stood for fails on every rank). The other argument may be NULL. Returns goepEpInvalidArgument with reason
+ * as the last error, or the error that kept the call from being refused (a group found unusable: its code). */
+goepEpResult_t goepEpRefuse(goepEpGroup_t group, goepEpHandle_t handle, goepEpCall_t call, const char* reason);
 
 /* Masking (groups with enable_mask). mask_status and mask are int[nranks] in host memory, 1 = active,
  * 0 = masked. MaskQuery is local. MaskUpdate makes `mask` the mask: collective over the ranks it leaves

@@ -129,6 +129,10 @@ type groupImpl[E ep.Element] struct {
 	// the receive buffers (goepEpHandleRecvTokens)
 	dispatches uint64
 	benchOut   []E
+	// refused is the reason of this rank's last goepEpCreateHandle, if
+	// it was refused and the dispatch its handle stood for has not been
+	// refused yet on every rank (deliver).
+	refused string
 }
 
 func openGroup[E ep.Element](c *mpi.Comm, gc groupConfig) (*groupImpl[E], error) {
@@ -155,11 +159,38 @@ func (gi *groupImpl[E]) lock() error {
 
 func (gi *groupImpl[E]) size() int { return gi.g.Size() }
 
+// deliver takes part, as a refusal, in the dispatch that the handle of a
+// refused goepEpCreateHandle stood for: the other ranks made it at once,
+// and their calls fail naming this rank and why (the group stays usable,
+// and the ranks' calls matched). The caller holds gi.mu.
+func (gi *groupImpl[E]) deliver() error {
+	if gi.refused == "" {
+		return nil
+	}
+	reason := gi.refused
+	gi.refused = ""
+	gi.dispatches++
+	err := gi.g.RefuseDispatch(ep.Handle[E]{}, reason)
+	if errors.Is(err, ep.ErrBadInput) {
+		return nil // the refusal, as meant: this rank reported it at goepEpCreateHandle
+	}
+	return err
+}
+
+// refuseCreate is a goepEpCreateHandle refused on this rank, here or by the
+// layer above (goepEpRefuse): the handle's number is taken, and the dispatch
+// it stood for is refused on every rank (deliver). The caller holds gi.mu.
+func (gi *groupImpl[E]) refuseCreate(err error) error {
+	gi.refused = "goepEpCreateHandle refused this rank's handle for the dispatch: " + err.Error()
+	return err
+}
+
 func (gi *groupImpl[E]) destroy() error {
 	if err := gi.lock(); err != nil {
 		return err
 	}
 	defer gi.mu.Unlock()
+	_ = gi.deliver() // best effort: the group goes anyway, and Close says what failed
 	if err := gi.g.Close(); err != nil {
 		return err // a rank did not come: nothing freed, and Close may be called again
 	}
@@ -242,6 +273,48 @@ func (gi *groupImpl[E]) createHandle(layout C.goepEpLayout_t, topkDesc *C.goepEp
 		return nil, err
 	}
 	defer gi.mu.Unlock()
+	if err := gi.deliver(); err != nil {
+		return nil, err
+	}
+	gi.g.Mark() // the handle's number, refused or not
+	h, err := gi.newHandle(layout, topkDesc, info, cfg)
+	if err != nil {
+		return nil, gi.refuseCreate(err)
+	}
+	return h, nil
+}
+
+// refuse is goepEpRefuse of a goepEpCreateHandle.
+func (gi *groupImpl[E]) refuse(reason string) error {
+	if err := gi.lock(); err != nil {
+		return err
+	}
+	defer gi.mu.Unlock()
+	if err := gi.deliver(); err != nil {
+		return err
+	}
+	gi.g.Mark()
+	return gi.refuseCreate(invalidArgf("%s", reason))
+}
+
+// held is the live handle of the group whose LL dispatch holds the buffer
+// set the next dispatch needs, if any. The caller holds gi.mu.
+func (gi *groupImpl[E]) held() (uint64, bool) {
+	eh, ok := gi.g.Held()
+	if !ok {
+		return 0, false
+	}
+	for id, h := range liveHandles(gi) {
+		if hi, ok := h.(*handleImpl[E]); ok && hi.eh == eh {
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// newHandle checks createHandle's arguments and makes the handle.
+func (gi *groupImpl[E]) newHandle(layout C.goepEpLayout_t, topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t,
+	cfg *C.goepEpHandleConfig_t) (handle, error) {
 	if err := gi.layoutFor(layout); err != nil {
 		return nil, err
 	}

@@ -18,10 +18,12 @@ import (
 // handleImpl is one step's routing (its copy of topk_idx) and the ep
 // handle of its latest dispatch.
 type handleImpl[E ep.Element] struct {
-	g      *groupImpl[E]
-	layout C.goepEpLayout_t
-	T      int
-	topk   []int32
+	g         *groupImpl[E]
+	id, gid   uint64 // its number in the registry, and its group's
+	layout    C.goepEpLayout_t
+	T         int
+	topk      []int32
+	destroyed bool // goepEpHandleDestroy ran: its calls are refused
 
 	eh         ep.Handle[E] // the latest completed dispatch
 	dispatched bool
@@ -91,27 +93,82 @@ func readDispatchConfig(p *C.goepEpDispatchConfig_t) (dispatchConfig, error) {
 	return c, nil
 }
 
+func (h *handleImpl[E]) setID(id, gid uint64) { h.id, h.gid = id, gid }
+func (h *handleImpl[E]) groupID() uint64      { return h.gid }
+
+// refuseDispatch takes part in this dispatch as a refusal: the others'
+// same call fails at once, naming this rank and err, and the group stays
+// usable. The caller holds the group.
+func (h *handleImpl[E]) refuseDispatch(err error) error {
+	var prev ep.Handle[E]
+	if h.dispatched { // the others make a cached dispatch of it
+		prev = h.eh
+	}
+	h.g.dispatches++ // as a dispatch that ran
+	if rerr := h.g.g.RefuseDispatch(prev, err.Error()); rerr != nil && !errors.Is(rerr, ep.ErrBadInput) {
+		return rerr // the group failed: that says more than the refusal
+	}
+	return err
+}
+
+// refuseCombine is refuseDispatch for a combine.
+func (h *handleImpl[E]) refuseCombine(err error) error {
+	if rerr := h.g.g.RefuseCombine(h.eh, err.Error()); rerr != nil && !errors.Is(rerr, ep.ErrBadInput) {
+		return rerr
+	}
+	return err
+}
+
+// refuse is goepEpRefuse of the handle's dispatch or combine.
+func (h *handleImpl[E]) refuse(call C.goepEpCall_t, reason string) error {
+	if err := h.lock(); err != nil {
+		return err
+	}
+	defer h.unlock()
+	err := invalidArgf("%s", reason)
+	switch call {
+	case C.GOEP_EP_CALL_DISPATCH:
+		if derr := h.g.deliver(); derr != nil {
+			return derr
+		}
+		return h.refuseDispatch(err)
+	case C.GOEP_EP_CALL_COMBINE:
+		return h.refuseCombine(err)
+	}
+	return invalidArgf("call = %d: a handle's calls are GOEP_EP_CALL_DISPATCH (%d) and GOEP_EP_CALL_COMBINE (%d)",
+		int(call), int(C.GOEP_EP_CALL_DISPATCH), int(C.GOEP_EP_CALL_COMBINE))
+}
+
+// errDestroyed is the refusal of a call on a destroyed handle.
+func (h *handleImpl[E]) errDestroyed() error {
+	return invalidArgf("handle %#x has been destroyed (goepEpHandleDestroy)", h.id)
+}
+
 func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t,
 	cfgp *C.goepEpDispatchConfig_t) error {
 	if err := h.lock(); err != nil {
 		return err
 	}
 	defer h.unlock()
-	if err := h.idle("dispatch"); err != nil {
+	if err := h.g.deliver(); err != nil {
 		return err
+	}
+	if h.destroyed {
+		return h.refuseDispatch(h.errDestroyed())
+	}
+	if err := h.idle("dispatch"); err != nil {
+		return h.refuseDispatch(err)
+	}
+	if h.dispatched && h.eh.Waiting() {
+		return h.refuseDispatch(invalidUsagef("the handle's last LL dispatch has not been combined: combine it (or destroy the handle) before dispatching it again"))
+	}
+	if id, ok := h.g.held(); ok {
+		return h.refuseDispatch(invalidUsagef("two LL dispatches of the group wait for their combine: combine or destroy "+
+			"handle %#x, the earlier of them, first (it holds the buffers this dispatch needs)", id))
 	}
 	cfg, x, weights, o, err := h.dispatchArgs(in, out, info, cfgp)
 	if err != nil {
-		// The others' same call fails at once, naming this rank and err.
-		var prev ep.Handle[E]
-		if h.dispatched {
-			prev = h.eh
-		}
-		h.g.dispatches++ // as a dispatch that ran
-		if rerr := h.g.g.RefuseDispatch(prev, err.Error()); rerr != nil && !errors.Is(rerr, ep.ErrBadInput) {
-			return errors.Join(err, rerr)
-		}
-		return err
+		return h.refuseDispatch(err)
 	}
 	var req ep.DispatchRequest[E]
 	h.g.dispatches++ // even one that fails may have reused the receive buffer
@@ -413,10 +470,15 @@ func (h *handleImpl[E]) combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombin
 		return err
 	}
 	defer h.unlock()
+	if h.destroyed {
+		return h.refuseCombine(h.errDestroyed())
+	}
 	if err := h.idle("combine"); err != nil {
-		return err
+		return h.refuseCombine(err)
 	}
 	if !h.dispatched {
+		// Its dispatch failed on every rank (a refusal is collective), or
+		// never ran: no rank combines it.
 		return invalidUsagef("the handle has not been dispatched: goepEpDispatch (and goepEpComplete after a send-only one) comes first")
 	}
 	cfg, err := readCombineConfig(cfgp)
@@ -426,11 +488,7 @@ func (h *handleImpl[E]) combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombin
 		y, outTok, opts, err = h.combineArgs(in, out, cfg)
 	}
 	if err != nil {
-		// The others' same call fails at once, naming this rank and err.
-		if rerr := h.g.g.RefuseCombine(h.eh, err.Error()); rerr != nil && !errors.Is(rerr, ep.ErrBadInput) {
-			return errors.Join(err, rerr)
-		}
-		return err
+		return h.refuseCombine(err) // the others' same call fails at once, naming this rank and err
 	}
 	req, err := h.g.g.CombineSend(h.eh, y, outTok, opts)
 	if err != nil {
@@ -534,6 +592,9 @@ func (h *handleImpl[E]) complete(cfg *C.goepEpCompleteConfig_t) error {
 		return err
 	}
 	defer h.unlock()
+	if h.destroyed {
+		return h.errDestroyed()
+	}
 	if cfg != nil {
 		if err := checkHeader("config", "goepEpCompleteConfig_t", uint32(cfg.size), uint32(cfg.magic), C.GOEP_EP_COMPLETE_CONFIG_V1_SIZE,
 			C.GOEP_EP_MAGIC, "GOEP_EP_COMPLETE_CONFIG_INIT"); err != nil {
@@ -567,6 +628,9 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 	}
 	if v.sizes == nil {
 		return invalidArgf("tokens->sizes is NULL: point it at 3 size_t of yours, which the call fills")
+	}
+	if h.destroyed {
+		return h.errDestroyed()
 	}
 	if err := h.idle("goepEpHandleRecvTokens"); err != nil {
 		return err
@@ -603,4 +667,35 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 		v.data = unsafe.Pointer(unsafe.SliceData(rows))
 	}
 	return nil
+}
+
+// destroy ends the handle, giving back what it holds: a send-only call
+// not completed is completed (its outputs not written: the caller is done
+// with them), and an LL dispatch not combined is released (ep.Release, in
+// the place of its combine). The handle is destroyed even when one of
+// those fails; the first failure is returned.
+func (h *handleImpl[E]) destroy() error {
+	if err := h.lock(); err != nil {
+		h.destroyed = true
+		return err
+	}
+	defer h.unlock()
+	var errs []error
+	if s := h.sentDispatch; s != nil {
+		h.sentDispatch = nil
+		eh, err := s.req.Wait()
+		if err == nil {
+			h.eh, h.dispatched, h.number = eh, true, s.number
+		}
+		errs = append(errs, err)
+	}
+	if req := h.sentCombine; req != nil {
+		h.sentCombine = nil
+		errs = append(errs, req.Wait())
+	}
+	if h.dispatched {
+		errs = append(errs, h.g.g.Release(h.eh))
+	}
+	h.destroyed, h.topk = true, nil
+	return errors.Join(errs...)
 }

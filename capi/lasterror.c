@@ -37,6 +37,7 @@ const char *goepEpGetErrorString(goepEpResult_t r) {
     case goepEpRemoteError: return "goepEpRemoteError: another rank refused the call";
     case goepEpTimeout: return "goepEpTimeout: a peer did not arrive within the timeout";
     case goepEpMasked: return "goepEpMasked: the other ranks masked this rank";
+    case goepEpMismatch: return "goepEpMismatch: the ranks' calls no longer match";
   }
   return "unknown goepEpResult_t";
 }

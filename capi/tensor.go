@@ -91,10 +91,12 @@ func readTensor(name string, p *C.goepEpTensor_t) (*tensor, error) {
 			return nil, invalidArgf("%s has sizes[%d] = %d: too large", name, i, uint64(s))
 		}
 		t.shape[i] = int(s)
-		elems *= int(s)
-		if elems*t.dtype.size() > maxBytes {
+		// Each extent is below 2^48, but their product may not be: compare
+		// before multiplying, so that it never overflows.
+		if s > 0 && elems > maxBytes/t.dtype.size()/int(s) {
 			return nil, invalidArgf("%s has shape %s: too large", name, shapeString(t.shape[:i+1]))
 		}
+		elems *= int(s)
 	}
 	t.elems = elems
 	if t.data == nil && elems > 0 {

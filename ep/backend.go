@@ -260,7 +260,13 @@ type Combine struct {
 	Weights []float32
 	// RowValues and SlotValues: see CombineOptions; zero when not asked.
 	RowValues, SlotValues Tensor[float32]
-	State                 any // the engine's
+	// Release: the call ends the dispatch without combining it
+	// (Group.Release): Y, Out and Weights are zero, and the engine only
+	// does what frees the dispatch's buffers on every rank. An engine
+	// that is a Sequencer fails the call on every rank where some ranks
+	// release the dispatch and others combine it.
+	Release bool
+	State   any // the engine's
 }
 
 // YPlace says where a combine's expert outputs are.

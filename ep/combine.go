@@ -177,3 +177,89 @@ func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], 
 	}
 	return YElsewhere, nil
 }
+
+// Release ends handle h without its combine, giving back what it holds:
+// in LowLatency, its buffer set, which the second dispatch after h would
+// otherwise be refused for (two dispatches at most wait for their
+// combine). h and its views are then empty, and calls refuse it. A zero or
+// stale handle holds nothing: Release does nothing. A handle whose dispatch
+// or combine is in flight (its Wait has not run) cannot be released: Wait
+// first.
+//
+// Releasing an LL handle that has not been combined is collective, in the
+// place of its combine: every rank must release it (or combine it on none).
+// Engines with FeatureCallSequence move nothing and fail the call on every
+// rank where some ranks release the handle and others combine it; with
+// other engines it is a combine whose outputs are dropped. Other handles
+// (HighThroughput ones, combined or never dispatched LL ones) are released
+// on this rank alone. After the group failed (closed, or unusable), the
+// handle is released here with no call.
+func (g *Group[E]) Release(h Handle[E]) error {
+	const op = "Release"
+	s := h.s
+	if s == nil || s.gen != h.gen {
+		return nil
+	}
+	if s.g != g {
+		return inputErrorf(op, "the handle belongs to another group")
+	}
+	if (s.sent && !s.ready) || s.inComb {
+		return inputErrorf(op, "the handle's dispatch or combine is in flight: call its Wait first")
+	}
+	var err error
+	if s.mode == LowLatency && s.ready && !s.done && g.usable(op) == nil {
+		err = g.releaseCall(s)
+	}
+	if !isRefused(err) { // a refusal leaves the handle as it was: every rank's release failed alike
+		g.gen++
+		s.gen = g.gen
+		s.sent, s.ready, s.done, s.inComb = false, false, false, false
+		if g.pending[s.d.Set] == s {
+			g.pending[s.d.Set] = nil
+		}
+	}
+	return err
+}
+
+// releaseCall is Release's collective call, in the place of s's combine.
+func (g *Group[E]) releaseCall(s *handleState[E]) error {
+	if _, ok := g.eng.(Sequencer); !ok {
+		return g.dropCombine(s)
+	}
+	g.op++
+	c := &s.c
+	c.Op, c.Dispatch, c.Y, c.YIn, c.Out, c.Weights = g.op, &s.d, Tensor[byte]{}, YElsewhere, Tensor[byte]{}, nil
+	c.RowValues, c.SlotValues, c.Release = Tensor[float32]{}, Tensor[float32]{}, true
+	defer func() { c.Release = false }()
+	if err := g.engineError(g.eng.CombineSend(c)); err != nil {
+		return err
+	}
+	return g.engineError(g.eng.CombineWait(c))
+}
+
+// dropCombine combines s into memory of its own and drops the result: the
+// release of an engine that cannot release without moving rows.
+func (g *Group[E]) dropCombine(s *handleState[E]) error {
+	out, err := Alloc[E](g.mem, s.rt.T*g.spec.Hidden)
+	if err != nil {
+		return err
+	}
+	defer Free(out)
+	y := Handle[E]{s: s, gen: s.gen}.CombineBuffer()
+	return g.Combine(Handle[E]{s: s, gen: s.gen}, y, out, nil)
+}
+
+// Held is, in LowLatency, the handle that holds the buffer set the next
+// dispatch needs: the earlier of two dispatches that wait for their
+// combine, which must be combined or released first (false when the set
+// is free). Not collective.
+func (g *Group[E]) Held() (Handle[E], bool) {
+	if g == nil || g.spec.Mode != LowLatency {
+		return Handle[E]{}, false
+	}
+	s := g.pending[g.dispatches%2]
+	if s == nil {
+		return Handle[E]{}, false
+	}
+	return Handle[E]{s: s, gen: s.gen}, true
+}

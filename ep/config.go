@@ -62,11 +62,17 @@ const DefaultTimeout = 60 * time.Second
 // MaxTopK bounds Config.TopK.
 const MaxTopK = 64
 
+// MaxExperts bounds Config.NumExperts: far past the models of today (a few
+// hundred), and what keeps the tables a group makes per expert (per source
+// rank, in each of the handle ring's records) to what a host holds; a plan
+// for a billion experts once took minutes and 14 GB of Go heap to refuse.
+const MaxExperts = 1 << 16
+
 // Config describes a Group. Every rank must pass the same Config (and the
 // same element type); NewGroup checks.
 type Config struct {
 	Mode             Mode
-	NumExperts       int // a multiple of the number of ranks
+	NumExperts       int // a multiple of the number of ranks, at most MaxExperts
 	MaxTokensPerRank int // most tokens one rank dispatches in one call
 	Hidden           int // elements per token row
 	TopK             int // experts per token, 1..min(NumExperts, MaxTopK)
@@ -141,8 +147,8 @@ func (c Config) validate(size int) error {
 	switch {
 	case c.Mode != LowLatency && c.Mode != HighThroughput:
 		return bad("Mode %v: choose ep.LowLatency or ep.HighThroughput", c.Mode)
-	case c.NumExperts <= 0:
-		return bad("NumExperts = %d, want > 0", c.NumExperts)
+	case c.NumExperts <= 0 || c.NumExperts > MaxExperts:
+		return bad("NumExperts = %d, want 1..%d", c.NumExperts, MaxExperts)
 	case c.NumExperts%size != 0:
 		return bad("NumExperts = %d is not a multiple of the %d ranks", c.NumExperts, size)
 	case c.MaxTokensPerRank <= 0:

@@ -251,7 +251,7 @@ func (g *Group[E]) checkSetFree(op string) error {
 	if g.spec.Mode == LowLatency {
 		b := int(g.dispatches % 2)
 		if g.pending[b] != nil {
-			return inputErrorf(op, "two LL dispatches are already waiting for their combine: combine the handle of the earlier one (buffer set %d) first", b)
+			return inputErrorf(op, "two LL dispatches are already waiting for their combine: combine or Release the handle of the earlier one (it holds buffer set %d) first", b)
 		}
 		return nil
 	}

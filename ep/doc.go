@@ -97,7 +97,9 @@
 // to combine and can be reused by DispatchCached while the routing is
 // unchanged. A group keeps the records of its 8 most recent dispatches, so
 // that steady-state calls allocate nothing; an older handle is stale: its
-// views are empty and calls refuse it.
+// views are empty and calls refuse it. An LL handle holds its buffer set
+// until it is combined or released (Release, collective in the place of
+// its combine): at most two LL dispatches wait for their combine.
 //
 // The handle's lifecycle is split as NCCL EP's: what a layout needs is set
 // once, by NewGroup (ncclEpInitHandle): the buffers of the layout, the
@@ -192,6 +194,22 @@
 // rank that stops taking part makes the others return a *TimeoutError after
 // Config.Timeout, naming it where the backend can; the group is then
 // unusable. Errors of a call name it ("ll dispatch", "ht combine").
+//
+// A call refused on one rank (its input failed the checks there, or a
+// layer above refused its caller's, RefuseDispatch and RefuseCombine) fails
+// on every rank at once with a *RefusedError naming that rank and why
+// (FeatureRefusals); the group stays usable. Calls carry their number in
+// the group and their kind in what they exchange anyway (FeatureCallSequence):
+// where a rank skipped a call, made one the others did not, or made another
+// kind of call at the same place (a Mark of a step of its own counts), its
+// calls and the others' no longer match, and every rank's call fails with a
+// *SequenceError or *UnusableError naming a rank and the call (ErrMismatch)
+// instead of pairing one rank's step with another's; the group is then
+// unusable and closes as usual. A rank that finds the group unusable (a
+// peer that did not arrive too) says so to the others, whose calls fail at
+// once naming it; after a peer did not arrive, Close returns at once and
+// frees nothing (that peer may be gone). Release ends a handle that will
+// not be combined, giving its LL buffer set back.
 //
 // A rank that skips NewGroup or Close (returns early, or calls them on a
 // different communicator) makes the others return, after Config.Timeout,

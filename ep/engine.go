@@ -86,7 +86,7 @@ func (cpuBackend) Supports(f Feature) bool {
 	switch f {
 	case FeatureFP8Wire, FeatureMaskStalledRanks, FeatureFP8Forward, FeatureFP8Combine, FeatureOverflowDrop,
 		FeatureRefusals, FeatureMeter, FeatureNamedTimeouts, FeatureZeroAllocs,
-		FeatureHTExpertMajor, FeatureLLRankMajor, FeatureGlobalExpertIDs:
+		FeatureHTExpertMajor, FeatureLLRankMajor, FeatureGlobalExpertIDs, FeatureCallSequence:
 		return true
 	}
 	return false
@@ -94,11 +94,12 @@ func (cpuBackend) Supports(f Feature) bool {
 
 // The CPU backend and its engine, with every optional interface.
 var (
-	_ Capable = cpuBackend{}
-	_ Engine  = (*engine)(nil)
-	_ Refuser = (*engine)(nil)
-	_ Meter   = (*engine)(nil)
-	_ Masker  = (*engine)(nil)
+	_ Capable   = cpuBackend{}
+	_ Engine    = (*engine)(nil)
+	_ Refuser   = (*engine)(nil)
+	_ Meter     = (*engine)(nil)
+	_ Masker    = (*engine)(nil)
+	_ Sequencer = (*engine)(nil)
 )
 
 // engine is the CPU engine: the transport between the ranks, and the mode
@@ -117,7 +118,10 @@ type engine struct {
 	nodes     int
 	nodeOf    []int
 	last      [2]uint64 // op of the last combine per buffer set
-	names     opNames
+	// The ops of the last dispatch and of the one before it (refused ones
+	// included: every rank counts them alike).
+	lastDispatch, prevDispatch uint64
+	names                      opNames
 }
 
 // spinWhenAlone is how long a wait spins before giving up the core when
@@ -262,7 +266,8 @@ func (e *engine) NewState() any {
 func (e *engine) reserve() {
 	s, t := e.spec, &e.t
 	R, M, K, E := t.size, s.MaxTokensPerRank, s.TopK, s.NumExperts
-	t.flags, t.aborts, t.peers = make([]ptr, 0, R), make([]ptr, 0, R), make([]int, 0, R)
+	t.flags, t.aborts, t.calls, t.peers = make([]ptr, 0, R), make([]ptr, 0, R), make([]ptr, 0, R), make([]int, 0, R)
+	t.callBuf = make([]byte, 8)
 	t.flagB, t.attachB = make([]mpi.Block, 0, R), make([]mpi.Block, 0, R)
 	// Stores into node peers: rows forwarded by a rail peer (and their
 	// side data), and blocks of words per expert or rank.
@@ -295,15 +300,36 @@ func (e *engine) Meter() ([]time.Duration, int64) { return e.t.waits, e.t.netByt
 func (e *engine) NetworkSent() []int64 { return e.t.netSent }
 
 func (e *engine) DispatchSend(d *Dispatch) error {
-	return e.outcome(d.Op, e.names.dispatch, e.mode.send(d))
+	k, back := callDispatch, uint64(0)
+	if d.From != nil {
+		k, back = callCached, d.Op-d.From.Op
+	}
+	e.t.begin(callWord(d.Op, k, 0, back))
+	e.prevDispatch, e.lastDispatch = e.lastDispatch, d.Op
+	err := e.outcome(d.Op, e.names.dispatch, e.mode.send(d))
+	if err != nil {
+		e.t.end(d.Op)
+	}
+	return err
 }
 
 func (e *engine) DispatchWait(d *Dispatch) error {
-	return e.outcome(d.Op, e.names.dispatch, e.mode.wait(d))
+	err := e.outcome(d.Op, e.names.dispatch, e.mode.wait(d))
+	e.t.end(d.Op)
+	return err
 }
 
 func (e *engine) CombineSend(c *Combine) error {
-	return e.outcome(c.Op, e.names.combine, e.mode.combineSend(c))
+	k := callCombine
+	if c.Release {
+		k = callRelease
+	}
+	e.t.begin(callWord(c.Op, k, 0, c.Op-c.Dispatch.Op))
+	err := e.outcome(c.Op, e.names.combine, e.mode.combineSend(c))
+	if err != nil {
+		e.t.end(c.Op)
+	}
+	return err
 }
 
 func (e *engine) CombineWait(c *Combine) error {
@@ -311,6 +337,7 @@ func (e *engine) CombineWait(c *Combine) error {
 	if err == nil || errors.Is(err, ErrBadInput) && !isRefused(err) {
 		e.last[c.Dispatch.Set] = c.Op // the combine ran: its readers will release the buffers
 	}
+	e.t.end(c.Op)
 	return err
 }
 
@@ -318,32 +345,58 @@ func (e *engine) CombineWait(c *Combine) error {
 // of the call marked refused, so that the other ranks' same call fails at
 // once with this rank's reason.
 func (e *engine) Refuse(r *Refusal) error {
-	if err := e.t.writeNote(r.Op, r.Reason); err != nil {
-		return err
+	e.t.begin(callWord(r.Op, callRefused, 0, 0))
+	defer e.t.end(r.Op)
+	if r.Kind == CallDispatch {
+		e.prevDispatch, e.lastDispatch = e.lastDispatch, r.Op
 	}
 	op := e.names.dispatch
 	if r.Kind == CallCombine {
 		op = e.names.combine
 	}
-	return e.endRefused(op, r.Op, e.t.me)
+	if err := e.t.writeNote(r.Op, r.Reason); err != nil {
+		return e.outcome(r.Op, op, err)
+	}
+	return e.outcome(r.Op, op, e.endRefused(op, r.Op, e.t.me))
 }
 
 // outcome passes a half call's error on; when the call was refused by a
 // rank, it reads that rank's reason, ends the call here too, and reports
-// the refusal.
+// the refusal. Any other error but bad input ends the group on this rank:
+// it says so to the others (breakGroup), so that none waits for this rank
+// until its timeout; a rank that said so before is named.
 func (e *engine) outcome(q uint64, op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	var r *refusal
-	if !errors.As(err, &r) {
-		return err
+	if errors.As(err, &r) {
+		reason := e.t.note(r.origin, q) // before the rendezvous: the origin may write another note after it
+		if err = e.endRefused(op, q, r.origin); err == nil {
+			return &RefusedError{Op: op, Rank: r.origin, Reason: reason}
+		}
 	}
-	reason := e.t.note(r.origin, q) // before the rendezvous: the origin may write another note after it
-	if err := e.endRefused(op, q, r.origin); err != nil {
-		return err
+	var bp *brokenPeer
+	if errors.As(err, &bp) {
+		err = e.t.unusable(op, q, bp.peer)
 	}
-	return &RefusedError{Op: op, Rank: r.origin, Reason: reason}
+	if !errors.Is(err, ErrBadInput) && !errors.Is(err, ErrMasked) && !e.t.maskStalled {
+		e.t.breakGroup(err)
+	}
+	return err
+}
+
+// Closing tells the other ranks that this rank is closing the group
+// (Sequencer).
+func (e *engine) Closing() { e.t.closing() }
+
+// Broken is the error of a rank that found the group unusable and said so
+// (Sequencer): this one's, or another's.
+func (e *engine) Broken() error {
+	if e.t.broken != nil {
+		return e.t.broken
+	}
+	return e.t.peerBroken("Close")
 }
 
 // endRefused ends refused call q on this rank: it raises its abort word

@@ -60,6 +60,14 @@ const (
 	// FeatureGlobalExpertIDs is Config.RecvIDs GlobalExpertIDs: RecvTopK
 	// in global expert ids.
 	FeatureGlobalExpertIDs
+	// FeatureCallSequence is every rank's call checked against the
+	// others' in the exchanges the call makes (its number, with the steps
+	// of Group.Mark, and its kind), so that ranks whose calls no longer
+	// match fail with an error naming a rank and the call (*SequenceError,
+	// *UnusableError) instead of pairing one rank's call with another's;
+	// and a group found unusable (a peer that did not arrive) being said
+	// so to every rank at once: the engines are Sequencers.
+	FeatureCallSequence
 
 	featureEnd // one past the last
 )
@@ -99,6 +107,8 @@ func (f Feature) String() string {
 		return "the LL rank-major receive layout (Config.Layout)"
 	case FeatureGlobalExpertIDs:
 		return "global expert ids in RecvTopK (Config.RecvIDs)"
+	case FeatureCallSequence:
+		return "calls checked to match across ranks (ep.Sequencer)"
 	}
 	return fmt.Sprintf("Feature(%d)", int(f))
 }
@@ -175,6 +185,7 @@ func checkEngine(b Backend, eng Engine) error {
 		{FeatureRefusals, is[Refuser](eng), "Refuser"},
 		{FeatureMeter, is[Meter](eng), "Meter"},
 		{FeatureMaskStalledRanks, is[Masker](eng), "Masker"},
+		{FeatureCallSequence, is[Sequencer](eng), "Sequencer"},
 	} {
 		if Supports(b, need.f) && !need.ok {
 			return fmt.Errorf("ep: NewGroup: the %s backend declares %v, but its engine %T is not an ep.%s", b.Name(), need.f, eng, need.name)

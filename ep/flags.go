@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/goep/goep/internal/memorder"
 )
@@ -44,6 +45,16 @@ const refusedBit = 1 << 31
 // refusedBy is the payload of an abort word for a call rank r refused.
 func refusedBy(r int) uint32 { return refusedBit | uint32(r)&0xffffff }
 
+// brokenBit marks an abort word: the rank found the group unusable (a peer
+// that did not arrive, calls that no longer match) and its note says why;
+// the low 24 bits hold the rank that found it first. It ends every wait for
+// any flag of the rank, whatever the call.
+const brokenBit = 1 << 30
+
+// brokenBy is the payload of an abort word for a group rank r found
+// unusable.
+func brokenBy(r int) uint32 { return brokenBit | uint32(r)&0xffffff }
+
 // clockAfter is how many sweeps a spinning wait makes before it reads the
 // clock: a microsecond or two. A decode step's waits are shorter, and a
 // clock read (tens of nanoseconds in a VM) each would be a good part of
@@ -52,97 +63,132 @@ const clockAfter = 512
 
 // waited is the outcome of waitAll.
 type waited struct {
-	missing int           // the first flag short of the target at the timeout, or -1
-	refused int           // the rank that refused the call (an abort word said so), or -1
-	ahead   int           // the first flag already past the target's call (checkAhead), or -1
-	late    int           // the flag waited for last
-	time    time.Duration // how long the wait took, when it read the clock (0: it ended at once)
-	err     error         // the network failed while the wait made it progress (transport.poll)
+	missing  int           // the first flag short of the target at the timeout, or -1
+	refused  int           // the rank that refused the call (an abort word said so), or -1
+	ahead    int           // the first flag already past the target's call (watch.ahead), or -1
+	broken   int           // the flag whose raiser says the group is unusable (its abort word), or -1
+	mismatch int           // the flag whose raiser's call word says it is not in the target's call, or -1
+	theirs   uint64        // with mismatch, that call word
+	late     int           // the flag waited for last
+	time     time.Duration // how long the wait took, when it read the clock (0: it ended at once)
+	err      error         // the network failed while the wait made it progress (transport.poll)
 }
 
-// sweepFlags checks flags once, from first (the flags before it have
-// arrived): it returns the first flag still short of target (len(flags):
-// all arrived) and, in w, the rank that refused the call where that flag's
-// abort word says so (w.refused), or, with checkAhead, a flag already past
-// the target's call (w.ahead).
-func sweepFlags(flags, aborts []ptr, first int, target uint64, checkAhead bool) (int, waited) {
-	w := waited{missing: -1, refused: -1, ahead: -1}
-	for first < len(flags) {
-		v := atomic.LoadUint64((*uint64)(flags[first]))
-		if v < target {
-			if aborts != nil {
-				if a := atomic.LoadUint64((*uint64)(aborts[first])); a>>32 == target>>32 && a&refusedBit != 0 {
-					w.refused = int(a & 0xffffff)
-				}
-			}
-			return first, w
+func newWaited() waited { return waited{missing: -1, refused: -1, ahead: -1, broken: -1, mismatch: -1} }
+
+// watch is what a wait polls and how it reads it: per flag, the flag, the
+// abort word and the call word of the rank that raises it.
+type watch struct {
+	flags, aborts, calls []ptr
+	peers                []int // the ranks that raise them
+	target               uint64
+	// refusals: an abort word that says the target's call was refused
+	// ends the wait (waited.refused).
+	refusals bool
+	// ahead: a flag that arrived holding a later call than the target's
+	// ends the wait (waited.ahead): the others went on without this rank
+	// (masking), or the ranks' calls no longer match.
+	ahead bool
+	// mine is this rank's call word for the target's call: with it, the
+	// call word of a late flag's raiser is checked against it (callsDiffer).
+	// 0: no check.
+	mine uint64
+}
+
+// sweep checks the flags once, from first (the flags before it have
+// arrived): it returns the first flag still short of the target
+// (len(flags): all arrived) and, in w, why the wait ends early, if it
+// does: a flag past the target's call (w.ahead), or what the late flag's
+// raiser says in its abort word (a refusal, the group unusable) and, when
+// slow, in its call word (not in this call: w.mismatch).
+func (ws *watch) sweep(first int, slow bool, w *waited) (int, bool) {
+	for first < len(ws.flags) {
+		v := atomic.LoadUint64((*uint64)(ws.flags[first]))
+		if v < ws.target {
+			break
 		}
-		if checkAhead && v>>32 > target>>32 {
+		if ws.ahead && v>>32 > ws.target>>32 {
 			w.ahead = first
-			return first, w
+			return first, true
 		}
 		first++
 	}
-	return first, w
+	if first == len(ws.flags) {
+		return first, true
+	}
+	w.late = first
+	a := atomic.LoadUint64((*uint64)(ws.aborts[first]))
+	if a&brokenBit != 0 {
+		w.broken = first
+		return first, true
+	}
+	if ws.refusals && a>>32 == ws.target>>32 && a&refusedBit != 0 {
+		w.refused = int(a & 0xffffff)
+		return first, true
+	}
+	if slow && ws.mine != 0 {
+		c := atomic.LoadUint64((*uint64)(ws.calls[first]))
+		// The flag again, after the call word: a rank raises its flags of
+		// a call before its word says it is past the call.
+		if atomic.LoadUint64((*uint64)(ws.flags[first])) < ws.target && callsDiffer(ws.mine, c) {
+			w.mismatch, w.theirs = first, c
+			return first, true
+		}
+	}
+	return first, false
 }
 
 // yield gives up the core to another thread that wants it.
-func yield() { syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
+func yield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
 
-// waitAll waits until every flag holds at least target, for at most
-// timeout. aborts (nil: none) holds, for each flag, the abort word of the
-// rank that raises it: when a flag is late and its rank's abort word says
-// the target's call was refused, waitAll returns at once with the rank that
-// refused it. With checkAhead, a flag that arrived holding a later call than
-// the target's ends the wait too (the others went on without this rank: it
-// was masked). It spins for spin first (a peer with a core of its own
-// answers within microseconds, and giving up the core would cost more), then
-// yields the core between sweeps (a machine may run more ranks than cores),
-// and after 5 ms sleeps 50 us between sweeps.
+// nap sleeps for about 50 us without allocating. (time.Sleep gives a
+// goroutine a timer of its own the first time it sleeps: an allocation in
+// the first wait of each goroutine that lasts past 5 ms, which the
+// allocation checks counted whenever a peer was late.) Both are raw system
+// calls: the thread keeps its P, so that the runtime does not start another
+// thread to run it meanwhile (a new M is an allocation too).
+func nap() {
+	ts := syscall.Timespec{Nsec: 50_000}
+	syscall.RawSyscall(syscall.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+// waitAll waits until every flag of ws holds at least its target, for at
+// most timeout, or until sweep says why it ends early: a refusal or the
+// group unusable (the late flag's raiser's abort word), a flag already past
+// the target's call, or, checked whenever the wait reads the clock, a
+// raiser whose call word says it is not in the target's call. It spins for
+// spin first (a peer with a core of its own answers within microseconds,
+// and giving up the core would cost more), then yields the core between
+// sweeps (a machine may run more ranks than cores), and after 5 ms sleeps
+// 50 us between sweeps.
 //
 // A wait that read the clock also says how long it waited and for which flag
 // last: the statistics of a rank's waits on its peers. A wait that ended
 // before reading the clock waited nothing worth counting.
-func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration, checkAhead bool) waited {
-	w := waited{missing: -1, refused: -1, ahead: -1}
+func waitAll(ws *watch, timeout, spin time.Duration) waited {
+	w := newWaited()
 	first := 0 // flags before it have arrived
 	var start time.Time
 	spinning := spin > 0
 	for sweep := 0; ; sweep++ {
-		for first < len(flags) {
-			v := atomic.LoadUint64((*uint64)(flags[first]))
-			if v < target {
-				break
-			}
-			if checkAhead && v>>32 > target>>32 {
-				w.ahead = first
-				return w
-			}
-			first++
-		}
-		if first == len(flags) {
-			if !start.IsZero() {
+		// When spinning, the clock is read only once the flags are late: most
+		// waits end within the first sweeps, and reading it costs more than a
+		// sweep.
+		clock := (!spinning || sweep >= clockAfter) && sweep&63 == 0
+		var done bool
+		if first, done = ws.sweep(first, clock, &w); done {
+			if !start.IsZero() && first == len(ws.flags) {
 				w.time = time.Since(start)
 			}
 			return w
 		}
-		w.late = first
-		if aborts != nil {
-			if a := atomic.LoadUint64((*uint64)(aborts[first])); a>>32 == target>>32 && a&refusedBit != 0 {
-				w.refused = int(a & 0xffffff)
-				return w
-			}
-		}
-		// When spinning, the clock is read only once the flags are late: most
-		// waits end within the first sweeps, and reading it costs more than a
-		// sweep.
 		if spinning && sweep < clockAfter {
 			continue
 		}
 		if start.IsZero() {
 			start = time.Now()
 		}
-		if sweep&63 == 0 {
+		if clock {
 			w.time = time.Since(start)
 			if w.time > timeout {
 				w.missing = first
@@ -150,12 +196,12 @@ func waitAll(flags, aborts []ptr, target uint64, timeout, spin time.Duration, ch
 			}
 			spinning = w.time < spin
 			if w.time > 5*time.Millisecond {
-				time.Sleep(50 * time.Microsecond)
+				nap()
 				continue
 			}
 		}
 		if !spinning {
-			syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+			yield()
 		}
 	}
 }

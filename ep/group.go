@@ -302,9 +302,25 @@ func (g *Group[E]) String() string {
 // when a rank has not called it within Config.Timeout, Close frees nothing
 // and returns a *TimeoutError naming that rank; Close may then be called
 // again, unless the rank named is 0 (see mpi.Comm.Arrive).
+//
+// With FeatureCallSequence, after a peer did not arrive in a call (a
+// *TimeoutError here, or on a rank that said so), Close returns nil at once
+// and frees nothing: freeing is collective, and that peer may never come.
+// The buffers and the communicator stay allocated until MPI ends.
 func (g *Group[E]) Close() error {
 	if g == nil || g.closed {
 		return nil
+	}
+	// An engine that is a Sequencer has told every rank (a rank that
+	// stalled finds it when it comes back); with any other, the rank that
+	// stalled would wait here for the others.
+	sq, _ := g.eng.(Sequencer)
+	if sq != nil && !g.spec.MaskStalledRanks && (errors.Is(g.broken, ErrTimeout) || errors.Is(sq.Broken(), ErrTimeout)) {
+		g.closed = true
+		return nil
+	}
+	if sq != nil {
+		sq.Closing() // a rank still waiting for this one in a call fails at once
 	}
 	// Freeing windows and the communicator is collective: a rank that
 	// does not call Close is named here, and this rank then leaves them

@@ -226,3 +226,10 @@ func (h Handle[E]) Layout() *Layout {
 	}
 	return h.s.rt.layout(h.s.g.size)
 }
+
+// Waiting reports an LL handle whose dispatch completed and whose combine
+// has not run: it holds its buffer set until it is combined or released.
+// Not collective.
+func (h Handle[E]) Waiting() bool {
+	return h.valid() && h.s.mode == LowLatency && !h.s.done
+}

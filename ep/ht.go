@@ -301,6 +301,20 @@ func (m *htMode) send(d *Dispatch) error {
 	st.cached = d.From != nil
 	t0 := t.clock()
 	if st.cached {
+		// A cached dispatch right after a dispatch (no combine between,
+		// whose flags would have told that every rank finished it) meets
+		// every rank first: the count round, whose counts it does not
+		// need. Without it a rank could write this call's rows into the
+		// one receive buffer of a node peer, or the staging of a rail
+		// peer, that is still reading the last call's.
+		if e.prevDispatch > e.last[0] {
+			if err := t.shareCounts(0, q, m.mine); err != nil {
+				return err
+			}
+			if err := t.await(op, "its counts", flagCounts, 0, t.all, nil, q); err != nil {
+				return err
+			}
+		}
 		st.copyFrom(d.From.State.(*htState))
 	} else if err := m.exchangeCounts(op, st, q, rt, d.TopK); err != nil {
 		return err

@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"unsafe"
@@ -475,10 +476,32 @@ func (m *llMode) settleRows(b int, st *llState) {
 
 // Where a rank's expert outputs are: the payload of its combine-ready flag.
 const (
-	ySrcRecv   = 1 // the receive buffer
-	ySrcComb   = 2 // the combine buffer
-	ySrcValues = 4 // bit: row values were passed
+	ySrcRecv    = 1 // the receive buffer
+	ySrcComb    = 2 // the combine buffer
+	ySrcValues  = 4 // bit: row values were passed
+	ySrcRelease = 8 // the rank releases the dispatch (Combine.Release): no outputs
 )
+
+// checkRelease, once every combine-ready flag of c has come, fails the
+// call where some ranks release the dispatch and others combine it: the
+// rank that does other than this one is named (*SequenceError), before
+// anything is read.
+func checkRelease(t *transport, op string, c *Combine, b int, ranks []int) error {
+	for _, r := range ranks {
+		if r == t.me || t.masked[r] {
+			continue
+		}
+		if released := t.flagPayload(flagReady, b, r, r)&ySrcRelease != 0; released != c.Release {
+			theirs := callKindOf(t.callOf(c.Op)) // what this rank does; the other does the other
+			other := callCombine
+			if theirs == callCombine {
+				other = callRelease
+			}
+			return t.sequenceError(op, c.Op, r, fmt.Sprintf("at call %d, %v", c.Op, other))
+		}
+	}
+	return nil
+}
 
 func (m *llMode) combineSend(c *Combine) error {
 	e, t := m.e, &m.e.t
@@ -487,6 +510,9 @@ func (m *llMode) combineSend(c *Combine) error {
 	st := d.State.(*llState)
 	if err := e.checkMasked(e.names.combine); err != nil {
 		return err
+	}
+	if c.Release { // nothing to read: combine-ready says so
+		return t.raise(t.live, flagReady, b, me, c.Op, ySrcRelease, nil)
 	}
 	// No wait for the node's readers of set b: this dispatch's send waited
 	// for them, and a set holds one dispatch at a time, so the set's last
@@ -562,6 +588,12 @@ func (m *llMode) combineWait(c *Combine) error {
 	st := d.State.(*llState)
 	if err := t.await(op, "its expert outputs", flagReady, b, t.live, nil, c.Op); err != nil {
 		return err
+	}
+	if err := checkRelease(t, op, c, b, t.live); err != nil {
+		return err
+	}
+	if c.Release {
+		return t.releaseReaders(b, c.Op)
 	}
 	withValues := !c.SlotValues.IsZero()
 	missing := -1

@@ -277,6 +277,9 @@ func (m *llRankMode) combineSend(c *Combine) error {
 	d := c.Dispatch
 	b, me, M, K := d.Set, t.me, m.M, m.K
 	st := d.State.(*llRankState)
+	if c.Release { // nothing to read: combine-ready says so
+		return t.raise(t.all, flagReady, b, me, c.Op, ySrcRelease, nil)
+	}
 	ysrc, area := ySrcComb, m.comb[b]
 	switch c.YIn {
 	case YInRows:
@@ -313,6 +316,12 @@ func (m *llRankMode) combineWait(c *Combine) error {
 	b, me, rt, M, K := d.Set, t.me, d.Route, m.M, m.K
 	if err := t.await(op, "its expert outputs", flagReady, b, t.all, nil, c.Op); err != nil {
 		return err
+	}
+	if err := checkRelease(t, op, c, b, t.all); err != nil {
+		return err
+	}
+	if c.Release {
+		return t.releaseReaders(b, c.Op)
 	}
 	m.where = growTo(m.where, m.R)
 	missing := -1

@@ -36,6 +36,8 @@ func TestRefuseOnOneRank(t *testing.T) {
 				t.Helper()
 				require.Error(t, err, what)
 				assert.True(t, errors.Is(err, ep.ErrBadInput), "%s: %v", what, err)
+				// At once: a call that waited for the refusing rank would end in a timeout.
+				assert.False(t, errors.Is(err, ep.ErrTimeout), "%s: %v", what, err)
 				assert.ErrorContains(t, err, reason, what)
 				if me != bad {
 					var re *ep.RefusedError
@@ -44,7 +46,6 @@ func TestRefuseOnOneRank(t *testing.T) {
 					}
 				}
 			}
-			start := time.Now()
 			if me == bad {
 				check("fresh", g.RefuseDispatch(ep.Handle[float32]{}, reason))
 			} else {
@@ -61,7 +62,6 @@ func TestRefuseOnOneRank(t *testing.T) {
 				check("cached", err)
 				check("combine", g.Combine(h, h.CombineBuffer(), ep.Host(make([]float32, 2*H)), nil))
 			}
-			assert.Less(t, time.Since(start), 10*time.Second, "refused at once, not at the timeout")
 			require.NoError(t, g.Combine(h, h.CombineBuffer(), ep.Host(make([]float32, 2*H)), nil))
 		})
 	}

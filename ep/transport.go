@@ -70,6 +70,7 @@ type inbox struct {
 	slot     [numFlagKinds]int // bytes per flag of each kind: its word and what it carries, whole cache lines
 	base     [numFlagKinds]int // where each kind's flags start
 	carries  [numFlagKinds]int // bytes each kind's flags can carry
+	callBase int               // where the ranks' call words start, a cache line each (sequence.go)
 	size     int
 }
 
@@ -87,6 +88,8 @@ func newInbox(ranks, countLen, readyLen int) inbox {
 		in.base[k] = in.size
 		in.size += 2 * ranks * in.slot[k]
 	}
+	in.callBase = in.size
+	in.size += ranks * flagSlot
 	in.size += ranks * noteLen
 	return in
 }
@@ -110,6 +113,9 @@ func (in *inbox) flagOff(k flagKind, set, src int) int {
 }
 
 func (in *inbox) noteOff(src int) int { return in.size - (in.ranks-src)*noteLen }
+
+// callOff is where rank src's call word is.
+func (in *inbox) callOff(src int) int { return in.callBase + src*flagSlot }
 
 // transport reaches the other ranks of a group.
 type transport struct {
@@ -154,9 +160,22 @@ type transport struct {
 	// made at the first such wait and again after the mask changes.
 	watches [numFlagKinds][2]*watch
 
+	// This rank's calls (sequence.go): the call word of the last call it
+	// started, the call words of the calls started and not finished (0:
+	// free), and the word last sent to the other nodes.
+	started   uint64
+	inflight  [8]uint64
+	published uint64
+	callBuf   []byte // 8 bytes of their own, the word sent
+	// broken is this rank's error once it has said that the group is
+	// unusable (breakGroup).
+	broken error
+
 	// Reused from call to call.
 	flags, aborts []ptr
+	calls         []ptr
 	peers         []int
+	scratch       watch
 	locDst        addrTable
 	locOff, lens  []int64
 	landDst       addrTable
@@ -295,27 +314,30 @@ func (t *transport) attached(k flagKind, set, of, via int) ptr {
 // raised by via[i] (via nil: by from[i] itself). A timeout names via[i], the
 // rank that should have raised it, and what it stands for; a late rank
 // whose abort word says call q was refused ends the wait with a *refusal
-// naming the rank that refused it.
+// naming the rank that refused it. Where q is the call this rank is in
+// (every kind but flagDone, which a call awaits for an earlier one), a
+// wait also checks that the ranks' calls match (sequence.go): a
+// *SequenceError where they do not.
 func (t *transport) await(op, what string, k flagKind, set int, from, via []int, q uint64) error {
 	return t.wait(op, what, k, set, from, via, q, true)
 }
 
 // wait is await; with watchAborts false it does not look at abort words
-// (the rendezvous that ends a refused call waits for those themselves).
+// for refusals, nor at the ranks' calls (the rendezvous that ends a refused
+// call waits for those abort words themselves, SetMask for its own flags).
+// An abort word that says the group is unusable ends any wait.
 //
 // With masking on (maskStalled), a rank whose flag does not come within the
 // timeout is masked instead (setMasked): the wait goes on without it, and so
 // do later calls; and a flag already past call q means that the others went
 // on without this rank: the wait returns ErrMasked.
 func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, q uint64, watchAborts bool) error {
-	target := flagWord(q, 0)
+	sequence := watchAborts && k != flagDone && !t.maskStalled
 	for {
-		var flags, aborts []ptr
-		var peers []int
-		if w := t.liveWatch(k, set, from, via); w != nil {
-			flags, aborts, peers = w.flags, w.aborts, w.peers
-		} else {
-			flags, aborts, peers = t.flags[:0], t.aborts[:0], t.peers[:0]
+		ws := t.liveWatch(k, set, from, via)
+		if ws == nil {
+			ws = &t.scratch
+			ws.flags, ws.aborts, ws.calls, ws.peers = t.flags[:0], t.aborts[:0], t.calls[:0], t.peers[:0]
 			for i, s := range from {
 				v := s
 				if via != nil {
@@ -324,28 +346,42 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 				if v == t.me && via == nil || t.masked[v] {
 					continue
 				}
-				flags = append(flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
-				aborts = append(aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
-				peers = append(peers, v)
+				ws.flags = append(ws.flags, t.inboxOf(v, t.in.flagOff(k, set, s)))
+				ws.aborts = append(ws.aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
+				ws.calls = append(ws.calls, t.callWordOf(v))
+				ws.peers = append(ws.peers, v)
 			}
-			t.flags, t.aborts, t.peers = flags, aborts, peers
+			t.flags, t.aborts, t.calls, t.peers = ws.flags, ws.aborts, ws.calls, ws.peers
 		}
-		if len(flags) == 0 {
+		if len(ws.flags) == 0 {
 			return nil
 		}
-		if !watchAborts {
-			aborts = nil
+		ws.target, ws.refusals, ws.ahead, ws.mine = flagWord(q, 0), watchAborts, t.maskStalled || sequence, 0
+		if sequence {
+			ws.mine = t.callOf(q)
 		}
-		w := t.poll(flags, aborts, peers, target)
+		w := t.poll(ws)
 		switch {
 		case w.err != nil:
 			return fmt.Errorf("ep: %s: waiting for %s: %w", op, what, w.err)
+		case w.broken >= 0:
+			return &brokenPeer{peer: ws.peers[w.broken]}
 		case w.refused >= 0:
 			return &refusal{origin: w.refused}
+		case w.ahead >= 0 && t.maskStalled:
+			return fmt.Errorf("ep: %s: rank %d is already past this call (waiting for %s): %w", op, ws.peers[w.ahead], what, ErrMasked)
 		case w.ahead >= 0:
-			return fmt.Errorf("ep: %s: rank %d is already past this call (waiting for %s): %w", op, peers[w.ahead], what, ErrMasked)
+			p := ws.peers[w.ahead]
+			v := loadFlag(ws.flags[w.ahead])
+			theirs := fmt.Sprintf("already at call %d (its flag for %s came from that call)", v>>32, what)
+			if c := loadFlag(ws.calls[w.ahead]); callOp(c) >= v>>32 {
+				theirs += "; its call word says it is " + describeCall(c)
+			}
+			return t.sequenceError(op, q, p, theirs)
+		case w.mismatch >= 0:
+			return t.sequenceError(op, q, ws.peers[w.mismatch], describeCall(w.theirs)+", without having raised its flag for "+what)
 		case w.missing >= 0 && t.maskStalled:
-			p := peers[w.missing]
+			p := ws.peers[w.missing]
 			t.setMasked(p, true)
 			// Tell it, for when it comes back: it must not write any more.
 			if err := t.raise([]int{p}, flagYouAreMasked, 0, t.me, t.epoch+1, 1, nil); err != nil {
@@ -353,7 +389,7 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 			}
 			continue
 		case w.missing >= 0:
-			return &TimeoutError{Op: op, Peer: peers[w.missing], What: what, After: t.timeout}
+			return &TimeoutError{Op: op, Peer: ws.peers[w.missing], What: what, After: t.timeout}
 		}
 		return nil
 	}
@@ -366,26 +402,33 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 // only while both ends do, so the wait polls MPI as a blocking MPI call
 // would, with no slice of flag polling in between (a 20 us slice held
 // every large transfer to one fragment per socket per slice). After 5 ms it
-// yields the core between sweeps; the clock is read every 64 sweeps.
-func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited {
+// yields the core between sweeps; the clock is read every 64 sweeps, when
+// the late flag's raiser's call word is checked too, and this rank's own is
+// sent to the other nodes the first time (publishCall).
+func (t *transport) poll(ws *watch) waited {
 	if t.net == nil {
-		w := waitAll(flags, aborts, target, t.timeout, t.spin, t.maskStalled)
-		t.waits[peers[w.late]] += w.time
+		w := waitAll(ws, t.timeout, t.spin)
+		t.waits[ws.peers[w.late]] += w.time
 		return w
 	}
 	var start time.Time
 	first, late := 0, 0 // late: the flag waited for last
 	for sweep := 0; ; sweep++ {
 		if err := t.net.Progress(); err != nil {
-			return waited{missing: -1, refused: -1, ahead: -1, err: err}
+			w := newWaited()
+			w.err = err
+			return w
 		}
-		var w waited
-		first, w = sweepFlags(flags, aborts, first, target, t.maskStalled)
-		if first == len(flags) || w.refused >= 0 || w.ahead >= 0 {
-			w.late = late
+		w := newWaited()
+		slow := sweep&63 == 63
+		var done bool
+		if first, done = ws.sweep(first, slow, &w); done {
+			if first == len(ws.flags) {
+				w.late = late
+			}
 			if !start.IsZero() {
 				w.time = time.Since(start)
-				t.waits[peers[late]] += w.time
+				t.waits[ws.peers[w.late]] += w.time
 			}
 			return w
 		}
@@ -393,11 +436,15 @@ func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited
 		if start.IsZero() {
 			start = time.Now()
 		}
-		if sweep&63 == 63 {
+		if slow {
+			if err := t.publishCall(); err != nil {
+				w.err = err
+				return w
+			}
 			waited := time.Since(start)
 			if waited > t.timeout {
 				w.missing, w.time = first, waited
-				t.waits[peers[first]] += waited
+				t.waits[ws.peers[first]] += waited
 				return w
 			}
 			t.idle = waited > yieldAfter
@@ -406,13 +453,6 @@ func (t *transport) poll(flags, aborts []ptr, peers []int, target uint64) waited
 			yield()
 		}
 	}
-}
-
-// watch is what a wait polls: the flags, the abort words of the ranks
-// that raise them, and those ranks.
-type watch struct {
-	flags, aborts []ptr
-	peers         []int
 }
 
 // liveWatch is the watch of a wait for flag (k, set) of every live rank
@@ -429,6 +469,7 @@ func (t *transport) liveWatch(k flagKind, set int, from, via []int) *watch {
 			if v != t.me {
 				w.flags = append(w.flags, t.inboxOf(v, t.in.flagOff(k, set, v)))
 				w.aborts = append(w.aborts, t.inboxOf(v, t.in.flagOff(flagAborted, 0, v)))
+				w.calls = append(w.calls, t.callWordOf(v))
 				w.peers = append(w.peers, v)
 			}
 		}

@@ -240,7 +240,7 @@ func TestCollectiveTimeoutNamesTheStall(t *testing.T) {
 		require.Error(t, err)
 		assert.True(t, errors.Is(err, mpi.ErrTimeout), "want a timeout, got %v", err)
 		assert.Contains(t, err.Error(), "stall-test")
-		assert.Less(t, time.Since(start), 10*time.Second)
+		assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "it waited for the stalled rank")
 		err = c.Barrier()
 		assert.ErrorContains(t, err, "unusable", "after a timeout the communicator must refuse work")
 	}

@@ -15,6 +15,15 @@ import (
 	"github.com/goep/goep/ep"
 )
 
+// maskTimeout is the group's timeout in testMaskStalledRank, which bounds
+// NewGroup's collectives too: long enough for ranks that share 2 cores with
+// other jobs; maskStall, how long the stalled rank stays stopped, is past
+// it and the three masked calls after it.
+const (
+	maskTimeout = 2 * time.Second
+	maskStall   = 3*maskTimeout + time.Second
+)
+
 // A rank stopped by SIGSTOP is masked by the others (MaskStalledRanks):
 // their calls finish without it, exactly as a reference without its experts
 // says, with the dropped pairs reported; later calls skip it at no timeout
@@ -29,7 +38,7 @@ func (s Suite) testMaskStalledRank(t *testing.T) {
 	victim := R - 1
 	sc := scenarios(R)[1]
 	cfg := sc.config(ep.LowLatency)
-	cfg.Timeout = time.Second
+	cfg.Timeout = maskTimeout
 	cfg.MaskStalledRanks = true
 	g := newGroup[float32](t, s, s.Backend, cfg)
 	H, K, L := sc.hidden, sc.topk, sc.experts/R
@@ -73,7 +82,7 @@ func (s Suite) testMaskStalledRank(t *testing.T) {
 	if me == victim {
 		// Stop this process; a helper resumes it once the others have masked
 		// it and gone on for a while.
-		cont := exec.Command("sh", "-c", fmt.Sprintf("sleep 3; kill -CONT %d", os.Getpid()))
+		cont := exec.Command("sh", "-c", fmt.Sprintf("sleep %g; kill -CONT %d", maskStall.Seconds(), os.Getpid()))
 		require.NoError(t, cont.Start())
 		require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGSTOP))
 		require.NoError(t, cont.Wait())
@@ -90,7 +99,7 @@ func (s Suite) testMaskStalledRank(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			start := time.Now()
 			round(fmt.Sprintf("masked call %d", i), []int{victim})
-			assert.Less(t, time.Since(start), cfg.Timeout/2, "a later call waits for no masked rank")
+			assert.Less(t, time.Since(start), cfg.Timeout, "a later call waits for no masked rank (a wait for it would take the timeout)")
 		}
 		require.NoError(t, s.Comm.Barrier(), "the stalled rank is back")
 	}

@@ -54,6 +54,7 @@ var featureChecks = map[ep.Feature]string{
 	ep.FeatureHTExpertMajor:    "ReceiveLayouts", // run always: the layouts not declared are refused
 	ep.FeatureLLRankMajor:      "ReceiveLayouts",
 	ep.FeatureGlobalExpertIDs:  "ReceiveLayouts",
+	ep.FeatureCallSequence:     "MismatchedCallsFailEveryRank",
 }
 
 // declares reports whether the backend under test declares f.
@@ -101,6 +102,8 @@ func Run(t *testing.T, s Suite) {
 	}
 	t.Run("BadInputIsRefusedAndWritesNothing", func(t *testing.T) { s.testBadInput(t) })
 	optional(ep.FeatureRefusals, s.testRefusalFailsEveryRank)
+	optional(ep.FeatureCallSequence, s.testMismatchedCalls)
+	t.Run("ReleaseGivesBuffersBack", func(t *testing.T) { s.testRelease(t) })
 	t.Run("InvalidConfigs", func(t *testing.T) { s.testInvalidConfigs(t) })
 	t.Run("UseAfterClose", func(t *testing.T) { s.testUseAfterClose(t) })
 	optional(ep.FeatureZeroAllocs, s.testZeroAllocs)

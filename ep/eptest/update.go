@@ -2,7 +2,6 @@ package eptest
 
 import (
 	"math/rand/v2"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -40,23 +39,12 @@ func routingCases(ranks int) (warm scenario, changes []scenario) {
 	return warm, append(changes, full, skew, base)
 }
 
-// mallocs counts the heap allocations f makes, as testing.AllocsPerRun
-// does but without its warm-up call: the first run is what is measured.
-func mallocs(f func()) uint64 {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.Mallocs - before.Mallocs
-}
-
 // testRoutingChanges: once the handle ring has been used by tiny
 // dispatches, a sequence of dispatches whose routing changes every time,
 // growing up to every token to TopK experts and every pair to one rank,
 // allocates nothing (dispatch, combine, a cached dispatch and its combine
 // each), in every layout the backend has; and cycling through them
-// (testing.AllocsPerRun) allocates nothing either.
+// allocates nothing either.
 func (s Suite) testRoutingChanges(t *testing.T) {
 	R := s.Comm.Size()
 	cases := []layoutCase{{name: "ll/expert-major", mode: ep.LowLatency}, {name: "ht/flat", mode: ep.HighThroughput}}
@@ -107,20 +95,21 @@ func checkRoutingChanges(t *testing.T, s Suite, c layoutCase, warm scenario, cha
 		steps[i] = prepare(sc)
 	}
 	round(tiny) // the first call sets up what the transport keeps per peer
-	first := mallocs(func() {
+	first, where := engineAllocs(func() {
 		for _, st := range steps {
 			round(st)
 		}
 	})
 	require.NoError(t, failed)
-	assert.Zero(t, first, "allocations of the first dispatches with changing, growing routings")
-	cycle := 0
-	allocs := testing.AllocsPerRun(3*len(steps), func() {
-		round(steps[cycle%len(steps)])
-		cycle++
+	assert.Zero(t, first, "allocations of the first dispatches with changing, growing routings, at:\n%s", where)
+	cycles, where := engineAllocs(func() {
+		for i := 0; i < 3*len(steps); i++ {
+			round(steps[i%len(steps)])
+		}
 	})
 	require.NoError(t, failed)
-	assert.Zero(t, allocs, "allocations per dispatch+combine+cached dispatch+combine, the routing changing each time")
+	assert.Zero(t, cycles, "allocations of %d dispatch+combine+cached dispatch+combine rounds, the routing changing each time, at:\n%s",
+		3*len(steps), where)
 	// And the group still gives the right result.
 	sc, st := changes[len(changes)-1], steps[len(steps)-1]
 	h, err := g.Dispatch(st.x, st.in.topk, st.in.weights)

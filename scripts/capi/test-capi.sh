@@ -8,8 +8,14 @@
 #     nodes, in bfloat16 and float32; and once linked with the static archive
 #   - the C error tests (capi/tests/ep_errors.c): bad input and destroyed objects at 1, 2 and 4
 #     ranks on 2 simulated nodes; a stalled peer (goepEpTimeout) and a masked rank at 2 ranks
+#   - the C sequence tests (capi/tests/ep_sequences.c) at 2 and 4 ranks and 2 simulated nodes: one
+#     rank's refused create, refused combine, destroy with a send-only call pending, each failing its
+#     step on every rank with the combined values of the next steps checked, a retry that is
+#     goepEpMismatch everywhere; -d: a rank that ends, named by the others' timeout, whose destroy
+#     then returns at once
 #   - the Python example (python/examples/ep_test.py) and the pytest tests (python/tests), the
-#     same matrix, with MPI initialised by mpi4py (the stalled-rank tests at 2 ranks)
+#     same matrix, with MPI initialised by mpi4py (the stalled-rank tests at 2 ranks, the sequence
+#     tests at 2 and 4); a rank with an uncaught exception ends the job (python/tests/dead_rank.py)
 #   - pip install ./python into a throw-away venv, offline, and a round with the installed package
 #
 # PYTHON is Debian's /usr/bin/python3 (python3-numpy, python3-mpi4py, python3-pytest), not the
@@ -52,14 +58,40 @@ mpi 1 - bin/capi/ep_errors
 mpi 2 - bin/capi/ep_errors -s
 mpi 4 sim bin/capi/ep_errors
 
+step "C: ep_sequences (a refusal on one rank fails its step everywhere; the next steps are right; a dead rank)"
+mpi 2 - bin/capi/ep_sequences
+mpi 4 - bin/capi/ep_sequences
+mpi 4 sim bin/capi/ep_sequences
+mpi 2 - bin/capi/ep_sequences -d
+mpi 4 sim bin/capi/ep_sequences -d
+
 step "Python: ep_test.py and the pytest tests (MPI initialised by mpi4py)"
 pytest=("$PYTHON" -m pytest -q -p no:cacheprovider --color=no python/tests)
+pytest_sequences=("$PYTHON" -m pytest -q -p no:cacheprovider --color=no python/tests/test_sequences.py)
 mpi 1 - "$PYTHON" python/examples/ep_test.py -c
 mpi 2 - "$PYTHON" python/examples/ep_test.py -c -s none,dispatch,combine,both
 mpi 4 sim "$PYTHON" python/examples/ep_test.py -c
 mpi 1 - "${pytest[@]}" -m "not multirank"
 mpi 2 - "${pytest[@]}"
 mpi 4 sim "${pytest[@]}" -m "not multirank"
+mpi 4 - "${pytest_sequences[@]}"
+mpi 4 sim "${pytest_sequences[@]}"
+
+step "Python: a rank whose exception nothing catches ends the job (the excepthook aborts it), default timeout"
+# Without the hook the others would wait for it until the group's timeout (60 s), then in MPI_Finalize:
+# the limit here is well under that, and the run takes a few seconds.
+dead_log=$(mktemp /tmp/goep-dead.XXXXXX)
+set +e
+LIMIT=45 mpi 2 - "$PYTHON" python/tests/dead_rank.py >"$dead_log" 2>&1
+rc=$?
+set -e
+if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "uncaught RuntimeError: aborting the MPI job" "$dead_log" ||
+  grep -q "every step done" "$dead_log"; then
+  cat "$dead_log"
+  echo "test-capi: the job with a dead Python rank did not end by the excepthook's abort (exit status $rc)" >&2
+  exit 1
+fi
+rm -f "$dead_log"
 
 step "Python: pip install ./python, offline, into a throw-away venv"
 venv=$(mktemp -d /tmp/goep-venv.XXXXXX)

@@ -18,11 +18,22 @@ imports and its device buffers to numpy arrays::
 
 It calls goep's C library (libgoep_ep.so) through ctypes; docs/capi.md
 describes both.
+
+A rank that dies ends the job: importing this package installs a
+``sys.excepthook`` that, after printing the traceback of an exception nothing
+caught, aborts the MPI job (``MPI.COMM_WORLD.Abort``) when it has more than
+one rank. Without it the rank's exit would wait in ``MPI_Finalize`` for the
+others, which wait for it in their calls until their timeout, and then in
+``MPI_Finalize`` too. ``GOEP_EP_ABORT_ON_EXCEPTION=0`` leaves the hook out.
 """
+
+import os as _os
+import sys as _sys
 
 from goep.ep._lib import path as _lib_path
 from goep.ep.enums import (
     Algorithm,
+    Call,
     CombineQuantizationRecipe,
     DataType,
     DispatchQuantizationRecipe,
@@ -31,7 +42,7 @@ from goep.ep.enums import (
     PassDir,
     Result,
 )
-from goep.ep.errors import NCCLError, NcclInvalid, NcclMasked, NcclRemoteError, NcclTimeout
+from goep.ep.errors import NCCLError, NcclInvalid, NcclMasked, NcclMismatch, NcclRemoteError, NcclTimeout
 from goep.ep.group import Group, GroupConfig, MemInfo, buffer_plan
 from goep.ep.handle import (
     CombineConfig,
@@ -52,10 +63,10 @@ INT32 = DataType.INT32
 INT64 = DataType.INT64
 
 __all__ = [
-    "Algorithm", "BFLOAT16", "CombineConfig", "CombineInputs", "CombineOutputs", "CombineQuantizationRecipe",
+    "Algorithm", "BFLOAT16", "Call", "CombineConfig", "CombineInputs", "CombineOutputs", "CombineQuantizationRecipe",
     "DataType", "DispatchConfig", "DispatchInputs", "DispatchOutputs", "DispatchQuantizationRecipe", "ExpertIdKind",
     "FLOAT32", "Group", "GroupConfig", "Handle", "HandleConfig", "INT32", "INT64", "Layout", "LayoutInfo", "MemInfo",
-    "NCCLError", "NcclInvalid", "NcclMasked", "NcclRemoteError", "NcclTimeout", "PassDir", "Result", "Tensor",
+    "NCCLError", "NcclInvalid", "NcclMasked", "NcclMismatch", "NcclRemoteError", "NcclTimeout", "PassDir", "Result", "Tensor",
     "buffer_plan", "get_lib_path", "get_lib_version",
 ]
 
@@ -74,3 +85,29 @@ def get_lib_version() -> tuple[int, int, int]:
 def get_lib_path():
     """The path of the loaded libgoep_ep.so."""
     return _lib_path
+
+
+def _abort_on_uncaught(previous):
+    """A sys.excepthook: previous (the traceback), then MPI_Abort of the whole job,
+    where mpi4py has initialised MPI with more than one rank."""
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        mpi = _sys.modules.get("mpi4py.MPI")  # never imported here: that would initialise MPI
+        try:
+            if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() < 2:
+                return
+            _sys.stderr.write(f"goep.ep: rank {mpi.COMM_WORLD.Get_rank()}: uncaught {kind.__name__}: aborting the MPI "
+                              "job, so that the other ranks do not wait for this one (GOEP_EP_ABORT_ON_EXCEPTION=0 "
+                              "leaves this out)\n")
+            _sys.stderr.flush()
+        except Exception:  # MPI itself failed: nothing more to do here
+            return
+        mpi.COMM_WORLD.Abort(1)
+
+    hook.goep_abort = True
+    return hook
+
+
+if _os.environ.get("GOEP_EP_ABORT_ON_EXCEPTION", "1") != "0" and not getattr(_sys.excepthook, "goep_abort", False):
+    _sys.excepthook = _abort_on_uncaught(_sys.excepthook)

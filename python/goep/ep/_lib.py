@@ -12,7 +12,7 @@ import os
 from ctypes import POINTER, Structure, c_char_p, c_double, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from pathlib import Path
 
-from goep.ep.errors import raise_for
+from goep.ep.errors import NCCLError, raise_for
 
 MAGIC = 0x60E9E9A1
 TENSOR_MAGIC = 0x60E97E50
@@ -169,6 +169,7 @@ _PROTOTYPES = {
     "goepEpMaskClean": [_G],
     "goepEpGetAsyncError": [_G, POINTER(c_int)],
     "goepEpErrorClear": [_G],
+    "goepEpRefuse": [_G, _G, c_int, c_char_p],
     "goepEpBenchGoRounds": [_G, c_void_p, c_void_p, c_void_p, c_int, c_int, POINTER(c_double)],
 }
 for _name, _args in _PROTOTYPES.items():
@@ -182,3 +183,19 @@ def call(name: str, *args) -> None:
     rc = getattr(lib, name)(*args)
     if rc != 0:
         raise_for(rc, lib.goepEpGetLastError().decode(errors="replace"))
+
+
+def refuse(err, *, group=None, handle=None, call: int) -> None:
+    """Take part in a call as a refusal (goepEpRefuse) because of ``err``, an
+    error this package found in its caller's arguments, so that the other
+    ranks' same call fails at once naming this rank, and the ranks' calls stay
+    matched; then raise ``err`` (or the library's error, where the refusal
+    itself failed: a group found unusable)."""
+    reason = str(err) if isinstance(err, NCCLError) else f"{type(err).__name__}: {err}"
+    rc = lib.goepEpRefuse(group, handle, int(call), reason.encode(errors="replace") or b"refused")
+    if rc != 0 and rc not in (4, 5):  # InvalidArgument, InvalidUsage: the refusal, as meant
+        try:
+            raise_for(rc, lib.goepEpGetLastError().decode(errors="replace"))
+        except NCCLError as e:
+            raise e from err
+    raise err

@@ -4,6 +4,7 @@ from enum import IntEnum
 
 __all__ = [
     "Algorithm",
+    "Call",
     "CombineQuantizationRecipe",
     "DataType",
     "DispatchQuantizationRecipe",
@@ -92,3 +93,12 @@ class Result(IntEnum):
     RemoteError = 6
     Timeout = 64
     Masked = 65
+    Mismatch = 66
+
+
+class Call(IntEnum):
+    """What a refusal stands for (``goepEpCall_t``, :func:`goep.ep._lib.refuse`)."""
+
+    CREATE_HANDLE = 1
+    DISPATCH = 2
+    COMBINE = 3

@@ -12,7 +12,7 @@ import builtins
 
 from goep.ep.enums import Result
 
-__all__ = ["NCCLError", "NcclInvalid", "NcclMasked", "NcclRemoteError", "NcclTimeout"]
+__all__ = ["NCCLError", "NcclInvalid", "NcclMasked", "NcclMismatch", "NcclRemoteError", "NcclTimeout"]
 
 
 class NCCLError(Exception):
@@ -31,8 +31,11 @@ class NCCLError(Exception):
 
 class NcclInvalid(NCCLError, ValueError):
     """A bad argument or a call out of order (InvalidArgument, InvalidUsage),
-    found by this package before the call or by the library. Nothing was
-    written and the group stays usable."""
+    found by this package or by the library. Nothing was written and the
+    group stays usable: where the call is collective, the other ranks' same
+    call fails too (:class:`NcclRemoteError`, naming this rank), and where it
+    is ``create_handle``, the dispatch the handle stood for fails on every
+    rank."""
 
     def __init__(self, message: str, status: int = Result.InvalidArgument) -> None:
         super().__init__(status, message)
@@ -48,6 +51,13 @@ class NcclRemoteError(NCCLError):
     call wrote nothing and the group stays usable."""
 
 
+class NcclMismatch(NCCLError):
+    """The ranks' calls no longer match: a rank skipped a call, or made one (or
+    created a handle) that the others did not. The message names a rank and
+    the call; no result was returned, and the group is unusable on every rank:
+    destroy it everywhere."""
+
+
 class NcclMasked(NCCLError):
     """(enable_mask) The other ranks masked this rank after it stalled; it
     rejoins with :meth:`Group.mask_clean`, called with them."""
@@ -57,5 +67,6 @@ def raise_for(status: int, message: str) -> None:
     """Raise the error class of a result code."""
     if status in (Result.InvalidArgument, Result.InvalidUsage):
         raise NcclInvalid(message, status)
-    cls = {Result.Timeout: NcclTimeout, Result.RemoteError: NcclRemoteError, Result.Masked: NcclMasked}.get(status, NCCLError)
+    cls = {Result.Timeout: NcclTimeout, Result.RemoteError: NcclRemoteError, Result.Masked: NcclMasked,
+           Result.Mismatch: NcclMismatch}.get(status, NCCLError)
     raise cls(status, message)

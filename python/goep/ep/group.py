@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from goep.ep import _lib
-from goep.ep.enums import Algorithm, DataType, Layout
+from goep.ep.enums import Algorithm, Call, DataType, Layout
 from goep.ep.errors import NcclInvalid
 from goep.ep.handle import Handle, HandleConfig, LayoutInfo
 from goep.ep.tensor import as_tensor
@@ -139,13 +139,21 @@ class Group:
                       config: HandleConfig | None = None, stream=None) -> Handle:
         """A handle for one step's routing: ``topk_idx`` ``[num_tokens,
         num_topk]`` int32 or int64 expert ids (-1 = none), copied and checked.
-        Local. ``layout_info`` must be None (goep writes the counters at
-        dispatch); ``stream`` is ignored."""
+        Local, but numbered: every rank creates its handles in the same order.
+        A refused one (:class:`NcclInvalid`) makes the dispatch it stood for
+        fail on every rank, this rank taking part in it at its next
+        ``create_handle``, ``dispatch`` or ``destroy``. ``layout_info`` must be
+        None (goep writes the counters at dispatch); ``stream`` is ignored."""
         self._check_valid("create_handle")
-        t = as_tensor(topk_idx, "topk_idx")
-        if layout_info is not None:
-            raise NcclInvalid("create_handle: layout_info must be None: goep writes the layout counters at dispatch "
-                              "(pass layout_info to Handle.dispatch)", status=5)
+        try:
+            t = as_tensor(topk_idx, "topk_idx")
+            if layout_info is not None:
+                raise NcclInvalid("create_handle: layout_info must be None: goep writes the layout counters at dispatch "
+                                  "(pass layout_info to Handle.dispatch)", status=5)
+        except Exception as e:
+            # The handle's number is taken and the dispatch it stood for fails on every rank, as when the
+            # library refuses topk_idx itself.
+            _lib.refuse(e, group=self._ptr, call=Call.CREATE_HANDLE)
         ptr = ctypes.c_void_p()
         _lib.call("goepEpCreateHandle", ctypes.byref(ptr), self._ptr, int(layout), t.ptr if t is not None else None,
                   None, ctypes.pointer(config._c()) if config is not None else None)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from goep.ep import _lib
-from goep.ep.enums import CombineQuantizationRecipe, DataType, DispatchQuantizationRecipe, ExpertIdKind, PassDir
+from goep.ep.enums import Call, CombineQuantizationRecipe, DataType, DispatchQuantizationRecipe, ExpertIdKind, PassDir
 from goep.ep.errors import NcclInvalid
 from goep.ep.tensor import Tensor, as_tensor
 
@@ -143,12 +143,19 @@ class Handle:
 
     def __init__(self, ptr: int, group) -> None:
         self._ptr = ptr
+        self._dead = 0  # the goepEpHandle_t once destroyed: its calls are refused on every rank
         self._group = group  # keeps the group object alive while the handle is
         self._pending = None  # the tensors a send-only call still uses
 
     def _check_valid(self, operation: str) -> None:
         if not self._ptr:
             raise NcclInvalid(f"cannot {operation}: the handle is destroyed", status=5)
+
+    def _refuse(self, err: Exception, call: Call) -> None:
+        """Take part in the collective call as a refusal because of err, so that
+        the other ranks' same call fails at once naming this rank (and the
+        ranks' calls stay matched); raise err."""
+        _lib.refuse(err, handle=self._ptr or self._dead or None, call=call)
 
     @property
     def ptr(self) -> int:
@@ -161,7 +168,6 @@ class Handle:
         """Send each token to the ranks owning its experts and write what this
         rank receives into ``outputs`` (and the counters into ``layout_info``).
         Collective. ``stream`` is ignored (host memory, synchronous calls)."""
-        self._check_valid("dispatch")
         keep = []
 
         def t(x, name, writable=False):
@@ -169,24 +175,29 @@ class Handle:
             keep.append(tt)
             return tt
 
-        cin = _lib.new(_lib.DispatchInputs_c, tokens=_ptr(t(inputs.tokens, "inputs.tokens")),
-                       topk_weights=_ptr(t(inputs.topk_weights, "inputs.topk_weights")),
-                       scales=_ptr(t(inputs.scales, "inputs.scales")))
-        cout = _lib.new(_lib.DispatchOutputs_c, tokens=_ptr(t(outputs.tokens, "outputs.tokens", True)),
-                        topk_weights=_ptr(t(outputs.topk_weights, "outputs.topk_weights", True)),
-                        scales=_ptr(t(outputs.scales, "outputs.scales", True)),
-                        topk_idx=_ptr(t(outputs.topk_idx, "outputs.topk_idx", True)))
-        info = None
-        if layout_info is not None:
-            li = layout_info
-            info = ctypes.pointer(_lib.new(
-                _lib.LayoutInfo_c,
-                expert_counters=_ptr(t(li.expert_counters, "layout_info.expert_counters", True)),
-                src_rank_counters=_ptr(t(li.src_rank_counters, "layout_info.src_rank_counters", True)),
-                expert_offsets=_ptr(t(li.expert_offsets, "layout_info.expert_offsets", True)),
-                recv_total_counter=_ptr(t(li.recv_total_counter, "layout_info.recv_total_counter", True)),
-                recv_topk_idx_kind=int(li.recv_topk_idx_kind)))
-        _lib.call("goepEpDispatch", self._ptr, ctypes.byref(cin), ctypes.byref(cout), info, _cfg_ptr(config))
+        try:
+            self._check_valid("dispatch")
+            cin = _lib.new(_lib.DispatchInputs_c, tokens=_ptr(t(inputs.tokens, "inputs.tokens")),
+                           topk_weights=_ptr(t(inputs.topk_weights, "inputs.topk_weights")),
+                           scales=_ptr(t(inputs.scales, "inputs.scales")))
+            cout = _lib.new(_lib.DispatchOutputs_c, tokens=_ptr(t(outputs.tokens, "outputs.tokens", True)),
+                            topk_weights=_ptr(t(outputs.topk_weights, "outputs.topk_weights", True)),
+                            scales=_ptr(t(outputs.scales, "outputs.scales", True)),
+                            topk_idx=_ptr(t(outputs.topk_idx, "outputs.topk_idx", True)))
+            info = None
+            if layout_info is not None:
+                li = layout_info
+                info = ctypes.pointer(_lib.new(
+                    _lib.LayoutInfo_c,
+                    expert_counters=_ptr(t(li.expert_counters, "layout_info.expert_counters", True)),
+                    src_rank_counters=_ptr(t(li.src_rank_counters, "layout_info.src_rank_counters", True)),
+                    expert_offsets=_ptr(t(li.expert_offsets, "layout_info.expert_offsets", True)),
+                    recv_total_counter=_ptr(t(li.recv_total_counter, "layout_info.recv_total_counter", True)),
+                    recv_topk_idx_kind=int(li.recv_topk_idx_kind)))
+            cfg = _cfg_ptr(config)
+        except Exception as e:
+            self._refuse(e, Call.DISPATCH)
+        _lib.call("goepEpDispatch", self._ptr, ctypes.byref(cin), ctypes.byref(cout), info, cfg)
         if config is not None and config.send_only:
             self._pending = keep
 
@@ -194,13 +205,17 @@ class Handle:
                 stream=None) -> None:
         """Bring the expert outputs back to each token's rank and reduce them
         into ``outputs.tokens``. Collective. ``stream`` is ignored."""
-        self._check_valid("combine")
-        keep = [as_tensor(inputs.tokens, "inputs.tokens"), as_tensor(inputs.topk_weights, "inputs.topk_weights"),
-                as_tensor(outputs.tokens, "outputs.tokens", True),
-                as_tensor(outputs.topk_weights, "outputs.topk_weights", True)]
-        cin = _lib.new(_lib.CombineInputs_c, tokens=_ptr(keep[0]), topk_weights=_ptr(keep[1]))
-        cout = _lib.new(_lib.CombineOutputs_c, tokens=_ptr(keep[2]), topk_weights=_ptr(keep[3]))
-        _lib.call("goepEpCombine", self._ptr, ctypes.byref(cin), ctypes.byref(cout), _cfg_ptr(config))
+        try:
+            self._check_valid("combine")
+            keep = [as_tensor(inputs.tokens, "inputs.tokens"), as_tensor(inputs.topk_weights, "inputs.topk_weights"),
+                    as_tensor(outputs.tokens, "outputs.tokens", True),
+                    as_tensor(outputs.topk_weights, "outputs.topk_weights", True)]
+            cin = _lib.new(_lib.CombineInputs_c, tokens=_ptr(keep[0]), topk_weights=_ptr(keep[1]))
+            cout = _lib.new(_lib.CombineOutputs_c, tokens=_ptr(keep[2]), topk_weights=_ptr(keep[3]))
+            cfg = _cfg_ptr(config)
+        except Exception as e:
+            self._refuse(e, Call.COMBINE)
+        _lib.call("goepEpCombine", self._ptr, ctypes.byref(cin), ctypes.byref(cout), cfg)
         if config is not None and config.send_only:
             self._pending = keep
 
@@ -237,10 +252,18 @@ class Handle:
             self._pending = None
 
     def destroy(self) -> None:
-        """Release the handle. Later operations on it raise NcclInvalid."""
+        """Release the handle and what it holds, whatever its state: a send-only
+        call not completed is completed first (its outputs not written), and an
+        LL handle dispatched and not combined gives its buffers back (in the
+        place of its combine: collective, as goepEpHandleDestroy says). Later
+        dispatches and combines of it raise NcclInvalid here and
+        NcclRemoteError on the other ranks."""
         if self._ptr:
-            ptr, self._ptr = self._ptr, 0
-            _lib.call("goepEpHandleDestroy", ptr)
+            ptr, self._ptr, self._dead = self._ptr, 0, self._ptr
+            try:
+                _lib.call("goepEpHandleDestroy", ptr)
+            finally:
+                self._pending = None
 
     def __enter__(self) -> Handle:
         return self
