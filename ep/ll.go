@@ -201,9 +201,11 @@ func (m *llMode) send(d *Dispatch) error {
 		return err
 	}
 	if !m.readersDone(b) {
+		t0 := t.clock()
 		if err := t.awaitReaders(op, b, e.last[b]); err != nil {
 			return err
 		}
+		t.span(q, "wait readers", t.waitedFor, 0, t0)
 	}
 	if m.directOK() {
 		return m.sendDirect(d, st)
@@ -221,6 +223,7 @@ func (m *llMode) send(d *Dispatch) error {
 		copy(st.off, from.off)
 		st.complete = true
 	} else {
+		t0 := t.clock()
 		if err := t.shareCounts(b, q, rt.PerExpert); err != nil {
 			return err
 		}
@@ -228,6 +231,7 @@ func (m *llMode) send(d *Dispatch) error {
 		if err := m.gatherCounts(op, st, b, q, 0, me); err != nil {
 			return err
 		}
+		t.span(q, "counts of lower ranks", t.waitedFor, 0, t0)
 		clear(st.off[me*m.E : (me+1)*m.E])
 		for s := 0; s < me; s++ {
 			for x := 0; x < m.E; x++ {
@@ -273,9 +277,12 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	m.stagedPos(st, me, m.spos)
 	toks := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(m.meta))), 2*n)
 	m.outboxBases(st)
+	t0 := t.clock()
 	if err := t.awaitSent(m.e.names.dispatch, m.sent[b]); err != nil { // the outbox's last rows have left
 		return err
 	}
+	t.span(d.Op, "outbox free", -1, 0, t0)
+	t0 = t.clock()
 	for tk := 0; tk < rt.T; tk++ {
 		for k := 0; k < K; k++ {
 			x := int(d.TopK[tk*K+k])
@@ -296,6 +303,9 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 		}
 	}
 	m.wire.flush(hostBytes(d.X), hostBytes(d.Scales))
+	t.span(d.Op, "rows", -1, int64(n*m.wire.rowBytes()), t0)
+	t0 = t.clock()
+	across := t.netBytes
 	for _, r := range t.liveRemote {
 		t.exposeRows(r, m.outbox[b], m.obase[r], m.ocnt[r], m.stage[b], me*m.cap)
 	}
@@ -303,6 +313,8 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	if m.sent[b], err = t.flushInPlace(); err != nil {
 		return err
 	}
+	t.span(d.Op, "rows across", -1, t.netBytes-across, t0)
+	t0 = t.clock()
 	for x := 0; x < m.E; x++ {
 		c, owner := int(st.cnt[me*m.E+x]), m.ownerOf[x]
 		if c == 0 || t.masked[owner] {
@@ -320,7 +332,9 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	if m.slots {
 		counts = dtype.Bytes(rt.PerExpert)
 	}
-	return t.raise(t.live, flagData, b, me, d.Op, m.doneWord(b^1), counts)
+	err = t.raise(t.live, flagData, b, me, d.Op, m.doneWord(b^1), counts)
+	t.span(d.Op, "tokens, weights, flag", -1, 0, t0)
+	return err
 }
 
 // doneWord is the payload of this rank's data flag on set b^1: the last
@@ -378,10 +392,13 @@ func (m *llMode) wait(d *Dispatch) error {
 	op := e.names.dispatch
 	b, q, me := d.Set, d.Op, t.me
 	st := d.State.(*llState)
+	t0 := t.clock()
 	if m.slots {
 		if err := t.await(op, "its rows", flagData, b, t.live, nil, q); err != nil {
 			return err
 		}
+		t.span(q, "wait rows", t.waitedFor, 0, t0)
+		t0 = t.clock()
 		for s := 0; s < m.R; s++ {
 			switch {
 			case t.masked[s]: // a masked rank sent nothing
@@ -402,12 +419,17 @@ func (m *llMode) wait(d *Dispatch) error {
 				return err
 			}
 			m.packOffsets(st)
+			t.span(q, "counts of higher ranks", t.waitedFor, 0, t0)
+			t0 = t.clock()
 		}
 		if err := t.await(op, "its rows", flagData, b, t.live, nil, q); err != nil {
 			return err
 		}
+		t.span(q, "wait rows", t.waitedFor, 0, t0)
+		t0 = t.clock()
 		m.settleRows(b, st)
 	}
+	t.span(q, "settle", -1, 0, t0)
 	d.Recv = *m.views(b)
 	d.Recv.ExpertCounts, d.Recv.SourceCounts, d.Recv.Dropped = st.expert, st.source, st.dropped
 	for _, c := range st.expert {
@@ -517,6 +539,7 @@ func (m *llMode) combineSend(c *Combine) error {
 	// No wait for the node's readers of set b: this dispatch's send waited
 	// for them, and a set holds one dispatch at a time, so the set's last
 	// combine is the same one.
+	t0 := t.clock()
 	ysrc, area := ySrcComb, m.comb[b]
 	switch c.YIn {
 	case YInRows:
@@ -545,6 +568,7 @@ func (m *llMode) combineSend(c *Combine) error {
 	}
 	// Expose each token rank of another node its rows, in its own pair
 	// order (node peers read them in place).
+	across := t.netBytes
 	for _, s := range t.liveRemote {
 		pos := 0 // where s's pairs of this rank's experts start among all its pairs
 		for x := 0; x < me*m.L; x++ {
@@ -566,6 +590,7 @@ func (m *llMode) combineSend(c *Combine) error {
 	if err := t.flush(t.segBytes); err != nil {
 		return err
 	}
+	t.span(c.Op, "outputs across", -1, t.netBytes-across, t0)
 	if !m.slots {
 		return t.raise(t.live, flagReady, b, me, c.Op, uint32(ysrc), nil)
 	}
@@ -586,15 +611,18 @@ func (m *llMode) combineWait(c *Combine) error {
 	d := c.Dispatch
 	b, me, rt, K, L := d.Set, t.me, d.Route, m.K, m.L
 	st := d.State.(*llState)
+	t0 := t.clock()
 	if err := t.await(op, "its expert outputs", flagReady, b, t.live, nil, c.Op); err != nil {
 		return err
 	}
+	t.span(c.Op, "wait outputs", t.waitedFor, 0, t0)
 	if err := checkRelease(t, op, c, b, t.live); err != nil {
 		return err
 	}
 	if c.Release {
 		return t.releaseReaders(b, c.Op)
 	}
+	t0 = t.clock()
 	withValues := !c.SlotValues.IsZero()
 	missing := -1
 	m.where = growTo(m.where, m.R)
@@ -658,6 +686,7 @@ func (m *llMode) combineWait(c *Combine) error {
 	if withValues && missing < 0 {
 		gatherValues(c.SlotValues.Host(), &m.vp)
 	}
+	t.span(c.Op, "reduce", -1, 0, t0)
 	d.Recv.Dropped = st.dropped
 	if err := t.releaseReaders(b, c.Op); err != nil {
 		return err

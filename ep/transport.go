@@ -149,8 +149,11 @@ type transport struct {
 	netBytes int64
 	netSent  []int64 // per rank: the bytes this rank put to it across nodes
 
-	tl      *timeline // the steps of the calls, when recording (nil: off)
-	inPlace bool      // large blocks go to other nodes straight from the segment (flushInPlace)
+	tl *timeline // the steps of the calls, when recording (nil: off)
+	// waitedFor is the rank the last wait waited for last, -1 when it
+	// waited for none (every flag was there): the peer of a wait's span.
+	waitedFor int
+	inPlace   bool // large blocks go to other nodes straight from the segment (flushInPlace)
 	// landsFinal: the network reaches the other nodes' segments too, at
 	// offsets from the size of their staging memory (exposeRowsFinal).
 	landsFinal bool
@@ -361,6 +364,10 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 			ws.mine = t.callOf(q)
 		}
 		w := t.poll(ws)
+		t.waitedFor = -1
+		if w.time > 0 {
+			t.waitedFor = ws.peers[w.late]
+		}
 		switch {
 		case w.err != nil:
 			return fmt.Errorf("ep: %s: waiting for %s: %w", op, what, w.err)

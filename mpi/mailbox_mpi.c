@@ -35,7 +35,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
-// A message matched from a source: its buffer, whether its bytes are in.
+// A message matched from a source: its buffer (from the pool, takebuf, and
+// back to it once applied), whether its bytes are in.
 typedef struct {
   char *buf;
   int64_t len, cap;
@@ -127,7 +128,7 @@ goep_mbox *goep_mbox_new(MPI_Comm comm, int64_t size, int tag) {
   m->load = calloc((size_t)m->ranks, sizeof *m->load);
   m->ndirect = calloc((size_t)m->ranks, sizeof *m->ndirect);
   m->src = calloc((size_t)m->ranks, sizeof *m->src);
-  m->capfree = 2 * m->ranks + 8;
+  m->capfree = 4 * m->ranks + 16;  // the buffers of the sends and the receives in flight
   m->freebuf = calloc((size_t)m->capfree, sizeof *m->freebuf);
   m->freecap = calloc((size_t)m->capfree, sizeof *m->freecap);
   if (m->load == NULL || m->ndirect == NULL || m->src == NULL || m->freebuf == NULL || m->freecap == NULL) {
@@ -158,10 +159,24 @@ int goep_mbox_bad(goep_mbox *m) { return m->bad; }
 
 int64_t goep_mbox_applied(goep_mbox *m) { return m->applied; }
 
-// takebuf gives a packing buffer of at least need bytes: the smallest free
-// one that is large enough, else a new one in place of the largest free one
-// (freed: its contents need no copy), else a new one. In a steady state of
-// calls of the same sizes, no call allocates.
+// bufcap is the capacity of a new buffer for need bytes: the next power of
+// two, so that messages whose sizes vary from call to call (the routing
+// changes) find a buffer that fits among the ones they used before.
+static int64_t bufcap(int64_t need) {
+  int64_t c = 256;
+  while (c < need) c *= 2;
+  return c;
+}
+
+// takebuf gives a buffer of at least need bytes, for a message to pack or
+// to receive: the smallest free one that is large enough, else a new one in
+// place of the largest free one (freed: its contents need no copy), else a
+// new one. In a steady state of calls of similar sizes no call allocates,
+// so none touches memory it has not touched before: a large allocation
+// comes from the kernel afresh each time, and a page's first touch can cost
+// far more than copying it (on the VM of docs/bench.md, 12-65 ms to touch
+// 4 MB afresh, 0.1-0.3 ms to copy 4 MB already touched: a message received
+// into a new buffer took 3-5 times as long as one received into an old one).
 static char *takebuf(goep_mbox *m, int64_t need, int64_t *cap) {
   int best = -1, largest = -1;
   for (int i = 0; i < m->nfree; i++) {
@@ -183,13 +198,13 @@ static char *takebuf(goep_mbox *m, int64_t need, int64_t *cap) {
     m->freecap[best] = m->freecap[m->nfree];
   }
   if (b == NULL) {
-    *cap = need;
-    b = malloc((size_t)need);
+    *cap = bufcap(need);
+    b = malloc((size_t)*cap);
   }
   return b;
 }
 
-// givebuf keeps a packing buffer for reuse (when the free list is full, it
+// givebuf keeps a buffer for reuse (when the free list is full, it
 // is freed).
 static void givebuf(goep_mbox *m, char *b, int64_t cap) {
   if (m->nfree == m->capfree) {
@@ -436,6 +451,9 @@ static int applysource(goep_mbox *m, int s) {
       q->cursor += 16 + pad8(n);
     }
     q->cursor = 0;
+    givebuf(m, g->buf, g->cap);  // for the next message, from any source
+    g->buf = NULL;
+    g->cap = 0;
     q->mhead++;
     q->mcount--;
     q->mposted--;
@@ -493,12 +511,8 @@ int goep_mbox_progress(goep_mbox *m) {
     int64_t i = q->mhead + q->mcount;
     rmsg *g = msgat(q, i);
     int64_t need = (int64_t)count * 8;
-    if (need > g->cap) {
-      char *b = realloc(g->buf, (size_t)need);
-      if (b == NULL) return MPI_ERR_NO_MEM;
-      g->buf = b;
-      g->cap = need;
-    }
+    g->buf = takebuf(m, need, &g->cap);
+    if (g->buf == NULL) return MPI_ERR_NO_MEM;
     g->len = need;
     g->done = 0;
     q->mcount++;

@@ -90,6 +90,50 @@ func TestMailboxLargeMessage(t *testing.T) {
 	mpitesting.Agree(t, w)
 }
 
+// Messages whose sizes change from call to call, from every rank at once,
+// land whole: the receiver takes each message's buffer from those the
+// earlier messages of any source gave back (and the sender its packing
+// buffer), so a buffer given back too early, or one too small, would show
+// here as a wrong byte. Each round every rank sends every rank one block of a
+// size that changes with the round and the pair, then a flag.
+func TestMailboxSizesChange(t *testing.T) {
+	w := mpitesting.World
+	n, me := w.Size(), w.Rank()
+	sizes := []int{24, 300 << 10, 2<<20 + 8, 70 << 10}
+	const most = 2<<20 + 8
+	area := func(s int) int { return 8*n + s*most }
+	m, err := w.NewMailbox(area(n))
+	require.NoError(t, err)
+	size := func(k, s, d int) int { return sizes[(k+s+d)%len(sizes)] }
+	val := func(k, s, d, i int) byte { return byte(k*17 + s*5 + d*3 + i) }
+	src := make([]byte, most)
+	word := make([]byte, 8)
+	for k := 1; k <= 3*len(sizes); k++ {
+		for d := 0; d < n; d++ {
+			for i := 0; i < size(k, me, d); i++ {
+				src[i] = val(k, me, d, i)
+			}
+			require.NoError(t, m.PutBlocks(src, []mpi.Block{{Len: size(k, me, d), Target: d, DstOffset: area(me)}}))
+		}
+		binary.LittleEndian.PutUint64(word, uint64(k))
+		for d := 0; d < n; d++ {
+			require.NoError(t, m.PutBlocks(word, []mpi.Block{{Len: 8, Target: d, DstOffset: 8 * me}}))
+		}
+		for s := 0; s < n; s++ {
+			waitWord(t, m, 8*s, uint64(k))
+			got := m.Local()[area(s) : area(s)+size(k, s, me)]
+			for i := range got {
+				if got[i] != val(k, s, me, i) {
+					require.Equal(t, val(k, s, me, i), got[i], "round %d: byte %d of %d from rank %d", k, i, len(got), s)
+				}
+			}
+		}
+		require.NoError(t, w.Barrier()) // every rank has read this round's blocks before the next one's land
+	}
+	require.NoError(t, m.Free())
+	mpitesting.Agree(t, w)
+}
+
 func TestMailboxBadInput(t *testing.T) {
 	w := mpitesting.World
 	n := w.Size()
