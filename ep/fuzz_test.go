@@ -13,9 +13,10 @@ import (
 // Groups of one rank that FuzzDispatchInput reuses from input to input, as
 // a program reuses its group from step to step: LL and HT.
 var fuzzGroups struct {
-	once   sync.Once
-	ll, ht *ep.Group[float32]
-	err    error
+	once    sync.Once
+	ll, ht  *ep.Group[float32]
+	experts int // fuzzE per rank (under mpirun every rank takes the same input)
+	err     error
 }
 
 const fuzzH, fuzzK, fuzzE, fuzzM = 4, 3, 8, 8
@@ -36,7 +37,8 @@ func FuzzDispatchInput(f *testing.F) {
 	f.Add(false, []byte{}, uint8(0), uint8(0), uint8(0))
 	f.Fuzz(func(t *testing.T, ht bool, raw []byte, nids, nweights, ntokens uint8) {
 		fuzzGroups.once.Do(func() {
-			cfg := ep.Config{Mode: ep.LowLatency, NumExperts: fuzzE, MaxTokensPerRank: fuzzM, Hidden: fuzzH, TopK: fuzzK}
+			fuzzGroups.experts = fuzzE * mpitesting.World.Size()
+			cfg := ep.Config{Mode: ep.LowLatency, NumExperts: fuzzGroups.experts, MaxTokensPerRank: fuzzM, Hidden: fuzzH, TopK: fuzzK}
 			if fuzzGroups.ll, fuzzGroups.err = ep.NewGroup[float32](mpitesting.World, cfg); fuzzGroups.err == nil {
 				cfg.Mode = ep.HighThroughput
 				fuzzGroups.ht, fuzzGroups.err = ep.NewGroup[float32](mpitesting.World, cfg)
@@ -70,7 +72,7 @@ func FuzzDispatchInput(f *testing.F) {
 		for tk := 0; valid && tk < T; tk++ {
 			for k := 0; k < fuzzK; k++ {
 				e := topk[tk*fuzzK+k]
-				valid = valid && e >= -1 && e < fuzzE
+				valid = valid && e >= -1 && e < int32(fuzzGroups.experts)
 				for j := 0; j < k && e >= 0; j++ {
 					valid = valid && topk[tk*fuzzK+j] != e
 				}
