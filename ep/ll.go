@@ -60,8 +60,9 @@ type llMode struct {
 	// receiver's rows one block in its staged order (obase, ocnt).
 	recv, outbox       [2]rowArea
 	tok, w, comb, vals [2]region
-	obase, ocnt        []int // per rank of another node: its first row in the outbox, and its rows
-	sent               [2]uint64
+	obase, ocnt        []int     // per rank of another node: its first row in the outbox, and its rows
+	sent               [2]uint64 // per set: the outbox's last put (flushInPlace)
+	csent              [2]uint64 // per set: the last combine's put of the expert outputs
 	// Staging areas per buffer set: rows from each rank [R][cap] with token
 	// and weight; exposed outputs [M*K] with values.
 	stage            [2]rowArea
@@ -278,7 +279,9 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	toks := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(m.meta))), 2*n)
 	m.outboxBases(st)
 	t0 := t.clock()
-	if err := t.awaitSent(m.e.names.dispatch, m.sent[b]); err != nil { // the outbox's last rows have left
+	// The outbox's last rows, and the last combine's outputs on this set,
+	// have left before anything here is written.
+	if err := t.awaitSent(m.e.names.dispatch, max(m.sent[b], m.csent[b])); err != nil {
 		return err
 	}
 	t.span(d.Op, "outbox free", -1, 0, t0)
@@ -587,7 +590,12 @@ func (m *llMode) combineSend(c *Combine) error {
 			pos += n
 		}
 	}
-	if err := t.flush(t.segBytes); err != nil {
+	// Straight from where they are, as the dispatch sends its rows: no copy
+	// into a message at either end, and every receiver's blocks in flight
+	// at once. They stay as they are until sent (combineWait, before it
+	// releases the buffers).
+	var err error
+	if m.csent[b], err = t.flushInPlace(); err != nil {
 		return err
 	}
 	t.span(c.Op, "outputs across", -1, t.netBytes-across, t0)
@@ -688,6 +696,13 @@ func (m *llMode) combineWait(c *Combine) error {
 	}
 	t.span(c.Op, "reduce", -1, 0, t0)
 	d.Recv.Dropped = st.dropped
+	// The outputs this rank sent in place leave before the node's ranks
+	// may write its buffers of set b again.
+	t0 = t.clock()
+	if err := t.awaitSent(op, m.csent[b]); err != nil {
+		return err
+	}
+	t.span(c.Op, "outputs sent", -1, 0, t0)
 	if err := t.releaseReaders(b, c.Op); err != nil {
 		return err
 	}

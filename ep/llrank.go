@@ -40,7 +40,8 @@ type llRankMode struct {
 	stok, stopk, sw          [2]region
 	cstage, cvals            [2]region // [R*M]: expert rank r's outputs of this rank's tokens at r*M
 	obase                    []int     // per rank of another node: its first row in the outbox
-	sent                     [2]uint64
+	sent                     [2]uint64 // per set: the outbox's last put (flushInPlace)
+	csent                    [2]uint64 // per set: the last combine's put of the expert outputs
 	lists                    [][]int32 // per rank: the tokens it gets, in order
 	meta                     []byte    // metadata of the rows for other nodes, packed
 	tables                   *reduceTables
@@ -159,7 +160,9 @@ func (m *llRankMode) send(d *Dispatch) error {
 			return err
 		}
 	}
-	if err := t.awaitSent(op, m.sent[b]); err != nil { // the outbox's last rows have left
+	// The outbox's last rows, and the last combine's outputs on this set,
+	// have left before anything here is written.
+	if err := t.awaitSent(op, max(m.sent[b], m.csent[b])); err != nil {
 		return err
 	}
 	next := 0
@@ -303,7 +306,10 @@ func (m *llRankMode) combineSend(c *Combine) error {
 			}
 		}
 	}
-	if err := t.flush(t.segBytes); err != nil {
+	// Straight from where they are (no copy into a message at either end);
+	// they stay as they are until sent (combineWait).
+	var err error
+	if m.csent[b], err = t.flushInPlace(); err != nil {
 		return err
 	}
 	return t.raise(t.all, flagReady, b, me, c.Op, uint32(ysrc), nil)
@@ -356,6 +362,11 @@ func (m *llRankMode) combineWait(c *Combine) error {
 	tab.reduce(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H, e.spec.Elem)
 	if withValues {
 		sumValues(c.SlotValues.Host(), &m.vp, tab.start[:rt.T+1], rt.T, K)
+	}
+	// The outputs this rank sent in place leave before the node's ranks
+	// may write its buffers of set b again.
+	if err := t.awaitSent(op, m.csent[b]); err != nil {
+		return err
 	}
 	if err := t.releaseReaders(b, c.Op); err != nil {
 		return err
