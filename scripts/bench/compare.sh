@@ -7,15 +7,18 @@
 #                                                    scripts/cluster's emulated hosts)
 #
 # BEFORE is a commit; the build after is the working tree's. Each configuration runs ROUNDS times
-# (default 3) per build, before and after in turn: LL 128 and HT 4096 tokens (hidden 7168, top-8,
-# 64 experts, bf16) on 2 ranks of one node, then across 2 emulated hosts x 2 ranks. Every run also
-# times the hand-written alltoallv of the same routing, so each line carries its own reference.
+# (default 5) per build, before and after in turn: LL 128 and HT 4096 tokens (hidden 7168, top-8,
+# 64 experts, bf16) on 2 ranks of one node, then across emulated hosts, 2 x 2 and 4 x 1. Every run
+# also times the hand-written alltoallv of the same routing, so each line carries its own reference.
 # Output: ep-bench's JSON lines with "build":"before" or "after" first, in docs/bench/compare.jsonl
-# (OUT=... to change), and a summary table from scripts/bench/tables.py compare.
+# (OUT=... to change), and a summary table from scripts/bench/tables.py compare, which says for each
+# configuration whether the change is told from the machine's noise: across the emulated hosts one
+# run moves by up to 1.5x, so it takes every one of at least 5 pairs (a before run and the after run
+# that followed it) on the same side; with fewer rounds, or pairs on both sides, it says it cannot.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 before=${1:?usage: compare.sh BEFORE [ROUNDS]}
-rounds=${2:-3}
+rounds=${2:-5}
 OUT=${OUT:-docs/bench/compare.jsonl}
 GO=${GO:-go}
 MPIRUN=(mpirun --oversubscribe)
@@ -54,11 +57,13 @@ for cfg in "-mode ll -tokens 128" "-mode ht -tokens 4096"; do
 done
 export GOEP_CLUSTER_NAME=${GOEP_CLUSTER_NAME:-gcmp}
 trap 'scripts/cluster/cluster.sh down >/dev/null 2>&1 || true' EXIT
-scripts/cluster/cluster.sh up 2 --slots 2 >/dev/null
-for cfg in "-mode ll -tokens 128" "-mode ht -tokens 4096"; do
-  # the build after measures the network floor too; the build before may not know it
-  # shellcheck disable=SC2086
-  alternate scripts/cluster/mpirun -np 4 --host goep-h1:2,goep-h2:2 -- $cfg "${common[@]}"
+scripts/cluster/cluster.sh up 4 --slots 2 >/dev/null
+for hosts in goep-h1:2,goep-h2:2 goep-h1:1,goep-h2:1,goep-h3:1,goep-h4:1; do
+  for cfg in "-mode ll -tokens 128" "-mode ht -tokens 4096"; do
+    # the build after measures the network floor too; the build before may not know it
+    # shellcheck disable=SC2086
+    alternate scripts/cluster/mpirun -np 4 --host "$hosts" -- $cfg "${common[@]}"
+  done
 done
 scripts/cluster/cluster.sh down >/dev/null
 trap - EXIT

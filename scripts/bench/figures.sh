@@ -8,7 +8,10 @@
 # one-node    ep-bench LL 128 and HT 4096 (hidden 7168, top-8, 64 experts, bf16) on 2 and 4 ranks
 # latency     ep-bench -latency on 2 ranks (hidden 128, top-2, 8 experts), and its chart
 # cross-host  the same LL and HT across emulated hosts (scripts/cluster, as root): 2x2, 4x1, 4x2
-#             (HT without the baseline there: both do not fit in 24 GB; and HT 2048 with it), 2+2+1
+#             (HT without the baseline there: both do not fit in 24 GB; and HT 2048 with it), 2+2+1;
+#             RUNS times (default 5), every configuration once per pass: across the emulated hosts
+#             one run moves by up to 1.5x, so the tables show each figure's median over the runs
+#             with the lowest and highest
 # fp8         FP8 dispatch and the FP8 combine beside bf16, one node and 2x2 hosts, twice each
 # layouts     HT's expert-major zones against the flat layout plus the user's permutation, 2 ranks
 #             and 2x2 hosts
@@ -20,16 +23,18 @@
 # capi        the C and Python boundaries against the same round in Go (scripts/capi/bench-boundary.sh)
 #
 # python3 scripts/bench/tables.py update rewrites the tables of the README and docs/bench.md
-# from these files.
+# from these files; python3 scripts/bench/tables.py reproduce FILE... says whether other runs of
+# cross-host fall within the spread the tables print.
 #
-# Each configuration runs once; the machine's other work should be stopped (this VM's speed moves
-# by up to 1.5x between runs: the README reads ratios taken within one run).
+# Each configuration runs once (cross-host: RUNS times); the machine's other work should be stopped
+# (this VM's speed moves by up to 1.5x between runs: the README reads ratios taken within one run).
+# OUT=DIR writes the files there instead of docs/bench.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(one-node latency cross-host fp8 layouts train serve capi)
-OUT=docs/bench
+OUT=${OUT:-docs/bench}
 MPIRUN=(mpirun --oversubscribe)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 GO=${GO:-go}
@@ -59,21 +64,26 @@ for part in "${parts[@]}"; do
     trap 'scripts/cluster/cluster.sh down >/dev/null 2>&1 || true' EXIT
     scripts/cluster/cluster.sh up 4 --slots 2 >/dev/null
     f=$OUT/cross-host.jsonl; stamp >"$f"
-    run() { # NP HOSTS ARGS...
-      local np=$1 hosts=$2; shift 2
-      scripts/cluster/mpirun -np "$np" --host "$hosts" bin/ep-bench "$@" -iters 8 -warmup 1 | grep '^{' >>"$f"
+    runs=${RUNS:-5}
+    run() { # PASS NP HOSTS ARGS...: one run, its line marked with its pass
+      local k=$1 np=$2 hosts=$3; shift 3
+      scripts/cluster/mpirun -np "$np" --host "$hosts" bin/ep-bench "$@" -iters 8 -warmup 1 | grep '^{' |
+        sed "s/^{/{\"run\":$k,/" >>"$f"
     }
-    for layout in "4 goep-h1:2,goep-h2:2" "4 goep-h1:1,goep-h2:1,goep-h3:1,goep-h4:1" \
-      "8 goep-h1:2,goep-h2:2,goep-h3:2,goep-h4:2" "5 goep-h1:2,goep-h2:2,goep-h3:1"; do
-      set -- $layout
-      experts=64; [ "$1" = 5 ] && experts=80
-      run "$1" "$2" -mode ll -tokens 128 -hidden 7168 -topk 8 -experts $experts -dtype bf16 -json
-      if [ "$1" = 8 ]; then
-        run "$1" "$2" -mode ht -tokens 4096 -hidden 7168 -topk 8 -experts 64 -dtype bf16 -json -no-baseline
-        run "$1" "$2" -mode ht -tokens 2048 -hidden 7168 -topk 8 -experts 64 -dtype bf16 -json
-      else
-        run "$1" "$2" -mode ht -tokens 4096 -hidden 7168 -topk 8 -experts $experts -dtype bf16 -json
-      fi
+    for ((k = 1; k <= runs; k++)); do # passes, so that the machine's drift spreads over every configuration
+      [ "$k" = 1 ] || echo "# run $k: $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$f"
+      for layout in "4 goep-h1:2,goep-h2:2" "4 goep-h1:1,goep-h2:1,goep-h3:1,goep-h4:1" \
+        "8 goep-h1:2,goep-h2:2,goep-h3:2,goep-h4:2" "5 goep-h1:2,goep-h2:2,goep-h3:1"; do
+        set -- $layout
+        experts=64; [ "$1" = 5 ] && experts=80
+        run "$k" "$1" "$2" -mode ll -tokens 128 -hidden 7168 -topk 8 -experts $experts -dtype bf16 -json
+        if [ "$1" = 8 ]; then
+          run "$k" "$1" "$2" -mode ht -tokens 4096 -hidden 7168 -topk 8 -experts 64 -dtype bf16 -json -no-baseline
+          run "$k" "$1" "$2" -mode ht -tokens 2048 -hidden 7168 -topk 8 -experts 64 -dtype bf16 -json
+        else
+          run "$k" "$1" "$2" -mode ht -tokens 4096 -hidden 7168 -topk 8 -experts $experts -dtype bf16 -json
+        fi
+      done
     done
     scripts/cluster/cluster.sh down >/dev/null; trap - EXIT ;;
   fp8)

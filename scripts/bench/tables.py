@@ -8,6 +8,8 @@ scripts/bench/figures.sh writes under docs/bench/ (and compare.sh's).
     python3 scripts/bench/tables.py gpu               # the GPU figures (docs/bench/gpu-*: the device command's files)
     python3 scripts/bench/tables.py update            # rewrite the tables in README.md, docs/bench.md and docs/gpu.md
                                                       # (between their <!-- begin/end ... --> lines)
+    python3 scripts/bench/tables.py reproduce FILE... # whether other runs of figures.sh cross-host (OUT=dir) fall
+                                                      # within the spread of docs/bench/cross-host.jsonl
 
 Every number printed is read from a file; nothing is typed in by hand.
 """
@@ -22,7 +24,11 @@ DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs
 
 def load(name):
     """The stamp line and the records of docs/bench/NAME.jsonl ([] where it is missing)."""
-    path = os.path.join(DIR, name + ".jsonl")
+    return load_file(os.path.join(DIR, name + ".jsonl"))
+
+
+def load_file(path):
+    """The first stamp line and the records of a file of JSON lines ([] where it is missing)."""
     if not os.path.exists(path):
         return "", []
     stamp, recs = "", []
@@ -73,6 +79,100 @@ def total(r, pre=""):
     return r[pre + "dispatch_us"] + r[pre + "combine_us"]
 
 
+# A figure over runs: the median, the lowest and the highest. Across the emulated hosts one run
+# moves by up to 1.5x (the hosts share two cores with their TCP stacks), so each figure there is
+# taken over several runs, and a spread (highest over lowest) above NOISY is said in the tables.
+NOISY = 1.5
+
+
+def runs_of(recs):
+    """Records grouped by configuration (mode, tokens, hosts, experts, baseline or not), in the
+    order first seen: each group holds one record per run."""
+    groups = {}
+    for r in recs:
+        groups.setdefault(config_key(r), []).append(r)
+    return list(groups.values())
+
+
+def config_key(r):
+    return (r["mode"], r["tokens"], layout(r), r["nodes"], r["experts"], bool(r.get("alltoallv_dispatch_us")))
+
+
+# The cross-host figures the tables print over runs: name, how to read it from a record (None
+# where the record has no such figure) and how to print it.
+XH_FIGURES = (
+    ("ep, dispatch + combine", lambda r: total(r), ms),
+    ("alltoallv by hand", lambda r: total(r, "alltoallv_") if r.get("alltoallv_dispatch_us") else None, ms),
+    ("wire floor", lambda r: floor_total(r) if r.get("floor_dispatch_us") else None, ms),
+    ("speedup over alltoallv", lambda r: r.get("speedup_vs_alltoallv") or None, x),
+    ("ep x floor", lambda r: r.get("x_floor") or None, x),
+)
+
+
+def reproduce(paths):
+    """Whether the medians of other runs of figures.sh cross-host (each file one run of it, its
+    configurations RUNS times) fall within the lowest and highest run of docs/bench/cross-host.jsonl,
+    figure by figure."""
+    stamp, ref = load("cross-host")
+    others = [runs_of(load_file(p)[1]) for p in paths]
+    rows, inside, count = [], 0, 0
+    for rs in runs_of(ref):
+        key = config_key(rs[0])
+        for name, get, fmt in XH_FIGURES:
+            vals = [get(r) for r in rs]
+            if None in vals:
+                continue
+            med, lo, hi = stat(vals)
+            cells = []
+            for groups in others:
+                g = [g for g in groups if config_key(g[0]) == key]
+                if not g:
+                    cells.append("not run")
+                    continue
+                m = statistics.median(get(r) for r in g[0])
+                ok = lo <= m <= hi
+                inside, count = inside + ok, count + 1
+                cells.append(fmt(m) + ("" if ok else " (outside)"))
+            rows.append((what(rs[0]), layout(rs[0]), name, f"{fmt(med)} ({fmt(lo)}-{fmt(hi)}, {len(rs)} runs)", *cells))
+    print(f"The medians of {len(paths)} other run(s) of figures.sh cross-host against the spread of "
+          f"docs/bench/cross-host.jsonl ({stamp}):\n")
+    table(["config", "ranks", "figure", "the tables: median (lowest-highest)"] +
+          [f"run {i + 1}: median" for i in range(len(paths))], rows)
+    print(f"{inside} of {count} medians within the tables' spread.")
+
+
+def stat(vals):
+    """(median, lowest, highest) of vals."""
+    v = sorted(vals)
+    return statistics.median(v), v[0], v[-1]
+
+
+def spread_note(vals):
+    """', spread 1.62x' where the highest run is more than NOISY times the lowest, else ''."""
+    _, lo, hi = stat(vals)
+    return f", spread {hi / lo:.2f}x" if lo > 0 and hi / lo > NOISY else ""
+
+
+def ms_span(vals):
+    """'44.2 ms (41.0-47.3)': the median over runs, the lowest and the highest (one run: the value)."""
+    med, lo, hi = stat(vals)
+    if len(vals) == 1:
+        return ms(med)
+    return f"{ms(med)} ({ms(lo).split()[0] if ms(lo).split()[1] == ms(hi).split()[1] else ms(lo)}-{ms(hi)}{spread_note(vals)})"
+
+
+def x_span(vals):
+    """'1.53x (1.40x-1.60x)': a ratio's median over runs, the lowest and the highest."""
+    med, lo, hi = stat(vals)
+    if len(vals) == 1:
+        return x(med)
+    return f"{x(med)} ({x(lo)}-{x(hi)}{spread_note(vals)})"
+
+
+def floor_total(r):
+    return r["floor_dispatch_us"] + r["floor_combine_us"]
+
+
 def readme():
     rows = []
     cmd = "scripts/bench/figures.sh"
@@ -92,18 +192,21 @@ def readme():
                          x(r["steady_round_us"] / r["data_round_trip_us"]) + " the data round trip's time",
                          cmd + " latency"))
     _, xh = load("cross-host")
-    for r in xh:
+    for rs in runs_of(xh):
+        r = rs[0]
         ref = []
         if r.get("alltoallv_dispatch_us"):
-            ref.append("alltoallv by hand " + ms(total(r, "alltoallv_")))
+            ref.append("alltoallv by hand " + ms_span([total(q, "alltoallv_") for q in rs]))
         if r.get("floor_dispatch_us"):
-            ref.append("wire floor " + ms(r["floor_dispatch_us"] + r["floor_combine_us"]))
+            ref.append("wire floor " + ms_span([floor_total(q) for q in rs]))
         ratio = []
         if r.get("speedup_vs_alltoallv"):
-            ratio.append(x(r["speedup_vs_alltoallv"]) + " faster")
+            ratio.append(x_span([q["speedup_vs_alltoallv"] for q in rs]) + " faster")
         if r.get("x_floor"):
-            ratio.append(f"{x(r['x_floor'])} the floor's time")
-        rows.append((what(r), where(r), ms(total(r)), "; ".join(ref), "; ".join(ratio), cmd + " cross-host"))
+            ratio.append(f"{x_span([q['x_floor'] for q in rs])} the floor's time")
+        runs = f" ({len(rs)} runs)" if len(rs) > 1 else ""
+        rows.append((what(r) + runs, where(r), ms_span([total(q) for q in rs]), "; ".join(ref), "; ".join(ratio),
+                     cmd + " cross-host"))
     _, fp8 = load("fp8")
     groups = {}
     for r in fp8:
@@ -202,10 +305,31 @@ def measured():
         machines.add(f"{m.group(2)}, {m.group(3)} cores")
         times.append(m.group(4))
         loads.append(f"{part} {m.group(5)}")
+    for i, (part, st) in enumerate(parts):  # a part of several passes: the load at each
+        if part == "cross-host":
+            passes = pass_loads("cross-host")
+            if len(passes) > 1:
+                loads = [f"cross-host {min(passes)}-{max(passes)} ({len(passes)} passes)" if l.startswith("cross-host ")
+                         else l for l in loads]
     times.sort()
     span = f"{times[0].replace('T', ' ')[:16]} to {times[-1][11:16]} UTC" if times else ""
     return (f"Measured at commit {', '.join(sorted(commits))} on {'; '.join(sorted(machines))}, {span}; the "
             f"load (1-minute average) as each part began: {', '.join(loads)}.")
+
+
+def pass_loads(name, path=None):
+    """The 1-minute load as each pass of docs/bench/NAME.jsonl began: its stamp's, then each
+    '# run K: ..., load L ...' line's."""
+    path = path or os.path.join(DIR, name + ".jsonl")
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"#.* load (\S+)", line)
+            if m:
+                out.append(m.group(1))
+    return out
 
 
 def text(name):
@@ -408,22 +532,32 @@ def bench():
                 ms(r["data_round_trip_us"])) for r in lat])
     s, xh = load("cross-host")
     if xh:
-        print(f"### Across emulated hosts\n\n`scripts/bench/figures.sh cross-host` ({s}):\n")
+        passes = pass_loads("cross-host")
+        n = max(len(rs) for rs in runs_of(xh))
+        intro = s if len(passes) < 2 else f"{s}; {len(passes)} passes, the load as each began {', '.join(passes)}"
+        print(f"### Across emulated hosts\n\n`scripts/bench/figures.sh cross-host` ({intro}):\n")
+        if n > 1:
+            print(f"Each configuration ran {n} times, once per pass; a figure is the median over the runs, then the "
+                  f"lowest and highest run in brackets, with the spread (highest over lowest) where it is over "
+                  f"{NOISY}x. Dispatch / combine, processor time and bytes are medians.\n")
         rows = []
-        for r in xh:
-            a2a = ms(total(r, "alltoallv_")) if r.get("alltoallv_dispatch_us") else "not run"
-            sp = x(r["speedup_vs_alltoallv"]) if r.get("speedup_vs_alltoallv") else ""
+        for rs in runs_of(xh):
+            r = rs[0]
+            med = lambda key: statistics.median(q[key] for q in rs)
+            a2a = ms_span([total(q, "alltoallv_") for q in rs]) if r.get("alltoallv_dispatch_us") else "not run"
+            sp = x_span([q["speedup_vs_alltoallv"] for q in rs]) if r.get("speedup_vs_alltoallv") else ""
             by = f"{r['network_bytes_per_call'] / 1e6:.0f} MB" if r.get("network_bytes_per_call") else ""
             if by and r.get("flat_network_bytes_per_call"):
                 by += f" / {r['flat_network_bytes_per_call'] / 1e6:.0f} MB"
             floor = r.get("floor_dispatch_us")
-            rows.append((what(r), layout(r), f"{ms(r['dispatch_us'])} / {ms(r['combine_us'])}", a2a,
-                         ms(floor + r["floor_combine_us"]) if floor else "not run", sp,
-                         x(r["x_floor"]) if floor else "",
-                         f"{ms(r['cpu_per_round_us'])} / {ms(r['floor_cpu_per_round_us'])}" if floor else "", by))
-        table(["config", "hosts x ranks", "ep dispatch / combine", "alltoallv by hand", "wire floor",
-               "speedup over alltoallv", "ep x floor", "processor time per round, ep / floor",
-               "bytes across hosts per call, ep / flat"], rows)
+            rows.append((what(r), layout(r), str(len(rs)), f"{ms(med('dispatch_us'))} / {ms(med('combine_us'))}",
+                         ms_span([total(q) for q in rs]), a2a,
+                         ms_span([floor_total(q) for q in rs]) if floor else "not run", sp,
+                         x_span([q["x_floor"] for q in rs]) if floor else "",
+                         f"{ms(med('cpu_per_round_us'))} / {ms(med('floor_cpu_per_round_us'))}" if floor else "", by))
+        table(["config", "hosts x ranks", "runs", "ep dispatch / combine", "ep, dispatch + combine",
+               "alltoallv by hand", "wire floor", "speedup over alltoallv", "ep x floor",
+               "processor time per round, ep / floor", "bytes across hosts per call, ep / flat"], rows)
     s, fp8 = load("fp8")
     if fp8:
         print(f"### FP8\n\n`scripts/bench/figures.sh fp8` ({s}):\n")
@@ -468,6 +602,24 @@ def serve_table():
               [(w, where, "on" if ov else "off", p50, p99, tps) for w, where, ov, p50, p99, tps in runs])
 
 
+# compare.sh's verdict needs this many pairs at least: five pairs all on one side of 1 happen by
+# chance once in 16 (a sign test, both sides), fewer pairs too often to tell a change from noise.
+MIN_PAIRS = 5
+
+
+def verdict(pairs):
+    """Whether the builds' pairs (before's time over after's, each pair run in turn) tell a change
+    from the machine's noise: every pair on one side of 1, with MIN_PAIRS pairs or more."""
+    lo, hi = min(pairs), max(pairs)
+    if len(pairs) < MIN_PAIRS:
+        return f"cannot tell: {len(pairs)} pairs, {MIN_PAIRS} needed"
+    if lo > 1:
+        return f"faster in every pair ({x(lo)}-{x(hi)})"
+    if hi < 1:
+        return f"slower in every pair ({x(lo)}-{x(hi)})"
+    return f"no change told from noise: the pairs span {x(lo)}-{x(hi)}"
+
+
 def compare(path):
     stamp, recs = "", []
     with open(path) as f:
@@ -490,12 +642,13 @@ def compare(path):
         sa = [r.get("speedup_vs_alltoallv", 0) for r in g["after"]]
         # each after run beside the before run just ahead of it: the pairs share the machine's state
         pairs = [b / a for b, a in zip(tb, ta)]
-        rows.append((w, place, ", ".join(ms(t) for t in tb), ", ".join(ms(t) for t in ta),
-                     x(statistics.median(pairs)) + " (pairs: " + ", ".join(x(v) for v in pairs) + ")",
-                     ", ".join(x(v) for v in sb), ", ".join(x(v) for v in sa)))
+        rows.append((w, place, ms_span(tb), ms_span(ta), x(statistics.median(pairs)), verdict(pairs),
+                     x_span(sb) if all(sb) else "", x_span(sa) if all(sa) else ""))
     print(f"compare.sh ({stamp}):\n")
-    table(["config", "ranks", "ep before (dispatch+combine)", "ep after", "after's speed over before's, median of the pairs run in turn",
-           "before: speedup over alltoallv", "after: speedup over alltoallv"], rows)
+    print("Times are medians over the rounds (lowest-highest); a pair is a before run and the after run that "
+          f"followed it, and a change is told from noise only when all of {MIN_PAIRS} or more pairs agree.\n")
+    table(["config", "ranks", "ep before (dispatch+combine)", "ep after", "after's speed over before's, median of the pairs",
+           "told from noise?", "before: speedup over alltoallv", "after: speedup over alltoallv"], rows)
 
 
 def update():
@@ -522,9 +675,13 @@ def update():
 
 
 def main():
-    if len(sys.argv) < 2 or sys.argv[1] not in ("readme", "bench", "gpu", "compare", "update"):
-        sys.exit("usage: tables.py readme | bench | gpu | compare FILE | update")
-    if sys.argv[1] == "update":
+    if len(sys.argv) < 2 or sys.argv[1] not in ("readme", "bench", "gpu", "compare", "update", "reproduce"):
+        sys.exit("usage: tables.py readme | bench | gpu | compare FILE | update | reproduce FILE...")
+    if sys.argv[1] == "reproduce":
+        if len(sys.argv) < 3:
+            sys.exit("usage: tables.py reproduce FILE...")
+        reproduce(sys.argv[2:])
+    elif sys.argv[1] == "update":
         update()
     elif sys.argv[1] == "gpu":
         gpu()
