@@ -21,10 +21,11 @@ MPI_TEST_SIM  ?= 4/2
 # ep.CPUOneSided differs from ep.CPU only across nodes (its puts into the staging window): on one node
 # its conformance run is ep.CPU's, so it runs where there are simulated nodes.
 ONE_NODE_SKIP ?= TestConformanceCPUOneSided
-# The GPU backend on the emulated device (the ep conformance suite) and the emulator: each run of the
-# suite on the emulator costs 7 to 15 s here.
+# The GPU backend on the emulated device (the ep conformance suite, on NCCL's path and on the IPC
+# transport) and the emulator: 2 simulated nodes of 2 take both transports, the one inside a node
+# and the one across (40 to 50 s here); 2 ranks on one node, a part of that, run in test-long.
 MPI_TEST_EMU_PKGS ?= ./ep/epgpu ./gpu/emulator
-MPI_TEST_EMU_NP   ?= 2
+MPI_TEST_EMU_NP   ?= ""
 MPI_TEST_EMU_SIM  ?= 4/2
 # Training runs (moe/runs: traces, checkpoints, resumes): what they gather, write and reshard is moe's
 # State, whose own tests run at every rank count above; a test binary of its own costs a launch per
@@ -146,7 +147,7 @@ test-fuzz: deps
 ## test-long: the long matrix, what make test leaves to it: every multi-rank package at 4 and 8 ranks on
 ## one node and at 8 on 2 and 4 simulated nodes; nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2
 ## or 3 nodes; the race detector across 2 simulated nodes of 2; and the rank counts the training runs,
-## the serving loop and the emulated GPU backend take only here (1 and 4 ranks, 8 on 2 nodes).
+## the serving loop (1 and 4 ranks, 8 on 2 nodes) and the emulated GPU backend (1, 2 and 4 ranks) take only here.
 test-long: deps
 	$(GO) run ./internal/cmd/mpitest -np 4,8 -sim "" -skip '$(ONE_NODE_SKIP)' $(MPI_TEST_PKGS)
 	$(GO) run ./internal/cmd/mpitest -np "" -sim 8/4,8/2 $(MPI_TEST_PKGS)
@@ -154,7 +155,7 @@ test-long: deps
 	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2 ./moe ./moe/runs
 	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim 8/2 ./moe/runs
 	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim "" ./moe/serve
-	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim "" $(MPI_TEST_EMU_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np 1,2,4 -sim "" $(MPI_TEST_EMU_PKGS)
 	$(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 ## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
