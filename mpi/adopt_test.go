@@ -84,14 +84,13 @@ func TestAdoptNamesARankThatDoesNotCall(t *testing.T) {
 	require.NoError(t, err)
 	if me != victim {
 		require.NoError(t, callers.Barrier())
-		const timeout = 2 * time.Second
-		start := time.Now()
-		_, err := mpi.Adopt(own.Raw(), "adopted", timeout)
+		// A rank may learn of the missing one from another caller whose
+		// timeout ran out first: the error, not the time waited, is checked.
+		_, err := mpi.Adopt(own.Raw(), "adopted", 2*time.Second)
 		var missing *mpi.MissingError
 		require.ErrorAs(t, err, &missing)
 		assert.Equal(t, victim, missing.Rank, "%v", err)
 		assert.ErrorIs(t, err, mpi.ErrTimeout)
-		assert.GreaterOrEqual(t, time.Since(start), timeout, "it waited for the missing rank")
 	}
 	require.NoError(t, w.Barrier())
 	require.NoError(t, callers.Free())
