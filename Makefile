@@ -100,10 +100,15 @@ run: bin/moe-train
 hello: bin/mpi-hello
 	$(MPIRUN) $(MPIRUN_FLAGS) -np $(NP) bin/mpi-hello
 
-## test: formatting, vet, single-rank tests, then the multi-rank tests under mpirun, some of them
-## again with the race detector and with cgo's strict pointer checks, then the C and Python
-## interfaces, then the fuzz targets for a bounded time.
-test: lint test-unit test-mpi test-race test-cgocheck test-capi test-fuzz
+## test: formatting, vet, single-rank tests, the multi-rank tests under mpirun, some of them again
+## with the race detector and cgo's strict pointer checks, the C and Python interfaces, and the fuzz
+## targets for a bounded time: two at a time (TEST_JOBS), since the multi-rank tests spend a third of
+## their time waiting (for stalled ranks, timeouts, launches), each one's output printed whole when it
+## ends. The system packages are installed first, one apt-get at a time.
+TEST_JOBS ?= 2
+TEST_PARTS = test-mpi lint test-race test-unit test-cgocheck test-capi test-fuzz
+test: deps deps-nvrtc deps-python
+	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target $(TEST_PARTS)
 
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
