@@ -9,7 +9,7 @@ MPIRUN  ?= mpirun
 MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-as-root)
 # make test runs every multi-rank test once in each configuration that exercises a path of its own: 1
 # and 2 ranks on one node and 4 ranks on 2 simulated nodes (every transport: shared memory, messages
-# across nodes, the one-sided window), the race detector and cgo's pointer checks at 2 ranks. The long
+# across nodes, the one-sided window), the race detector with cgo's pointer checks at 2 ranks. The long
 # matrix (make test-long: every package at 4 and 8 ranks on one node and 8 on 2 and 4 simulated nodes,
 # nodes of unequal size, the race detector across simulated nodes, and the rank counts below left to
 # it) runs the same tests at more ranks; CI (.ci/run) runs both.
@@ -23,27 +23,25 @@ MPI_TEST_SIM  ?= 4/2
 ONE_NODE_SKIP ?= TestConformanceCPUOneSided
 # The GPU backend on the emulated device (the ep conformance suite, on NCCL's path and on the IPC
 # transport) and the emulator: 2 simulated nodes of 2 take both transports, the one inside a node
-# and the one across (40 to 50 s here); 2 ranks on one node, a part of that, run in test-long.
+# and the one across (40 to 50 s here), under cgo's strict pointer checks (test-cgocheck); 2 ranks on
+# one node, a part of that, run in test-long.
 MPI_TEST_EMU_PKGS ?= ./ep/epgpu ./gpu/emulator
 MPI_TEST_EMU_NP   ?= ""
 MPI_TEST_EMU_SIM  ?= 4/2
-# Training runs (moe/runs: traces, checkpoints, resumes): what they gather, write and reshard is moe's
-# State, whose own tests run at every rank count above; a test binary of its own costs a launch per
-# setting (about 1 s, and 3 to 10 s of tests at 8 ranks here).
-MPI_TEST_RUNS_NP  ?= 2
-MPI_TEST_RUNS_SIM ?= 4/2
-# The serving loop (moe/serve): its stalled-rank test stops a rank for 1.2 s in each of two runs per
-# rank count.
-MPI_TEST_SERVE_NP  ?= 2
-MPI_TEST_SERVE_SIM ?= 4/2
+# Training runs (moe/runs: traces, checkpoints, resumes), whose gathering, writing and resharding is
+# moe's State, tested at every rank count above, and the serving loop (moe/serve: served tokens
+# against the reference, overlap on and off, a stalled rank masked for 1.2 s twice per run): 2 ranks
+# and 2 simulated nodes of 2 (test-long: 1, 4 and 8).
+MPI_TEST_JOB_PKGS ?= ./moe/runs ./moe/serve
+MPI_TEST_JOB_NP   ?= 2
+MPI_TEST_JOB_SIM  ?= 4/2
 
 # The race detector (which also checks unsafe pointer arithmetic: checkptr) and cgo's strict pointer
-# checks (GOEXPERIMENT=cgocheck2) on the multi-rank tests, at small sizes: -race at 2 ranks (test-long:
-# 2 simulated nodes of 2 too), without ep's FP8 value sweeps (single-rank arithmetic that takes minutes
-# under -race and runs in test-unit and test-mpi); cgocheck2 at 2 ranks.
+# checks (GOEXPERIMENT=cgocheck2) in one build, on the multi-rank tests at 2 ranks (test-long: 2
+# simulated nodes of 2 too), without ep's FP8 value sweeps (single-rank arithmetic that takes minutes
+# under -race and runs in test-unit and test-mpi); the emulated GPU backend under cgocheck2 (above).
 RACE_TEST_PKGS     ?= ./ep ./moe ./moe/runs ./mpi
 RACE_TEST_SKIP     ?= TestQuantizeFloat32Sweep|TestE4M3FromMatchesReference|TestQuantizeEveryBF16Value
-CGOCHECK_TEST_PKGS ?= ./ep ./moe ./moe/runs ./mpi ./ep/epgpu ./gpu/emulator
 
 # Fuzz targets, each run for FUZZTIME by make test (their corpus: testdata/fuzz of their package; a
 # crash found is written there and fails the run): routing input through a group, the layout kernel,
@@ -102,10 +100,15 @@ run: bin/moe-train
 hello: bin/mpi-hello
 	$(MPIRUN) $(MPIRUN_FLAGS) -np $(NP) bin/mpi-hello
 
-## test: formatting, vet, single-rank tests, then the multi-rank tests under mpirun, some of them
-## again with the race detector and with cgo's strict pointer checks, then the C and Python
-## interfaces, then the fuzz targets for a bounded time.
-test: lint test-unit test-mpi test-race test-cgocheck test-capi test-fuzz
+## test: formatting, vet, single-rank tests, the multi-rank tests under mpirun, some of them again
+## with the race detector and cgo's strict pointer checks, the C and Python interfaces, and the fuzz
+## targets for a bounded time: two at a time (TEST_JOBS), since the multi-rank tests spend a third of
+## their time waiting (for stalled ranks, timeouts, launches), each one's output printed whole when it
+## ends. The system packages are installed first, one apt-get at a time.
+TEST_JOBS ?= 2
+TEST_PARTS = test-mpi lint test-race test-unit test-cgocheck test-capi test-fuzz
+test: deps deps-nvrtc deps-python
+	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target $(TEST_PARTS)
 
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -125,18 +128,14 @@ test-unit: deps deps-nvrtc
 	$(GO) test -count=1 -tags purego ./internal/rowsum # the Go loops that stand in for the assembly
 
 test-mpi: deps
-	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_NP) -sim "" -skip '$(ONE_NODE_SKIP)' $(MPI_TEST_PKGS)
-	$(GO) run ./internal/cmd/mpitest -np "" -sim $(MPI_TEST_SIM) $(MPI_TEST_PKGS)
-	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_RUNS_NP) -sim $(MPI_TEST_RUNS_SIM) ./moe/runs
-	# the serving loop (moe/serve): served tokens against the reference, overlap on and off, a stalled rank masked
-	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_SERVE_NP) -sim $(MPI_TEST_SERVE_SIM) ./moe/serve
-	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_NP) -sim $(MPI_TEST_SIM) -skip-one-node '$(ONE_NODE_SKIP)' $(MPI_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_JOB_NP) -sim $(MPI_TEST_JOB_SIM) $(MPI_TEST_JOB_PKGS)
 
 test-race: deps
-	$(GO) run ./internal/cmd/mpitest -race -np 2 -sim "" -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
+	GOEXPERIMENT=cgocheck2 $(GO) run ./internal/cmd/mpitest -race -np 2 -sim "" -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 test-cgocheck: deps
-	GOEXPERIMENT=cgocheck2 $(GO) run ./internal/cmd/mpitest -np 2 -sim "" $(CGOCHECK_TEST_PKGS)
+	GOEXPERIMENT=cgocheck2 $(GO) run ./internal/cmd/mpitest -np $(MPI_TEST_EMU_NP) -sim $(MPI_TEST_EMU_SIM) $(MPI_TEST_EMU_PKGS)
 
 test-fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzDispatchInput$$' -fuzztime $(FUZZTIME) ./ep
@@ -156,7 +155,7 @@ test-long: deps
 	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim 8/2 ./moe/runs
 	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim "" ./moe/serve
 	$(GO) run ./internal/cmd/mpitest -np 1,2,4 -sim "" $(MPI_TEST_EMU_PKGS)
-	$(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
+	GOEXPERIMENT=cgocheck2 $(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 ## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
 ## capi/goep_ep.h, and the C example, tests and benchmark linked with them.

@@ -21,7 +21,12 @@
 //
 // The ranks learn the layout from GOEP_TEST_HOSTS (ranks per host, e.g. 2,2,1),
 // so that tests can check the topology they see against it. -run and -skip
-// choose tests as go test's flags of those names do.
+// choose tests as go test's flags of those names do; -skip-one-node skips
+// tests only where every rank is on one node (no -sim, no -hosts), for tests
+// whose path differs from another's only across nodes.
+//
+// Every package's test binary is built by one go command before the first
+// run, so that the compiler and linker keep every core busy.
 //
 // -race builds the test binaries with the race detector (which also checks
 // unsafe pointer arithmetic, checkptr). The build inherits the environment,
@@ -75,6 +80,7 @@ func run(stdout, stderr io.Writer, args []string) int {
 	collTimeout := fs.String("coll-timeout", "60s", "GOEP_MPI_TIMEOUT for the ranks")
 	runExpr := fs.String("run", "", "only tests matching this regexp (go test -run)")
 	skipExpr := fs.String("skip", "", "not the tests matching this regexp (go test -skip)")
+	skipOneNode := fs.String("skip-one-node", "", "also not these tests where every rank is on one node (no -sim or -hosts)")
 	bench := fs.String("bench", "", "also run benchmarks matching this regexp (go test -bench)")
 	benchtime := fs.String("benchtime", "10x", "iterations of each benchmark: must be a count (Nx), the same on every rank")
 	hosts := fs.String("hosts", "", "comma-separated layouts across hosts: HxR (H hosts of R ranks) or R1+R2+... (ranks per host); needs -hostfile")
@@ -85,6 +91,10 @@ func run(stdout, stderr io.Writer, args []string) int {
 	verbose := fs.Bool("v", false, "print every rank's output")
 	race := fs.Bool("race", false, "build the test binaries with the race detector (go test -race)")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if strings.Contains(*skipExpr+*skipOneNode, "/") && *skipOneNode != "" {
+		fmt.Fprintln(stderr, "mpitest: with -skip-one-node, -skip and -skip-one-node name top-level tests (no /): they are joined as alternatives")
 		return 2
 	}
 	if !strings.HasSuffix(*benchtime, "x") {
@@ -159,19 +169,19 @@ func run(stdout, stderr io.Writer, args []string) int {
 		defer os.RemoveAll(dir)
 	}
 	run := runner{mpirun: launcher, hosts: hostNames, timeout: *timeout, collTimeout: *collTimeout,
-		runExpr: *runExpr, skipExpr: *skipExpr, bench: *bench, benchtime: *benchtime}
+		runExpr: *runExpr, skipExpr: *skipExpr, skipOneNode: *skipOneNode, bench: *bench, benchtime: *benchtime}
 
+	bins := filepath.Join(dir, "bin")
+	build := buildCommand(pkgs, bins, *race)
+	build.Stdout, build.Stderr = stderr, stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(stdout, "FAIL %s: %s: %v\n", strings.Join(pkgs, " "), strings.Join(build.Args[1:], " "), err)
+		return 1
+	}
 	failed := 0
 	for _, pkg := range pkgs {
 		name := strings.ReplaceAll(strings.Trim(filepath.Clean(pkg), "./"), "/", "_")
-		bin := filepath.Join(dir, name+".test")
-		build := buildCommand(pkg, bin, *race)
-		build.Stdout, build.Stderr = stderr, stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintf(stdout, "FAIL %s: %s: %v\n", pkg, strings.Join(build.Args[1:], " "), err)
-			failed++
-			continue
-		}
+		bin := filepath.Join(bins, testBinary(pkg))
 		if _, err := os.Stat(bin); err != nil { // a package without tests
 			fmt.Fprintf(stdout, "---- %s: no test files\n", pkg)
 			continue
@@ -191,15 +201,21 @@ func run(stdout, stderr io.Writer, args []string) int {
 	return 0
 }
 
-// buildCommand builds pkg's test binary with the mpi tag into bin, with the
-// race detector if race; it inherits the environment (GOFLAGS,
-// GOEXPERIMENT).
-func buildCommand(pkg, bin string, race bool) *exec.Cmd {
+// buildCommand builds the test binaries of pkgs with the mpi tag into dir
+// (testBinary names each), with the race detector if race, in one go
+// command; it inherits the environment (GOFLAGS, GOEXPERIMENT).
+func buildCommand(pkgs []string, dir string, race bool) *exec.Cmd {
 	args := []string{"test", "-c", "-tags", "mpi"}
 	if race {
 		args = append(args, "-race")
 	}
-	return exec.Command("go", append(args, "-o", bin, pkg)...)
+	return exec.Command("go", append(append(args, "-o", dir+string(filepath.Separator)), pkgs...)...)
+}
+
+// testBinary is the name go test -c -o DIR/ gives pkg's test binary: the
+// last element of its path.
+func testBinary(pkg string) string {
+	return filepath.Base(filepath.Clean(pkg)) + ".test"
 }
 
 func parseConfigs(nps, sims string) ([]config, error) {
@@ -320,6 +336,19 @@ type runner struct {
 	hosts                                            []string // for host layouts
 	timeout                                          time.Duration
 	collTimeout, runExpr, skipExpr, bench, benchtime string
+	skipOneNode                                      string // skipped too where every rank is on one node
+}
+
+// skipFor is the -test.skip of a run in cfg.
+func (rn runner) skipFor(cfg config) string {
+	oneNode := cfg.perNode == 0 && len(cfg.hosts) == 0
+	switch {
+	case !oneNode || rn.skipOneNode == "":
+		return rn.skipExpr
+	case rn.skipExpr == "":
+		return rn.skipOneNode
+	}
+	return rn.skipExpr + "|" + rn.skipOneNode
 }
 
 func (rn runner) one(pkg, bin, dir, name string, cfg config) result {
@@ -350,8 +379,8 @@ func (rn runner) one(pkg, bin, dir, name string, cfg config) result {
 	if rn.runExpr != "" {
 		args = append(args, "-test.run", rn.runExpr)
 	}
-	if rn.skipExpr != "" {
-		args = append(args, "-test.skip", rn.skipExpr)
+	if skip := rn.skipFor(cfg); skip != "" {
+		args = append(args, "-test.skip", skip)
 	}
 	if rn.bench != "" {
 		args = append(args, "-test.bench", rn.bench, "-test.benchmem", "-test.benchtime", rn.benchtime)

@@ -61,12 +61,36 @@ func TestHostsNeedHostfile(t *testing.T) {
 	assert.Contains(t, errs.String(), "nothing to run")
 }
 
-// The build asks for the race detector when told, and inherits the
-// environment (GOFLAGS, GOEXPERIMENT=cgocheck2).
+// The build makes every package's binary in one go command, asks for the
+// race detector when told, and inherits the environment (GOFLAGS,
+// GOEXPERIMENT=cgocheck2).
 func TestBuildCommand(t *testing.T) {
-	c := buildCommand("./ep", "/tmp/ep.test", false)
-	assert.Equal(t, []string{"go", "test", "-c", "-tags", "mpi", "-o", "/tmp/ep.test", "./ep"}, c.Args)
+	c := buildCommand([]string{"./ep", "./moe/runs"}, "/tmp/bin", false)
+	assert.Equal(t, []string{"go", "test", "-c", "-tags", "mpi", "-o", "/tmp/bin/", "./ep", "./moe/runs"}, c.Args)
 	assert.Nil(t, c.Env, "the environment is inherited")
-	c = buildCommand("./ep", "/tmp/ep.test", true)
-	assert.Equal(t, []string{"go", "test", "-c", "-tags", "mpi", "-race", "-o", "/tmp/ep.test", "./ep"}, c.Args)
+	c = buildCommand([]string{"./ep"}, "/tmp/bin", true)
+	assert.Equal(t, []string{"go", "test", "-c", "-tags", "mpi", "-race", "-o", "/tmp/bin/", "./ep"}, c.Args)
+	assert.Equal(t, "runs.test", testBinary("./moe/runs"))
+	assert.Equal(t, "ep.test", testBinary("./ep/"))
+}
+
+// -skip-one-node adds to -skip only where every rank is on one node.
+func TestSkipFor(t *testing.T) {
+	tests := []struct {
+		skip, oneNode string
+		cfg           config
+		want          string
+	}{
+		{"", "", config{np: 2}, ""},
+		{"A", "", config{np: 2}, "A"},
+		{"", "B", config{np: 2}, "B"},
+		{"A", "B", config{np: 2}, "A|B"},
+		{"A", "B", config{np: 4, perNode: 2}, "A"},
+		{"", "B", config{np: 4, perNode: 2}, ""},
+		{"A", "B", config{np: 4, hosts: []int{2, 2}}, "A"},
+	}
+	for _, tc := range tests {
+		rn := runner{skipExpr: tc.skip, skipOneNode: tc.oneNode}
+		assert.Equal(t, tc.want, rn.skipFor(tc.cfg), "%+v", tc)
+	}
 }
