@@ -96,25 +96,25 @@ func (b alltoallvBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 
 // alltoallvEngine is the baseline's engine.
 type alltoallvEngine struct {
-	spec                      Spec
-	comm                      *mpi.Comm
-	R, me, L, K, H, M, span   int
-	rowBytes                  int
-	wireBytes, G              int // a dispatched row's bytes, and its FP8 scales (0: native)
-	cast                      castQueue
-	nodeOf                    []int
-	sets                      [2]a2aSet
-	sendRows, recvRows, packd []byte
-	sendMeta, recvMeta        []int32
-	sendVals                  []float32
-	pin                       runtime.Pinner
-	sc, sd, rc, rd            []int // alltoallv counts and displacements, in elements
-	counts, got               []int32
-	src                       addrTable
-	w                         []float32
-	start                     []int32
-	next                      []int   // scratch: per expert or rank, the next row
-	idx                       []int32 // scratch: per (token, slot), its pair's row back
+	spec                    Spec
+	comm                    *mpi.Comm
+	R, me, L, K, H, M, span int
+	rowBytes                int
+	wireBytes, G            int // a dispatched row's bytes, and its FP8 scales (0: native)
+	cast                    castQueue
+	nodeOf                  []int
+	sets                    [2]a2aSet
+	sendRows, packd         []byte
+	sendMeta                []int32
+	sendVals                []float32
+	pin                     runtime.Pinner
+	sc, sd, rc, rd          []int // alltoallv counts and displacements, in elements
+	counts, got             []int32
+	src                     addrTable
+	w                       []float32
+	start                   []int32
+	next                    []int   // scratch: per expert or rank, the next row
+	idx                     []int32 // scratch: per (token, slot), its pair's row back
 }
 
 // a2aSet is one buffer set: what a dispatch fills and its combine reads.
@@ -127,6 +127,10 @@ type a2aSet struct {
 	back          []byte    // the outputs of this set's combine, back home
 	backVals      []float32 // and their row values
 	passed        []int32   // per rank: whether it passed row values
+	// The rows and meta words of its dispatch as they arrived, until its
+	// wait unpacks them: the other set's dispatch may be sent meanwhile.
+	recvRows []byte
+	recvMeta []int32
 }
 
 // a2aState is what one dispatch keeps.
@@ -328,10 +332,11 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 	}
 	st.cached = d.From != nil
 	var err error
-	if a.recvRows, err = moveV(a, a.sendRows, st.sendCounts, st.recvCounts, a.wireBytes, a.recvRows); err != nil {
+	set := &a.sets[d.Set]
+	if set.recvRows, err = moveV(a, a.sendRows, st.sendCounts, st.recvCounts, a.wireBytes, set.recvRows); err != nil {
 		return a.timeout(op, "the rows of an MPI_Alltoallv", err)
 	}
-	if a.recvMeta, err = moveV(a, a.sendMeta, st.sendCounts, st.recvCounts, meta, a.recvMeta); err != nil {
+	if set.recvMeta, err = moveV(a, a.sendMeta, st.sendCounts, st.recvCounts, meta, set.recvMeta); err != nil {
 		return a.timeout(op, "the metadata of an MPI_Alltoallv", err)
 	}
 	return nil
@@ -414,7 +419,7 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 		set.outputs = growTo(set.outputs, n*a.rowBytes)
 		set.scales = growTo(set.scales, n*G)
 		set.tokens, set.topk, set.weights = growTo(set.tokens, n), growTo(set.topk, n*K), growTo(set.weights, n*K)
-		copy(set.rows, a.recvRows)
+		copy(set.rows, set.recvRows)
 		s, left := 0, 0
 		for r := 0; r < n; r++ {
 			for left == 0 {
@@ -422,7 +427,7 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 			}
 			left--
 			st.source[s-1]++
-			w := a.recvMeta[r*(1+2*K+G):]
+			w := set.recvMeta[r*(1+2*K+G):]
 			set.tokens[r] = w[0]
 			wordsToFloats(set.scales[r*G:(r+1)*G], w[1+2*K:1+2*K+G])
 			for k := 0; k < K; k++ {
@@ -450,12 +455,12 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 			left, s = st.recvCounts[s], s+1
 		}
 		left--
-		w := a.recvMeta[(3+G)*r:]
+		w := set.recvMeta[(3+G)*r:]
 		l := int(w[0]) - a.me*L
 		j := l*a.span + st.expert[l]
 		st.expert[l]++
 		st.source[(s-1)*L+l]++
-		copy(set.rows[j*H:(j+1)*H], a.recvRows[r*H:(r+1)*H])
+		copy(set.rows[j*H:(j+1)*H], set.recvRows[r*H:(r+1)*H])
 		set.tokens[j], set.weights[j] = w[1], math.Float32frombits(uint32(w[2]))
 		wordsToFloats(set.scales[j*G:(j+1)*G], w[3:3+G])
 		st.slot[r] = int32(j)

@@ -45,7 +45,7 @@ func (a *alltoallvEngine) unpackZones(d *Dispatch, st *a2aState, n int) {
 			left, s = st.recvCounts[s], s+1
 		}
 		left--
-		w := a.recvMeta[r*meta:]
+		w := set.recvMeta[r*meta:]
 		for k := 0; k < K; k++ {
 			if e := w[1+k]; mine(e) {
 				l := int(e) - a.me*L
@@ -85,12 +85,12 @@ func (a *alltoallvEngine) unpackZones(d *Dispatch, st *a2aState, n int) {
 	st.slot = growTo(st.slot, pairs)
 	p := 0
 	for r := 0; r < n; r++ {
-		w := a.recvMeta[r*meta:]
+		w := set.recvMeta[r*meta:]
 		for k := 0; k < K; k++ {
 			if e := w[1+k]; mine(e) {
 				j := next[int(e)-a.me*L]
 				next[int(e)-a.me*L]++
-				copy(set.rows[j*H:(j+1)*H], a.recvRows[r*H:(r+1)*H])
+				copy(set.rows[j*H:(j+1)*H], set.recvRows[r*H:(r+1)*H])
 				wordsToFloats(set.scales[j*G:(j+1)*G], w[1+2*K:1+2*K+G])
 				set.tokens[j], set.weights[j] = w[0], math.Float32frombits(uint32(w[1+K+k]))
 				st.slot[p] = int32(j)
@@ -123,8 +123,8 @@ func (a *alltoallvEngine) unpackRankMajor(d *Dispatch, st *a2aState, n int) {
 		j++
 		st.source[s-1]++
 		st.slot[r] = int32(row)
-		w := a.recvMeta[r*meta:]
-		copy(set.rows[row*H:(row+1)*H], a.recvRows[r*H:(r+1)*H])
+		w := set.recvMeta[r*meta:]
+		copy(set.rows[row*H:(row+1)*H], set.recvRows[r*H:(r+1)*H])
 		wordsToFloats(set.scales[row*G:(row+1)*G], w[1+2*K:1+2*K+G])
 		set.tokens[row] = w[0]
 		for k := 0; k < K; k++ {

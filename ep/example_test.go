@@ -231,3 +231,19 @@ func ExampleBufferPlan() {
 	// HT received rows (expert-major zones): 40000 rows of 14336 bytes
 	// 4 true
 }
+
+// A backend by name, with options where it takes any (the GPU engine's
+// are linked by importing github.com/goep/goep/ep/backends).
+func ExampleOpenBackend() {
+	b, err := ep.OpenBackend("alltoallv")
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := ep.Config{Mode: ep.LowLatency, NumExperts: 8, MaxTokensPerRank: 8, Hidden: 4, TopK: 2, Backend: b}
+	fmt.Println(cfg.Backend.Name())
+	_, err = ep.OpenBackend("cpu,threads=4")
+	fmt.Println(err)
+	// Output:
+	// alltoallv
+	// ep: backend "cpu,threads=4": cpu does not take option(s) threads: it takes no options
+}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
-	"github.com/goep/goep/ep/epgpu"
+	_ "github.com/goep/goep/ep/backends" // every backend, for -device
 )
 
 // options are the parsed flags.
@@ -29,15 +29,11 @@ type options struct {
 	latency                         bool
 	planRanks, planNodes            int
 	timeout                         time.Duration
-	device                          string // cpu, emulate or cuda
+	device                          string     // the -device spec: a registered backend with options, or list
+	backend                         ep.Backend // what -device opened; nil for the default, the CPU engine
 	layout                          ep.RecvLayout
 	align, maxRecv                  int
 }
-
-// devices are the -device values: the backend each measures (nil: ep's
-// default, the CPU engine).
-var devices = map[string]ep.Backend{"cpu": nil, "emulate": epgpu.Emulated, "cuda": epgpu.CUDA,
-	"emulate-ipc": epgpu.EmulatedIPC, "cuda-ipc": epgpu.CUDAIPC}
 
 // config is one measured combination.
 type config struct {
@@ -68,9 +64,10 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	timeline := fs.Bool("timeline", false, "after the timed rounds, run one more with the engine's timeline on and print every rank's steps (the CPU engine)")
 	floor := fs.Bool("floor", true, "across nodes, also time the network floor: ep's own bytes across nodes (Stats.NetworkSent) moved by two plain MPI_Alltoallv, dispatch then combine")
 	timeout := fs.Duration("timeout", time.Minute, "how long a rank waits for a peer")
-	device := fs.String("device", "cpu", "cpu (ep's CPU engine), emulate (the GPU backend on an emulated device) or cuda (the GPU backend on each rank's GPU), "+
-		"emulate-ipc or cuda-ipc (the same with the ranks of a node writing into each other's memory over IPC, several ranks per GPU allowed); "+
-		"with a device, the CPU engine runs beside it, checks its results and is timed too")
+	device := fs.String("device", "cpu", "the backend measured, by name with options (list: print every registered backend and what it declares): cpu (ep's CPU engine), "+
+		"emulate (the GPU backend on an emulated device), cuda (the GPU backend on each rank's GPU), "+
+		"emulate-ipc or cuda-ipc (the same with the ranks of a node writing into each other's memory over IPC, several ranks per GPU allowed), alltoallv, ...; "+
+		"with another backend than cpu, the CPU engine runs beside it, checks its results and is timed too")
 	planRanks := fs.Int("plan", 0, "print, for this many ranks (no MPI, nothing allocated), each configuration's buffers (ep.BufferPlan) and exit")
 	planNodes := fs.Int("plan-nodes", 1, "the nodes -plan spreads the ranks over")
 	layout := fs.String("layout", "default", "the receive layout: default (the mode's own), expert-major, rank-major (LL) or flat (HT); "+
@@ -92,8 +89,14 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	o := &options{iters: *iters, warmup: *warmup, seed: *seed, jsonOut: *jsonOut, validate: *validate,
 		skipBaseline: *skip, timeout: *timeout, latency: *latency, planRanks: *planRanks, planNodes: *planNodes,
 		device: *device, floor: *floor, timeline: *timeline, align: *align, maxRecv: *maxRecv}
-	if _, ok := devices[o.device]; !ok {
-		return nil, fmt.Errorf("-device: %q is not cpu, emulate, cuda, emulate-ipc or cuda-ipc", o.device)
+	if o.device != "list" {
+		b, err := ep.OpenBackend(o.device)
+		if err != nil {
+			return nil, fmt.Errorf("-device: %w", err)
+		}
+		if b.Name() != ep.DefaultBackend {
+			o.backend = b
+		}
 	}
 	var err error
 	if o.layout, err = ep.ParseRecvLayout(*layout); err != nil {
@@ -190,7 +193,7 @@ func (c config) String() string {
 // groupConfig is the ep.Config of a configuration's measured groups.
 func (c config) groupConfig(o *options) ep.Config {
 	return ep.Config{Mode: c.mode, NumExperts: c.experts, MaxTokensPerRank: max(c.tokens, 1), Hidden: c.hidden,
-		TopK: c.topk, Timeout: o.timeout, Backend: devices[o.device], Wire: c.wire(), Layout: o.layout,
+		TopK: c.topk, Timeout: o.timeout, Backend: o.backend, Wire: c.wire(), Layout: o.layout,
 		ExpertAlignment: o.align, MaxRecvTokensPerRank: o.maxRecv}
 }
 

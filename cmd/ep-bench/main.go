@@ -27,6 +27,10 @@
 //	mpirun -np 2 bin/ep-bench -device emulate -mode ll,ht -tokens 64 -hidden 1024 -experts 8
 //	mpirun -np 8 bin/ep-bench -device cuda -mode ll -tokens 128 -hidden 7168 -topk 8 -experts 256
 //
+// -device takes any backend registered with ep (ep.OpenBackend: a name
+// with options, such as cuda,device=1); -device list prints them with the
+// features each declares.
+//
 // With -json, rank 0 prints one JSON object per configuration and line
 // instead of the table.
 package main
@@ -57,6 +61,10 @@ func run(stdout, stderr io.Writer, args []string) int {
 		}
 		fmt.Fprintln(stderr, "ep-bench:", err)
 		return 2
+	}
+	if opt.device == "list" {
+		listBackends(stdout)
+		return 0
 	}
 	if opt.planRanks > 0 {
 		return plan(stdout, stderr, opt)

@@ -25,7 +25,8 @@ func TestFlagErrorsNameTheValue(t *testing.T) {
 		{[]string{"-tokens", "12,abc"}, `-tokens: "abc"`},
 		{[]string{"-iters", "0"}, "-iters 0"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
-		{[]string{"-device", "gpu"}, `-device: "gpu" is not cpu, emulate, cuda, emulate-ipc or cuda-ipc`},
+		{[]string{"-device", "gpu"}, `-device: ep: backend "gpu" is not registered: want one of alltoallv, alltoallv-blocking, cpu, cpu-onesided, gpu:cuda, gpu:cuda+ipc, gpu:emulated, gpu:emulated+ipc`},
+		{[]string{"-device", "alltoallv,blocking=true"}, `-device: ep: backend "alltoallv,blocking=true": alltoallv does not take option(s) blocking: it takes no options`},
 		{[]string{"-layout", "zones"}, `-layout: ep: unknown receive layout "zones"`},
 	} {
 		var out, errb bytes.Buffer
@@ -106,6 +107,37 @@ func TestTableOutput(t *testing.T) {
 	for _, want := range []string{"ep-bench ht bf16: 2 ranks on 1 node(s)", "ep (goep)", "alltoallv by hand", "speedup over alltoallv", "memcpy of the same bytes"} {
 		assert.Contains(t, string(out), want)
 	}
+}
+
+// -device list prints every registered backend with what it declares, and
+// -device takes any of them: the alltoallv baseline is measured as a
+// device, checked against the CPU engine in the same run.
+func TestBenchAnyRegisteredBackend(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, run(&stdout, &stderr, []string{"-device", "list"}), stderr.String())
+	for _, want := range []string{"cpu\n    ep's CPU engine", "gpu:cuda (cuda)\n", "gpu:emulated+ipc (emulate-ipc)\n", "alltoallv-blocking\n",
+		"features: FP8 dispatch (Config.Wire); masking stalled ranks"} {
+		assert.Contains(t, stdout.String(), want)
+	}
+	mpitesting.RequireTool(t, "mpirun")
+	bin := filepath.Join(t.TempDir(), "ep-bench")
+	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	out, err = exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-device", "alltoallv", "-json", "-mode", "ll,ht", "-tokens", "24",
+		"-hidden", "64", "-topk", "3", "-experts", "8", "-iters", "2", "-warmup", "1")...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var n int
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		n++
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		assert.Equal(t, "alltoallv", r["device"])
+		assert.Greater(t, r["cpu_dispatch_us"].(float64), 0.0, "the CPU engine ran beside it")
+	}
+	assert.Equal(t, 2, n, "one line per mode in:\n%s", out)
 }
 
 // -device emulate: the GPU backend on the emulated device, checked against

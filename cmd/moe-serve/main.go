@@ -71,6 +71,7 @@ import (
 	"time"
 
 	"github.com/goep/goep/ep"
+	_ "github.com/goep/goep/ep/backends" // every backend, for -device
 	"github.com/goep/goep/moe"
 	"github.com/goep/goep/moe/serve"
 	"github.com/goep/goep/mpi"
@@ -94,6 +95,7 @@ type flagValues struct {
 	seed, workloadSeed                                   uint64
 	rate                                                 float64
 	act, ckpt, prompt, gen, prefill, dtype, trace        string
+	device                                               string
 	events                                               int64
 	overlap, maskStalled                                 bool
 	timeout, controlTimeout                              time.Duration
@@ -129,6 +131,7 @@ func newFlagSet(stderr io.Writer, quiet bool, v *flagValues) *flag.FlagSet {
 	fs.IntVar(&v.prefillTokens, "prefill-tokens", 64, "most prompt tokens a rank runs in a prefill step")
 	fs.BoolVar(&v.overlap, "overlap", true, "run each step as two micro-batches, one's dispatch or combine in flight while the other computes")
 	fs.StringVar(&v.dtype, "dtype", "f32", "element type of the rows on the wire: f32 or bf16")
+	fs.StringVar(&v.device, "device", "cpu", "the ep backend, by name with options (ep-bench -device list): one whose tensors are host memory, such as cpu, cpu-onesided or alltoallv")
 	fs.BoolVar(&v.maskStalled, "mask-stalled", false, "mask a rank that stalls past -timeout and serve on without it; it rejoins when back")
 	fs.DurationVar(&v.timeout, "timeout", 2*time.Second, "how long a rank waits for a peer in ep (with -mask-stalled: before masking it)")
 	fs.DurationVar(&v.controlTimeout, "control-timeout", 2*time.Minute, "how long a rank waits for rank 0's next instruction, and rank 0 for a masked rank to come back")
@@ -194,6 +197,13 @@ func (v *flagValues) config(set map[string]bool) (serve.Config, serve.Workload, 
 	if err != nil {
 		return cfg, w, fmt.Errorf("-prefill %q: want ll or ht", v.prefill)
 	}
+	backend, err := ep.OpenBackend(v.device)
+	if err != nil {
+		return cfg, w, fmt.Errorf("-device: %w", err)
+	}
+	if backend.Name() == ep.DefaultBackend {
+		backend = nil
+	}
 	if v.maskStalled && prefill != ep.LowLatency {
 		return cfg, w, errors.New("-mask-stalled needs -prefill ll: ep masks stalled ranks in LL groups only")
 	}
@@ -209,6 +219,7 @@ func (v *flagValues) config(set map[string]bool) (serve.Config, serve.Workload, 
 			Experts: v.experts, TopK: v.topk, Act: act, Seed: v.seed},
 		DType: dtype, Batch: v.batch, Prefill: prefill, PrefillTokens: v.prefillTokens, Overlap: v.overlap,
 		MaskStalled: v.maskStalled, Timeout: v.timeout, ControlTimeout: v.controlTimeout, Checkpoint: v.ckpt,
+		Backend: backend,
 	}
 	if v.ckpt != "" {
 		for _, name := range []string{"hidden", "ffn", "shared-ffn", "experts", "topk", "act"} {

@@ -168,6 +168,8 @@ func TestServedTokensAgree(t *testing.T) {
 		{4, 2, []string{"-overlap=false"}},
 		{4, 2, []string{"-overlap=true", "-prefill", "ht"}},
 		{4, 0, []string{"-overlap=false", "-prefill", "ht"}},
+		{2, 0, []string{"-overlap=true", "-device", "alltoallv"}},
+		{4, 2, []string{"-overlap=true", "-prefill", "ht", "-device", "cpu-onesided"}},
 	}
 	var first *serve.Result
 	for i, r := range runs {
@@ -316,6 +318,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-mask-stalled", "-prefill", "ht"}, `-mask-stalled needs -prefill ll`},
 		{[]string{"-ckpt", "/nonexistent/ckpt.h5"}, `-ckpt /nonexistent/ckpt.h5:`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"-device", "tpu"}, `-device: ep: backend "tpu" is not registered: want one of alltoallv,`},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(&stdout, &stderr, tc.args)
@@ -330,7 +333,7 @@ func TestBadFlags(t *testing.T) {
 
 // A configuration bad on every rank (experts not a multiple of the ranks)
 // is said once, by rank 0, and the job ends normally; a bad
-// GOEP_SERVE_STALL is refused.
+// GOEP_SERVE_STALL is refused, and so is a backend of device memory.
 func TestBadConfigUnderMPI(t *testing.T) {
 	out, err := mpirun(t, 3, 0, nil, time.Minute, args()...)
 	require.Error(t, err, "%s", out)
@@ -339,4 +342,8 @@ func TestBadConfigUnderMPI(t *testing.T) {
 	out, err = mpirun(t, 2, 0, []string{"GOEP_SERVE_STALL=1:fast:3s"}, time.Minute, args()...)
 	require.Error(t, err, "%s", out)
 	assert.Contains(t, out, `GOEP_SERVE_STALL="1:fast:3s": want RANK:AFTER:DURATION`)
+	out, err = mpirun(t, 2, 0, nil, time.Minute, args("-device", "emulate")...)
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, out, "backend gpu:emulated keeps its tensors in", "%s", out)
+	assert.Contains(t, out, "serves on backends of host memory only")
 }

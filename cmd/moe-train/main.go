@@ -73,9 +73,10 @@
 //	-progress MODE    auto, bar or lines: auto shows a live bar when the
 //	                  output is a terminal, lines otherwise (auto)
 //	-timeout D        how long a rank waits for a peer before failing (60s)
-//	-device D         cpu (ep's CPU engine), emulate (the GPU engine on an
-//	                  emulated device) or cuda (the GPU engine on each rank's
-//	                  GPU, with NCCL) (cpu)
+//	-device D         the ep backend, by name with options (ep-bench -device
+//	                  list prints them): cpu (ep's CPU engine), emulate (the
+//	                  GPU engine on an emulated device), cuda (the GPU engine
+//	                  on each rank's GPU, with NCCL), alltoallv, ... (cpu)
 //
 // With the environment variable GOEP_MOE_PID_DIR set, every rank writes its
 // process id to DIR/rank-<r>.pid (for tests that kill one rank). With
@@ -105,18 +106,14 @@ import (
 
 func main() { os.Exit(run(os.Stdout, os.Stderr, os.Args[1:])) }
 
-// devices are the -device values and the backend each trains on (nil:
-// ep's default, the CPU engine): ep-bench's names.
-var devices = map[string]ep.Backend{"cpu": nil, "emulate": epgpu.Emulated, "cuda": epgpu.CUDA}
-
 // options are the parsed flags.
 type options struct {
 	run           runs.Options
 	progressEvery int64
 	progress      string
 	timeout       time.Duration
-	device        string              // a key of devices
-	boot          *epgpu.Bootstrapped // the device's bootstrap; nil for cpu
+	device        string              // the backend (ep.OpenBackend's spec)
+	boot          *epgpu.Bootstrapped // the device's bootstrap; nil for a backend on host memory
 }
 
 // flagValues are the flags as given, before they are checked.
@@ -165,7 +162,7 @@ func newFlagSet(stderr io.Writer, quiet bool, v *flagValues) *flag.FlagSet {
 	fs.Int64Var(&v.progressEvery, "progress-every", 100, "when the output is not a terminal, a progress line every N steps (0: none)")
 	fs.StringVar(&v.progress, "progress", "auto", "progress display: auto, bar or lines")
 	fs.DurationVar(&v.timeout, "timeout", time.Minute, "how long a rank waits for a peer before failing")
-	fs.StringVar(&v.device, "device", "cpu", "cpu (ep's CPU engine), emulate (the GPU engine on an emulated device, no GPU needed) or cuda (the GPU engine on each rank's GPU, with NCCL); a device's communicator ID is made on rank 0 and handed to every rank over MPI at start")
+	fs.StringVar(&v.device, "device", "cpu", "the ep backend, by name with options (ep-bench -device list): cpu (ep's CPU engine), emulate (the GPU engine on an emulated device, no GPU needed), cuda (the GPU engine on each rank's GPU, with NCCL), alltoallv, ...; a device's communicator ID is made on rank 0 and handed to every rank over MPI at start")
 	return fs
 }
 
@@ -202,8 +199,8 @@ func (v *flagValues) checkRanges() error {
 	case v.timeout <= 0:
 		return fmt.Errorf("-timeout %v: want a positive duration", v.timeout)
 	}
-	if _, ok := devices[v.device]; !ok {
-		return fmt.Errorf("-device %q: want cpu, emulate or cuda", v.device)
+	if _, err := ep.OpenBackend(v.device); err != nil {
+		return fmt.Errorf("-device: %w", err)
 	}
 	return nil
 }
@@ -226,8 +223,10 @@ func (v *flagValues) config() (moe.TrainConfig, error) {
 	if err != nil {
 		return moe.TrainConfig{}, fmt.Errorf("-grad-sync %q: want allreduce, a2sgd or topk:K (K a positive integer)", v.gradSync)
 	}
-	if b := devices[v.device]; d == moe.FP8 && b != nil && !ep.Supports(b, ep.FeatureFP8Wire) {
-		return moe.TrainConfig{}, fmt.Errorf("-dtype fp8 -device %s: the GPU engine (%s) has no FP8 dispatch yet; use -dtype f32 or bf16 there, or -device cpu", v.device, b.Name())
+	if b, err := ep.OpenBackend(v.device); err != nil {
+		return moe.TrainConfig{}, fmt.Errorf("-device: %w", err)
+	} else if d == moe.FP8 && !ep.Supports(b, ep.FeatureFP8Wire) {
+		return moe.TrainConfig{}, fmt.Errorf("-dtype fp8 -device %s: backend %s has no FP8 dispatch (ep.FeatureFP8Wire); use -dtype f32 or bf16 there, or -device cpu", v.device, b.Name())
 	}
 	c := moe.TrainConfig{
 		Config: moe.Config{Mode: m, DType: d, Experts: v.experts, TopK: v.topk, Hidden: v.hidden, FFN: v.ffn,
@@ -362,8 +361,14 @@ func train(stdout io.Writer, world *mpi.Comm, o *options) error {
 // MPI hands it to every rank (epgpu.Bootstrap). The run then trains on the
 // bootstrapped backend and records the device. Collective.
 func bootstrap(world *mpi.Comm, o *options) error {
-	b := devices[o.device]
-	if b == nil {
+	b, err := ep.OpenBackend(o.device)
+	if err != nil {
+		return &runs.CollectiveError{Err: fmt.Errorf("-device: %w", err)}
+	}
+	if !epgpu.Owns(b) {
+		if b.Name() != ep.DefaultBackend {
+			o.run.Backend = b
+		}
 		return nil
 	}
 	boot, err := epgpu.Bootstrap(world, b)
@@ -379,12 +384,15 @@ func bootstrap(world *mpi.Comm, o *options) error {
 // deviceLine is the start-up line that says what the tokens move on and,
 // for a device, how its communicator was bootstrapped.
 func deviceLine(o *options) string {
+	if o.boot == nil && o.run.Backend == nil {
+		return "device cpu: ep's CPU engine, tokens in host memory (shared memory within a node, messages across nodes); no device, no communicator ID"
+	}
 	if o.boot == nil {
-		return "device cpu: ep's CPU engine, tokens in host memory (shared memory within a node, one-sided MPI across nodes); no device, no communicator ID"
+		return fmt.Sprintf("device %s: backend %s, tokens in host memory; no device, no communicator ID", o.device, o.run.Backend.Name())
 	}
 	b := o.boot
 	kind := "communicator"
-	if o.device == "cuda" {
+	if b.Backend.Name() == "gpu:cuda" || b.Backend.Name() == "gpu:cuda+ipc" {
 		kind = "NCCL communicator"
 	}
 	return fmt.Sprintf("device %s: the GPU engine (%s), rank 0 on %s; %s's unique ID made on rank 0 (%s) and handed to the %d ranks over MPI (mpi.BootstrapID): %s (sha256; first bytes % x), the same on every rank",
@@ -606,8 +614,11 @@ func stragglerLine(r *runs.Result) string {
 // memory were: none on the CPU engine; on a device, how many per rank per
 // step, their bytes and time, which dispatch and combine do not include.
 func copiesLine(r *runs.Result) string {
-	if r.Copies == 0 && r.Device.Backend == ep.CPU.Name() {
+	switch {
+	case r.Copies == 0 && r.Device.Backend == ep.DefaultBackend:
 		return "none: the CPU engine's tensors are host memory"
+	case r.Copies == 0 && r.Device.Name == "":
+		return fmt.Sprintf("none: the tensors of backend %s are host memory", r.Device.Backend)
 	}
 	return fmt.Sprintf("%.1f host<->%s copies per rank per step, %s and %s (the tokens up, the received rows and the results back; mean over ranks and steps; not in dispatch and combine)",
 		r.Copies, r.Device.Name, bytesText(r.CopyBytes), micro(float64(r.MeanCopy.Nanoseconds())/1e3))

@@ -331,9 +331,10 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-shared-ffn", "-4"}, `-shared-ffn -4: want 0 (no shared expert) or a positive integer`},
 		{[]string{"-grad-sync", "qsgd"}, `-grad-sync "qsgd": want allreduce, a2sgd or topk:K`},
 		{[]string{"-grad-sync", "topk:0"}, `-grad-sync "topk:0": want allreduce, a2sgd or topk:K (K a positive integer)`},
-		{[]string{"-device", "tpu"}, `-device "tpu": want cpu, emulate or cuda`},
-		{[]string{"-device", "emulate", "-dtype", "fp8"}, `-dtype fp8 -device emulate: the GPU engine (gpu:emulated) has no FP8 dispatch yet; use -dtype f32 or bf16 there, or -device cpu`},
-		{[]string{"-device", "cuda", "-dtype", "fp8"}, `-dtype fp8 -device cuda: the GPU engine (gpu:cuda) has no FP8 dispatch yet`},
+		{[]string{"-device", "tpu"}, `-device: ep: backend "tpu" is not registered: want one of alltoallv, alltoallv-blocking, cpu, cpu-onesided, gpu:cuda, gpu:cuda+ipc, gpu:emulated, gpu:emulated+ipc`},
+		{[]string{"-device", "cuda,devices=2"}, `-device: ep: backend "cuda,devices=2": gpu:cuda does not take option(s) devices: it takes only device`},
+		{[]string{"-device", "emulate", "-dtype", "fp8"}, `-dtype fp8 -device emulate: backend gpu:emulated has no FP8 dispatch (ep.FeatureFP8Wire); use -dtype f32 or bf16 there, or -device cpu`},
+		{[]string{"-device", "cuda", "-dtype", "fp8"}, `-dtype fp8 -device cuda: backend gpu:cuda has no FP8 dispatch`},
 		{[]string{"-grad-sync", "topk:300", "-hidden", "4", "-experts", "8", "-shared-ffn", "4"},
 			`-grad-sync topk:300: K = 300 is more than the 72 data-parallel parameters (gate 4x8, shared expert of -shared-ffn 4)`},
 	} {
@@ -518,6 +519,36 @@ func TestDeviceEmulateMatchesCPU(t *testing.T) {
 					"step %d: loss %v on -device cpu, %v on -device emulate", i+1, losses["cpu"][i], losses["emulate"][i])
 			}
 		})
+	}
+}
+
+// -device opens any registered backend: the alltoallv baseline and the CPU
+// engine with one-sided puts train on one node with -device cpu's losses,
+// bit for bit (the same reductions in the same order), and the trace
+// records the backend.
+func TestDeviceAnyRegisteredBackend(t *testing.T) {
+	dir := t.TempDir()
+	losses := map[string][]float64{}
+	for _, device := range []string{"cpu", "alltoallv", "cpu-onesided"} {
+		trace := filepath.Join(dir, device, "trace.h5")
+		out, err := mpirun(t, 2, time.Minute, append(slices.Clone(small), "-mode", "ll", "-dtype", "f32",
+			"-device", device, "-steps", "12", "-ckpt-every", "0", "-progress-every", "0", "-trace", trace, "-ckpt-dir", filepath.Join(dir, device))...)
+		require.NoError(t, err, "%s", out)
+		tr, err := runs.ReadTrace(trace)
+		require.NoError(t, err)
+		require.Len(t, tr.Loss, 12)
+		losses[device] = tr.Loss
+		assert.Equal(t, device, tr.Device.Backend)
+		if device != "cpu" {
+			assert.Contains(t, out, "moe-train: device "+device+": backend "+device+", tokens in host memory")
+			assert.Contains(t, out, "  copies    none: the tensors of backend "+device+" are host memory")
+		}
+	}
+	for _, device := range []string{"alltoallv", "cpu-onesided"} {
+		for i := range losses["cpu"] {
+			require.Equal(t, math.Float64bits(losses["cpu"][i]), math.Float64bits(losses[device][i]),
+				"step %d: loss %v on -device cpu, %v on -device %s", i+1, losses["cpu"][i], losses[device][i], device)
+		}
 	}
 }
 

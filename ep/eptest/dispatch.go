@@ -317,6 +317,50 @@ func (s Suite) testConsecutiveCalls(t *testing.T) {
 	}
 }
 
+// Two LL dispatches in flight at once, one per buffer set, as a serving
+// loop's two micro-batches are: the second is sent before the first is
+// waited for, and each receives and combines its own rows, whatever order
+// the waits and combines come in.
+func (s Suite) testTwoDispatchesInFlight(t *testing.T) {
+	R, me := s.Comm.Size(), s.Comm.Rank()
+	defer s.agree(t)
+	base := scenarios(R)[0]
+	g := newGroup[ep.BF16](t, s, s.Backend, base.config(ep.LowLatency))
+	type call struct {
+		sc  scenario
+		ins []input
+		req ep.DispatchRequest[ep.BF16]
+		h   ep.Handle[ep.BF16]
+	}
+	for round, order := range [][2]int{{0, 1}, {1, 0}, {0, 1}} {
+		var calls [2]*call
+		for i := range calls {
+			sc := base
+			sc.seed = uint64(300 + 2*round + i)
+			c := &call{sc: sc, ins: allInputs(sc, R)}
+			in := c.ins[me]
+			var err error
+			c.req, err = g.DispatchSend(upload(t, g, payload[ep.BF16](me, in.T, sc.hidden)), in.topk, in.weights)
+			require.NoError(t, err, "round %d, dispatch %d", round, i)
+			calls[i] = c
+		}
+		for _, i := range order {
+			c := calls[i]
+			var err error
+			c.h, err = c.req.Wait()
+			require.NoError(t, err, "round %d, dispatch %d", round, i)
+			checkLLRecv(t, s, c.h, c.sc, c.ins)
+		}
+		for _, i := range order {
+			c := calls[i]
+			in := c.ins[me]
+			out := zeros[ep.BF16](t, g, in.T*c.sc.hidden)
+			require.NoError(t, g.Combine(c.h, c.h.Recv(), out, nil), "round %d, combine %d", round, i)
+			checkIdentityCombine(t, s, ep.LowLatency, c.sc, in, host(t, out))
+		}
+	}
+}
+
 // The backend against a reference backend, on random real-valued data: the
 // same rows, counts and metadata; combine results bit-identical (LL always;
 // HT on one node, where both sum ranks in order) or, for HT across nodes,

@@ -87,6 +87,7 @@ func Run(t *testing.T, s Suite) {
 	t.Run("ScaledExperts", func(t *testing.T) { s.testScaledExperts(t) })
 	t.Run("HTCombineRepeats", func(t *testing.T) { s.testCombineRepeats(t) })
 	t.Run("ConsecutiveCallsBothBuffers", func(t *testing.T) { s.testConsecutiveCalls(t) })
+	t.Run("TwoDispatchesInFlight", func(t *testing.T) { s.testTwoDispatchesInFlight(t) })
 	t.Run("BackwardIsTranspose", func(t *testing.T) { s.testBackwardIsTranspose(t) })
 	t.Run("RowValuesReturnToSlots", func(t *testing.T) { s.testRowValues(t) })
 	t.Run("StatsCountTraffic", func(t *testing.T) { s.testStats(t) })

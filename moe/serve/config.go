@@ -176,6 +176,10 @@ type Config struct {
 	// instruction, and how long rank 0 waits for a masked rank that holds
 	// requests to come back.
 	ControlTimeout time.Duration
+	// Backend is the ep backend both groups run on (nil: ep's default, the
+	// CPU engine). Its tensors must be host memory: the serving loop hands
+	// ep its Go slices (a backend on device memory is refused at start).
+	Backend ep.Backend
 	// Checkpoint, when set, is a moe-train checkpoint whose MoE layer (gate,
 	// experts, shared expert) every decoder layer uses; the model's Hidden,
 	// FFN, SharedFFN, Experts, TopK and Act must be the checkpoint's

@@ -87,8 +87,14 @@ func newEngine[E ep.Element](comm *mpi.Comm, cfg Config, m *Model, t0 time.Time)
 	e := &engine[E]{cfg: cfg, m: m, rank: comm.Rank(), size: comm.Size(), L: mc.Experts / comm.Size(), t0: t0}
 	e.span = e.size * cfg.llTokens()
 	llc := ep.Config{Mode: ep.LowLatency, NumExperts: mc.Experts, MaxTokensPerRank: cfg.llTokens(), Hidden: mc.Hidden,
-		TopK: mc.TopK, Timeout: cfg.Timeout, MaskStalledRanks: cfg.MaskStalled}
+		TopK: mc.TopK, Timeout: cfg.Timeout, MaskStalledRanks: cfg.MaskStalled, Backend: cfg.Backend}
 	if e.ll, err = ep.NewGroup[E](comm, llc); err != nil {
+		return nil, err
+	}
+	if e.ll.Memory() != ep.HostMemory {
+		err = fmt.Errorf("serve: backend %s keeps its tensors in %v: the serving loop hands ep host memory (Go slices), so it serves on backends of host memory only", cfg.Backend.Name(), e.ll.Memory())
+		_ = e.ll.Close()
+		e.ll = nil
 		return nil, err
 	}
 	defer func() {
@@ -98,7 +104,7 @@ func newEngine[E ep.Element](comm *mpi.Comm, cfg Config, m *Model, t0 time.Time)
 	}()
 	if cfg.Prefill == ep.HighThroughput {
 		htc := ep.Config{Mode: ep.HighThroughput, NumExperts: mc.Experts, MaxTokensPerRank: cfg.PrefillTokens,
-			Hidden: mc.Hidden, TopK: mc.TopK, Timeout: cfg.Timeout}
+			Hidden: mc.Hidden, TopK: mc.TopK, Timeout: cfg.Timeout, Backend: cfg.Backend}
 		n := 1
 		if cfg.Overlap {
 			n = 2

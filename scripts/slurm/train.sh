@@ -25,10 +25,11 @@
 #   GOEP_TRAIN_RESUME=             "" (a new run), auto (continue the run in GOEP_OUT_DIR from its
 #                                  newest checkpoint, or start one) or a checkpoint's path
 #   GOEP_TRAIN_GLOBAL_BATCH=       tokens per step over all ranks: -tokens GLOBAL/ranks (must divide)
-#   GOEP_TRAIN_DEVICE=cpu          moe-train's -device: cpu (ep's CPU engine), emulate (the GPU engine
-#                                  on the emulated device, no GPU needed) or cuda (each rank's GPU,
-#                                  with NCCL: the unique ID is made on rank 0 and handed over MPI);
-#                                  a resume may change it
+#   GOEP_TRAIN_DEVICE=cpu          moe-train's -device, any ep backend by name (bin/ep-bench -device
+#                                  list): cpu (ep's CPU engine), emulate (the GPU engine on the
+#                                  emulated device, no GPU needed), cuda (each rank's GPU, with NCCL:
+#                                  the unique ID is made on rank 0 and handed over MPI), alltoallv,
+#                                  ...; a resume may change it
 #   GOEP_ROOT=                     the repository (default: the submit directory, else this
 #                                  script's); relative paths are from there
 #   Site settings, see lib.sh: LAUNCHER=srun|mpirun, GOEP_SRUN_MPI=pmix, GOEP_SRUN_FLAGS,
@@ -64,10 +65,8 @@ if [ -n "${GOEP_TRAIN_GLOBAL_BATCH:-}" ]; then
   tokens=(-tokens $((GOEP_TRAIN_GLOBAL_BATCH / ranks)))
 fi
 device=${GOEP_TRAIN_DEVICE:-cpu}
-case "$device" in
-  cpu | emulate | cuda) ;;
-  *) goep_die "GOEP_TRAIN_DEVICE=$device: want cpu, emulate or cuda" ;;
-esac
+# any ep backend by name with options (bin/ep-bench -device list); moe-train refuses an unknown one
+[[ "$device" =~ ^[A-Za-z0-9:+,=._-]+$ ]] || goep_die "GOEP_TRAIN_DEVICE=$device: want a backend name such as cpu, emulate or cuda"
 resume=()
 case "${GOEP_TRAIN_RESUME:-}" in
   "") ;;
