@@ -146,26 +146,15 @@ test-fuzz: deps
 ## test-long: the long matrix, what make test leaves to it: every multi-rank package at 4 and 8 ranks on
 ## one node and at 8 on 2 and 4 simulated nodes; nodes of unequal size (2+2+1, 3+2), as Slurm gives 5 tasks on 2
 ## or 3 nodes; the race detector across 2 simulated nodes of 2; and the rank counts the training runs,
-## the serving loop (1 and 4 ranks, 8 on 2 nodes) and the emulated GPU backend (1, 2 and 4 ranks) take only here;
-## two parts at a time, as in make test.
-TEST_LONG_PARTS = test-long-ranks test-long-race test-long-uneven test-long-jobs test-long-emu
-.PHONY: $(TEST_LONG_PARTS)
+## the serving loop (1 and 4 ranks, 8 on 2 nodes) and the emulated GPU backend (1, 2 and 4 ranks) take only here.
 test-long: deps
-	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target $(TEST_LONG_PARTS)
-
-test-long-ranks: deps
-	$(GO) run ./internal/cmd/mpitest -np 4,8 -sim 8/4,8/2 -skip-one-node '$(ONE_NODE_SKIP)' $(MPI_TEST_PKGS)
-
-test-long-uneven: deps
-	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep ./moe ./moe/runs
-
-test-long-jobs: deps
-	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim 8/2 $(MPI_TEST_JOB_PKGS)
-
-test-long-emu: deps
+	$(GO) run ./internal/cmd/mpitest -np 4,8 -sim "" -skip '$(ONE_NODE_SKIP)' $(MPI_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 8/4,8/2 $(MPI_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2,5/3 ./ep
+	$(GO) run ./internal/cmd/mpitest -np "" -sim 5/2 ./moe ./moe/runs
+	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim 8/2 ./moe/runs
+	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim "" ./moe/serve
 	$(GO) run ./internal/cmd/mpitest -np 1,2,4 -sim "" $(MPI_TEST_EMU_PKGS)
-
-test-long-race: deps
 	GOEXPERIMENT=cgocheck2 $(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 ## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
