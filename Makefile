@@ -155,7 +155,7 @@ test-long: deps
 	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim 8/2 ./moe/runs
 	$(GO) run ./internal/cmd/mpitest -np 1,4 -sim "" ./moe/serve
 	$(GO) run ./internal/cmd/mpitest -np 1,2,4 -sim "" $(MPI_TEST_EMU_PKGS)
-	GOEXPERIMENT=cgocheck2 $(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
+	$(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 ## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
 ## capi/goep_ep.h, and the C example, tests and benchmark linked with them.
