@@ -37,8 +37,8 @@ MPI_TEST_JOB_NP   ?= 2
 MPI_TEST_JOB_SIM  ?= 4/2
 
 # The race detector (which also checks unsafe pointer arithmetic: checkptr) and cgo's strict pointer
-# checks (GOEXPERIMENT=cgocheck2) in one build, on the multi-rank tests at 2 ranks (test-long: 2
-# simulated nodes of 2 too), without ep's FP8 value sweeps (single-rank arithmetic that takes minutes
+# checks (GOEXPERIMENT=cgocheck2) in one build, on the multi-rank tests at 2 ranks (test-long: -race alone, at 2
+# simulated nodes of 2), without ep's FP8 value sweeps (single-rank arithmetic that takes minutes
 # under -race and runs in test-unit and test-mpi); the emulated GPU backend under cgocheck2 (above).
 RACE_TEST_PKGS     ?= ./ep ./moe ./moe/runs ./mpi
 RACE_TEST_SKIP     ?= TestQuantizeFloat32Sweep|TestE4M3FromMatchesReference|TestQuantizeEveryBF16Value
