@@ -157,45 +157,34 @@ func (o BackendOptions) String(key, def string) string {
 
 // Int is the option key as an integer, or def where absent.
 func (o BackendOptions) Int(key string, def int) (int, error) {
-	v, ok := o.values[key]
-	if !ok {
-		return def, nil
-	}
-	o.used[key] = true
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		return 0, fmt.Errorf("option %s=%q is not an integer", key, v)
-	}
-	return n, nil
+	return parseOption(o, key, def, "an integer", strconv.Atoi)
 }
 
 // Bool is the option key as a boolean (strconv.ParseBool), or def where
 // absent.
 func (o BackendOptions) Bool(key string, def bool) (bool, error) {
-	v, ok := o.values[key]
-	if !ok {
-		return def, nil
-	}
-	o.used[key] = true
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		return false, fmt.Errorf("option %s=%q is not true or false", key, v)
-	}
-	return b, nil
+	return parseOption(o, key, def, "true or false", strconv.ParseBool)
 }
 
 // Duration is the option key as a duration ("2ms"), or def where absent.
 func (o BackendOptions) Duration(key string, def time.Duration) (time.Duration, error) {
+	return parseOption(o, key, def, "a duration", time.ParseDuration)
+}
+
+// parseOption is the option key read by parse, or def where absent; what
+// names what parse accepts, for the error.
+func parseOption[T any](o BackendOptions, key string, def T, what string, parse func(string) (T, error)) (T, error) {
 	v, ok := o.values[key]
 	if !ok {
 		return def, nil
 	}
 	o.used[key] = true
-	d, err := time.ParseDuration(v)
+	x, err := parse(v)
 	if err != nil {
-		return 0, fmt.Errorf("option %s=%q is not a duration", key, v)
+		var zero T
+		return zero, fmt.Errorf("option %s=%q is not %s", key, v, what)
 	}
-	return d, nil
+	return x, nil
 }
 
 // Done is an error naming the options no getter asked for, and the ones

@@ -1,12 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -41,9 +43,7 @@ func TestFlagErrorsNameTheValue(t *testing.T) {
 // alltoallv path, with sane figures.
 func TestBenchUnderMpirun(t *testing.T) {
 	mpitesting.RequireTool(t, "mpirun")
-	bin := filepath.Join(t.TempDir(), "ep-bench")
-	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := benchBinary(t)
 	for _, tc := range []struct {
 		np      int
 		perNode string
@@ -55,15 +55,7 @@ func TestBenchUnderMpirun(t *testing.T) {
 		cmd := exec.Command("mpirun", args...)
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s", out)
-		var results []map[string]any
-		sc := bufio.NewScanner(bytes.NewReader(out))
-		for sc.Scan() {
-			if line := strings.TrimSpace(sc.Text()); strings.HasPrefix(line, "{") {
-				var r map[string]any
-				require.NoError(t, json.Unmarshal([]byte(line), &r), line)
-				results = append(results, r)
-			}
-		}
+		results, _ := jsonLines(t, out)
 		require.Len(t, results, 2*3*2, "one line per mode x dtype x tokens in:\n%s", out)
 		for _, r := range results {
 			keys := []string{"mode", "ranks", "nodes", "tokens", "hidden", "topk", "experts", "dtype",
@@ -98,10 +90,8 @@ func TestBenchUnderMpirun(t *testing.T) {
 // The human-readable table names both implementations and the memcpy line.
 func TestTableOutput(t *testing.T) {
 	mpitesting.RequireTool(t, "mpirun")
-	bin := filepath.Join(t.TempDir(), "ep-bench")
-	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	out, err = exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-mode", "ht", "-tokens", "16",
+	bin := benchBinary(t)
+	out, err := exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-mode", "ht", "-tokens", "16",
 		"-hidden", "32", "-topk", "2", "-experts", "4", "-iters", "2")...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	for _, want := range []string{"ep-bench ht bf16: 2 ranks on 1 node(s)", "ep (goep)", "alltoallv by hand", "speedup over alltoallv", "memcpy of the same bytes"} {
@@ -120,24 +110,16 @@ func TestBenchAnyRegisteredBackend(t *testing.T) {
 		assert.Contains(t, stdout.String(), want)
 	}
 	mpitesting.RequireTool(t, "mpirun")
-	bin := filepath.Join(t.TempDir(), "ep-bench")
-	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	out, err = exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-device", "alltoallv", "-json", "-mode", "ll,ht", "-tokens", "24",
+	bin := benchBinary(t)
+	out, err := exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-device", "alltoallv", "-json", "-mode", "ll,ht", "-tokens", "24",
 		"-hidden", "64", "-topk", "3", "-experts", "8", "-iters", "2", "-warmup", "1")...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	var n int
-	for _, line := range strings.Split(string(out), "\n") {
-		if !strings.HasPrefix(line, "{") {
-			continue
-		}
-		n++
-		var r map[string]any
-		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+	rows, _ := jsonLines(t, out)
+	for _, r := range rows {
 		assert.Equal(t, "alltoallv", r["device"])
 		assert.Greater(t, r["cpu_dispatch_us"].(float64), 0.0, "the CPU engine ran beside it")
 	}
-	assert.Equal(t, 2, n, "one line per mode in:\n%s", out)
+	assert.Len(t, rows, 2, "one line per mode in:\n%s", out)
 }
 
 // -device emulate: the GPU backend on the emulated device, checked against
@@ -145,9 +127,7 @@ func TestBenchAnyRegisteredBackend(t *testing.T) {
 // engine's times and the device copy beside its own.
 func TestBenchEmulatedDevice(t *testing.T) {
 	mpitesting.RequireTool(t, "mpirun")
-	bin := filepath.Join(t.TempDir(), "ep-bench")
-	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := benchBinary(t)
 	for _, tc := range []struct {
 		np      int
 		perNode string
@@ -158,16 +138,8 @@ func TestBenchEmulatedDevice(t *testing.T) {
 			"-experts", "8", "-iters", "2", "-warmup", "1")
 		out, err := exec.Command("mpirun", args...).CombinedOutput()
 		require.NoError(t, err, "%s", out)
-		var n int
-		sc := bufio.NewScanner(bytes.NewReader(out))
-		for sc.Scan() {
-			line := strings.TrimSpace(sc.Text())
-			if !strings.HasPrefix(line, "{") {
-				continue
-			}
-			n++
-			var r map[string]any
-			require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		rows, _ := jsonLines(t, out)
+		for _, r := range rows {
 			assert.Equal(t, "emulate", r["device"])
 			assert.Equal(t, float64(tc.nodes), r["nodes"])
 			assert.Greater(t, r["cpu_dispatch_us"].(float64), 0.0)
@@ -177,9 +149,9 @@ func TestBenchEmulatedDevice(t *testing.T) {
 				assert.Greater(t, r["dispatch_device_copy_frac"].(float64), 0.0)
 			}
 		}
-		assert.Equal(t, 2*2*2, n, "one line per mode x dtype x tokens in:\n%s", out)
+		assert.Len(t, rows, 2*2*2, "one line per mode x dtype x tokens in:\n%s", out)
 	}
-	out, err = exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-device", "emulate", "-mode", "ll", "-tokens", "16",
+	out, err := exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-device", "emulate", "-mode", "ll", "-tokens", "16",
 		"-hidden", "32", "-topk", "2", "-experts", "4", "-iters", "2")...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	for _, want := range []string{"ep (goep) on emulate", "ep CPU engine", "the CPU engine's time", "emulate copy of the same bytes"} {
@@ -194,22 +166,15 @@ func TestBenchEmulatedDevice(t *testing.T) {
 // many of each floor a round is.
 func TestLatencySweep(t *testing.T) {
 	mpitesting.RequireTool(t, "mpirun")
-	bin := filepath.Join(t.TempDir(), "ep-bench")
-	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := benchBinary(t)
 	args := append(mpitesting.MPIRunArgs(2), bin, "-latency", "-tokens", "4", "-hidden", "32", "-topk", "2",
 		"-experts", "4", "-iters", "3", "-warmup", "1")
-	out, err = exec.Command("mpirun", append(args, "-json")...).CombinedOutput()
+	out, err := exec.Command("mpirun", append(args, "-json")...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	var tokens []float64
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if !strings.HasPrefix(line, "{") {
-			continue
-		}
-		var r map[string]any
-		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+	rows, lines := jsonLines(t, out)
+	for i, r := range rows {
+		line := lines[i]
 		assert.Equal(t, "ll", r["mode"], line)
 		tokens = append(tokens, r["tokens"].(float64))
 		for _, k := range []string{"flag_round_trip_us", "data_round_trip_us", "steady_round_us", "alltoallv_steady_round_us", "dispatch_us", "combine_us"} {
@@ -232,9 +197,7 @@ func TestLatencySweep(t *testing.T) {
 // layout runs too.
 func TestBenchLayouts(t *testing.T) {
 	mpitesting.RequireTool(t, "mpirun")
-	bin := filepath.Join(t.TempDir(), "ep-bench")
-	out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := benchBinary(t)
 	for _, tc := range []struct {
 		np      int
 		perNode string
@@ -244,16 +207,9 @@ func TestBenchLayouts(t *testing.T) {
 			"-experts", "8", "-iters", "2", "-warmup", "1")
 		out, err := exec.Command("mpirun", args...).CombinedOutput()
 		require.NoError(t, err, "%s", out)
-		n := 0
-		sc := bufio.NewScanner(bytes.NewReader(out))
-		for sc.Scan() {
-			line := strings.TrimSpace(sc.Text())
-			if !strings.HasPrefix(line, "{") {
-				continue
-			}
-			n++
-			var r map[string]any
-			require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		rows, lines := jsonLines(t, out)
+		for i, r := range rows {
+			line := lines[i]
 			assert.Equal(t, "expert-major", r["layout"], line)
 			assert.Equal(t, 8.0, r["expert_alignment"], line)
 			for _, k := range []string{"flat_permute_dispatch_us", "flat_permute_combine_us", "expert_major_speedup"} {
@@ -261,10 +217,57 @@ func TestBenchLayouts(t *testing.T) {
 				assert.Greater(t, r[k].(float64), 0.0, "%s in %s", k, line)
 			}
 		}
-		assert.Equal(t, 2*2, n, "one line per dtype x tokens in:\n%s", out)
+		assert.Len(t, rows, 2*2, "one line per dtype x tokens in:\n%s", out)
 	}
-	out, err = exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-mode", "ll", "-layout", "rank-major", "-tokens", "16",
+	out, err := exec.Command("mpirun", append(mpitesting.MPIRunArgs(2), bin, "-mode", "ll", "-layout", "rank-major", "-tokens", "16",
 		"-hidden", "32", "-topk", "2", "-experts", "4", "-iters", "2")...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, string(out), "receive layout: rank-major")
+}
+
+// benchBinary is ep-bench built with MPI, once for every test that runs it.
+func benchBinary(t *testing.T) string {
+	t.Helper()
+	benchBuild.Do(func() {
+		dir, err := os.MkdirTemp("", "ep-bench-test")
+		if err != nil {
+			benchBuild.err = err
+			return
+		}
+		benchBuild.bin = filepath.Join(dir, "ep-bench")
+		if out, err := exec.Command("go", "build", "-tags", "mpi", "-o", benchBuild.bin, ".").CombinedOutput(); err != nil {
+			benchBuild.err = fmt.Errorf("go build: %w\n%s", err, out)
+		}
+	})
+	require.NoError(t, benchBuild.err)
+	return benchBuild.bin
+}
+
+var benchBuild struct {
+	sync.Once
+	bin string
+	err error
+}
+
+// jsonLines is every JSON line of ep-bench's output out, parsed, with the
+// line itself for messages.
+func jsonLines(t *testing.T, out []byte) (rows []map[string]any, lines []string) {
+	t.Helper()
+	for _, line := range strings.Split(string(out), "\n") {
+		if line = strings.TrimSpace(line); !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		rows, lines = append(rows, r), append(lines, line)
+	}
+	return rows, lines
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if benchBuild.bin != "" {
+		os.RemoveAll(filepath.Dir(benchBuild.bin))
+	}
+	os.Exit(code)
 }

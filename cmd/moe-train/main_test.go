@@ -488,14 +488,9 @@ func TestDeviceEmulateMatchesCPU(t *testing.T) {
 			dir := t.TempDir()
 			losses := map[string][]float64{}
 			for _, device := range []string{"cpu", "emulate"} {
-				trace := filepath.Join(dir, device, "trace.h5")
-				out, err := mpirunSim(t, tc.np, tc.perNode, 2*time.Minute, append(slices.Clone(small), "-mode", tc.mode, "-dtype", tc.dtype,
-					"-device", device, "-steps", "20", "-ckpt-every", "0", "-progress-every", "10", "-trace", trace, "-ckpt-dir", filepath.Join(dir, device))...)
-				require.NoError(t, err, "%s", out)
-				tr, err := runs.ReadTrace(trace)
-				require.NoError(t, err)
-				require.Len(t, tr.Loss, 20)
+				out, tr := trainOn(t, dir, tc.np, tc.perNode, 20, "-mode", tc.mode, "-dtype", tc.dtype, "-device", device, "-progress-every", "10")
 				losses[device] = tr.Loss
+				trace := filepath.Join(dir, device, "trace.h5")
 				if device == "cpu" {
 					assert.Contains(t, out, "moe-train: device cpu: ep's CPU engine")
 					assert.Contains(t, out, "  copies    none: the CPU engine's tensors are host memory")
@@ -517,10 +512,7 @@ func TestDeviceEmulateMatchesCPU(t *testing.T) {
 					assert.Contains(t, string(dump), s)
 				}
 			}
-			for i := range losses["cpu"] {
-				require.Equal(t, math.Float64bits(losses["cpu"][i]), math.Float64bits(losses["emulate"][i]),
-					"step %d: loss %v on -device cpu, %v on -device emulate", i+1, losses["cpu"][i], losses["emulate"][i])
-			}
+			requireSameLosses(t, losses, "cpu", "emulate")
 		})
 	}
 }
@@ -533,13 +525,7 @@ func TestDeviceAnyRegisteredBackend(t *testing.T) {
 	dir := t.TempDir()
 	losses := map[string][]float64{}
 	for _, device := range []string{"cpu", "alltoallv", "cpu-onesided"} {
-		trace := filepath.Join(dir, device, "trace.h5")
-		out, err := mpirun(t, 2, time.Minute, append(slices.Clone(small), "-mode", "ll", "-dtype", "f32",
-			"-device", device, "-steps", "12", "-ckpt-every", "0", "-progress-every", "0", "-trace", trace, "-ckpt-dir", filepath.Join(dir, device))...)
-		require.NoError(t, err, "%s", out)
-		tr, err := runs.ReadTrace(trace)
-		require.NoError(t, err)
-		require.Len(t, tr.Loss, 12)
+		out, tr := trainOn(t, dir, 2, 0, 12, "-mode", "ll", "-dtype", "f32", "-device", device, "-progress-every", "0")
 		losses[device] = tr.Loss
 		assert.Equal(t, device, tr.Device.Backend)
 		if device != "cpu" {
@@ -547,10 +533,34 @@ func TestDeviceAnyRegisteredBackend(t *testing.T) {
 			assert.Contains(t, out, "  copies    none: the tensors of backend "+device+" are host memory")
 		}
 	}
-	for _, device := range []string{"alltoallv", "cpu-onesided"} {
-		for i := range losses["cpu"] {
-			require.Equal(t, math.Float64bits(losses["cpu"][i]), math.Float64bits(losses[device][i]),
-				"step %d: loss %v on -device cpu, %v on -device %s", i+1, losses["cpu"][i], losses[device][i], device)
+	requireSameLosses(t, losses, "cpu", "alltoallv", "cpu-onesided")
+}
+
+// trainOn runs moe-train for steps steps on np ranks (perNode to a
+// simulated node, 0 for one node) with the small model and args, its trace
+// and checkpoints in dir/<the -device of args>; its output and trace.
+func trainOn(t *testing.T, dir string, np, perNode, steps int, args ...string) (string, *runs.TraceData) {
+	t.Helper()
+	device := args[slices.Index(args, "-device")+1]
+	trace := filepath.Join(dir, device, "trace.h5")
+	out, err := mpirunSim(t, np, perNode, 2*time.Minute, append(slices.Concat(small, args),
+		"-steps", strconv.Itoa(steps), "-ckpt-every", "0", "-trace", trace, "-ckpt-dir", filepath.Join(dir, device))...)
+	require.NoError(t, err, "%s", out)
+	tr, err := runs.ReadTrace(trace)
+	require.NoError(t, err)
+	require.Len(t, tr.Loss, steps)
+	return out, tr
+}
+
+// requireSameLosses requires the losses of each of the devices others to
+// be those of device ref, bit for bit, step by step.
+func requireSameLosses(t *testing.T, losses map[string][]float64, ref string, others ...string) {
+	t.Helper()
+	for _, device := range others {
+		require.Len(t, losses[device], len(losses[ref]), device)
+		for i := range losses[ref] {
+			require.Equal(t, math.Float64bits(losses[ref][i]), math.Float64bits(losses[device][i]),
+				"step %d: loss %v on -device %s, %v on -device %s", i+1, losses[ref][i], ref, losses[device][i], device)
 		}
 	}
 }

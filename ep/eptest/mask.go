@@ -36,15 +36,9 @@ func (s Suite) testMaskStalledRank(t *testing.T) {
 	}
 	defer s.agree(t)
 	victim := R - 1
-	sc := scenarios(R)[1]
-	cfg := sc.config(ep.LowLatency)
-	cfg.Timeout = maskTimeout
-	cfg.MaskStalledRanks = true
-	g := newGroup[float32](t, s, s.Backend, cfg)
+	r := s.newRound(t, ep.LowLatency, func(c *ep.Config) { c.Timeout, c.MaskStalledRanks = maskTimeout, true })
+	sc, in, g, x, out := r.sc, r.in, r.g, r.x, r.out
 	H, K, L := sc.hidden, sc.topk, sc.experts/R
-	in := sc.input(me, R)
-	x := upload(t, g, payload[float32](me, in.T, H))
-	out := zeros[float32](t, g, in.T*H)
 	// round does a dispatch and a combine with identity experts and checks
 	// every token against x times the weights of its slots whose expert is
 	// on a rank not in masked, and the dropped pairs against those that are.
@@ -94,12 +88,12 @@ func (s Suite) testMaskStalledRank(t *testing.T) {
 	} else {
 		start := time.Now()
 		round("the call that masks the stalled rank", []int{victim})
-		assert.GreaterOrEqual(t, time.Since(start), cfg.Timeout, "it waited for the stalled rank")
+		assert.GreaterOrEqual(t, time.Since(start), maskTimeout, "it waited for the stalled rank")
 		assert.Equal(t, []int{victim}, g.Masked())
 		for i := 0; i < 3; i++ {
 			start := time.Now()
 			round(fmt.Sprintf("masked call %d", i), []int{victim})
-			assert.Less(t, time.Since(start), cfg.Timeout, "a later call waits for no masked rank (a wait for it would take the timeout)")
+			assert.Less(t, time.Since(start), maskTimeout, "a later call waits for no masked rank (a wait for it would take the timeout)")
 		}
 		require.NoError(t, s.Comm.Barrier(), "the stalled rank is back")
 	}

@@ -19,14 +19,9 @@ func (s Suite) testRefusalFailsEveryRank(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
 			defer s.agree(t)
-			sc := scenarios(R)[1]
-			cfg := sc.config(mode)
-			cfg.Timeout = time.Minute // a refusal must not wait for it
-			g := newGroup[float32](t, s, s.Backend, cfg)
+			r := s.newRound(t, mode, func(c *ep.Config) { c.Timeout = time.Minute }) // a refusal must not wait for it
+			sc, in, g, x, out := r.sc, r.in, r.g, r.x, r.out
 			H, E := sc.hidden, sc.experts
-			in := sc.input(me, R)
-			x := upload(t, g, payload[float32](me, in.T, H))
-			out := zeros[float32](t, g, in.T*H)
 			bad := append([]int32(nil), in.topk...)
 			bad[0] = int32(E) // out of range
 			cases := []struct {

@@ -94,13 +94,8 @@ func (s Suite) testMismatchedCalls(t *testing.T) {
 			t.Run(c.name+"/"+mode.String(), func(t *testing.T) {
 				defer s.agree(t)
 				me := s.Comm.Rank()
-				sc := scenarios(R)[1]
-				cfg := sc.config(mode)
-				cfg.Timeout = time.Minute
-				g := newGroup[float32](t, s, s.Backend, cfg)
-				in := sc.input(me, R)
-				x := upload(t, g, payload[float32](me, in.T, sc.hidden))
-				out := zeros[float32](t, g, in.T*sc.hidden)
+				r := s.newRound(t, mode, func(c *ep.Config) { c.Timeout = time.Minute })
+				sc, in, g, x, out := r.sc, r.in, r.g, r.x, r.out
 				dispatch := func() (ep.Handle[float32], error) { return g.Dispatch(x, in.topk, in.weights) }
 				combine := func(h ep.Handle[float32]) error { return g.Combine(h, h.Recv(), out, nil) }
 				h, err := dispatch() // one good round first: the calls match up to here
@@ -150,13 +145,8 @@ func (s Suite) testRelease(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			defer s.agree(t)
 			me := s.Comm.Rank()
-			sc := scenarios(R)[1]
-			cfg := sc.config(mode)
-			cfg.Timeout = time.Minute
-			g := newGroup[float32](t, s, s.Backend, cfg)
-			in := sc.input(me, R)
-			x := upload(t, g, payload[float32](me, in.T, sc.hidden))
-			out := zeros[float32](t, g, in.T*sc.hidden)
+			r := s.newRound(t, mode, func(c *ep.Config) { c.Timeout = time.Minute })
+			sc, in, g, x, out := r.sc, r.in, r.g, r.x, r.out
 			for i := 0; i < 5; i++ { // more than the two buffer sets, each released in turn
 				h, err := g.Dispatch(x, in.topk, in.weights)
 				require.NoError(t, err, "dispatch %d", i)

@@ -145,6 +145,33 @@ func newGroup[E ep.Element](t *testing.T, s Suite, b ep.Backend, cfg ep.Config) 
 	return g
 }
 
+// round is a group of the backend under test in the second scenario's
+// configuration, with this rank's input and its tokens (float32) uploaded
+// and a zeroed output: where the tests of calls that go wrong start.
+type round struct {
+	sc     scenario
+	in     input
+	g      *ep.Group[float32]
+	x, out ep.Tensor[float32]
+}
+
+// newRound is round in mode, its group's configuration changed by tune
+// (nil for none) and closed when the test ends.
+func (s Suite) newRound(t *testing.T, mode ep.Mode, tune func(*ep.Config)) round {
+	t.Helper()
+	R, me := s.Comm.Size(), s.Comm.Rank()
+	r := round{sc: scenarios(R)[1]}
+	cfg := r.sc.config(mode)
+	if tune != nil {
+		tune(&cfg)
+	}
+	r.g = newGroup[float32](t, s, s.Backend, cfg)
+	r.in = r.sc.input(me, R)
+	r.x = upload(t, r.g, payload[float32](me, r.in.T, r.sc.hidden))
+	r.out = zeros[float32](t, r.g, r.in.T*r.sc.hidden)
+	return r
+}
+
 // upload puts host values into a new tensor of the group's memory, freed
 // when the test ends.
 func upload[T ep.Scalar, E ep.Element](t *testing.T, g *ep.Group[E], host []T) ep.Tensor[T] {
