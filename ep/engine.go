@@ -26,11 +26,19 @@ var CPU Backend = cpuBackend{}
 // (RDMA hardware): over TCP, Open MPI's osc/ucx completes a put only while
 // the target calls MPI, and a put to a stalled rank waits in MPI_Win_flush
 // with no deadline.
-var CPUOneSided Backend = cpuBackend{oneSided: true}
+var CPUOneSided Backend = cpuBackend{net: oneSidedNet{}}
 
 type cpuBackend struct {
-	oneSided bool
-	tune     tuning
+	net  networkKind // nil: mailboxNet, the default
+	tune tuning
+}
+
+// network is the backend's way across nodes.
+func (b cpuBackend) network() networkKind {
+	if b.net == nil {
+		return mailboxNet{}
+	}
+	return b.net
 }
 
 // tuning are the CPU engine's internal switches, set per group by the
@@ -63,10 +71,7 @@ func (t tuning) slotProtocolMax() int {
 // Name is "cpu" or "cpu-onesided", with a slot protocol limit other than
 // the default said (every rank must take the same protocol).
 func (b cpuBackend) Name() string {
-	name := "cpu"
-	if b.oneSided {
-		name = "cpu-onesided"
-	}
+	name := "cpu" + b.network().suffix()
 	if b.tune.slotMax != 0 {
 		name += fmt.Sprintf("(slot protocol up to %d bytes)", b.tune.slotProtocolMax())
 	}
@@ -140,7 +145,8 @@ type mode interface {
 }
 
 func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) {
-	oneSidedNet := b.oneSided
+	net := b.network()
+	caps := net.caps()
 	e := &engine{spec: spec, tune: b.tune, names: newOpNames(spec.Mode)}
 	defer func() {
 		if err != nil {
@@ -192,16 +198,16 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	if modeErr == nil {
 		e.reserve()
 	}
-	// Large blocks leave for other nodes straight from the segment, except
-	// where a masked rank may never receive them (its sends would stay in
-	// flight) or puts complete at once anyway (one-sided).
-	tr.inPlace = t.Nodes > 1 && !oneSidedNet && !spec.MaskStalledRanks
+	// Large blocks leave for other nodes straight from the segment where the
+	// network can send them so, except where a masked rank may never
+	// receive them (its sends would stay in flight).
+	tr.inPlace = t.Nodes > 1 && caps.sendsInPlace && !spec.MaskStalledRanks
 	// Refuse what the node cannot give before allocating anything (the
 	// kernel would kill a rank half way, or MPI fail with MPI_ERR_INTERN),
 	// on every rank: a node that fits must not go on into the allocations.
 	f := Footprint{SharedPerRank: e.segSize, WindowPerRank: e.winSize, RanksPerNode: len(tr.nodeRanks)}
-	if t.Nodes > 1 && !oneSidedNet {
-		f.CopiesPerRank = 2 * e.winSize
+	if t.Nodes > 1 {
+		f.CopiesPerRank = caps.copies * e.winSize
 	}
 	f.PerNode = f.RanksPerNode * f.perRank()
 	if err := mpi.AgreeOnError(comm, errors.Join(modeErr, checkFits(spec, f, sysmem.Read(), R, t.Nodes, max(t.HostSize, f.RanksPerNode)))); err != nil {
@@ -220,35 +226,13 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	}
 	tr.segBytes = e.shm.Local()
 	if t.Nodes > 1 {
-		if tr.net, err = openNetwork(comm, e.winSize, oneSidedNet, tr.segBytes); err != nil {
+		if tr.net, err = net.open(comm, e.winSize, tr.segBytes); err != nil {
 			return nil, fmt.Errorf("allocating %d bytes of staging memory for %d nodes: %w", e.winSize, t.Nodes, err)
 		}
 		tr.winBase = unsafe.Pointer(unsafe.SliceData(tr.net.Local()))
-		tr.landsFinal = !oneSidedNet // a mailbox writes into the segment too, past the staging
+		tr.landsFinal = caps.landsInPlace
 	}
 	return e, nil
-}
-
-// openNetwork gives every rank of comm size bytes of staging memory that the
-// ranks of other nodes write into: a mailbox, which also reaches the rank's
-// segment seg (at offsets from size), or a one-sided window.
-func openNetwork(comm *mpi.Comm, size int, oneSidedNet bool, seg []byte) (network, error) {
-	if !oneSidedNet {
-		m, err := comm.NewMailboxAttached(size, seg)
-		if err != nil {
-			return nil, err
-		}
-		return m, nil
-	}
-	w, err := comm.AllocateWindow(size)
-	if err != nil {
-		return nil, fmt.Errorf("%w (one-sided MPI across hosts needs a component that works there with "+
-			"MPI_THREAD_MULTIPLE, as Open MPI's osc=sm,ucx)", err)
-	}
-	if err := w.LockAll(); err != nil {
-		return nil, errors.Join(err, w.Free())
-	}
-	return oneSided{w}, nil
 }
 
 // NewState is the per-dispatch state of the engine's mode, sized for any

@@ -68,14 +68,8 @@ type llMode struct {
 	stage            [2]rowArea
 	stageTok, stageW [2]region
 	cstage, cvals    [2]region
-	// With a low-precision combine (Config.CombineWire FP8): the expert
-	// outputs as e4m3 codes and scales, [L][span] rows (segment), and those
-	// exposed by other nodes, [M*K] rows (staging).
-	combFP8 bool
-	ccodes  [2]rowArea
-	ccstage [2]rowArea
-	ccast   castQueue
-	cap     int
+	cwire            llCombineWire // how the expert outputs travel back
+	cap              int
 	// Per expert: its owner and its block's first row in the owner's
 	// receive buffer (tables, not x/L and x%L: a division is tens of cycles,
 	// paid per pair).
@@ -120,7 +114,7 @@ func (m *llMode) free() { m.tables.free() }
 // tune says which protocol and which cast the group takes.
 func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *arena) *llMode {
 	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, wire: newRowFormat(s), combFP8: s.CombineWire.FP8()}
+		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, wire: newRowFormat(s), cwire: newLLCombineWire(s)}
 	rows := m.L * m.span
 	m.ownerOf, m.blockOf = make([]int, m.E), make([]int, m.E)
 	for x := range m.ownerOf {
@@ -143,10 +137,7 @@ func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *arena) *llMode {
 		m.stageW[b] = win.take("LL weights from other nodes"+set, R*m.cap, 4)
 		m.cstage[b] = win.take("LL expert outputs from other nodes"+set, m.M*m.K, m.rowBytes)
 		m.cvals[b] = win.take("LL row values from other nodes"+set, m.M*m.K, 4)
-		if m.combFP8 {
-			m.ccodes[b] = seg.takeRows("LL expert outputs in FP8"+set, rows, fp8Sizes(m.H))
-			m.ccstage[b] = win.takeRows("LL expert outputs in FP8 from other nodes"+set, m.M*m.K, fp8Sizes(m.H))
-		}
+		m.cwire.takeAreas(seg, win, b, set, rows, m.M*m.K)
 	}
 	return m
 }
@@ -559,16 +550,7 @@ func (m *llMode) combineSend(c *Combine) error {
 		ysrc |= ySrcValues
 	}
 	// What the token ranks read: the outputs, or their FP8 codes and scales.
-	out, staged := rowArea{rows: area}, rowArea{rows: m.cstage[b]}
-	if m.combFP8 {
-		out, staged = m.ccodes[b], m.ccstage[b]
-		for l, n := range st.expert { // every valid row, once, whoever reads it
-			for r := l * m.span; r < l*m.span+n; r++ {
-				m.ccast.add(t.lsa(me, out.rows.at(r)), t.lsa(me, out.side.at(r)), int64(area.at(r)))
-			}
-		}
-		m.ccast.flush(t.segBytes, m.H, e.spec.Elem, e.spec.CombineWire)
-	}
+	out, staged := m.cwire.encode(m, b, st, area)
 	// Expose each token rank of another node its rows, in its own pair
 	// order (node peers read them in place).
 	across := t.netBytes
@@ -669,12 +651,7 @@ func (m *llMode) combineWait(c *Combine) error {
 			}
 			row := m.blockOf[x] + int(st.off[me*m.E+x]+ord)
 			pos := int(st.pos[x] + ord)
-			if m.combFP8 {
-				tab.src[n] = t.exposed(owner, m.ccodes[b].rows.at(row), m.ccstage[b].rows.at(pos))
-				tab.scl[n] = t.exposed(owner, m.ccodes[b].side.at(row), m.ccstage[b].side.at(pos))
-			} else {
-				tab.src[n] = t.exposed(owner, area.at(row), m.cstage[b].at(pos))
-			}
+			m.cwire.source(t, tab, n, owner, b, area, row, pos, m.cstage[b])
 			tab.w[n] = c.Weights[tk*K+k]
 			n++
 			if withValues {
@@ -686,11 +663,7 @@ func (m *llMode) combineWait(c *Combine) error {
 		}
 	}
 	tab.start[rt.T] = int32(n)
-	if m.combFP8 {
-		tab.reduceFP8(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H)
-	} else {
-		tab.reduce(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H, e.spec.Elem)
-	}
+	m.cwire.reduce(tab, unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H)
 	if withValues && missing < 0 {
 		gatherValues(c.SlotValues.Host(), &m.vp)
 	}

@@ -3,7 +3,6 @@ package ep
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -189,47 +188,6 @@ type transport struct {
 	one           [1]int
 	word          []byte // 8 bytes of their own: cgo checks the whole object an argument points into
 }
-
-// network carries this rank's writes into the staging memory of the ranks
-// of other nodes: PutBlocks writes, and the writes bound for this rank land
-// in its Local memory by the time Progress returns, or later; data put
-// before a flag to the same rank lands no later than the flag.
-type network interface {
-	Local() []byte
-	PutBlocks(origin []byte, blocks []mpi.Block) error
-	// PutBlocksInPlace is PutBlocks where large blocks may go straight
-	// from origin (engine memory outside the Go heap) into the targets'
-	// memories: origin must stay as it is until InPlaceSent(put).
-	PutBlocksInPlace(origin []byte, blocks []mpi.Block) (put uint64, err error)
-	// InPlaceSent says whether the sends of the puts numbered put or less
-	// have left their origins; where not, to a rank one is still for.
-	InPlaceSent(put uint64) (bool, int)
-	Progress() error
-	// Drain is Progress until what was sent to this rank a while ago has
-	// landed.
-	Drain() error
-	Free() error
-}
-
-// oneSided is the network of one-sided MPI: puts complete (flushed) when
-// PutBlocks returns; Progress lets MPI serve the peers' puts into this
-// rank (over TCP, osc/ucx completes them only while the target calls MPI)
-// and makes them visible (MPI_Win_sync).
-type oneSided struct{ *mpi.Window }
-
-func (o oneSided) Progress() error { return errors.Join(o.Window.Progress(), o.Window.Sync()) }
-
-// Drain is Progress: a put that completed at its origin is in place.
-func (o oneSided) Drain() error { return o.Progress() }
-
-// PutBlocksInPlace is PutBlocks: a put is flushed, so its origin is free,
-// when it returns.
-func (o oneSided) PutBlocksInPlace(origin []byte, blocks []mpi.Block) (uint64, error) {
-	return 0, o.PutBlocks(origin, blocks)
-}
-
-// InPlaceSent: every put has left its origin when it returned.
-func (o oneSided) InPlaceSent(uint64) (bool, int) { return true, -1 }
 
 // lsa is byte off of node peer r's segment.
 func (t *transport) lsa(r, off int) ptr { return unsafe.Add(t.seg[r], off) }
