@@ -312,7 +312,9 @@ def measured():
                 loads = [f"cross-host {min(passes)}-{max(passes)} ({len(passes)} passes)" if l.startswith("cross-host ")
                          else l for l in loads]
     times.sort()
-    span = f"{times[0].replace('T', ' ')[:16]} to {times[-1][11:16]} UTC" if times else ""
+    # the end's date too where the parts were measured on different days
+    end = times[-1][11:16] if times and times[-1][:10] == times[0][:10] else times[-1].replace('T', ' ')[:16] if times else ""
+    span = f"{times[0].replace('T', ' ')[:16]} to {end} UTC" if times else ""
     return (f"Measured at commit {', '.join(sorted(commits))} on {'; '.join(sorted(machines))}, {span}; the "
             f"load (1-minute average) as each part began: {', '.join(loads)}.")
 
