@@ -76,7 +76,7 @@ func (b alltoallvBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 	a.span = R * a.M
 	if spec.Mode == LowLatency {
 		rows, perRow := a.L*a.span, 1
-		if spec.llRankMajor() {
+		if spec.LLRankMajor() {
 			rows, perRow = R*a.M, a.K
 		}
 		for b := range a.sets {
@@ -86,7 +86,7 @@ func (b alltoallvBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 			s.outputs = make([]byte, rows*a.rowBytes)
 			s.weights = make([]float32, rows*perRow)
 			s.tokens = make([]int32, rows)
-			if spec.llRankMajor() {
+			if spec.LLRankMajor() {
 				s.topk = make([]int32, rows*perRow)
 			}
 		}
@@ -263,7 +263,7 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 	st := a.state(d)
 	x, rt, K, L := hostBytes(d.X), d.Route, a.K, a.L
 	meta := 3 // LL expert-major: expert, token, weight bits
-	if !a.spec.weightedCombine() {
+	if !a.spec.WeightedCombine() {
 		meta = 1 + 2*K // a row per (token, rank): token, top-k ids, weight bits
 	}
 	meta += a.G // FP8: then the row's scales
@@ -281,7 +281,7 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 	}
 	for dst := 0; dst < a.R; dst++ {
 		for t := 0; t < rt.T; t++ {
-			if a.spec.weightedCombine() {
+			if a.spec.WeightedCombine() {
 				for k := 0; k < K; k++ {
 					if e := d.TopK[t*K+k]; e >= 0 && int(e)/L == dst {
 						pack(t)
@@ -407,10 +407,10 @@ func (a *alltoallvEngine) DispatchWait(d *Dispatch) error {
 	clear(st.expert)
 	clear(st.source)
 	switch {
-	case a.spec.htExpertMajor():
+	case a.spec.HTExpertMajor():
 		a.unpackZones(d, st, n)
 		return nil
-	case a.spec.llRankMajor():
+	case a.spec.LLRankMajor():
 		a.unpackRankMajor(d, st, n)
 		return nil
 	}
@@ -498,7 +498,7 @@ func (a *alltoallvEngine) CombineSend(c *Combine) error {
 	y, H := hostBytes(c.Y), a.rowBytes
 	withValues := !c.RowValues.IsZero()
 	send, vals := y, a.sendVals[:0]
-	if a.spec.Mode == LowLatency || a.spec.htExpertMajor() { // pack back in arrival order
+	if a.spec.Mode == LowLatency || a.spec.HTExpertMajor() { // pack back in arrival order
 		a.packd = growTo(a.packd, len(st.slot)*H)
 		send = a.packd
 		width := a.valuesPerRow()
@@ -528,7 +528,7 @@ func (a *alltoallvEngine) CombineSend(c *Combine) error {
 	set.passed = append(set.passed[:0], a.got...)
 	var err error
 	backFrom, backTo := st.recvCounts, st.sendCounts
-	if a.spec.htExpertMajor() {
+	if a.spec.HTExpertMajor() {
 		backFrom, backTo = st.backFrom, st.backTo
 	}
 	if set.back, err = moveV(a, send, backFrom, backTo, H, set.back); err != nil {
@@ -566,7 +566,7 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 	src.reset()
 	first := make([]int, a.R+1) // where each rank's rows start among those back
 	for r := 0; r < a.R; r++ {
-		if a.spec.htExpertMajor() {
+		if a.spec.HTExpertMajor() {
 			first[r+1] = first[r] + st.backTo[r]
 		} else {
 			first[r+1] = first[r] + st.sendCounts[r]
@@ -585,13 +585,13 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		clear(slots)
 	}
 	switch {
-	case a.spec.htExpertMajor():
+	case a.spec.HTExpertMajor():
 		var vals []float32
 		if withValues {
 			vals = slots
 		}
 		a.zoneSources(d, first, rowAt, set.backVals, vals)
-	case a.spec.weightedCombine():
+	case a.spec.WeightedCombine():
 		// Packed per destination in (token, slot) order: number them in that order.
 		idx := make([]int32, rt.T*K)
 		next := append([]int(nil), first[:a.R]...)

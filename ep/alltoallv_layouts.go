@@ -23,7 +23,7 @@ func (a *alltoallvEngine) idBase() int {
 // valuesPerRow is the row values of a received row: one per (token, expert)
 // row, TopK per (token, rank) row.
 func (a *alltoallvEngine) valuesPerRow() int {
-	if a.spec.layout() == LayoutExpertMajor {
+	if a.spec.ResolvedLayout() == LayoutExpertMajor {
 		return 1
 	}
 	return a.K
@@ -35,7 +35,7 @@ func (a *alltoallvEngine) unpackZones(d *Dispatch, st *a2aState, n int) {
 	set := &a.sets[d.Set]
 	K, L, H, G, R := a.K, a.L, a.wireBytes, a.G, a.R
 	meta := 1 + 2*K + G
-	align := a.spec.alignment()
+	align := a.spec.Alignment()
 	mine := func(e int32) bool { return e >= 0 && int(e)/L == a.me }
 	st.backFrom, st.backTo = growTo(st.backFrom, R), growTo(st.backTo, R)
 	clear(st.backFrom)

@@ -67,7 +67,7 @@ func (g *Group[E]) dispatchSend(op string, x tokens, topk []int32, weights []flo
 		err = g.checkSetFree(op)
 	}
 	if err == nil {
-		err = g.scratchRT.compute(op, g.sh, topk, T)
+		err = computeRouting(&g.scratchRT, op, g.sh, topk, T)
 	}
 	var s *handleState[E]
 	if err == nil {
@@ -138,7 +138,7 @@ func (g *Group[E]) cachedSend(prev Handle[E], x tokens, weights []float32) (Disp
 	if s == p { // the ring came round to prev itself: its routing is already there
 		s.weights = append(s.weights[:0], weights...)
 	} else {
-		s.rt.copyFrom(&p.rt)
+		copyRouting(&s.rt, &p.rt)
 		s.topk = append(s.topk[:0], p.topk...)
 		s.weights = append(s.weights[:0], weights...)
 	}
@@ -290,8 +290,8 @@ func (g *Group[E]) Layout(topk []int32) (*Layout, error) {
 		return nil, inputErrorf("Layout", "len(topk) = %d is not a multiple of TopK = %d", len(topk), g.spec.TopK)
 	}
 	var r Routing
-	if err := r.compute("Layout", g.sh, topk, len(topk)/g.spec.TopK); err != nil {
+	if err := computeRouting(&r, "Layout", g.sh, topk, len(topk)/g.spec.TopK); err != nil {
 		return nil, err
 	}
-	return r.layout(g.size), nil
+	return layoutOf(&r, g.size), nil
 }

@@ -151,7 +151,9 @@
 //
 // # Backends
 //
-// A Backend (Config.Backend) opens an Engine per group. The Group does what
+// A Backend (Config.Backend) opens an Engine per group; the contract between
+// them, and the vocabulary both share, is package ep/driver, which ep names
+// for programs (Config, Tensor, the errors, ...). The Group does what
 // every backend shares, written once: it checks every input (ids, lengths,
 // memories, handles), computes the routing (Routing, the layout kernel's
 // result), numbers the calls, enforces the buffer rules above and turns

@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"math"
 	"unsafe"
-
-	"github.com/goep/goep/internal/dtype"
 )
 
 // BF16 is a bfloat16 number: the top 16 bits of a float32.
@@ -19,15 +17,6 @@ type BF16 uint16
 
 // Element is the element types a Group moves.
 type Element interface{ float32 | BF16 }
-
-// DType names an element type to a Backend: Float32 or BFloat16.
-type DType = dtype.Code
-
-// The element types of Element, as DType.
-const (
-	Float32  DType = dtype.F32
-	BFloat16 DType = dtype.BF16
-)
 
 // BF16From rounds f to the nearest bfloat16, ties to even.
 func BF16From(f float32) BF16 {

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/internal/sysmem"
 	"github.com/goep/goep/mpi"
 )
@@ -184,7 +185,7 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	seg, win := newArenas(tr.in.size)
 	var modeErr error // agreed on below, with the footprint: every rank fails at the same step
 	switch {
-	case spec.llRankMajor():
+	case spec.LLRankMajor():
 		e.mode, modeErr = newLLRank(e, seg, win)
 	case spec.Mode == LowLatency:
 		e.mode, modeErr = newLL(e, seg, win)
@@ -318,7 +319,7 @@ func (e *engine) CombineSend(c *Combine) error {
 
 func (e *engine) CombineWait(c *Combine) error {
 	err := e.outcome(c.Op, e.names.combine, e.mode.combineWait(c))
-	if err == nil || errors.Is(err, ErrBadInput) && !isRefused(err) {
+	if err == nil || errors.Is(err, ErrBadInput) && !driver.IsRefused(err) {
 		e.last[c.Dispatch.Set] = c.Op // the combine ran: its readers will release the buffers
 	}
 	e.t.end(c.Op)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/mpi"
 )
 
@@ -123,10 +124,10 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	if err := agreeOnConfig(c, cfg, elem); err != nil {
 		return nil, err
 	}
-	if err := cfg.validate(c.Size()); err != nil {
+	if err := cfg.Validate(c.Size()); err != nil {
 		return nil, err
 	}
-	spec := newSpec(cfg, elem)
+	spec := driver.NewSpec(cfg, elem)
 	ferr := checkFeatures(cfg)
 	if err := mpi.AgreeOnError(c, ferr); err != nil {
 		var agreed *mpi.AgreedError
@@ -137,9 +138,9 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		}
 		return nil, ferr
 	}
-	eng, err := cfg.backend().Open(c, spec)
+	eng, err := backendOf(cfg).Open(c, spec)
 	if err == nil {
-		err = checkEngine(cfg.backend(), eng)
+		err = checkEngine(backendOf(cfg), eng)
 	}
 	var agreed *mpi.AgreedError
 	if !errors.As(err, &agreed) { // an engine that agreed already failed on every rank alike
@@ -149,7 +150,7 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		if eng != nil {
 			err = errors.Join(err, eng.Close())
 		}
-		return nil, fmt.Errorf("ep: NewGroup: %s backend: %w", cfg.backend().Name(), err)
+		return nil, fmt.Errorf("ep: NewGroup: %s backend: %w", backendOf(cfg).Name(), err)
 	}
 	p := eng.Placement()
 	g := &Group[E]{spec: spec, comm: c, eng: eng, mem: eng.Memory(), place: p, rank: c.Rank(), size: c.Size(),
@@ -197,13 +198,13 @@ const backendNameLen = 64
 // agreeOnConfig gathers every rank's config, element type and backend name,
 // and fails, identically on every rank, if they differ.
 func agreeOnConfig(c *mpi.Comm, cfg Config, elem DType) error {
-	fp := cfg.fingerprint(elem)
+	fp := cfg.Fingerprint(elem)
 	all := make([]int64, len(fp)*c.Size())
 	if err := mpi.AllgatherSlice(c, fp, all); err != nil {
 		return fmt.Errorf("ep: NewGroup: comparing configs: %w", err)
 	}
 	name := make([]byte, backendNameLen)
-	copy(name, cfg.backend().Name())
+	copy(name, backendOf(cfg).Name())
 	names := make([]byte, backendNameLen*c.Size())
 	if err := c.Allgather(name, names); err != nil {
 		return fmt.Errorf("ep: NewGroup: comparing configs: %w", err)
@@ -215,7 +216,7 @@ func agreeOnConfig(c *mpi.Comm, cfg Config, elem DType) error {
 	for r := 1; r < c.Size(); r++ {
 		for i := range fp {
 			if a, b := all[i], all[r*len(fp)+i]; a != b {
-				diffs = append(diffs, fmt.Sprintf("rank %d has %s = %s, rank 0 has %s", r, fingerprintFields[i],
+				diffs = append(diffs, fmt.Sprintf("rank %d has %s = %s, rank 0 has %s", r, driver.FingerprintField(i),
 					fieldString(i, b), fieldString(i, a)))
 			}
 		}
@@ -230,7 +231,7 @@ func agreeOnConfig(c *mpi.Comm, cfg Config, elem DType) error {
 }
 
 func fieldString(i int, v int64) string {
-	switch fingerprintFields[i] {
+	switch driver.FingerprintField(i) {
 	case "Mode":
 		return Mode(v).String()
 	case "Timeout":
@@ -292,7 +293,7 @@ func (g *Group[E]) DeviceTimes() (dispatch, combine time.Duration, ok bool) {
 func (g *Group[E]) Memory() Memory { return g.mem }
 
 // Backend is the name of the group's backend. Not collective.
-func (g *Group[E]) Backend() string { return g.spec.backend().Name() }
+func (g *Group[E]) Backend() string { return backendOf(g.spec.Config).Name() }
 
 func (g *Group[E]) String() string {
 	return fmt.Sprintf("%s{%v, %s backend, rank %d of %d, %v}", g.spec.Name, g.spec.Mode, g.Backend(), g.rank, g.size, g.sh)

@@ -142,8 +142,8 @@ func (m *htMode) inPlace(n int, st *htState) bool {
 // htDims is an htMode of R ranks on nodes nodes with its sizes only.
 func htDims(s Spec, R, nodes int, tune tuning) *htMode {
 	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.maxRecv(R), wire: newRowFormat(s), global: s.RecvIDs == GlobalExpertIDs,
-		em: s.htExpertMajor(), align: s.alignment()}
+		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.MaxRecv(R), wire: newRowFormat(s), global: s.RecvIDs == GlobalExpertIDs,
+		em: s.HTExpertMajor(), align: s.Alignment()}
 }
 
 // takeAreas places HT's areas, with slots staging slots (placeRails).

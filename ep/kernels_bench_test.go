@@ -88,7 +88,7 @@ func BenchmarkKernelLayout(b *testing.B) {
 	var r Routing
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := r.compute("bench", sh, topk, T); err != nil {
+		if err := computeRouting(&r, "bench", sh, topk, T); err != nil {
 			b.Fatal(err)
 		}
 	}

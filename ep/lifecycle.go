@@ -25,7 +25,7 @@ type StateMaker interface {
 }
 
 // reserve sizes r's tables for any routing of up to m tokens of shape sh.
-func (r *Routing) reserve(sh shape, m int) {
+func reserveRouting(r *Routing, sh shape, m int) {
 	r.PerExpert = make([]int32, sh.E)
 	r.PerRank = make([]int32, sh.R)
 	r.PerNode = make([]int32, sh.nodes)
@@ -42,11 +42,11 @@ func (g *Group[E]) makeRecords() {
 	for i := range g.states {
 		s := &handleState[E]{g: g, topk: make([]int32, 0, M*K), weights: make([]float32, 0, M*K),
 			rowsTo: make([]int32, g.size), rowsFrom: make([]int32, g.size)}
-		s.rt.reserve(g.sh, M)
+		reserveRouting(&s.rt, g.sh, M)
 		if maker != nil {
 			s.d.State = maker.NewState()
 		}
 		g.states[i] = s
 	}
-	g.scratchRT.reserve(g.sh, M)
+	reserveRouting(&g.scratchRT, g.sh, M)
 }

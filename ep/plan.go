@@ -3,6 +3,7 @@ package ep
 import (
 	"fmt"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/internal/sysmem"
 )
 
@@ -46,7 +47,7 @@ func (f Footprint) String() string {
 // Footprint.Layout lists every area. NewGroup checks the same against what
 // the machine can give before it allocates.
 func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
-	if err := cfg.validate(ranks); err != nil {
+	if err := cfg.Validate(ranks); err != nil {
 		return Footprint{}, err
 	}
 	if nodes < 1 || nodes > ranks {
@@ -57,7 +58,7 @@ func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
 	if ranks%nodes != 0 {
 		maxSend = (perNode + ranks/nodes - 1) / (ranks / nodes)
 	}
-	return footprint(newSpec(cfg, elem), ranks, nodes, nodes*maxSend, perNode), nil
+	return footprint(driver.NewSpec(cfg, elem), ranks, nodes, nodes*maxSend, perNode), nil
 }
 
 // footprint lays the CPU engine's memories out as openEngine does.
@@ -65,7 +66,7 @@ func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 	in := inboxFor(s, ranks, nodes)
 	seg, win := newArenas(in.size)
 	switch {
-	case s.llRankMajor():
+	case s.LLRankMajor():
 		layoutLLRank(s, ranks, seg, win)
 	case s.Mode == LowLatency:
 		layoutLL(s, ranks, nodes, tuning{}, seg, win)

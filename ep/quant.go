@@ -17,7 +17,7 @@ func quantRows(dst, scales *addrTable, origin []byte, srcOff []int64, hidden int
 		return
 	}
 	C.ep_quant_rows(dst.c(), scales.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff),
-		C.int64_t(n), C.int64_t(hidden), C.int(elem), w.scaleMode(), C.int(impl))
+		C.int64_t(n), C.int64_t(hidden), C.int(elem), scaleMode(w), C.int(impl))
 }
 
 // castImpl picks the cast: the fastest this CPU has, or the portable one

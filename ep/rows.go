@@ -226,7 +226,7 @@ func htMeta(tok, topk, w ptr, rows, srcTok, srcTopk []int32, srcW []float32, K, 
 		return
 	}
 	C.ep_ht_meta((*C.int32_t)(tok), (*C.int32_t)(topk), (*C.float)(w), i32p(rows), C.int64_t(len(rows)),
-		i32p(srcTok), i32p(srcTopk), f32p(srcW), C.int(K), C.int(L), C.int(d), C.int(boolInt(global)))
+		i32p(srcTok), i32p(srcTopk), f32p(srcW), C.int(K), C.int(L), C.int(d), C.int(cBool(global)))
 }
 
 // countLocal counts, per local expert l, the rows whose top-k ids ([n][K],
@@ -237,3 +237,11 @@ func countLocal(topk ptr, n, K int, lo int32, counts []int32) {
 
 // onlineCPUs is the machine's online processors, whatever the affinity.
 func onlineCPUs() int { return int(C.ep_online_cpus()) }
+
+// cBool is b as a C int.
+func cBool(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -99,7 +99,7 @@ func newInbox(ranks, countLen, readyLen int) inbox {
 // source's rows of its local experts (the slot protocol).
 func inboxFor(s Spec, ranks, nodes int) inbox {
 	if s.Mode == HighThroughput {
-		if s.htExpertMajor() { // and pairs per expert (htzones.go)
+		if s.HTExpertMajor() { // and pairs per expert (htzones.go)
 			return newInbox(ranks, ranks+nodes+s.NumExperts, 0)
 		}
 		return newInbox(ranks, ranks+nodes, 0)

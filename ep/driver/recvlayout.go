@@ -1,4 +1,4 @@
-package ep
+package driver
 
 import (
 	"fmt"
@@ -86,7 +86,7 @@ func (k ExpertIDKind) String() string {
 }
 
 // layout is c's receive layout with the default resolved for its mode.
-func (c Config) layout() RecvLayout {
+func (c Config) ResolvedLayout() RecvLayout {
 	if c.Layout != LayoutDefault {
 		return c.Layout
 	}
@@ -98,26 +98,28 @@ func (c Config) layout() RecvLayout {
 
 // htExpertMajor says whether c is an HighThroughput group with expert-major
 // zones.
-func (c Config) htExpertMajor() bool {
-	return c.Mode == HighThroughput && c.layout() == LayoutExpertMajor
+func (c Config) HTExpertMajor() bool {
+	return c.Mode == HighThroughput && c.ResolvedLayout() == LayoutExpertMajor
 }
 
 // llRankMajor says whether c is a LowLatency group with rank-major rows.
-func (c Config) llRankMajor() bool { return c.Mode == LowLatency && c.layout() == LayoutRankMajor }
+func (c Config) LLRankMajor() bool {
+	return c.Mode == LowLatency && c.ResolvedLayout() == LayoutRankMajor
+}
 
 // weightedCombine says whether Combine applies the gate weights (LL
 // expert-major) or sums what the expert side weighted (the other layouts).
-func (c Config) weightedCombine() bool {
-	return c.Mode == LowLatency && c.layout() == LayoutExpertMajor
+func (c Config) WeightedCombine() bool {
+	return c.Mode == LowLatency && c.ResolvedLayout() == LayoutExpertMajor
 }
 
 // alignment is the zone alignment of an HT expert-major group, in rows (1:
 // none).
-func (c Config) alignment() int { return max(c.ExpertAlignment, 1) }
+func (c Config) Alignment() int { return max(c.ExpertAlignment, 1) }
 
 // validateLayout checks the layout fields of c.
 func (c Config) validateLayout(bad func(string, ...any) error) error {
-	l := c.layout()
+	l := c.ResolvedLayout()
 	switch {
 	case c.Layout < LayoutDefault || c.Layout > LayoutFlat:
 		return bad("Layout = %v: choose ep.LayoutDefault, LayoutExpertMajor, LayoutRankMajor or LayoutFlat", c.Layout)
@@ -127,7 +129,7 @@ func (c Config) validateLayout(bad func(string, ...any) error) error {
 		return bad("Layout = %v is for LowLatency; HighThroughput has LayoutFlat (its default) or LayoutExpertMajor", l)
 	case c.ExpertAlignment < 0 || c.ExpertAlignment > 1<<20 || bits.OnesCount(uint(c.ExpertAlignment)) > 1:
 		return bad("ExpertAlignment = %d: want a power of two up to 2^20 (or 0: no padding)", c.ExpertAlignment)
-	case c.ExpertAlignment > 1 && !c.htExpertMajor():
+	case c.ExpertAlignment > 1 && !c.HTExpertMajor():
 		return bad("ExpertAlignment = %d pads HighThroughput's expert-major zones; this group is %v %v", c.ExpertAlignment, c.Mode, l)
 	case c.RecvIDs != LocalExpertIDs && c.RecvIDs != GlobalExpertIDs:
 		return bad("RecvIDs = %v: choose ep.LocalExpertIDs or ep.GlobalExpertIDs", c.RecvIDs)
@@ -135,7 +137,7 @@ func (c Config) validateLayout(bad func(string, ...any) error) error {
 		return bad("RecvIDs = %v: an expert-major layout receives no top-k ids (a row's expert is its block)", c.RecvIDs)
 	case c.MaskStalledRanks && l == LayoutRankMajor:
 		return bad("MaskStalledRanks is not implemented with Layout = %v", l)
-	case c.Overflow == OverflowDrop && c.htExpertMajor():
+	case c.Overflow == OverflowDrop && c.HTExpertMajor():
 		return bad("Overflow = %v is not implemented with Layout = %v (its zones are padded per expert; drop caps rows per rank)", c.Overflow, l)
 	case c.CombineWire != WireNative && l == LayoutRankMajor:
 		return bad("CombineWire = %v is not implemented with Layout = %v", c.CombineWire, l)

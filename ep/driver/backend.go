@@ -1,4 +1,4 @@
-package ep
+package driver
 
 import (
 	"fmt"
@@ -35,8 +35,8 @@ type Spec struct {
 }
 
 // newSpec is the Spec of a validated cfg with rows of elem.
-func newSpec(cfg Config, elem DType) Spec {
-	cfg.Layout = cfg.layout()
+func NewSpec(cfg Config, elem DType) Spec {
+	cfg.Layout = cfg.ResolvedLayout()
 	s := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(), WireRowBytes: cfg.Hidden * elem.Size(),
 		Name: fmt.Sprintf("ep.Group[%s]", elem)}
 	if cfg.Wire.FP8() {

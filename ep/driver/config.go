@@ -1,4 +1,4 @@
-package ep
+package driver
 
 import (
 	"fmt"
@@ -142,7 +142,7 @@ type Config struct {
 }
 
 // validate checks the config for a communicator of size ranks.
-func (c Config) validate(size int) error {
+func (c Config) Validate(size int) error {
 	bad := func(format string, a ...any) error { return fmt.Errorf("ep: invalid Config: "+format, a...) }
 	switch {
 	case c.Mode != LowLatency && c.Mode != HighThroughput:
@@ -179,43 +179,35 @@ func (c Config) validate(size int) error {
 	if err := c.validateLayout(bad); err != nil {
 		return err
 	}
-	if n := c.maxRecvRows(size); n > 1<<31-1 {
+	if n := c.MaxRecvRows(size); n > 1<<31-1 {
 		return bad("an HT expert-major receive buffer of %d rows (MaxRecvTokensPerRank = 0: the worst case) overflows the 32-bit row indices: set MaxRecvTokensPerRank", n)
 	}
 	return nil
 }
 
-// backend is c.Backend, or CPU when unset.
-func (c Config) backend() Backend {
-	if c.Backend == nil {
-		return CPU
-	}
-	return c.Backend
-}
-
 // maxRecv is the most rows one rank receives in an HT dispatch: with
 // expert-major zones, (token, local expert) rows and their padding.
-func (c Config) maxRecv(ranks int) int {
-	return int(c.maxRecvRows(ranks))
+func (c Config) MaxRecv(ranks int) int {
+	return int(c.MaxRecvRows(ranks))
 }
 
 // maxRecvRows is maxRecv computed without overflow: the default of an
 // expert-major group is its worst case, every token of every rank to
 // min(TopK, L) experts of this rank, with every zone padded.
-func (c Config) maxRecvRows(ranks int) int64 {
+func (c Config) MaxRecvRows(ranks int) int64 {
 	if c.MaxRecvTokensPerRank > 0 {
 		return int64(c.MaxRecvTokensPerRank)
 	}
 	n := int64(ranks) * int64(c.MaxTokensPerRank)
-	if c.htExpertMajor() {
+	if c.HTExpertMajor() {
 		L := int64(c.NumExperts / ranks)
-		n = n*min(int64(c.TopK), L) + L*int64(c.alignment()-1)
+		n = n*min(int64(c.TopK), L) + L*int64(c.Alignment()-1)
 	}
 	return n
 }
 
 // fingerprint encodes everything that must agree across ranks.
-func (c Config) fingerprint(elem DType) []int64 {
+func (c Config) Fingerprint(elem DType) []int64 {
 	return []int64{int64(c.Mode), int64(c.NumExperts), int64(c.MaxTokensPerRank), int64(c.Hidden),
 		int64(c.TopK), int64(c.MaxRecvTokensPerRank), int64(c.Timeout), int64(elem), boolInt(c.MaskStalledRanks), int64(c.Wire),
 		int64(c.CombineWire), int64(c.Overflow), int64(c.Layout), int64(c.ExpertAlignment), int64(c.RecvIDs)}
@@ -224,6 +216,10 @@ func (c Config) fingerprint(elem DType) []int64 {
 var fingerprintFields = []string{"Mode", "NumExperts", "MaxTokensPerRank", "Hidden", "TopK",
 	"MaxRecvTokensPerRank", "Timeout", "element type", "MaskStalledRanks", "Wire", "CombineWire", "Overflow",
 	"Layout", "ExpertAlignment", "RecvIDs"}
+
+// FingerprintField names entry i of a Fingerprint, for the message that
+// says which setting differs across ranks.
+func FingerprintField(i int) string { return fingerprintFields[i] }
 
 func boolInt(b bool) int64 {
 	if b {

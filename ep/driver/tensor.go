@@ -1,4 +1,4 @@
-package ep
+package driver
 
 import (
 	"fmt"
@@ -171,7 +171,7 @@ func FromBytes[T Scalar](b Tensor[byte]) (Tensor[T], error) {
 
 // mustFromBytes is FromBytes for views the package made itself, whose sizes
 // are right by construction.
-func mustFromBytes[T Scalar](b Tensor[byte]) Tensor[T] {
+func MustFromBytes[T Scalar](b Tensor[byte]) Tensor[T] {
 	t, err := FromBytes[T](b)
 	if err != nil {
 		panic(err)
@@ -238,7 +238,7 @@ func ToHost[T Scalar](t Tensor[T]) ([]T, error) {
 
 // sameTensor reports whether a and b are the same elements of the same
 // memory.
-func sameTensor[T Scalar](a, b Tensor[T]) bool {
+func SameTensor[T Scalar](a, b Tensor[T]) bool {
 	if !a.set || !b.set || a.n != b.n || a.n == 0 || a.mem != b.mem {
 		return false
 	}
