@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"unsafe"
 
+	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
 	"github.com/goep/goep/mpi"
 )
@@ -101,7 +102,7 @@ type alltoallvEngine struct {
 	R, me, L, K, H, M, span int
 	rowBytes                int
 	wireBytes, G            int // a dispatched row's bytes, and its FP8 scales (0: native)
-	cast                    castQueue
+	cast                    hostrows.CastQueue
 	nodeOf                  []int
 	sets                    [2]a2aSet
 	sendRows, packd         []byte
@@ -110,7 +111,7 @@ type alltoallvEngine struct {
 	pin                     runtime.Pinner
 	sc, sd, rc, rd          []int // alltoallv counts and displacements, in elements
 	counts, got             []int32
-	src                     addrTable
+	src                     hostrows.AddrTable
 	w                       []float32
 	start                   []int32
 	next                    []int   // scratch: per expert or rank, the next row
@@ -275,7 +276,7 @@ func (a *alltoallvEngine) DispatchSend(d *Dispatch) error {
 		if a.G == 0 || forward { // codes as they are: their scales go with the words below
 			rows = append(rows, x[t*a.wireBytes:(t+1)*a.wireBytes]...)
 		} else { // cast below, once the buffers have their size
-			a.cast.srcOff = append(a.cast.srcOff, int64(t*a.rowBytes))
+			a.cast.SrcOff = append(a.cast.SrcOff, int64(t*a.rowBytes))
 		}
 		n++
 	}
@@ -369,10 +370,10 @@ func (a *alltoallvEngine) castRows(rows []byte, words []int32, x []byte, n, meta
 	defer a.pin.Unpin()
 	q := &a.cast
 	for i := 0; i < n; i++ {
-		q.dst.add(unsafe.Pointer(&rows[i*a.wireBytes]))
-		q.scales.add(unsafe.Pointer(&words[(i+1)*meta-a.G]))
+		q.Dst.Add(unsafe.Pointer(&rows[i*a.wireBytes]))
+		q.Scales.Add(unsafe.Pointer(&words[(i+1)*meta-a.G]))
 	}
-	q.flush(x, a.H, a.spec.Elem, a.spec.Wire)
+	q.Flush(x, a.H, a.spec.Elem, a.spec.Wire)
 	return rows
 }
 
@@ -563,7 +564,7 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 	rowAt := func(i int) ptr { return unsafe.Add(base, i*H) }
 	a.start = growTo(a.start, rt.T+1)
 	src, w := &a.src, a.w[:0]
-	src.reset()
+	src.Reset()
 	first := make([]int, a.R+1) // where each rank's rows start among those back
 	for r := 0; r < a.R; r++ {
 		if a.spec.HTExpertMajor() {
@@ -606,10 +607,10 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 			}
 		}
 		for t := 0; t < rt.T; t++ {
-			a.start[t] = int32(src.len())
+			a.start[t] = int32(src.Len())
 			for k := 0; k < K; k++ {
 				if d.TopK[t*K+k] >= 0 {
-					src.add(rowAt(int(idx[t*K+k])))
+					src.Add(rowAt(int(idx[t*K+k])))
 					w = append(w, c.Weights[t*K+k])
 					if withValues {
 						slots[t*K+k] = set.backVals[idx[t*K+k]]
@@ -619,11 +620,11 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		}
 	default:
 		for t := 0; t < rt.T; t++ {
-			a.start[t] = int32(src.len())
+			a.start[t] = int32(src.Len())
 			for r := 0; r < a.R; r++ {
 				if o := rt.TokRankOrd[t*a.R+r]; o >= 0 {
 					i := first[r] + int(o)
-					src.add(rowAt(i))
+					src.Add(rowAt(i))
 					if withValues {
 						for k := 0; k < K; k++ {
 							slots[t*K+k] += set.backVals[i*K+k]
@@ -634,9 +635,9 @@ func (a *alltoallvEngine) CombineWait(c *Combine) error {
 		}
 		w = nil
 	}
-	a.start[rt.T] = int32(src.len())
+	a.start[rt.T] = int32(src.Len())
 	a.w = w
-	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), a.spec.Elem, src, w, a.start, rt.T, a.H, a.spec.Elem)
+	hostrows.ReduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), a.spec.Elem, src, w, a.start, rt.T, a.H, a.spec.Elem)
 	if !c.SlotValues.IsZero() && missing >= 0 {
 		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
 	}

@@ -162,14 +162,14 @@ func (a *alltoallvEngine) zoneSources(d *Dispatch, first []int, rowAt func(int) 
 		}
 	}
 	for t := 0; t < rt.T; t++ {
-		a.start[t] = int32(a.src.len())
+		a.start[t] = int32(a.src.Len())
 		for r := 0; r < a.R; r++ {
 			if rt.TokRankOrd[t*a.R+r] < 0 {
 				continue
 			}
 			for k := 0; k < K; k++ {
 				if e := d.TopK[t*K+k]; e >= 0 && int(e)/L == r {
-					a.src.add(rowAt(int(a.idx[t*K+k])))
+					a.src.Add(rowAt(int(a.idx[t*K+k])))
 					if slots != nil {
 						slots[t*K+k] = backVals[a.idx[t*K+k]]
 					}

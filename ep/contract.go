@@ -8,6 +8,7 @@ import "github.com/goep/goep/ep/driver"
 // features, and the errors calls return.
 
 type (
+	Area             = driver.Area
 	Backend          = driver.Backend
 	CallKind         = driver.CallKind
 	Capable          = driver.Capable
@@ -19,6 +20,7 @@ type (
 	Engine           = driver.Engine
 	ExpertIDKind     = driver.ExpertIDKind
 	Feature          = driver.Feature
+	Footprint        = driver.Footprint
 	InputError       = driver.InputError
 	Masker           = driver.Masker
 	Memory           = driver.Memory

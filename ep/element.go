@@ -1,15 +1,11 @@
 package ep
 
-/*
-#cgo CFLAGS: -O3 -std=gnu11 -I${SRCDIR}/../internal/dtype
-#include "kernels.h"
-*/
-import "C"
-
 import (
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/goep/goep/ep/internal/hostrows"
 )
 
 // BF16 is a bfloat16 number: the top 16 bits of a float32.
@@ -37,7 +33,7 @@ func ToBF16(dst []BF16, src []float32) error {
 		return fmt.Errorf("ep: ToBF16: len(dst) = %d != len(src) = %d", len(dst), len(src))
 	}
 	if len(src) > 0 {
-		C.ep_f32_to_bf16((*C.uint16_t)(unsafe.Pointer(&dst[0])), (*C.float)(unsafe.Pointer(&src[0])), C.int64_t(len(src)))
+		hostrows.F32ToBF16(unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0]), len(src))
 	}
 	return nil
 }
@@ -48,7 +44,7 @@ func FromBF16(dst []float32, src []BF16) error {
 		return fmt.Errorf("ep: FromBF16: len(dst) = %d != len(src) = %d", len(dst), len(src))
 	}
 	if len(src) > 0 {
-		C.ep_bf16_to_f32((*C.float)(unsafe.Pointer(&dst[0])), (*C.uint16_t)(unsafe.Pointer(&src[0])), C.int64_t(len(src)))
+		hostrows.BF16ToF32(unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0]), len(src))
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/goep/goep/ep/driver"
+	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/sysmem"
 	"github.com/goep/goep/mpi"
 )
@@ -177,12 +178,12 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	tr.waits, tr.netSent = make([]time.Duration, R), make([]int64, R)
 	tr.masked, tr.maskStalled = make([]bool, R), spec.MaskStalledRanks
 	tr.setMasked(tr.me, false) // the lists of ranks that take part: all
-	if len(tr.nodeRanks) <= onlineCPUs() {
+	if len(tr.nodeRanks) <= hostrows.OnlineCPUs() {
 		tr.spin = spinWhenAlone
 	}
 
 	tr.in = inboxFor(spec, R, t.Nodes)
-	seg, win := newArenas(tr.in.size)
+	seg, win := hostrows.NewArenas(tr.in.size)
 	var modeErr error // agreed on below, with the footprint: every rank fails at the same step
 	switch {
 	case spec.LLRankMajor():
@@ -192,9 +193,9 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	default:
 		e.mode = newHT(e, seg, win)
 	}
-	e.segSize = seg.n
+	e.segSize = seg.N
 	if t.Nodes > 1 {
-		e.winSize = win.n
+		e.winSize = win.N
 	}
 	if modeErr == nil {
 		e.reserve()
@@ -210,7 +211,7 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	if t.Nodes > 1 {
 		f.CopiesPerRank = caps.copies * e.winSize
 	}
-	f.PerNode = f.RanksPerNode * f.perRank()
+	f.PerNode = f.RanksPerNode * f.PerRank()
 	if err := mpi.AgreeOnError(comm, errors.Join(modeErr, checkFits(spec, f, sysmem.Read(), R, t.Nodes, max(t.HostSize, f.RanksPerNode)))); err != nil {
 		return nil, err
 	}
@@ -257,13 +258,13 @@ func (e *engine) reserve() {
 	// Stores into node peers: rows forwarded by a rail peer (and their
 	// side data), and blocks of words per expert or rank.
 	local := 2*M*K + 4*E + 4*R
-	t.locDst.reserve(local)
+	t.locDst.Reserve(local)
 	t.locOff, t.lens = make([]int64, 0, local), make([]int64, 0, local)
 	// Blocks across nodes: a few per rank and expert, and per chunk.
 	t.blocks = make([]mpi.Block, 0, 4*E+4*R+2*(M/htChunk+1)*e.nodes)
 	moves := 4*E + 4*R // settles: per source and expert, rows, side data, words
-	t.landDst.reserve(moves)
-	t.landSrc.reserve(moves)
+	t.landDst.Reserve(moves)
+	t.landSrc.Reserve(moves)
 	t.landLens = make([]int64, 0, moves)
 	if m, ok := e.mode.(interface{ reserve() }); ok {
 		m.reserve()
@@ -429,6 +430,9 @@ func hostTensor[T Scalar](e *engine, off, n int) Tensor[T] {
 }
 
 // hostBytes is x's bytes as a slice (x is in host memory: the Group checked).
+// ptr is an address of shared, window or pinned memory.
+type ptr = unsafe.Pointer
+
 func hostBytes(x Tensor[byte]) []byte { return x.Host() }
 
 // Masked is, per rank, whether this rank has masked it.

@@ -1,5 +1,7 @@
 package ep
 
+import "github.com/goep/goep/ep/internal/hostrows"
+
 // CPUWithSlotProtocolMax is the CPU backend whose LL groups take the slot
 // protocol for messages of at most n bytes a rank (n < 0: never): the tests
 // run the conformance suite on both protocols.
@@ -13,7 +15,7 @@ func CPUWithSlotProtocolMax(n int) Backend {
 // QuantizePortable is Quantize with the portable cast instead of the
 // fastest this CPU has: the tests check both against the reference.
 func QuantizePortable[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat) error {
-	return quantize(q, scales, src, hidden, w, castPortable)
+	return quantize(q, scales, src, hidden, w, hostrows.CastPortable)
 }
 
 // CountStats adds a completed dispatch's and its combine's traffic to the

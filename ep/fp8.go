@@ -1,15 +1,12 @@
 package ep
 
-/*
-#include "kernels.h"
-*/
-import "C"
-
 import (
 	"fmt"
 	"math"
 	"runtime"
 	"unsafe"
+
+	"github.com/goep/goep/ep/internal/hostrows"
 )
 
 // E4M3 is an 8-bit floating-point number in the FP8 e4m3 format (OCP's
@@ -82,14 +79,6 @@ func ScalesFromUE8M0(dst []float32, exps []uint8) error {
 	return nil
 }
 
-// scaleMode is w's ep_scale.
-func scaleMode(w WireFormat) C.int {
-	if w == WireFP8UE8M0 {
-		return C.EP_SCALE_UE8M0
-	}
-	return C.EP_SCALE_F32
-}
-
 // Quantize casts rows of src ([rows][hidden]) to e4m3 in q (the same
 // shape) with their scales ([rows][ScaleGroups(hidden)]), exactly as a
 // dispatch with wire format w does, in one C call. Per group of ScaleGroup
@@ -105,11 +94,11 @@ func scaleMode(w WireFormat) C.int {
 // too), the group's largest value maps to ±448, and a NaN or an infinity
 // becomes NaN without changing the scale of the group's other values.
 func Quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat) error {
-	return quantize(q, scales, src, hidden, w, castFastest)
+	return quantize(q, scales, src, hidden, w, hostrows.CastFastest)
 }
 
 // quantize is Quantize with the cast impl.
-func quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat, impl castImpl) error {
+func quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat, impl hostrows.CastImpl) error {
 	if err := checkFP8Shapes("Quantize", len(q), len(scales), len(src), hidden); err != nil {
 		return err
 	}
@@ -137,9 +126,7 @@ func quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w Wire
 		dsc[r] = sp + uintptr(4*r*ScaleGroups(hidden))
 		off[r] = int64(r * rowBytes)
 	}
-	C.ep_quant_rows((*C.uintptr_t)(unsafe.Pointer(&dst[0])), (*C.uintptr_t)(unsafe.Pointer(&dsc[0])),
-		(*C.char)(unsafe.Pointer(&src[0])), (*C.int64_t)(unsafe.Pointer(&off[0])), C.int64_t(rows),
-		C.int64_t(hidden), C.int(DTypeOf[E]()), scaleMode(w), C.int(impl))
+	hostrows.QuantizeAt(dst, dsc, unsafe.Pointer(&src[0]), off, hidden, DTypeOf[E](), w, impl)
 	return nil
 }
 
@@ -155,8 +142,7 @@ func Dequantize[E Element](dst []E, q []E4M3, scales []float32, hidden int) erro
 	if len(q) == 0 {
 		return nil
 	}
-	C.ep_dequant_rows(unsafe.Pointer(&dst[0]), C.int(DTypeOf[E]()), (*C.uint8_t)(unsafe.Pointer(&q[0])),
-		(*C.float)(unsafe.Pointer(&scales[0])), C.int64_t(len(q)/hidden), C.int64_t(hidden))
+	hostrows.DequantizeRows(unsafe.Pointer(&dst[0]), DTypeOf[E](), unsafe.Pointer(&q[0]), scales, len(q)/hidden, hidden)
 	return nil
 }
 

@@ -2,8 +2,9 @@ package ep
 
 import (
 	"fmt"
-	"github.com/goep/goep/ep/driver"
 	"sort"
+
+	"github.com/goep/goep/ep/driver"
 )
 
 // Handle is the result of a dispatch: the routing of its tokens and, once

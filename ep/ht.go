@@ -4,6 +4,7 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
 )
 
@@ -33,8 +34,8 @@ import (
 //	  sums of other nodes (staged), node by node in a fixed order; tell the
 //	  node's ranks their buffers are free.
 //
-// Rows are written by the wire format (rowFormat) and move with their side
-// data (rowArea), as in LL.
+// Rows are written by the wire format (RowFormat) and move with their side
+// data (RowArea), as in LL.
 type htMode struct {
 	e                              *engine
 	R, L, M, K, H, rowBytes, nodes int
@@ -43,7 +44,7 @@ type htMode struct {
 	global                         bool // the received top-k ids are global (Config.RecvIDs)
 	em                             bool // expert-major zones (htzones.go)
 	align                          int  // their alignment, in rows
-	wire                           rowFormat
+	wire                           hostrows.RowFormat
 	forwarder                      []int        // per rank: the rank of this node that forwards its tokens here
 	rails                          []int        // per node: this rank's rail peer there (itself on its own node)
 	slots                          []int        // per node: this rank's staging slot at its rail peer there
@@ -55,17 +56,17 @@ type htMode struct {
 	// ids and weights; the combine buffer and row values laid out the
 	// same; the outbox, [M*(nodes-1)] rows for other nodes, node by node;
 	// the sums this rank sends back as a rail peer, [senders][M] rows.
-	recv, outbox rowArea
-	tok, topk, w region
-	slot         region // expert-major: each row's top-k slot
-	comb, vals   region
-	sumsOut      region
+	recv, outbox hostrows.RowArea
+	tok, topk, w hostrows.Region
+	slot         hostrows.Region // expert-major: each row's top-k slot
+	comb, vals   hostrows.Region
+	sumsOut      hostrows.Region
 	// Staging: tokens from each rail sender [slots][M] with their tokens,
 	// global top-k ids and weights; each node's sums of this rank's tokens,
 	// [nodes][M], with their values.
-	stage           rowArea
-	stok, stopk, sw region
-	sums, svals     region
+	stage           hostrows.RowArea
+	stok, stopk, sw hostrows.Region
+	sums, svals     hostrows.Region
 	sent, sentSums  uint64 // the in-place puts of the outbox and of the sums (awaitSent)
 	lastCombine     uint64 // the op of this group's last combine (its senders raise flagDone for it)
 
@@ -74,7 +75,7 @@ type htMode struct {
 	meta       []byte
 	vsum       []float32
 	start      []int32
-	src, vals2 addrTable
+	src, vals2 hostrows.AddrTable
 	area       []int
 	counts     []int32
 	nodeFirst  []int  // per other node: its first row in the outbox
@@ -116,7 +117,7 @@ type fwdPlan struct {
 	slot  []int32 // expert-major: the pair's top-k slot
 }
 
-func newHT(e *engine, seg, win *arena) *htMode {
+func newHT(e *engine, seg, win *hostrows.Arena) *htMode {
 	m := htDims(e.spec, e.t.size, e.nodes, e.tune)
 	m.e, m.myNode = e, e.node
 	m.takeAreas(m.placeRails(), seg, win)
@@ -142,37 +143,37 @@ func (m *htMode) inPlace(n int, st *htState) bool {
 // htDims is an htMode of R ranks on nodes nodes with its sizes only.
 func htDims(s Spec, R, nodes int, tune tuning) *htMode {
 	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.MaxRecv(R), wire: newRowFormat(s), global: s.RecvIDs == GlobalExpertIDs,
+		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.MaxRecv(R), wire: hostrows.NewRowFormat(s), global: s.RecvIDs == GlobalExpertIDs,
 		em: s.HTExpertMajor(), align: s.Alignment()}
 }
 
 // takeAreas places HT's areas, with slots staging slots (placeRails).
-func (m *htMode) takeAreas(slots int, seg, win *arena) {
+func (m *htMode) takeAreas(slots int, seg, win *hostrows.Arena) {
 	n, K, M := m.maxRecv, m.K, m.M
 	if m.em {
-		m.recv = seg.takeRows("HT received rows (expert-major zones)", n, m.wire)
-		m.tok = seg.take("HT received tokens", n, 4)
-		m.slot = seg.take("HT received top-k slots", n, 4)
-		m.w = seg.take("HT received weights", n, 4)
+		m.recv = seg.TakeRows("HT received rows (expert-major zones)", n, m.wire)
+		m.tok = seg.Take("HT received tokens", n, 4)
+		m.slot = seg.Take("HT received top-k slots", n, 4)
+		m.w = seg.Take("HT received weights", n, 4)
 	} else {
-		m.recv = seg.takeRows("HT received rows", n, m.wire)
-		m.tok = seg.take("HT received tokens", n, 4)
-		m.topk = seg.take("HT received top-k ids", n, 4*K)
-		m.w = seg.take("HT received weights", n, 4*K)
+		m.recv = seg.TakeRows("HT received rows", n, m.wire)
+		m.tok = seg.Take("HT received tokens", n, 4)
+		m.topk = seg.Take("HT received top-k ids", n, 4*K)
+		m.w = seg.Take("HT received weights", n, 4*K)
 	}
-	m.comb = seg.take("HT combine buffer", n, m.rowBytes)
-	m.vals = seg.take("HT row values", n, 4*K)
+	m.comb = seg.Take("HT combine buffer", n, m.rowBytes)
+	m.vals = seg.Take("HT row values", n, 4*K)
 	if m.nodes > 1 {
-		m.outbox = seg.takeRows("HT outbox for other nodes", M*(m.nodes-1), m.wire)
+		m.outbox = seg.TakeRows("HT outbox for other nodes", M*(m.nodes-1), m.wire)
 		// By the sender's slot, less this node's own (slots/nodes of them).
-		m.sumsOut = seg.take("HT sums for other nodes", (slots-slots/m.nodes)*M, m.rowBytes)
+		m.sumsOut = seg.Take("HT sums for other nodes", (slots-slots/m.nodes)*M, m.rowBytes)
 	}
-	m.stage = win.takeRows("HT rows from other nodes", slots*M, m.wire)
-	m.stok = win.take("HT tokens from other nodes", slots*M, 4)
-	m.stopk = win.take("HT top-k ids from other nodes", slots*M, 4*K)
-	m.sw = win.take("HT weights from other nodes", slots*M, 4*K)
-	m.sums = win.take("HT sums from other nodes", m.nodes*M, m.rowBytes)
-	m.svals = win.take("HT row values from other nodes", m.nodes*M, 4*K)
+	m.stage = win.TakeRows("HT rows from other nodes", slots*M, m.wire)
+	m.stok = win.Take("HT tokens from other nodes", slots*M, 4)
+	m.stopk = win.Take("HT top-k ids from other nodes", slots*M, 4*K)
+	m.sw = win.Take("HT weights from other nodes", slots*M, 4*K)
+	m.sums = win.Take("HT sums from other nodes", m.nodes*M, m.rowBytes)
+	m.svals = win.Take("HT row values from other nodes", m.nodes*M, 4*K)
 }
 
 // sumsSlot is where the sums for sender r start in sumsOut, in rows of M:
@@ -276,13 +277,13 @@ func (m *htMode) reserve() {
 	m.mine = make([]int32, 0, m.stride())
 	m.meta = make([]byte, 0, 4*M*(N-1)*(1+2*K))
 	m.start = make([]int32, 0, M+1)
-	m.src.reserve(M * (K + N)) // a token's sources: its ranks or pairs here, a sum per other node
-	m.vals2.reserve(M * (K + N))
+	m.src.Reserve(M * (K + N)) // a token's sources: its ranks or pairs here, a sum per other node
+	m.vals2.Reserve(M * (K + N))
 	m.vsum = make([]float32, 0, M*K)
 	m.counts = make([]int32, 0, m.L)
 	m.area = make([]int, 0, R)
 	m.nodeFirst = make([]int, 0, N)
-	m.wire.reserve(M * K)
+	m.wire.Reserve(M * K)
 }
 
 // listsFor returns empty per-rank lists, keeping their storage.
@@ -349,15 +350,15 @@ func (m *htMode) send(d *Dispatch) error {
 	for tk := 0; tk < rt.T; tk++ {
 		for _, dst := range t.nodeRanks {
 			if o := rt.TokRankOrd[tk*m.R+dst]; o >= 0 {
-				m.wire.put(t.seg[dst], m.recv, st.sendOff[dst]+int(o), tk)
+				m.wire.Put(t.seg[dst], m.recv, st.sendOff[dst]+int(o), tk)
 				rows[dst] = append(rows[dst], int32(tk))
 			}
 		}
 	}
-	m.wire.flush(hostBytes(d.X), hostBytes(d.Scales))
+	m.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
 	for _, dst := range t.nodeRanks {
 		first := st.sendOff[dst]
-		htMeta(t.lsa(dst, m.tok.at(first)), t.lsa(dst, m.topk.at(first)), t.lsa(dst, m.w.at(first)),
+		hostrows.HTMeta(t.lsa(dst, m.tok.At(first)), t.lsa(dst, m.topk.At(first)), t.lsa(dst, m.w.At(first)),
 			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst, m.global)
 	}
 	err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil)
@@ -475,11 +476,11 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 		for tk := lo; tk < hi; tk++ {
 			for n := 0; n < m.nodes; n++ {
 				if o := int(rt.TokNodeOrd[tk*m.nodes+n]); o >= 0 && n != m.myNode {
-					m.wire.put(t.seg[t.me], m.outbox, m.nodeFirst[n]+o, tk)
+					m.wire.Put(t.seg[t.me], m.outbox, m.nodeFirst[n]+o, tk)
 				}
 			}
 		}
-		m.wire.flush(x, hostBytes(d.Scales))
+		m.wire.Flush(x, hostBytes(d.Scales))
 		for n := 0; n < m.nodes; n++ {
 			if n == m.myNode {
 				continue
@@ -506,7 +507,7 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 			return err
 		}
 	}
-	t.span(d.Op, "rows across", -1, int64(total*m.wire.rowBytes()), t0)
+	t.span(d.Op, "rows across", -1, int64(total*m.wire.RowBytes()), t0)
 	// Their tokens, top-k ids and weights, packed per node.
 	m.meta = growTo(m.meta, 4*total*(1+2*K))
 	base := unsafe.Pointer(unsafe.SliceData(m.meta))
@@ -528,9 +529,9 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 			continue
 		}
 		r, slot, c, first := m.rails[n], m.slots[n], int(rt.PerNode[n]), m.nodeFirst[n]
-		t.post(r, -1, m.stok.at(slot*M), int64(4*first), 4*c)
-		t.post(r, -1, m.stopk.at(slot*M), int64(4*(total+first*K)), 4*c*K)
-		t.post(r, -1, m.sw.at(slot*M), int64(4*(total*(1+K)+first*K)), 4*c*K)
+		t.post(r, -1, m.stok.At(slot*M), int64(4*first), 4*c)
+		t.post(r, -1, m.stopk.At(slot*M), int64(4*(total+first*K)), 4*c*K)
+		t.post(r, -1, m.sw.At(slot*M), int64(4*(total*(1+K)+first*K)), 4*c*K)
 	}
 	if err := t.flush(m.meta); err != nil {
 		return err
@@ -572,7 +573,7 @@ func (m *htMode) wait(d *Dispatch) error {
 	if m.global {
 		lo = int32(me * m.L)
 	}
-	countLocal(t.lsa(me, m.topk.off), n, K, lo, m.counts)
+	hostrows.CountLocal(t.lsa(me, m.topk.Off), n, K, lo, m.counts)
 	for l, c := range m.counts {
 		st.expert[l] = int(c)
 	}
@@ -580,18 +581,18 @@ func (m *htMode) wait(d *Dispatch) error {
 		st.source[s] = st.recvOff[s+1] - st.recvOff[s]
 	}
 	d.Recv = Received{
-		Rows:         hostTensor[byte](e, m.recv.rows.off, m.recv.rows.len(n)),
-		Outputs:      hostTensor[byte](e, m.comb.off, m.comb.len(n)),
-		Weights:      hostTensor[float32](e, m.w.off, n*K),
-		TopK:         hostTensor[int32](e, m.topk.off, n*K),
-		Tokens:       hostTensor[int32](e, m.tok.off, n),
+		Rows:         hostTensor[byte](e, m.recv.Rows.Off, m.recv.Rows.Len(n)),
+		Outputs:      hostTensor[byte](e, m.comb.Off, m.comb.Len(n)),
+		Weights:      hostTensor[float32](e, m.w.Off, n*K),
+		TopK:         hostTensor[int32](e, m.topk.Off, n*K),
+		Tokens:       hostTensor[int32](e, m.tok.Off, n),
 		ExpertCounts: st.expert,
 		SourceCounts: st.source,
 		NumRecv:      n,
 		Dropped:      st.dropped,
 	}
-	if side := m.recv.side; side.stride > 0 {
-		d.Recv.Scales = hostTensor[float32](e, side.off, side.len(n)/4)
+	if side := m.recv.Side; side.Stride > 0 {
+		d.Recv.Scales = hostTensor[float32](e, side.Off, side.Len(n)/4)
 	}
 	return nil
 }
@@ -610,9 +611,9 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	t.span(d.Op, "wait staged", s, 0, t0)
 	t0 = t.clock()
 	n := int(t.flagPayload(flagStaged, 0, s, s)) // the rows s staged here
-	tok := unsafe.Slice((*int32)(t.staged(m.stok.at(slot*M))), n)
-	topk := unsafe.Slice((*int32)(t.staged(m.stopk.at(slot*M))), n*K)
-	w := unsafe.Slice((*float32)(t.staged(m.sw.at(slot*M))), n*K)
+	tok := unsafe.Slice((*int32)(t.staged(m.stok.At(slot*M))), n)
+	topk := unsafe.Slice((*int32)(t.staged(m.stopk.At(slot*M))), n*K)
+	w := unsafe.Slice((*float32)(t.staged(m.sw.At(slot*M))), n*K)
 	switch {
 	case st.cached:
 	case m.em:
@@ -627,9 +628,9 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 		for x := p.start[j]; x < p.start[j+1]; x++ {
 			dst, row := int(p.dst[x]), int(p.row[x])
 			if !landed {
-				t.post(dst, m.recv.rows.at(row), -1, int64(m.stage.rows.at(slot*M+j)), m.stage.rows.stride)
-				if side := m.recv.side; side.stride > 0 {
-					t.post(dst, side.at(row), -1, int64(m.stage.side.at(slot*M+j)), side.stride)
+				t.post(dst, m.recv.Rows.At(row), -1, int64(m.stage.Rows.At(slot*M+j)), m.stage.Rows.Stride)
+				if side := m.recv.Side; side.Stride > 0 {
+					t.post(dst, side.At(row), -1, int64(m.stage.Side.At(slot*M+j)), side.Stride)
 				}
 			}
 			if !m.em { // the zones' metadata is written row by row
@@ -647,7 +648,7 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 	}
 	for _, dst := range t.nodeRanks {
 		first := st.recvOffAt(s, dst, stride, m.R)
-		htMeta(t.lsa(dst, m.tok.at(first)), t.lsa(dst, m.topk.at(first)), t.lsa(dst, m.w.at(first)),
+		hostrows.HTMeta(t.lsa(dst, m.tok.At(first)), t.lsa(dst, m.topk.At(first)), t.lsa(dst, m.w.At(first)),
 			perDst[dst], tok, topk, w, K, m.L, dst, m.global)
 	}
 	t.span(d.Op, "forward", s, 0, t0)
@@ -776,7 +777,7 @@ func (m *htMode) combineSend(c *Combine) error {
 		if m.em {
 			m.expandValues(c, d.State.(*htState))
 		} else {
-			copy(hostTensor[float32](e, m.vals.off, c.RowValues.Len()).Host(), c.RowValues.Host())
+			copy(hostTensor[float32](e, m.vals.Off, c.RowValues.Len()).Host(), c.RowValues.Host())
 		}
 		ysrc |= ySrcValues
 	}
@@ -799,9 +800,9 @@ func (m *htMode) combineWait(c *Combine) error {
 	missing := -1
 	for _, r := range t.nodeRanks {
 		where := t.flagPayload(flagReady, 0, r, r)
-		area[r] = m.comb.off
+		area[r] = m.comb.Off
 		if where&ySrcComb == 0 {
-			area[r] = m.recv.rows.off
+			area[r] = m.recv.Rows.Off
 		}
 		if !c.SlotValues.IsZero() && where&ySrcValues == 0 {
 			missing = r
@@ -813,10 +814,10 @@ func (m *htMode) combineWait(c *Combine) error {
 	}
 	// This rank's tokens: node by node, ranks in local order inside this node.
 	start, src, vals := growTo(m.start, rt.T+1), &m.src, &m.vals2
-	src.reset()
-	vals.reset()
+	src.Reset()
+	vals.Reset()
 	for tk := 0; tk < rt.T; tk++ {
-		start[tk] = int32(src.len())
+		start[tk] = int32(src.Len())
 		for b := 0; b < m.nodes; b++ {
 			if b == m.myNode && m.em {
 				m.zoneSources(d, st, tk, area)
@@ -824,22 +825,22 @@ func (m *htMode) combineWait(c *Combine) error {
 				for _, r := range t.nodeRanks {
 					if o := rt.TokRankOrd[tk*R+r]; o >= 0 {
 						row := st.sendOff[r] + int(o)
-						src.add(t.lsa(r, area[r]+row*m.rowBytes))
-						vals.add(t.lsa(r, m.vals.at(row)))
+						src.Add(t.lsa(r, area[r]+row*m.rowBytes))
+						vals.Add(t.lsa(r, m.vals.At(row)))
 					}
 				}
 			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 {
-				src.add(t.staged(m.sums.at(b*M + int(o))))
-				vals.add(t.staged(m.svals.at(b*M + int(o))))
+				src.Add(t.staged(m.sums.At(b*M + int(o))))
+				vals.Add(t.staged(m.svals.At(b*M + int(o))))
 			}
 		}
 	}
-	start[rt.T] = int32(src.len())
+	start[rt.T] = int32(src.Len())
 	m.start = start
 	t0 = t.clock()
-	reduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
+	hostrows.ReduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
 	if withValues {
-		sumValues(c.SlotValues.Host(), vals, start, rt.T, K)
+		hostrows.SumValues(c.SlotValues.Host(), vals, start, rt.T, K)
 	}
 	t.span(c.Op, "reduce", -1, 0, t0)
 	if err := t.releaseReaders(0, c.Op); err != nil {
@@ -881,17 +882,17 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 		}
 		t0 := t.clock()
 		src, vals := &m.src, &m.vals2
-		src.reset()
-		vals.reset()
+		src.Reset()
+		vals.Reset()
 		for i := range p.dst {
 			r, row := int(p.dst[i]), int(p.row[i])
-			src.add(t.lsa(r, area[r]+row*m.rowBytes))
-			vals.add(t.lsa(r, m.vals.at(row)))
+			src.Add(t.lsa(r, area[r]+row*m.rowBytes))
+			vals.Add(t.lsa(r, m.vals.At(row)))
 		}
 		// Alone on its node, this rank's partials are the sums: its rows from
 		// the sender, in the staged order, one block.
 		if m.alone[m.myNode] && t.inPlace && !m.em {
-			t.expose(p.src, area[t.me]+int(p.row[0])*m.rowBytes, m.sums.at(m.myNode*M), m.sumsOut.len(p.rows))
+			t.expose(p.src, area[t.me]+int(p.row[0])*m.rowBytes, m.sums.At(m.myNode*M), m.sumsOut.Len(p.rows))
 			var err error
 			if m.sentSums, err = t.flushInPlace(); err != nil {
 				return err
@@ -899,12 +900,12 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 		}
 		// Else chunk by chunk, so that the wire starts on the first sums
 		// while the next are summed.
-		sums := m.sumsOut.at(m.sumsSlot(m.senders[i]) * M)
-		tab := src.c()
+		sums := m.sumsOut.At(m.sumsSlot(m.senders[i]) * M)
+		tab := src.Frozen()
 		for lo := 0; lo < p.rows && !(m.alone[m.myNode] && t.inPlace && !m.em); lo += htChunk {
 			hi := min(lo+htChunk, p.rows)
-			reduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.len(lo)), m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
-			t.expose(p.src, sums+m.sumsOut.len(lo), m.sums.at(m.myNode*M+lo), m.sumsOut.len(hi-lo))
+			hostrows.ReduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.Len(lo)), m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
+			t.expose(p.src, sums+m.sumsOut.Len(lo), m.sums.At(m.myNode*M+lo), m.sumsOut.Len(hi-lo))
 			var err error
 			if m.sentSums, err = t.flushInPlace(); err != nil {
 				return err
@@ -915,8 +916,8 @@ func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, with
 		}
 		if withValues {
 			m.vsum = growTo(m.vsum, p.rows*K)
-			sumValues(m.vsum, vals, p.start, p.rows, K)
-			t.post(p.src, -1, m.svals.at(m.myNode*M), 0, 4*p.rows*K)
+			hostrows.SumValues(m.vsum, vals, p.start, p.rows, K)
+			t.post(p.src, -1, m.svals.At(m.myNode*M), 0, 4*p.rows*K)
 			if err := t.flush(dtype.Bytes(m.vsum)); err != nil {
 				return err
 			}

@@ -84,15 +84,15 @@ func (m *htMode) zeroPadding(st *htState) {
 		if lo == hi {
 			continue
 		}
-		for _, part := range m.recv.parts() {
-			clear(unsafe.Slice((*byte)(t.lsa(t.me, part.at(lo))), part.len(hi-lo)))
+		for _, part := range m.recv.Parts() {
+			clear(unsafe.Slice((*byte)(t.lsa(t.me, part.At(lo))), part.Len(hi-lo)))
 		}
-		tok := unsafe.Slice((*int32)(t.lsa(t.me, m.tok.at(lo))), hi-lo)
-		slot := unsafe.Slice((*int32)(t.lsa(t.me, m.slot.at(lo))), hi-lo)
+		tok := unsafe.Slice((*int32)(t.lsa(t.me, m.tok.At(lo))), hi-lo)
+		slot := unsafe.Slice((*int32)(t.lsa(t.me, m.slot.At(lo))), hi-lo)
 		for i := range tok {
 			tok[i], slot[i] = -1, -1
 		}
-		clear(unsafe.Slice((*float32)(t.lsa(t.me, m.w.at(lo))), hi-lo))
+		clear(unsafe.Slice((*float32)(t.lsa(t.me, m.w.At(lo))), hi-lo))
 	}
 }
 
@@ -100,9 +100,9 @@ func (m *htMode) zeroPadding(st *htState) {
 // weight and top-k slot.
 func (m *htMode) putZoneMeta(dst, row int, tok int32, w float32, slot int) {
 	t := &m.e.t
-	*(*int32)(t.lsa(dst, m.tok.at(row))) = tok
-	*(*float32)(t.lsa(dst, m.w.at(row))) = w
-	*(*int32)(t.lsa(dst, m.slot.at(row))) = int32(slot)
+	*(*int32)(t.lsa(dst, m.tok.At(row))) = tok
+	*(*float32)(t.lsa(dst, m.w.At(row))) = w
+	*(*int32)(t.lsa(dst, m.slot.At(row))) = int32(slot)
 }
 
 // sendZones writes each pair of this rank's tokens whose expert is on this
@@ -117,11 +117,11 @@ func (m *htMode) sendZones(d *Dispatch, st *htState) {
 				continue
 			}
 			dst, row := x/L, int(st.at[me*E+x]+rt.PairOrd[tk*K+k])
-			m.wire.put(t.seg[dst], m.recv, row, tk)
+			m.wire.Put(t.seg[dst], m.recv, row, tk)
 			m.putZoneMeta(dst, row, int32(tk), d.Weights[tk*K+k], k)
 		}
 	}
-	m.wire.flush(hostBytes(d.X), hostBytes(d.Scales))
+	m.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
 }
 
 // planForwardZones is planForward for zones: for each of the n tokens rail
@@ -170,17 +170,17 @@ func (m *htMode) zoneViews(d *Dispatch, st *htState) {
 	e := m.e
 	n := st.zoneOff[m.L]
 	d.Recv = Received{
-		Rows:          hostTensor[byte](e, m.recv.rows.off, m.recv.rows.len(n)),
-		Outputs:       hostTensor[byte](e, m.comb.off, m.comb.len(n)),
-		Weights:       hostTensor[float32](e, m.w.off, n),
-		Tokens:        hostTensor[int32](e, m.tok.off, n),
+		Rows:          hostTensor[byte](e, m.recv.Rows.Off, m.recv.Rows.Len(n)),
+		Outputs:       hostTensor[byte](e, m.comb.Off, m.comb.Len(n)),
+		Weights:       hostTensor[float32](e, m.w.Off, n),
+		Tokens:        hostTensor[int32](e, m.tok.Off, n),
 		ExpertCounts:  st.expert,
 		ExpertOffsets: st.zoneOff,
 		SourceCounts:  st.source,
 		NumRecv:       n,
 	}
-	if side := m.recv.side; side.stride > 0 {
-		d.Recv.Scales = hostTensor[float32](e, side.off, side.len(n)/4)
+	if side := m.recv.Side; side.Stride > 0 {
+		d.Recv.Scales = hostTensor[float32](e, side.Off, side.Len(n)/4)
 	}
 }
 
@@ -191,9 +191,9 @@ func (m *htMode) zoneViews(d *Dispatch, st *htState) {
 func (m *htMode) expandValues(c *Combine, st *htState) {
 	t, K := &m.e.t, m.K
 	in := c.RowValues.Host()
-	out := hostTensor[float32](m.e, m.vals.off, len(in)*K).Host()
+	out := hostTensor[float32](m.e, m.vals.Off, len(in)*K).Host()
 	clear(out)
-	slot := unsafe.Slice((*int32)(t.lsa(t.me, m.slot.off)), len(in))
+	slot := unsafe.Slice((*int32)(t.lsa(t.me, m.slot.Off)), len(in))
 	for l := 0; l < m.L; l++ {
 		for row := st.zoneOff[l]; row < st.zoneOff[l]+st.expert[l]; row++ {
 			out[row*K+int(slot[row])] = in[row]
@@ -214,8 +214,8 @@ func (m *htMode) zoneSources(d *Dispatch, st *htState, tk int, area []int) {
 		for k := 0; k < K; k++ {
 			if x := int(d.TopK[tk*K+k]); x >= 0 && x/L == r {
 				row := int(st.at[me*E+x] + rt.PairOrd[tk*K+k])
-				m.src.add(t.lsa(r, area[r]+row*m.rowBytes))
-				m.vals2.add(t.lsa(r, m.vals.at(row)))
+				m.src.Add(t.lsa(r, area[r]+row*m.rowBytes))
+				m.vals2.Add(t.lsa(r, m.vals.At(row)))
 			}
 		}
 	}

@@ -1,13 +1,9 @@
 package ep
 
-/*
-#include "kernels.h"
-*/
-import "C"
-
 import (
 	"fmt"
-	"unsafe"
+
+	"github.com/goep/goep/ep/internal/hostrows"
 )
 
 // Layout is the routing of a batch of tokens, as DeepEP's get_dispatch_layout
@@ -29,20 +25,6 @@ type shape struct {
 
 func (sh shape) String() string {
 	return fmt.Sprintf("%d experts on %d ranks (%d each), top-%d, %d nodes", sh.E, sh.R, sh.L, sh.K, sh.nodes)
-}
-
-func i32p(s []int32) *C.int32_t {
-	if len(s) == 0 {
-		return nil
-	}
-	return (*C.int32_t)(unsafe.Pointer(&s[0]))
-}
-
-func f32p(s []float32) *C.float {
-	if len(s) == 0 {
-		return nil
-	}
-	return (*C.float)(unsafe.Pointer(&s[0]))
 }
 
 // compute runs the layout kernel on the T tokens of topk ([T][K]) into r,
@@ -83,9 +65,8 @@ const smallLayout = 256
 // layoutC is the layout kernel (ep_layout): it fills r's counts and
 // places, sized for the T tokens of topk, and returns ep_layout's code.
 func routingC(r *Routing, sh shape, topk []int32) int64 {
-	return int64(C.ep_layout(i32p(topk), C.int64_t(r.T), C.int(sh.K), C.int(sh.E), C.int(sh.L), C.int(sh.R),
-		i32p(sh.nodeOf), C.int(sh.nodes), i32p(r.PerExpert), i32p(r.PerRank), i32p(r.PerNode),
-		i32p(r.PairOrd), i32p(r.TokRankOrd), i32p(r.TokNodeOrd)))
+	return hostrows.RouteTokens(topk, r.T, sh.K, sh.E, sh.L, sh.R, sh.nodeOf, sh.nodes, r.PerExpert, r.PerRank, r.PerNode,
+		r.PairOrd, r.TokRankOrd, r.TokNodeOrd)
 }
 
 // layoutGo is ep_layout written in Go, for small batches: the same results

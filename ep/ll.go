@@ -6,6 +6,7 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
 )
 
@@ -41,33 +42,33 @@ import (
 // outputs exposed back to a token's rank sit in its combine staging in its
 // own pair order (experts in order, pairs in token order).
 //
-// Rows are written by the wire format (rowFormat: copied, or cast to FP8
+// Rows are written by the wire format (RowFormat: copied, or cast to FP8
 // with their scales beside them) straight into a node peer's slot, or into
 // this rank's outbox in the staged order of the receiver on another node,
 // from which they leave as one block per receiver (and one of side data),
 // straight from the segment (flushInPlace). Side data settles and compacts
-// with the rows (rowArea).
+// with the rows (RowArea).
 type llMode struct {
 	e                                *engine
 	R, E, L, M, K, H, rowBytes, span int
 	slots                            bool // the slot protocol (no count round)
 	direct                           bool // dispatches take the direct path (lldirect.go)
-	wire                             rowFormat
+	wire                             hostrows.RowFormat
 
 	// Segment areas per buffer set: received rows [L][span] with a token
 	// and a weight per row; the combine buffer laid out the same, with
 	// values; the outbox, [M*K] rows for the ranks of other nodes, each
 	// receiver's rows one block in its staged order (obase, ocnt).
-	recv, outbox       [2]rowArea
-	tok, w, comb, vals [2]region
+	recv, outbox       [2]hostrows.RowArea
+	tok, w, comb, vals [2]hostrows.Region
 	obase, ocnt        []int     // per rank of another node: its first row in the outbox, and its rows
 	sent               [2]uint64 // per set: the outbox's last put (flushInPlace)
 	csent              [2]uint64 // per set: the last combine's put of the expert outputs
 	// Staging areas per buffer set: rows from each rank [R][cap] with token
 	// and weight; exposed outputs [M*K] with values.
-	stage            [2]rowArea
-	stageTok, stageW [2]region
-	cstage, cvals    [2]region
+	stage            [2]hostrows.RowArea
+	stageTok, stageW [2]hostrows.Region
+	cstage, cvals    [2]hostrows.Region
 	cwire            llCombineWire // how the expert outputs travel back
 	cap              int
 	// Per expert: its owner and its block's first row in the owner's
@@ -78,11 +79,11 @@ type llMode struct {
 
 	recvViews [2]Received // views
 
-	meta   []byte        // packed token and weight words of this rank's pairs, by expert
-	spos   []int32       // [E]: stagedPos of this rank's pairs
-	tables *reduceTables // combine: the source rows of each token, and their weights (C memory: free)
-	vp     addrTable     // slot values: source of each (token, slot)
-	where  []uint32      // combine: where each rank's outputs are
+	meta   []byte                 // packed token and weight words of this rank's pairs, by expert
+	spos   []int32                // [E]: stagedPos of this rank's pairs
+	tables *hostrows.ReduceTables // combine: the source rows of each token, and their weights (C memory: free)
+	vp     hostrows.AddrTable     // slot values: source of each (token, slot)
+	where  []uint32               // combine: where each rank's outputs are
 }
 
 // llState is what a dispatch keeps between its halves and for its combine.
@@ -96,47 +97,47 @@ type llState struct {
 	dropped  []int32 // pairs (t*K+k) whose owner was masked
 }
 
-func newLL(e *engine, seg, win *arena) (*llMode, error) {
+func newLL(e *engine, seg, win *hostrows.Arena) (*llMode, error) {
 	m := layoutLL(e.spec, e.t.size, e.nodes, e.tune, seg, win)
 	m.e = e
 	m.obase, m.ocnt = make([]int, m.R), make([]int, m.R) // node peers' stay 0: their rows go straight to them
 	m.direct = m.canGoDirect()
 	var err error
-	m.tables, err = newReduceTables(m.M*m.K, m.M, e.tune.reduceInC)
+	m.tables, err = hostrows.NewReduceTables(m.M*m.K, m.M, e.tune.reduceInC)
 	return m, err
 }
 
 // free releases what the mode holds outside Go's memory.
-func (m *llMode) free() { m.tables.free() }
+func (m *llMode) free() { m.tables.Free() }
 
 // layoutLL places LL's areas for a group of R ranks on nodes nodes: what
 // newLL does but for the engine, which BufferPlan needs too.
 // tune says which protocol and which cast the group takes.
-func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *arena) *llMode {
+func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *hostrows.Arena) *llMode {
 	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, wire: newRowFormat(s), cwire: newLLCombineWire(s)}
+		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, wire: hostrows.NewRowFormat(s), cwire: newLLCombineWire(s)}
 	rows := m.L * m.span
 	m.ownerOf, m.blockOf = make([]int, m.E), make([]int, m.E)
 	for x := range m.ownerOf {
 		m.ownerOf[x], m.blockOf[x] = x/m.L, x%m.L*m.span
 	}
 	m.cap = m.M * min(m.K, m.L) // most pairs one rank sends to one rank
-	m.slots = m.cap*(m.wire.rowBytes()+m.wire.sideBytes()) <= tune.slotProtocolMax() || s.MaskStalledRanks
+	m.slots = m.cap*(m.wire.RowBytes()+m.wire.SideBytes()) <= tune.slotProtocolMax() || s.MaskStalledRanks
 	for b := 0; b < 2; b++ {
 		set := [2]string{" (set 0)", " (set 1)"}[b]
-		m.recv[b] = seg.takeRows("LL received rows"+set, rows, m.wire)
-		m.tok[b] = seg.take("LL received tokens"+set, rows, 4)
-		m.w[b] = seg.take("LL received weights"+set, rows, 4)
-		m.comb[b] = seg.take("LL combine buffer"+set, rows, m.rowBytes)
-		m.vals[b] = seg.take("LL row values"+set, rows, 4)
+		m.recv[b] = seg.TakeRows("LL received rows"+set, rows, m.wire)
+		m.tok[b] = seg.Take("LL received tokens"+set, rows, 4)
+		m.w[b] = seg.Take("LL received weights"+set, rows, 4)
+		m.comb[b] = seg.Take("LL combine buffer"+set, rows, m.rowBytes)
+		m.vals[b] = seg.Take("LL row values"+set, rows, 4)
 		if nodes > 1 {
-			m.outbox[b] = seg.takeRows("LL outbox for other nodes"+set, m.M*m.K, m.wire)
+			m.outbox[b] = seg.TakeRows("LL outbox for other nodes"+set, m.M*m.K, m.wire)
 		}
-		m.stage[b] = win.takeRows("LL rows from other nodes"+set, R*m.cap, m.wire)
-		m.stageTok[b] = win.take("LL tokens from other nodes"+set, R*m.cap, 4)
-		m.stageW[b] = win.take("LL weights from other nodes"+set, R*m.cap, 4)
-		m.cstage[b] = win.take("LL expert outputs from other nodes"+set, m.M*m.K, m.rowBytes)
-		m.cvals[b] = win.take("LL row values from other nodes"+set, m.M*m.K, 4)
+		m.stage[b] = win.TakeRows("LL rows from other nodes"+set, R*m.cap, m.wire)
+		m.stageTok[b] = win.Take("LL tokens from other nodes"+set, R*m.cap, 4)
+		m.stageW[b] = win.Take("LL weights from other nodes"+set, R*m.cap, 4)
+		m.cstage[b] = win.Take("LL expert outputs from other nodes"+set, m.M*m.K, m.rowBytes)
+		m.cvals[b] = win.Take("LL row values from other nodes"+set, m.M*m.K, 4)
 		m.cwire.takeAreas(seg, win, b, set, rows, m.M*m.K)
 	}
 	return m
@@ -152,9 +153,9 @@ func (m *llMode) newState() any {
 func (m *llMode) reserve() {
 	m.meta = make([]byte, 0, 8*m.M*m.K)
 	m.spos = make([]int32, 0, m.E)
-	m.vp.reserve(m.M * m.K)
+	m.vp.Reserve(m.M * m.K)
 	m.where = make([]uint32, 0, m.R)
-	m.wire.reserve(m.M * m.K)
+	m.wire.Reserve(m.M * m.K)
 }
 
 func (m *llMode) state(d *Dispatch) *llState {
@@ -296,8 +297,8 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 			t.writeRow(m.wire, owner, m.recv[b], row, m.outbox[b], m.obase[owner]+int(m.spos[x])+ord, tk)
 		}
 	}
-	m.wire.flush(hostBytes(d.X), hostBytes(d.Scales))
-	t.span(d.Op, "rows", -1, int64(n*m.wire.rowBytes()), t0)
+	m.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
+	t.span(d.Op, "rows", -1, int64(n*m.wire.RowBytes()), t0)
 	t0 = t.clock()
 	across := t.netBytes
 	for _, r := range t.liveRemote {
@@ -316,8 +317,8 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 		}
 		row := m.blockOf[x] + int(st.off[me*m.E+x])
 		staged := me*m.cap + int(m.spos[x])
-		t.post(owner, m.tok[b].at(row), m.stageTok[b].at(staged), int64(4*st.pos[x]), 4*c)
-		t.post(owner, m.w[b].at(row), m.stageW[b].at(staged), int64(4*(n+int(st.pos[x]))), 4*c)
+		t.post(owner, m.tok[b].At(row), m.stageTok[b].At(staged), int64(4*st.pos[x]), 4*c)
+		t.post(owner, m.w[b].At(row), m.stageW[b].At(staged), int64(4*(n+int(st.pos[x]))), 4*c)
 	}
 	if err := t.flush(m.meta); err != nil {
 		return err
@@ -440,12 +441,12 @@ func (m *llMode) views(b int) *Received {
 		return v
 	}
 	e, rows := m.e, m.L*m.span
-	v.Rows = hostTensor[byte](e, m.recv[b].rows.off, m.recv[b].rows.len(rows))
-	v.Outputs = hostTensor[byte](e, m.comb[b].off, m.comb[b].len(rows))
-	v.Weights = hostTensor[float32](e, m.w[b].off, rows)
-	v.Tokens = hostTensor[int32](e, m.tok[b].off, rows)
-	if side := m.recv[b].side; side.stride > 0 {
-		v.Scales = hostTensor[float32](e, side.off, side.len(rows)/4)
+	v.Rows = hostTensor[byte](e, m.recv[b].Rows.Off, m.recv[b].Rows.Len(rows))
+	v.Outputs = hostTensor[byte](e, m.comb[b].Off, m.comb[b].Len(rows))
+	v.Weights = hostTensor[float32](e, m.w[b].Off, rows)
+	v.Tokens = hostTensor[int32](e, m.tok[b].Off, rows)
+	if side := m.recv[b].Side; side.Stride > 0 {
+		v.Scales = hostTensor[float32](e, side.Off, side.Len(rows)/4)
 	}
 	return v
 }
@@ -482,8 +483,8 @@ func (m *llMode) settleRows(b int, st *llState) {
 				slot = row
 			}
 			t.settleRows(s, m.stage[b], staged, m.recv[b], slot, row, c)
-			t.settle(s, m.stageTok[b].at(staged), m.tok[b].at(slot), m.tok[b].at(row), 4*c)
-			t.settle(s, m.stageW[b].at(staged), m.w[b].at(slot), m.w[b].at(row), 4*c)
+			t.settle(s, m.stageTok[b].At(staged), m.tok[b].At(slot), m.tok[b].At(row), 4*c)
+			t.settle(s, m.stageW[b].At(staged), m.w[b].At(slot), m.w[b].At(row), 4*c)
 			staged += c
 		}
 	}
@@ -537,7 +538,7 @@ func (m *llMode) combineSend(c *Combine) error {
 	ysrc, area := ySrcComb, m.comb[b]
 	switch c.YIn {
 	case YInRows:
-		ysrc, area = ySrcRecv, m.recv[b].rows
+		ysrc, area = ySrcRecv, m.recv[b].Rows
 	case YElsewhere: // copy the valid rows into the combine buffer
 		y, comb := hostBytes(c.Y), hostBytes(d.Recv.Outputs)
 		for l, n := range st.expert {
@@ -546,7 +547,7 @@ func (m *llMode) combineSend(c *Combine) error {
 		}
 	}
 	if !c.RowValues.IsZero() {
-		copy(hostTensor[float32](e, m.vals[b].off, m.L*m.span).Host(), c.RowValues.Host())
+		copy(hostTensor[float32](e, m.vals[b].Off, m.L*m.span).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
 	// What the token ranks read: the outputs, or their FP8 codes and scales.
@@ -566,7 +567,7 @@ func (m *llMode) combineSend(c *Combine) error {
 				first := l*m.span + int(st.off[s*m.E+x])
 				t.exposeRows(s, out, first, n, staged, pos)
 				if ysrc&ySrcValues != 0 {
-					t.expose(s, m.vals[b].at(first), m.cvals[b].at(pos), 4*n)
+					t.expose(s, m.vals[b].At(first), m.cvals[b].At(pos), 4*n)
 				}
 			}
 			pos += n
@@ -628,10 +629,10 @@ func (m *llMode) combineWait(c *Combine) error {
 	}
 	tab, n := m.tables, 0
 	if withValues {
-		m.vp.grow(rt.T * K)
+		m.vp.Grow(rt.T * K)
 	}
 	for tk := 0; tk < rt.T; tk++ {
-		tab.start[tk] = int32(n)
+		tab.Start[tk] = int32(n)
 		for k := 0; k < K; k++ {
 			x := int(d.TopK[tk*K+k])
 			if x < 0 {
@@ -647,25 +648,25 @@ func (m *llMode) combineWait(c *Combine) error {
 			where := m.where[owner]
 			area := m.comb[b]
 			if where&ySrcComb == 0 {
-				area = m.recv[b].rows
+				area = m.recv[b].Rows
 			}
 			row := m.blockOf[x] + int(st.off[me*m.E+x]+ord)
 			pos := int(st.pos[x] + ord)
 			m.cwire.source(t, tab, n, owner, b, area, row, pos, m.cstage[b])
-			tab.w[n] = c.Weights[tk*K+k]
+			tab.W[n] = c.Weights[tk*K+k]
 			n++
 			if withValues {
 				if where&ySrcValues == 0 {
 					missing = owner
 				}
-				m.vp.set(tk*K+k, t.exposed(owner, m.vals[b].at(row), m.cvals[b].at(pos)))
+				m.vp.Set(tk*K+k, t.exposed(owner, m.vals[b].At(row), m.cvals[b].At(pos)))
 			}
 		}
 	}
-	tab.start[rt.T] = int32(n)
+	tab.Start[rt.T] = int32(n)
 	m.cwire.reduce(tab, unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H)
 	if withValues && missing < 0 {
-		gatherValues(c.SlotValues.Host(), &m.vp)
+		hostrows.GatherValues(c.SlotValues.Host(), &m.vp)
 	}
 	t.span(c.Op, "reduce", -1, 0, t0)
 	d.Recv.Dropped = st.dropped

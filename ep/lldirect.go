@@ -23,7 +23,7 @@ func (m *llMode) directOK() bool { return m.direct }
 // canGoDirect is directOK's value for the group.
 func (m *llMode) canGoDirect() bool {
 	t := &m.e.t
-	return !m.e.tune.generalLL && m.slots && m.wire.sideBytes() == 0 && !t.spansNodes() && !t.maskStalled
+	return !m.e.tune.generalLL && m.slots && m.wire.SideBytes() == 0 && !t.spansNodes() && !t.maskStalled
 }
 
 // sendDirect is send's slot protocol by stores: each pair's row, token and
@@ -36,7 +36,7 @@ func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
 	st.dropped, st.complete = st.dropped[:0], false
 	copy(st.cnt[me*m.E:(me+1)*m.E], rt.PerExpert)
 	x := hostBytes(d.X)
-	recv, tok, w, base := m.recv[b].rows, m.tok[b], m.w[b], me*m.M
+	recv, tok, w, base := m.recv[b].Rows, m.tok[b], m.w[b], me*m.M
 	for tk := 0; tk < rt.T; tk++ {
 		row := x[tk*rb : (tk+1)*rb]
 		for k := tk * K; k < (tk+1)*K; k++ {
@@ -45,9 +45,9 @@ func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
 				continue
 			}
 			seg, slot := t.seg[m.ownerOf[id]], m.blockOf[id]+base+int(rt.PairOrd[k])
-			copy(unsafe.Slice((*byte)(unsafe.Add(seg, recv.at(slot))), rb), row)
-			*(*int32)(unsafe.Add(seg, tok.at(slot))) = int32(tk)
-			*(*float32)(unsafe.Add(seg, w.at(slot))) = d.Weights[k]
+			copy(unsafe.Slice((*byte)(unsafe.Add(seg, recv.At(slot))), rb), row)
+			*(*int32)(unsafe.Add(seg, tok.At(slot))) = int32(tk)
+			*(*float32)(unsafe.Add(seg, w.At(slot))) = d.Weights[k]
 		}
 	}
 	return t.raise(t.live, flagData, b, me, d.Op, m.doneWord(b^1), dtype.Bytes(rt.PerExpert))
@@ -58,7 +58,7 @@ func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
 // source's rows move down, over no block not yet moved).
 func (m *llMode) compactDirect(b int, st *llState) {
 	seg, me, E, L := m.e.t.seg[m.e.t.me], m.e.t.me, m.E, m.L
-	recv, tok, w := m.recv[b].rows, m.tok[b], m.w[b]
+	recv, tok, w := m.recv[b].Rows, m.tok[b], m.w[b]
 	clear(st.expert)
 	for l := 0; l < L; l++ {
 		x := me*L + l
@@ -70,9 +70,9 @@ func (m *llMode) compactDirect(b int, st *llState) {
 			if c == 0 || row == slot {
 				continue
 			}
-			moveWithin(seg, recv.at(row), recv.at(slot), recv.len(c))
-			moveWithin(seg, tok.at(row), tok.at(slot), tok.len(c))
-			moveWithin(seg, w.at(row), w.at(slot), w.len(c))
+			moveWithin(seg, recv.At(row), recv.At(slot), recv.Len(c))
+			moveWithin(seg, tok.At(row), tok.At(slot), tok.Len(c))
+			moveWithin(seg, w.At(row), w.At(slot), w.Len(c))
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"unsafe"
 
+	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
 )
 
@@ -33,20 +34,20 @@ type llRankMode struct {
 	e                        *engine
 	R, L, M, K, H, rowBytes  int
 	global                   bool
-	wire                     rowFormat
-	recv, outbox             [2]rowArea // [R*M] rows; [M*min(K,R)] rows for other nodes
-	tok, topk, w, comb, vals [2]region
-	stage                    [2]rowArea // [R*M]: source s at s*M
-	stok, stopk, sw          [2]region
-	cstage, cvals            [2]region // [R*M]: expert rank r's outputs of this rank's tokens at r*M
-	obase                    []int     // per rank of another node: its first row in the outbox
-	sent                     [2]uint64 // per set: the outbox's last put (flushInPlace)
-	csent                    [2]uint64 // per set: the last combine's put of the expert outputs
-	lists                    [][]int32 // per rank: the tokens it gets, in order
-	meta                     []byte    // metadata of the rows for other nodes, packed
-	tables                   *reduceTables
+	wire                     hostrows.RowFormat
+	recv, outbox             [2]hostrows.RowArea // [R*M] rows; [M*min(K,R)] rows for other nodes
+	tok, topk, w, comb, vals [2]hostrows.Region
+	stage                    [2]hostrows.RowArea // [R*M]: source s at s*M
+	stok, stopk, sw          [2]hostrows.Region
+	cstage, cvals            [2]hostrows.Region // [R*M]: expert rank r's outputs of this rank's tokens at r*M
+	obase                    []int              // per rank of another node: its first row in the outbox
+	sent                     [2]uint64          // per set: the outbox's last put (flushInPlace)
+	csent                    [2]uint64          // per set: the last combine's put of the expert outputs
+	lists                    [][]int32          // per rank: the tokens it gets, in order
+	meta                     []byte             // metadata of the rows for other nodes, packed
+	tables                   *hostrows.ReduceTables
 	where                    []uint32
-	vp                       addrTable
+	vp                       hostrows.AddrTable
 	views                    [2]Received
 }
 
@@ -56,40 +57,40 @@ type llRankState struct {
 	expert []int // [L]: rows whose top-k names each local expert
 }
 
-func newLLRank(e *engine, seg, win *arena) (*llRankMode, error) {
+func newLLRank(e *engine, seg, win *hostrows.Arena) (*llRankMode, error) {
 	m := layoutLLRank(e.spec, e.t.size, seg, win)
 	m.e = e
 	m.obase = make([]int, m.R)
 	m.lists = make([][]int32, m.R)
 	var err error
-	m.tables, err = newReduceTables(m.M*min(m.K, m.R), m.M, e.tune.reduceInC)
+	m.tables, err = hostrows.NewReduceTables(m.M*min(m.K, m.R), m.M, e.tune.reduceInC)
 	return m, err
 }
 
 // free releases what the mode holds outside Go's memory.
-func (m *llRankMode) free() { m.tables.free() }
+func (m *llRankMode) free() { m.tables.Free() }
 
 // layoutLLRank places the rank-major areas of a group of R ranks (what
 // BufferPlan lists too).
-func layoutLLRank(s Spec, R int, seg, win *arena) *llRankMode {
+func layoutLLRank(s Spec, R int, seg, win *hostrows.Arena) *llRankMode {
 	m := &llRankMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, global: s.RecvIDs == GlobalExpertIDs, wire: newRowFormat(s)}
+		rowBytes: s.RowBytes, global: s.RecvIDs == GlobalExpertIDs, wire: hostrows.NewRowFormat(s)}
 	rows, K := R*m.M, m.K
 	for b := 0; b < 2; b++ {
 		set := [2]string{" (set 0)", " (set 1)"}[b]
-		m.recv[b] = seg.takeRows("LL rank-major received rows"+set, rows, m.wire)
-		m.tok[b] = seg.take("LL rank-major received tokens"+set, rows, 4)
-		m.topk[b] = seg.take("LL rank-major received top-k ids"+set, rows, 4*K)
-		m.w[b] = seg.take("LL rank-major received weights"+set, rows, 4*K)
-		m.comb[b] = seg.take("LL rank-major combine buffer"+set, rows, m.rowBytes)
-		m.vals[b] = seg.take("LL rank-major row values"+set, rows, 4*K)
-		m.outbox[b] = seg.takeRows("LL rank-major outbox for other nodes"+set, m.M*min(K, R), m.wire)
-		m.stage[b] = win.takeRows("LL rank-major rows from other nodes"+set, rows, m.wire)
-		m.stok[b] = win.take("LL rank-major tokens from other nodes"+set, rows, 4)
-		m.stopk[b] = win.take("LL rank-major top-k ids from other nodes"+set, rows, 4*K)
-		m.sw[b] = win.take("LL rank-major weights from other nodes"+set, rows, 4*K)
-		m.cstage[b] = win.take("LL rank-major expert outputs from other nodes"+set, rows, m.rowBytes)
-		m.cvals[b] = win.take("LL rank-major row values from other nodes"+set, rows, 4*K)
+		m.recv[b] = seg.TakeRows("LL rank-major received rows"+set, rows, m.wire)
+		m.tok[b] = seg.Take("LL rank-major received tokens"+set, rows, 4)
+		m.topk[b] = seg.Take("LL rank-major received top-k ids"+set, rows, 4*K)
+		m.w[b] = seg.Take("LL rank-major received weights"+set, rows, 4*K)
+		m.comb[b] = seg.Take("LL rank-major combine buffer"+set, rows, m.rowBytes)
+		m.vals[b] = seg.Take("LL rank-major row values"+set, rows, 4*K)
+		m.outbox[b] = seg.TakeRows("LL rank-major outbox for other nodes"+set, m.M*min(K, R), m.wire)
+		m.stage[b] = win.TakeRows("LL rank-major rows from other nodes"+set, rows, m.wire)
+		m.stok[b] = win.Take("LL rank-major tokens from other nodes"+set, rows, 4)
+		m.stopk[b] = win.Take("LL rank-major top-k ids from other nodes"+set, rows, 4*K)
+		m.sw[b] = win.Take("LL rank-major weights from other nodes"+set, rows, 4*K)
+		m.cstage[b] = win.Take("LL rank-major expert outputs from other nodes"+set, rows, m.rowBytes)
+		m.cvals[b] = win.Take("LL rank-major row values from other nodes"+set, rows, 4*K)
 	}
 	return m
 }
@@ -105,8 +106,8 @@ func (m *llRankMode) reserve() {
 	}
 	m.meta = make([]byte, 0, 4*n*(1+2*m.K))
 	m.where = make([]uint32, 0, m.R)
-	m.vp.reserve(n)
-	m.wire.reserve(n)
+	m.vp.Reserve(n)
+	m.wire.Reserve(n)
 }
 
 func (m *llRankMode) state(d *Dispatch) *llRankState {
@@ -181,7 +182,7 @@ func (m *llRankMode) send(d *Dispatch) error {
 			}
 		}
 	}
-	m.wire.flush(hostBytes(d.X), hostBytes(d.Scales))
+	m.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
 	for _, r := range t.remote {
 		t.exposeRows(r, m.outbox[b], m.obase[r], int(rt.PerRank[r]), m.stage[b], me*M)
 	}
@@ -199,16 +200,16 @@ func (m *llRankMode) send(d *Dispatch) error {
 		}
 		if t.local[r] {
 			row := me * M
-			htMeta(t.lsa(r, m.tok[b].at(row)), t.lsa(r, m.topk[b].at(row)), t.lsa(r, m.w[b].at(row)),
+			hostrows.HTMeta(t.lsa(r, m.tok[b].At(row)), t.lsa(r, m.topk[b].At(row)), t.lsa(r, m.w[b].At(row)),
 				m.lists[r], nil, d.TopK, d.Weights, K, m.L, r, m.global)
 			continue
 		}
 		tok, ids, w := 4*m.obase[r], 4*(next+m.obase[r]*K), 4*(next*(1+K)+m.obase[r]*K)
-		htMeta(unsafe.Add(base, tok), unsafe.Add(base, ids), unsafe.Add(base, w),
+		hostrows.HTMeta(unsafe.Add(base, tok), unsafe.Add(base, ids), unsafe.Add(base, w),
 			m.lists[r], nil, d.TopK, d.Weights, K, m.L, r, m.global)
-		t.post(r, -1, m.stok[b].at(me*M), int64(tok), 4*n)
-		t.post(r, -1, m.stopk[b].at(me*M), int64(ids), 4*n*K)
-		t.post(r, -1, m.sw[b].at(me*M), int64(w), 4*n*K)
+		t.post(r, -1, m.stok[b].At(me*M), int64(tok), 4*n)
+		t.post(r, -1, m.stopk[b].At(me*M), int64(ids), 4*n*K)
+		t.post(r, -1, m.sw[b].At(me*M), int64(w), 4*n*K)
 	}
 	if err := t.flush(m.meta); err != nil {
 		return err
@@ -234,16 +235,16 @@ func (m *llRankMode) wait(d *Dispatch) error {
 		c := st.source[s]
 		total += c
 		t.settleRows(s, m.stage[b], s*M, m.recv[b], s*M, s*M, c)
-		t.settle(s, m.stok[b].at(s*M), m.tok[b].at(s*M), m.tok[b].at(s*M), 4*c)
-		t.settle(s, m.stopk[b].at(s*M), m.topk[b].at(s*M), m.topk[b].at(s*M), 4*c*K)
-		t.settle(s, m.sw[b].at(s*M), m.w[b].at(s*M), m.w[b].at(s*M), 4*c*K)
+		t.settle(s, m.stok[b].At(s*M), m.tok[b].At(s*M), m.tok[b].At(s*M), 4*c)
+		t.settle(s, m.stopk[b].At(s*M), m.topk[b].At(s*M), m.topk[b].At(s*M), 4*c*K)
+		t.settle(s, m.sw[b].At(s*M), m.w[b].At(s*M), m.w[b].At(s*M), 4*c*K)
 	}
 	t.flushLands()
 	lo := int32(0) // the id of local expert 0 among the received ids
 	if m.global {
 		lo = int32(me * m.L)
 	}
-	ids := unsafe.Slice((*int32)(t.lsa(me, m.topk[b].off)), m.R*M*K)
+	ids := unsafe.Slice((*int32)(t.lsa(me, m.topk[b].Off)), m.R*M*K)
 	clear(st.expert)
 	for s, c := range st.source {
 		for _, id := range ids[s*M*K : (s*M+c)*K] {
@@ -264,13 +265,13 @@ func (m *llRankMode) viewsOf(b int) *Received {
 		return v
 	}
 	e, rows, K := m.e, m.R*m.M, m.K
-	v.Rows = hostTensor[byte](e, m.recv[b].rows.off, m.recv[b].rows.len(rows))
-	v.Outputs = hostTensor[byte](e, m.comb[b].off, m.comb[b].len(rows))
-	v.Weights = hostTensor[float32](e, m.w[b].off, rows*K)
-	v.TopK = hostTensor[int32](e, m.topk[b].off, rows*K)
-	v.Tokens = hostTensor[int32](e, m.tok[b].off, rows)
-	if side := m.recv[b].side; side.stride > 0 {
-		v.Scales = hostTensor[float32](e, side.off, side.len(rows)/4)
+	v.Rows = hostTensor[byte](e, m.recv[b].Rows.Off, m.recv[b].Rows.Len(rows))
+	v.Outputs = hostTensor[byte](e, m.comb[b].Off, m.comb[b].Len(rows))
+	v.Weights = hostTensor[float32](e, m.w[b].Off, rows*K)
+	v.TopK = hostTensor[int32](e, m.topk[b].Off, rows*K)
+	v.Tokens = hostTensor[int32](e, m.tok[b].Off, rows)
+	if side := m.recv[b].Side; side.Stride > 0 {
+		v.Scales = hostTensor[float32](e, side.Off, side.Len(rows)/4)
 	}
 	return v
 }
@@ -286,7 +287,7 @@ func (m *llRankMode) combineSend(c *Combine) error {
 	ysrc, area := ySrcComb, m.comb[b]
 	switch c.YIn {
 	case YInRows:
-		ysrc, area = ySrcRecv, m.recv[b].rows
+		ysrc, area = ySrcRecv, m.recv[b].Rows
 	case YElsewhere: // the valid rows into the combine buffer
 		y, comb := hostBytes(c.Y), hostBytes(d.Recv.Outputs)
 		for s, n := range st.source {
@@ -295,14 +296,14 @@ func (m *llRankMode) combineSend(c *Combine) error {
 		}
 	}
 	if !c.RowValues.IsZero() {
-		copy(hostTensor[float32](e, m.vals[b].off, c.RowValues.Len()).Host(), c.RowValues.Host())
+		copy(hostTensor[float32](e, m.vals[b].Off, c.RowValues.Len()).Host(), c.RowValues.Host())
 		ysrc |= ySrcValues
 	}
 	for _, s := range t.remote {
 		if n := st.source[s]; n > 0 {
-			t.expose(s, area.at(s*M), m.cstage[b].at(me*M), area.len(n))
+			t.expose(s, area.At(s*M), m.cstage[b].At(me*M), area.Len(n))
 			if ysrc&ySrcValues != 0 {
-				t.expose(s, m.vals[b].at(s*M), m.cvals[b].at(me*M), 4*n*K)
+				t.expose(s, m.vals[b].At(s*M), m.cvals[b].At(me*M), 4*n*K)
 			}
 		}
 	}
@@ -339,9 +340,9 @@ func (m *llRankMode) combineWait(c *Combine) error {
 	}
 	withValues := !c.SlotValues.IsZero() && missing < 0
 	tab, n := m.tables, 0
-	m.vp.reset()
+	m.vp.Reset()
 	for tk := 0; tk < rt.T; tk++ {
-		tab.start[tk] = int32(n)
+		tab.Start[tk] = int32(n)
 		for r := 0; r < m.R; r++ {
 			o := int(rt.TokRankOrd[tk*m.R+r])
 			if o < 0 {
@@ -349,19 +350,19 @@ func (m *llRankMode) combineWait(c *Combine) error {
 			}
 			area := m.comb[b]
 			if m.where[r]&ySrcComb == 0 {
-				area = m.recv[b].rows
+				area = m.recv[b].Rows
 			}
-			tab.src[n], tab.w[n] = t.exposed(r, area.at(me*M+o), m.cstage[b].at(r*M+o)), 1
+			tab.Src[n], tab.W[n] = t.exposed(r, area.At(me*M+o), m.cstage[b].At(r*M+o)), 1
 			n++
 			if withValues {
-				m.vp.add(t.exposed(r, m.vals[b].at(me*M+o), m.cvals[b].at(r*M+o)))
+				m.vp.Add(t.exposed(r, m.vals[b].At(me*M+o), m.cvals[b].At(r*M+o)))
 			}
 		}
 	}
-	tab.start[rt.T] = int32(n)
-	tab.reduce(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H, e.spec.Elem)
+	tab.Start[rt.T] = int32(n)
+	tab.Reduce(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, rt.T, m.H, e.spec.Elem)
 	if withValues {
-		sumValues(c.SlotValues.Host(), &m.vp, tab.start[:rt.T+1], rt.T, K)
+		hostrows.SumValues(c.SlotValues.Host(), &m.vp, tab.Start[:rt.T+1], rt.T, K)
 	}
 	// The outputs this rank sent in place leave before the node's ranks
 	// may write its buffers of set b again.

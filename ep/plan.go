@@ -4,39 +4,9 @@ import (
 	"fmt"
 
 	"github.com/goep/goep/ep/driver"
+	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/sysmem"
 )
-
-// Footprint is the memory a CPU group holds, in bytes.
-type Footprint struct {
-	SharedPerRank int // each rank's MPI shared-memory segment (its node's ranks map it)
-	WindowPerRank int // each rank's staging memory for other nodes' rows (0 when the group is on one node)
-	// CopiesPerRank bounds the messages across nodes a rank holds at once
-	// (ep.CPU; 0 on one node and for ep.CPUOneSided): the packed copies
-	// of what it sends, and the message it receives, each at most its
-	// staging memory.
-	CopiesPerRank int
-	RanksPerNode  int // the most ranks on one node
-	PerNode       int // what the most loaded node holds in all
-	// Layout is every area of a rank's memories, as the engine lays them
-	// out (BufferPlan only; WriteLayout prints it).
-	Layout []Area
-}
-
-// perRank is what one rank holds in all.
-func (f Footprint) perRank() int { return f.SharedPerRank + f.WindowPerRank + f.CopiesPerRank }
-
-func (f Footprint) String() string {
-	s := fmt.Sprintf("%s per node (%d ranks x %s shared", sysmem.Bytes(int64(f.PerNode)), f.RanksPerNode,
-		sysmem.Bytes(int64(f.SharedPerRank)))
-	if f.WindowPerRank > 0 {
-		s += " + " + sysmem.Bytes(int64(f.WindowPerRank)) + " staging"
-	}
-	if f.CopiesPerRank > 0 {
-		s += " + " + sysmem.Bytes(int64(f.CopiesPerRank)) + " message copies"
-	}
-	return s + ")"
-}
 
 // BufferPlan is the memory the CPU backend holds for a group of cfg over
 // ranks ranks on nodes nodes of as equal sizes as can be, with rows of
@@ -64,7 +34,7 @@ func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
 // footprint lays the CPU engine's memories out as openEngine does.
 func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 	in := inboxFor(s, ranks, nodes)
-	seg, win := newArenas(in.size)
+	seg, win := hostrows.NewArenas(in.size)
 	switch {
 	case s.LLRankMajor():
 		layoutLLRank(s, ranks, seg, win)
@@ -73,15 +43,15 @@ func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 	default:
 		htDims(s, ranks, nodes, tuning{}).takeAreas(slots, seg, win)
 	}
-	f := Footprint{SharedPerRank: seg.n, RanksPerNode: ranksPerNode, Layout: seg.named}
+	f := Footprint{SharedPerRank: seg.N, RanksPerNode: ranksPerNode, Layout: seg.Named}
 	if nodes > 1 {
-		f.WindowPerRank = win.n
-		f.Layout = append(f.Layout, win.named...)
+		f.WindowPerRank = win.N
+		f.Layout = append(f.Layout, win.Named...)
 		if s.Backend != CPUOneSided {
-			f.CopiesPerRank = 2 * win.n
+			f.CopiesPerRank = 2 * win.N
 		}
 	}
-	f.PerNode = ranksPerNode * f.perRank()
+	f.PerNode = ranksPerNode * f.PerRank()
 	return f
 }
 
@@ -93,7 +63,7 @@ func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
 // available and the knobs that shrink it.
 func checkFits(s Spec, f Footprint, avail sysmem.Avail, ranks, nodes, hostRanks int) error {
 	shared := int64(hostRanks) * int64(f.SharedPerRank)
-	need, free := int64(hostRanks)*int64(f.perRank()), avail.Memory()
+	need, free := int64(hostRanks)*int64(f.PerRank()), avail.Memory()
 	short := free != sysmem.Unknown && need > free
 	if sh := avail.Shared(); sh != sysmem.Unknown && shared > sh {
 		short, free = true, min(free, sh)

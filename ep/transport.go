@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
 	"github.com/goep/goep/mpi"
 )
@@ -178,10 +179,10 @@ type transport struct {
 	calls         []ptr
 	peers         []int
 	scratch       watch
-	locDst        addrTable
+	locDst        hostrows.AddrTable
 	locOff, lens  []int64
-	landDst       addrTable
-	landSrc       addrTable
+	landDst       hostrows.AddrTable
+	landSrc       hostrows.AddrTable
 	landLens      []int64
 	blocks, flagB []mpi.Block
 	attachB       []mpi.Block
@@ -557,7 +558,7 @@ func (t *transport) post(d, finalOff, stagedOff int, srcOff int64, n int) {
 		return
 	}
 	if t.local[d] {
-		t.locDst.add(t.lsa(d, finalOff))
+		t.locDst.Add(t.lsa(d, finalOff))
 		t.locOff = append(t.locOff, srcOff)
 		t.lens = append(t.lens, int64(n))
 		return
@@ -598,8 +599,8 @@ func (t *transport) flushInPlace() (put uint64, err error) {
 }
 
 func (t *transport) flushFrom(origin []byte, inPlace bool) (put uint64, err error) {
-	if t.locDst.len() > 0 {
-		scatterBlocks(&t.locDst, origin, t.locOff, t.lens)
+	if t.locDst.Len() > 0 {
+		hostrows.ScatterBlocks(&t.locDst, origin, t.locOff, t.lens)
 	}
 	if len(t.blocks) > 0 {
 		t.count(t.blocks)
@@ -609,7 +610,7 @@ func (t *transport) flushFrom(origin []byte, inPlace bool) (put uint64, err erro
 			err = t.net.PutBlocks(origin, t.blocks)
 		}
 	}
-	t.locDst.reset()
+	t.locDst.Reset()
 	t.locOff, t.lens, t.blocks = t.locOff[:0], t.lens[:0], t.blocks[:0]
 	return put, err
 }
@@ -657,21 +658,21 @@ func (t *transport) awaitSent(op string, put uint64) error {
 // for rank d: straight into row final of area fin in d's segment when d is
 // on this node; else into row out of this rank's outbox area ob, from which
 // exposeRows sends it.
-func (t *transport) writeRow(f rowFormat, d int, fin rowArea, final int, ob rowArea, out int, tk int) {
+func (t *transport) writeRow(f hostrows.RowFormat, d int, fin hostrows.RowArea, final int, ob hostrows.RowArea, out int, tk int) {
 	if t.local[d] {
-		f.put(t.seg[d], fin, final, tk)
+		f.Put(t.seg[d], fin, final, tk)
 	} else {
-		f.put(t.seg[t.me], ob, out, tk)
+		f.Put(t.seg[t.me], ob, out, tk)
 	}
 }
 
 // exposeRows queues n rows of area a of this rank's segment from row i, with
 // their side data, for rank d of another node: put at row j of area staged
 // in its staging memory. flushInPlace (or flush(t.segBytes)) sends them.
-func (t *transport) exposeRows(d int, a rowArea, i, n int, staged rowArea, j int) {
-	t.expose(d, a.rows.at(i), staged.rows.at(j), a.rows.len(n))
-	if a.side.stride > 0 {
-		t.expose(d, a.side.at(i), staged.side.at(j), a.side.len(n))
+func (t *transport) exposeRows(d int, a hostrows.RowArea, i, n int, staged hostrows.RowArea, j int) {
+	t.expose(d, a.Rows.At(i), staged.Rows.At(j), a.Rows.Len(n))
+	if a.Side.Stride > 0 {
+		t.expose(d, a.Side.At(i), staged.Side.At(j), a.Side.Len(n))
 	}
 }
 
@@ -679,11 +680,11 @@ func (t *transport) exposeRows(d int, a rowArea, i, n int, staged rowArea, j int
 // d's segment, where the network reaches it (landsFinal): no staging and
 // no move at the receiver. The mode uses it only where nothing reads that
 // place until the receiver's call that expects the rows.
-func (t *transport) exposeRowsFinal(d int, a rowArea, i, n int, fin rowArea, j int) {
+func (t *transport) exposeRowsFinal(d int, a hostrows.RowArea, i, n int, fin hostrows.RowArea, j int) {
 	base := len(t.net.Local())
-	t.expose(d, a.rows.at(i), base+fin.rows.at(j), a.rows.len(n))
-	if a.side.stride > 0 {
-		t.expose(d, a.side.at(i), base+fin.side.at(j), a.side.len(n))
+	t.expose(d, a.Rows.At(i), base+fin.Rows.At(j), a.Rows.Len(n))
+	if a.Side.Stride > 0 {
+		t.expose(d, a.Side.At(i), base+fin.Side.At(j), a.Side.Len(n))
 	}
 }
 
@@ -691,10 +692,10 @@ func (t *transport) exposeRowsFinal(d int, a rowArea, i, n int, fin rowArea, j i
 // sent this rank into row final of area a of its segment: from row slot of
 // the same area, where a node peer stored them, or from row j of area
 // staged of the staging memory. flushLands moves them.
-func (t *transport) settleRows(s int, staged rowArea, j int, a rowArea, slot, final, n int) {
-	t.settle(s, staged.rows.at(j), a.rows.at(slot), a.rows.at(final), a.rows.len(n))
-	if a.side.stride > 0 {
-		t.settle(s, staged.side.at(j), a.side.at(slot), a.side.at(final), a.side.len(n))
+func (t *transport) settleRows(s int, staged hostrows.RowArea, j int, a hostrows.RowArea, slot, final, n int) {
+	t.settle(s, staged.Rows.At(j), a.Rows.At(slot), a.Rows.At(final), a.Rows.Len(n))
+	if a.Side.Stride > 0 {
+		t.settle(s, staged.Side.At(j), a.Side.At(slot), a.Side.At(final), a.Side.Len(n))
 	}
 }
 
@@ -708,19 +709,19 @@ func (t *transport) settle(s, stagedOff, slotOff, finalOff, n int) {
 		return
 	}
 	if t.local[s] {
-		t.landSrc.add(t.lsa(t.me, slotOff))
+		t.landSrc.Add(t.lsa(t.me, slotOff))
 	} else {
-		t.landSrc.add(t.staged(stagedOff))
+		t.landSrc.Add(t.staged(stagedOff))
 	}
-	t.landDst.add(t.lsa(t.me, finalOff))
+	t.landDst.Add(t.lsa(t.me, finalOff))
 	t.landLens = append(t.landLens, int64(n))
 }
 
 // flushLands does what land and settle queued, in order.
 func (t *transport) flushLands() {
-	moveBlocks(&t.landDst, &t.landSrc, t.landLens)
-	t.landDst.reset()
-	t.landSrc.reset()
+	hostrows.MoveBlocks(&t.landDst, &t.landSrc, t.landLens)
+	t.landDst.Reset()
+	t.landSrc.Reset()
 	t.landLens = t.landLens[:0]
 }
 

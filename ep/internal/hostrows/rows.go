@@ -1,4 +1,4 @@
-package ep
+package hostrows
 
 /*
 #include <stdlib.h>
@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/internal/rowsum"
 )
 
@@ -19,34 +20,41 @@ import (
 
 type ptr = unsafe.Pointer
 
-// addrTable is a table of addresses for a kernel. Go code fills it with
+// AddrTable is a table of addresses for a kernel. Go code fills it with
 // pointers (of MPI window memory, or of Go memory pinned for the call);
 // the kernel gets them as integers, which cgo need not check one by one on
 // every call, as it would a table of pointers.
-type addrTable struct {
+type AddrTable struct {
 	p []ptr
 	u []uintptr
 }
 
-func (a *addrTable) reset()           { a.p = a.p[:0] }
-func (a *addrTable) add(p ptr)        { a.p = append(a.p, p) }
-func (a *addrTable) len() int         { return len(a.p) }
-func (a *addrTable) set(i int, p ptr) { a.p[i] = p }
+func (a *AddrTable) Reset()           { a.p = a.p[:0] }
+func (a *AddrTable) Add(p ptr)        { a.p = append(a.p, p) }
+func (a *AddrTable) Len() int         { return len(a.p) }
+func (a *AddrTable) Set(i int, p ptr) { a.p[i] = p }
 
-// reserve makes room for n addresses, so that filling the table up to n
+// Reserve makes room for n addresses, so that filling the table up to n
 // (and handing it to a kernel) allocates nothing.
-func (a *addrTable) reserve(n int) {
+func (a *AddrTable) Reserve(n int) {
 	a.p, a.u = make([]ptr, 0, n), make([]uintptr, 0, n)
 }
 
 // grow makes the table n entries long, all nil.
-func (a *addrTable) grow(n int) {
+func (a *AddrTable) Grow(n int) {
 	a.p = growTo(a.p, n)
 	clear(a.p)
 }
 
+// CTable is an AddrTable's addresses as the kernels take them.
+type CTable struct{ p *C.uintptr_t }
+
+// Frozen is the table as the kernels take it, for several kernel calls
+// while the table does not change.
+func (a *AddrTable) Frozen() CTable { return CTable{a.c()} }
+
 // c is the table as the kernels take it.
-func (a *addrTable) c() *C.uintptr_t {
+func (a *AddrTable) c() *C.uintptr_t {
 	if len(a.p) == 0 {
 		return nil
 	}
@@ -67,18 +75,18 @@ func i64p(s []int64) *C.int64_t {
 	return (*C.int64_t)(unsafe.Pointer(&s[0]))
 }
 
-// copyRows copies dst.len() rows of rowBytes from src's to dst's addresses.
-func copyRows(dst, src *addrTable, rowBytes int) {
-	if dst.len() == 0 {
+// CopyRows copies dst.Len() rows of rowBytes from src's to dst's addresses.
+func CopyRows(dst, src *AddrTable, rowBytes int) {
+	if dst.Len() == 0 {
 		return
 	}
-	C.ep_copy_rows(dst.c(), src.c(), nil, C.int64_t(dst.len()), C.int64_t(rowBytes))
+	C.ep_copy_rows(dst.c(), src.c(), nil, C.int64_t(dst.Len()), C.int64_t(rowBytes))
 }
 
-// moveBlocks moves dst.len() blocks of lens[i] bytes from src's to dst's
+// MoveBlocks moves dst.Len() blocks of lens[i] bytes from src's to dst's
 // addresses, in order, each as memmove does (they may overlap).
-func moveBlocks(dst, src *addrTable, lens []int64) {
-	n := dst.len()
+func MoveBlocks(dst, src *AddrTable, lens []int64) {
+	n := dst.Len()
 	if n <= smallBatch {
 		for i := 0; i < n; i++ {
 			copy(unsafe.Slice((*byte)(dst.p[i]), lens[i]), unsafe.Slice((*byte)(src.p[i]), lens[i]))
@@ -88,10 +96,10 @@ func moveBlocks(dst, src *addrTable, lens []int64) {
 	C.ep_move_blocks(dst.c(), src.c(), i64p(lens), C.int64_t(n))
 }
 
-// scatterBlocks copies dst.len() blocks of lens[i] bytes from
+// ScatterBlocks copies dst.Len() blocks of lens[i] bytes from
 // origin[srcOff[i]:] to dst's addresses.
-func scatterBlocks(dst *addrTable, origin []byte, srcOff, lens []int64) {
-	n := dst.len()
+func ScatterBlocks(dst *AddrTable, origin []byte, srcOff, lens []int64) {
+	n := dst.Len()
 	if n <= smallBatch {
 		for i := 0; i < n; i++ {
 			copy(unsafe.Slice((*byte)(dst.p[i]), lens[i]), origin[srcOff[i]:srcOff[i]+lens[i]])
@@ -101,106 +109,106 @@ func scatterBlocks(dst *addrTable, origin []byte, srcOff, lens []int64) {
 	C.ep_scatter_rows(dst.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff), i64p(lens), C.int64_t(n), 0)
 }
 
-// reduceRows sets output row i (of n) to the sum over j in
+// ReduceRows sets output row i (of n) to the sum over j in
 // [start[i], start[i+1]) of w[j]*src[j] (w nil: weights 1), in float32.
-func reduceRows(out ptr, outType DType, src *addrTable, w []float32, start []int32, n, hidden int, inType DType) {
+func ReduceRows(out ptr, outType driver.DType, src *AddrTable, w []float32, start []int32, n, hidden int, inType driver.DType) {
 	if n == 0 {
 		return
 	}
 	C.ep_reduce_rows(out, C.int(outType), src.c(), f32p(w), i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
 }
 
-// reduceRowsFrom is reduceRows with the sources as the kernels take them
-// (addrTable.c): a reduction in chunks converts its table once.
-func reduceRowsFrom(out ptr, outType DType, src *C.uintptr_t, start []int32, n, hidden int, inType DType) {
+// ReduceRowsFrom is ReduceRows with the sources as the kernels take them
+// (AddrTable.Frozen): a reduction in chunks converts its table once.
+func ReduceRowsFrom(out ptr, outType driver.DType, src CTable, start []int32, n, hidden int, inType driver.DType) {
 	if n == 0 {
 		return
 	}
-	C.ep_reduce_rows(out, C.int(outType), src, nil, i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+	C.ep_reduce_rows(out, C.int(outType), src.p, nil, i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
 }
 
-// reduceTables are reduceRows's tables (sources, weights and each row's
+// ReduceTables are ReduceRows's tables (sources, weights and each row's
 // first source) for up to pairs sources and rows rows, in C memory: a
 // reduction that goes to the C kernel (above smallReduce) then passes one
 // Go pointer (its output), not four, and cgo checks each Go pointer it is
 // passed; smaller ones read the same tables from Go assembly. The sources
 // are addresses of shared or window memory, never of Go memory. free
 // releases them.
-type reduceTables struct {
+type ReduceTables struct {
 	inC   bool // small reductions too call the C kernel (tuning.reduceInC)
 	mem   ptr
-	src   []ptr
-	scl   []ptr // with FP8 sources (reduceFP8): each source's scales
-	w     []float32
-	start []int32
+	Src   []ptr
+	Scl   []ptr // with FP8 sources (reduceFP8): each source's scales
+	W     []float32
+	Start []int32
 }
 
-func newReduceTables(pairs, rows int, inC bool) (*reduceTables, error) {
+func NewReduceTables(pairs, rows int, inC bool) (*ReduceTables, error) {
 	n := 8*pairs + 8*pairs + 4*pairs + 4*(rows+1)
 	mem := C.calloc(C.size_t(n), 1)
 	if mem == nil {
 		return nil, fmt.Errorf("allocating %d bytes for the combine's tables: out of memory", n)
 	}
-	return &reduceTables{inC: inC, mem: mem, src: unsafe.Slice((*ptr)(mem), pairs),
-		scl:   unsafe.Slice((*ptr)(unsafe.Add(mem, 8*pairs)), pairs),
-		w:     unsafe.Slice((*float32)(unsafe.Add(mem, 16*pairs)), pairs),
-		start: unsafe.Slice((*int32)(unsafe.Add(mem, 20*pairs)), rows+1)}, nil
+	return &ReduceTables{inC: inC, mem: mem, Src: unsafe.Slice((*ptr)(mem), pairs),
+		Scl:   unsafe.Slice((*ptr)(unsafe.Add(mem, 8*pairs)), pairs),
+		W:     unsafe.Slice((*float32)(unsafe.Add(mem, 16*pairs)), pairs),
+		Start: unsafe.Slice((*int32)(unsafe.Add(mem, 20*pairs)), rows+1)}, nil
 }
 
-func (r *reduceTables) free() {
+func (r *ReduceTables) Free() {
 	if r != nil && r.mem != nil {
 		C.free(r.mem)
-		r.mem, r.src, r.scl, r.w, r.start = nil, nil, nil, nil, nil
+		r.mem, r.Src, r.Scl, r.W, r.Start = nil, nil, nil, nil, nil
 	}
 }
 
-// smallReduce is the most elements of output that reduceTables.reduce sums
+// smallReduce is the most elements of output that ReduceTables.reduce sums
 // in Go assembly (package rowsum) rather than with a cgo call to
 // ep_reduce_rows: the same result, bit for bit, without the call's cost,
 // which is most of a decode step's reduction. Larger outputs go to the C
 // kernel, whose prefetches and streaming stores serve them better.
 const smallReduce = 1 << 15
 
-// reduce is reduceRows over the tables' first n rows.
-func (r *reduceTables) reduce(out ptr, outType DType, n, hidden int, inType DType) {
+// Reduce is ReduceRows over the tables' first n rows.
+func (r *ReduceTables) Reduce(out ptr, outType driver.DType, n, hidden int, inType driver.DType) {
 	if n == 0 {
 		return
 	}
 	if !r.inC && rowsum.Assembly && outType == inType && n*hidden <= smallReduce {
 		switch outType {
-		case BFloat16:
+		case driver.BFloat16:
 			reduceEach(r, unsafe.Slice((*uint16)(out), n*hidden), n, hidden, rowsum.BF16)
 			return
-		case Float32:
+		case driver.Float32:
 			reduceEach(r, unsafe.Slice((*float32)(out), n*hidden), n, hidden, rowsum.F32)
 			return
 		}
 	}
-	C.ep_reduce_rows(out, C.int(outType), (*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.src))), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.w))),
-		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.start))), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+	C.ep_reduce_rows(out, C.int(outType), (*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.Src))), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.W))),
+		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.Start))), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
 }
 
 // reduceFP8 is reduce over FP8 sources (src: codes, scl: their scales):
 // ep_reduce_rows_fp8.
-func (r *reduceTables) reduceFP8(out ptr, outType DType, n, hidden int) {
+func (r *ReduceTables) ReduceFP8(out ptr, outType driver.DType, n, hidden int) {
 	if n == 0 {
 		return
 	}
-	C.ep_reduce_rows_fp8(out, C.int(outType), (*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.src))),
-		(*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.scl))), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.w))),
-		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.start))), C.int64_t(n), C.int64_t(hidden))
+	C.ep_reduce_rows_fp8(out, C.int(outType), (*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.Src))),
+		(*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.Scl))), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.W))),
+		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.Start))), C.int64_t(n), C.int64_t(hidden))
 }
 
 // reduceEach sums each of the tables' first n rows into out with sum.
-func reduceEach[T uint16 | float32](r *reduceTables, out []T, n, hidden int, sum func([]T, []ptr, []float32)) {
+func reduceEach[T uint16 | float32](r *ReduceTables, out []T, n, hidden int, sum func([]T, []ptr, []float32)) {
 	for i := range n {
-		j0, j1 := r.start[i], r.start[i+1]
-		sum(out[i*hidden:(i+1)*hidden], r.src[j0:j1], r.w[j0:j1])
+		j0, j1 := r.Start[i], r.Start[i+1]
+		sum(out[i*hidden:(i+1)*hidden], r.Src[j0:j1], r.W[j0:j1])
 	}
 }
 
-// gatherValues sets out[i] = *src[i] (0 where src[i] is nil).
-func gatherValues(out []float32, src *addrTable) {
+// GatherValues sets out[i] = *src[i] (0 where src[i] is nil).
+func GatherValues(out []float32, src *AddrTable) {
 	for i, p := range src.p[:len(out)] {
 		out[i] = 0
 		if p != nil {
@@ -209,19 +217,19 @@ func gatherValues(out []float32, src *addrTable) {
 	}
 }
 
-// sumValues sets out[i*k+j] = sum over s in [start[i], start[i+1]) of src[s][j].
-func sumValues(out []float32, src *addrTable, start []int32, n, k int) {
+// SumValues sets out[i*k+j] = sum over s in [start[i], start[i+1]) of src[s][j].
+func SumValues(out []float32, src *AddrTable, start []int32, n, k int) {
 	if n == 0 {
 		return
 	}
 	C.ep_sum_values(f32p(out), src.c(), i32p(start), C.int64_t(n), C.int(k))
 }
 
-// htMeta writes the metadata a rank d keeps with n received HT rows: each
+// HTMeta writes the metadata a rank d keeps with n received HT rows: each
 // row's source token (srcTok[rows[i]], or rows[i] itself when srcTok is nil),
 // its top-k ids made local to d, or kept global (-1 where d does not own the
 // expert) and its weights (zeroed there).
-func htMeta(tok, topk, w ptr, rows, srcTok, srcTopk []int32, srcW []float32, K, L, d int, global bool) {
+func HTMeta(tok, topk, w ptr, rows, srcTok, srcTopk []int32, srcW []float32, K, L, d int, global bool) {
 	if len(rows) == 0 {
 		return
 	}
@@ -229,14 +237,14 @@ func htMeta(tok, topk, w ptr, rows, srcTok, srcTopk []int32, srcW []float32, K, 
 		i32p(srcTok), i32p(srcTopk), f32p(srcW), C.int(K), C.int(L), C.int(d), C.int(cBool(global)))
 }
 
-// countLocal counts, per local expert l, the rows whose top-k ids ([n][K],
+// CountLocal counts, per local expert l, the rows whose top-k ids ([n][K],
 // -1 = elsewhere) name it as lo+l.
-func countLocal(topk ptr, n, K int, lo int32, counts []int32) {
+func CountLocal(topk ptr, n, K int, lo int32, counts []int32) {
 	C.ep_count_local((*C.int32_t)(topk), C.int64_t(n), C.int(K), C.int(len(counts)), C.int32_t(lo), i32p(counts))
 }
 
-// onlineCPUs is the machine's online processors, whatever the affinity.
-func onlineCPUs() int { return int(C.ep_online_cpus()) }
+// OnlineCPUs is the machine's online processors, whatever the affinity.
+func OnlineCPUs() int { return int(C.ep_online_cpus()) }
 
 // cBool is b as a C int.
 func cBool(b bool) int {
