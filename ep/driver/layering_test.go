@@ -9,8 +9,9 @@ import (
 )
 
 // TestLayering keeps the package graph going one way: the contract imports
-// nothing of package ep's, of the engines' or of the GPU's, so that ep and
-// every engine can import it.
+// nothing of package ep's, of the engines' or of the GPU's, and the engines
+// and their shared kernels import the contract, never package ep (which
+// imports them) or the GPU backend.
 func TestLayering(t *testing.T) {
 	_, here, _, ok := runtime.Caller(0)
 	if !ok {
@@ -23,6 +24,8 @@ func TestLayering(t *testing.T) {
 		forbidden []string // import paths, or prefixes ending in "/"
 	}{
 		{"driver", []string{mod + "ep", mod + "ep/", mod + "gpu/"}},
+		{"alltoallv", []string{mod + "ep", mod + "ep/epgpu", mod + "gpu/"}},
+		{"internal/hostrows", []string{mod + "ep", mod + "ep/alltoallv", mod + "ep/epgpu", mod + "gpu/"}},
 	} {
 		for _, tags := range [][]string{nil, {"mpi"}} {
 			ctx := build.Default

@@ -1,6 +1,10 @@
-package ep
+package alltoallv
 
-import "math"
+import (
+	"math"
+
+	"github.com/goep/goep/ep/driver"
+)
 
 // The baseline's receive layouts other than the modes' own: it moves a row
 // per (token, rank) as in HT's flat layout and unpacks it into the layout,
@@ -14,7 +18,7 @@ import "math"
 // idBase is what is subtracted from a global expert id of this rank to give
 // the id RecvTopK holds (Config.RecvIDs).
 func (a *alltoallvEngine) idBase() int {
-	if a.spec.RecvIDs == GlobalExpertIDs {
+	if a.spec.RecvIDs == driver.GlobalExpertIDs {
 		return 0
 	}
 	return a.me * a.L
@@ -23,7 +27,7 @@ func (a *alltoallvEngine) idBase() int {
 // valuesPerRow is the row values of a received row: one per (token, expert)
 // row, TopK per (token, rank) row.
 func (a *alltoallvEngine) valuesPerRow() int {
-	if a.spec.ResolvedLayout() == LayoutExpertMajor {
+	if a.spec.ResolvedLayout() == driver.LayoutExpertMajor {
 		return 1
 	}
 	return a.K
@@ -31,7 +35,7 @@ func (a *alltoallvEngine) valuesPerRow() int {
 
 // unpackZones lays the n arriving rows (by source, then token) out in
 // expert-major zones.
-func (a *alltoallvEngine) unpackZones(d *Dispatch, st *a2aState, n int) {
+func (a *alltoallvEngine) unpackZones(d *driver.Dispatch, st *a2aState, n int) {
 	set := &a.sets[d.Set]
 	K, L, H, G, R := a.K, a.L, a.wireBytes, a.G, a.R
 	meta := 1 + 2*K + G
@@ -98,17 +102,17 @@ func (a *alltoallvEngine) unpackZones(d *Dispatch, st *a2aState, n int) {
 			}
 		}
 	}
-	d.Recv = Received{Rows: Host(set.rows[:total*H]), Outputs: Host(set.outputs[:total*a.rowBytes]),
-		Weights: Host(set.weights[:total]), Tokens: Host(set.tokens[:total]), ExpertCounts: st.expert,
+	d.Recv = driver.Received{Rows: driver.Host(set.rows[:total*H]), Outputs: driver.Host(set.outputs[:total*a.rowBytes]),
+		Weights: driver.Host(set.weights[:total]), Tokens: driver.Host(set.tokens[:total]), ExpertCounts: st.expert,
 		ExpertOffsets: st.zoneOff, SourceCounts: st.source, NumRecv: total}
 	if G > 0 {
-		d.Recv.Scales = Host(set.scales[:total*G])
+		d.Recv.Scales = driver.Host(set.scales[:total*G])
 	}
 }
 
 // unpackRankMajor puts source s's arriving rows into block s, in arrival
 // (token) order, with their ids and weights as this rank keeps them.
-func (a *alltoallvEngine) unpackRankMajor(d *Dispatch, st *a2aState, n int) {
+func (a *alltoallvEngine) unpackRankMajor(d *driver.Dispatch, st *a2aState, n int) {
 	set := &a.sets[d.Set]
 	K, L, H, G, M := a.K, a.L, a.wireBytes, a.G, a.M
 	meta := 1 + 2*K + G
@@ -136,18 +140,18 @@ func (a *alltoallvEngine) unpackRankMajor(d *Dispatch, st *a2aState, n int) {
 			}
 		}
 	}
-	d.Recv = Received{Rows: Host(set.rows), Outputs: Host(set.outputs), Weights: Host(set.weights),
-		TopK: Host(set.topk), Tokens: Host(set.tokens), ExpertCounts: st.expert, SourceCounts: st.source[:a.R],
+	d.Recv = driver.Received{Rows: driver.Host(set.rows), Outputs: driver.Host(set.outputs), Weights: driver.Host(set.weights),
+		TopK: driver.Host(set.topk), Tokens: driver.Host(set.tokens), ExpertCounts: st.expert, SourceCounts: st.source[:a.R],
 		NumRecv: n}
 	if G > 0 {
-		d.Recv.Scales = Host(set.scales)
+		d.Recv.Scales = driver.Host(set.scales)
 	}
 }
 
 // zoneSources lists, for an HT expert-major combine, each token's pairs
 // back from every rank (first[r]: where rank r's start), ranks in order and
 // each rank's pairs in slot order, and sets slots to their values.
-func (a *alltoallvEngine) zoneSources(d *Dispatch, first []int, rowAt func(int) ptr, backVals, slots []float32) {
+func (a *alltoallvEngine) zoneSources(d *driver.Dispatch, first []int, rowAt func(int) ptr, backVals, slots []float32) {
 	rt, K, L := d.Route, a.K, a.L
 	next := growTo(a.next, a.R) // rank r's pairs come back in (token, slot) order
 	a.next = next
