@@ -49,7 +49,7 @@ func (g *Group[E]) Combine(h Handle[E], y, out Tensor[E], opts *CombineOptions) 
 // CombineSend does the sending half of a combine: y has been published (or
 // copied) and may be reused when it returns.
 func (g *Group[E]) CombineSend(h Handle[E], y, out Tensor[E], opts *CombineOptions) (CombineRequest[E], error) {
-	op := g.names.combine
+	op := g.names.Combine
 	if err := g.usable(op); err != nil {
 		return CombineRequest[E]{}, err
 	}
@@ -91,7 +91,7 @@ func (r CombineRequest[E]) Wait() error {
 		return inputErrorf("combine", "Wait on a zero or stale CombineRequest")
 	}
 	g := s.g
-	op := g.names.combine
+	op := g.names.Combine
 	if !s.inComb || s.c.Op != r.op {
 		return inputErrorf(op, "Wait called twice")
 	}

@@ -1,6 +1,11 @@
 package ep
 
-import "github.com/goep/goep/ep/driver"
+import (
+	"io"
+	"time"
+
+	"github.com/goep/goep/ep/driver"
+)
 
 // The contract's vocabulary, defined in package driver (which engines
 // import) and named here, where programs find it: a Config, its modes,
@@ -14,9 +19,9 @@ type (
 	Capable          = driver.Capable
 	Combine          = driver.Combine
 	Config           = driver.Config
-	DType            = driver.DType
 	DeviceTimer      = driver.DeviceTimer
 	Dispatch         = driver.Dispatch
+	DType            = driver.DType
 	Engine           = driver.Engine
 	ExpertIDKind     = driver.ExpertIDKind
 	Feature          = driver.Feature
@@ -29,6 +34,7 @@ type (
 	NetworkMeter     = driver.NetworkMeter
 	OverflowPolicy   = driver.OverflowPolicy
 	Placement        = driver.Placement
+	Planner          = driver.Planner
 	Received         = driver.Received
 	RecvLayout       = driver.RecvLayout
 	Refusal          = driver.Refusal
@@ -36,10 +42,16 @@ type (
 	Refuser          = driver.Refuser
 	Routing          = driver.Routing
 	Scalar           = driver.Scalar
+	SequenceError    = driver.SequenceError
+	Sequencer        = driver.Sequencer
+	Span             = driver.Span
 	Spec             = driver.Spec
+	StateMaker       = driver.StateMaker
 	Tensor[T Scalar] = driver.Tensor[T]
+	Timeliner        = driver.Timeliner
 	TimeoutError     = driver.TimeoutError
 	TransferMeter    = driver.TransferMeter
+	UnusableError    = driver.UnusableError
 	WireFormat       = driver.WireFormat
 	YPlace           = driver.YPlace
 )
@@ -89,6 +101,7 @@ var (
 	ErrBadInput    = driver.ErrBadInput
 	ErrClosed      = driver.ErrClosed
 	ErrMasked      = driver.ErrMasked
+	ErrMismatch    = driver.ErrMismatch
 	ErrTimeout     = driver.ErrTimeout
 	ErrUnsupported = driver.ErrUnsupported
 	HostMemory     = driver.HostMemory
@@ -147,3 +160,8 @@ func ToHost[T Scalar](t Tensor[T]) ([]T, error) { return driver.ToHost[T](t) }
 
 // Upload copies src from the host into dst (same length).
 func Upload[T Scalar](dst Tensor[T], src []T) error { return driver.Upload[T](dst, src) }
+
+// WriteTimeline writes spans as a table, times in milliseconds from t0.
+func WriteTimeline(w io.Writer, spans []Span, t0 time.Time) error {
+	return driver.WriteTimeline(w, spans, t0)
+}

@@ -23,7 +23,7 @@ func (g *Group[E]) Dispatch(x Tensor[E], topk []int32, weights []float32) (Handl
 // rank's rows are in (or on their way to) the receivers' buffers and x may
 // be reused. Compute can run before Wait.
 func (g *Group[E]) DispatchSend(x Tensor[E], topk []int32, weights []float32) (DispatchRequest[E], error) {
-	return g.dispatchSend(g.names.dispatch, tokens{rows: AsBytes(x)}, topk, weights)
+	return g.dispatchSend(g.names.Dispatch, tokens{rows: AsBytes(x)}, topk, weights)
 }
 
 // DispatchFP8 is Dispatch for a group that forwards rows the caller
@@ -44,7 +44,7 @@ func (g *Group[E]) DispatchFP8(codes Tensor[E4M3], scales Tensor[float32], topk 
 
 // DispatchFP8Send is the sending half of DispatchFP8.
 func (g *Group[E]) DispatchFP8Send(codes Tensor[E4M3], scales Tensor[float32], topk []int32, weights []float32) (DispatchRequest[E], error) {
-	return g.dispatchSend(g.names.dispatch, fp8Tokens(codes, scales), topk, weights)
+	return g.dispatchSend(g.names.Dispatch, fp8Tokens(codes, scales), topk, weights)
 }
 
 // tokens are a dispatch's rows as the engine takes them, in bytes: in the
@@ -110,7 +110,7 @@ func (g *Group[E]) DispatchCachedFP8(prev Handle[E], codes Tensor[E4M3], scales 
 }
 
 func (g *Group[E]) cachedSend(prev Handle[E], x tokens, weights []float32) (DispatchRequest[E], error) {
-	op := g.names.cached
+	op := g.names.Cached
 	if err := g.usable(op); err != nil {
 		return DispatchRequest[E]{}, err
 	}
@@ -177,7 +177,7 @@ func (r DispatchRequest[E]) Wait() (Handle[E], error) {
 		return Handle[E]{}, inputErrorf("dispatch", "Wait on a zero or stale DispatchRequest")
 	}
 	g := s.g
-	op := g.names.dispatch
+	op := g.names.Dispatch
 	if s.ready {
 		return Handle[E]{}, inputErrorf(op, "Wait called twice")
 	}

@@ -43,7 +43,7 @@ type Group[E Element] struct {
 	htLast     uint64             // HT: op of the newest dispatch, whose rows the receive buffer holds
 	scratchRT  Routing            // routing of a dispatch being checked
 	stats      stats
-	names      opNames
+	names      driver.OpNames
 	broken     error
 	closed     bool
 	maskedOut  error // ErrMasked: the others went on without this rank; SetMask lets it rejoin
@@ -154,7 +154,7 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	}
 	p := eng.Placement()
 	g := &Group[E]{spec: spec, comm: c, eng: eng, mem: eng.Memory(), place: p, rank: c.Rank(), size: c.Size(),
-		names: newOpNames(cfg.Mode)}
+		names: driver.NewOpNames(cfg.Mode)}
 	g.sh = shape{E: cfg.NumExperts, L: cfg.NumExperts / g.size, R: g.size, K: cfg.TopK, nodes: p.Nodes,
 		nodeOf: make([]int32, g.size)}
 	if g.stats.hosts, err = hostNames(c); err != nil {
@@ -406,14 +406,6 @@ func (g *Group[E]) nameHost(err error) {
 	}
 }
 
-// opNames name the calls in errors: "ll dispatch", "ht combine", ... made
-// once, so that calls do not build strings.
-type opNames struct{ dispatch, cached, combine string }
-
-func newOpNames(m Mode) opNames {
-	return opNames{dispatch: m.String() + " dispatch", cached: m.String() + " cached dispatch", combine: m.String() + " combine"}
-}
-
 // newState takes the next record of the ring for a dispatch.
 func (g *Group[E]) newState(op string) (*handleState[E], error) {
 	s := g.states[g.next]
@@ -440,10 +432,10 @@ func (g *Group[E]) newState(op string) (*handleState[E], error) {
 // dispatch). It returns reason as an *InputError; the group stays usable.
 // It is collective, as the dispatch it stands for.
 func (g *Group[E]) RefuseDispatch(prev Handle[E], reason string) error {
-	op := g.names.dispatch
+	op := g.names.Dispatch
 	r := Refusal{Kind: CallDispatch}
 	if prev.s != nil {
-		op, r.Cached = g.names.cached, true
+		op, r.Cached = g.names.Cached, true
 		if p, err := g.checkHandle(op, prev); err == nil {
 			r.Dispatch = &p.d
 		}
@@ -456,7 +448,7 @@ func (g *Group[E]) RefuseDispatch(prev Handle[E], reason string) error {
 
 // RefuseCombine is RefuseDispatch for the combine of handle h.
 func (g *Group[E]) RefuseCombine(h Handle[E], reason string) error {
-	op := g.names.combine
+	op := g.names.Combine
 	if err := g.usable(op); err != nil {
 		return err
 	}
@@ -465,4 +457,19 @@ func (g *Group[E]) RefuseCombine(h Handle[E], reason string) error {
 		r.Set, r.Dispatch = s.d.Set, &s.d
 	}
 	return g.refuse(r, inputErrorf(op, "%s", reason))
+}
+
+// Mark numbers a step of the caller's that makes no collective call (the C
+// and Python interfaces mark each handle they create, refused or not): the
+// group's next call takes a number one higher. A rank that took a step the
+// others did not (or skipped one) then has calls numbered differently from
+// theirs, which the engines of FeatureCallSequence find at the next call
+// that needs a flag of it: every rank fails with an error naming the rank
+// and the call, instead of pairing one rank's step with another's. Every
+// rank must mark the same steps in the same order between the same calls.
+// Not collective.
+func (g *Group[E]) Mark() {
+	if g != nil {
+		g.op++
+	}
 }

@@ -13,17 +13,6 @@ package ep
 // BufferPlan answers ncclEpHandleMemSize's question before anything is
 // allocated.
 
-// A StateMaker is an Engine that makes its per-dispatch state
-// (Dispatch.State) up front: NewGroup asks it for one per record of the
-// handle ring, so that no dispatch allocates one, whatever its routing. An
-// engine that is not a StateMaker makes its state at the first dispatch of
-// each record.
-type StateMaker interface {
-	// NewState is the state of one dispatch record, sized for any routing
-	// of the group.
-	NewState() any
-}
-
 // reserve sizes r's tables for any routing of up to m tokens of shape sh.
 func reserveRouting(r *Routing, sh shape, m int) {
 	r.PerExpert = make([]int32, sh.E)

@@ -278,3 +278,21 @@ const (
 	YInRows                  // Dispatch.Recv.Rows itself
 	YInOutputs               // Dispatch.Recv.Outputs itself
 )
+
+// A StateMaker is an Engine that makes its per-dispatch state
+// (Dispatch.State) up front: NewGroup asks it for one per record of the
+// handle ring, so that no dispatch allocates one, whatever its routing. An
+// engine that is not a StateMaker makes its state at the first dispatch of
+// each record.
+type StateMaker interface {
+	// NewState is the state of one dispatch record, sized for any routing
+	// of the group.
+	NewState() any
+}
+
+// A Planner is a Backend that says, without allocating anything, what its
+// engine of a group of spec holds over ranks ranks on nodes nodes of as
+// equal sizes as can be (ep.BufferPlan).
+type Planner interface {
+	Plan(spec Spec, ranks, nodes int) (Footprint, error)
+}

@@ -227,3 +227,12 @@ func boolInt(b bool) int64 {
 	}
 	return 0
 }
+
+// OpNames name a mode's calls in errors: "ll dispatch", "ht combine", ...
+// made once, so that calls do not build strings.
+type OpNames struct{ Dispatch, Cached, Combine string }
+
+// NewOpNames are the names of m's calls.
+func NewOpNames(m Mode) OpNames {
+	return OpNames{Dispatch: m.String() + " dispatch", Cached: m.String() + " cached dispatch", Combine: m.String() + " combine"}
+}

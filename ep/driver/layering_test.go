@@ -24,8 +24,9 @@ func TestLayering(t *testing.T) {
 		forbidden []string // import paths, or prefixes ending in "/"
 	}{
 		{"driver", []string{mod + "ep", mod + "ep/", mod + "gpu/"}},
-		{"alltoallv", []string{mod + "ep", mod + "ep/epgpu", mod + "gpu/"}},
-		{"internal/hostrows", []string{mod + "ep", mod + "ep/alltoallv", mod + "ep/epgpu", mod + "gpu/"}},
+		{"alltoallv", []string{mod + "ep", mod + "ep/epcpu", mod + "ep/epgpu", mod + "gpu/"}},
+		{"epcpu", []string{mod + "ep", mod + "ep/alltoallv", mod + "ep/epgpu", mod + "gpu/"}},
+		{"internal/hostrows", []string{mod + "ep", mod + "ep/alltoallv", mod + "ep/epcpu", mod + "ep/epgpu", mod + "gpu/"}},
 	} {
 		for _, tags := range [][]string{nil, {"mpi"}} {
 			ctx := build.Default

@@ -1,6 +1,10 @@
-package ep
+package epcpu
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/goep/goep/ep/driver"
+)
 
 // HT's expert-major layout (Config.Layout LayoutExpertMajor in
 // HighThroughput): a rank's received rows are zones, one per local expert,
@@ -107,7 +111,7 @@ func (m *htMode) putZoneMeta(dst, row int, tok int32, w float32, slot int) {
 
 // sendZones writes each pair of this rank's tokens whose expert is on this
 // node into its row of the expert's zone, with its metadata.
-func (m *htMode) sendZones(d *Dispatch, st *htState) {
+func (m *htMode) sendZones(d *driver.Dispatch, st *htState) {
 	t, rt := &m.e.t, d.Route
 	K, L, E, me := m.K, m.L, m.R*m.L, t.me
 	for tk := 0; tk < rt.T; tk++ {
@@ -166,10 +170,10 @@ func (m *htMode) forwardZoneMeta(p *fwdPlan, tok []int32, w []float32) {
 }
 
 // zoneViews is what a dispatch received in zones.
-func (m *htMode) zoneViews(d *Dispatch, st *htState) {
+func (m *htMode) zoneViews(d *driver.Dispatch, st *htState) {
 	e := m.e
 	n := st.zoneOff[m.L]
-	d.Recv = Received{
+	d.Recv = driver.Received{
 		Rows:          hostTensor[byte](e, m.recv.Rows.Off, m.recv.Rows.Len(n)),
 		Outputs:       hostTensor[byte](e, m.comb.Off, m.comb.Len(n)),
 		Weights:       hostTensor[float32](e, m.w.Off, n),
@@ -188,7 +192,7 @@ func (m *htMode) zoneViews(d *Dispatch, st *htState) {
 // combine sums them, [rows][TopK] with each row's value at its slot and
 // zeros elsewhere: summed over a token's rows, they give each slot its
 // row's value.
-func (m *htMode) expandValues(c *Combine, st *htState) {
+func (m *htMode) expandValues(c *driver.Combine, st *htState) {
 	t, K := &m.e.t, m.K
 	in := c.RowValues.Host()
 	out := hostTensor[float32](m.e, m.vals.Off, len(in)*K).Host()
@@ -204,7 +208,7 @@ func (m *htMode) expandValues(c *Combine, st *htState) {
 // zoneSources adds the rows of own token tk on this node's ranks, in rank
 // then slot order, to the combine's sources (area[r]: where rank r keeps
 // its outputs).
-func (m *htMode) zoneSources(d *Dispatch, st *htState, tk int, area []int) {
+func (m *htMode) zoneSources(d *driver.Dispatch, st *htState, tk int, area []int) {
 	t, rt := &m.e.t, d.Route
 	K, L, E, me := m.K, m.L, m.R*m.L, t.me
 	for _, r := range t.nodeRanks {

@@ -1,4 +1,4 @@
-package ep
+package epcpu
 
 import (
 	"errors"

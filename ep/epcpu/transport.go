@@ -1,4 +1,4 @@
-package ep
+package epcpu
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
 	"github.com/goep/goep/mpi"
@@ -98,8 +99,8 @@ func newInbox(ranks, countLen, readyLen int) inbox {
 // vectors of pairs per expert (LL) or of tokens per rank, then per node
 // (HT); LL's combine-ready flags carry where the receiver packed each
 // source's rows of its local experts (the slot protocol).
-func inboxFor(s Spec, ranks, nodes int) inbox {
-	if s.Mode == HighThroughput {
+func inboxFor(s driver.Spec, ranks, nodes int) inbox {
+	if s.Mode == driver.HighThroughput {
 		if s.HTExpertMajor() { // and pairs per expert (htzones.go)
 			return newInbox(ranks, ranks+nodes+s.NumExperts, 0)
 		}
@@ -335,7 +336,7 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 		case w.refused >= 0:
 			return &refusal{origin: w.refused}
 		case w.ahead >= 0 && t.maskStalled:
-			return fmt.Errorf("ep: %s: rank %d is already past this call (waiting for %s): %w", op, ws.peers[w.ahead], what, ErrMasked)
+			return fmt.Errorf("ep: %s: rank %d is already past this call (waiting for %s): %w", op, ws.peers[w.ahead], what, driver.ErrMasked)
 		case w.ahead >= 0:
 			p := ws.peers[w.ahead]
 			v := loadFlag(ws.flags[w.ahead])
@@ -355,7 +356,7 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 			}
 			continue
 		case w.missing >= 0:
-			return &TimeoutError{Op: op, Peer: ws.peers[w.missing], What: what, After: t.timeout}
+			return &driver.TimeoutError{Op: op, Peer: ws.peers[w.missing], What: what, After: t.timeout}
 		}
 		return nil
 	}
@@ -646,7 +647,7 @@ func (t *transport) awaitSent(op string, put uint64) error {
 		if start.IsZero() {
 			start = time.Now()
 		} else if time.Since(start) > t.timeout {
-			return &TimeoutError{Op: op, Peer: to, What: "its receipt of the rows this rank sent it in the last call on these buffers", After: t.timeout}
+			return &driver.TimeoutError{Op: op, Peer: to, What: "its receipt of the rows this rank sent it in the last call on these buffers", After: t.timeout}
 		}
 		if err := t.net.Progress(); err != nil {
 			return fmt.Errorf("ep: %s: %w", op, err)

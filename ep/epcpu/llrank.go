@@ -1,9 +1,10 @@
-package ep
+package epcpu
 
 import (
 	"math"
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
 )
@@ -48,7 +49,7 @@ type llRankMode struct {
 	tables                   *hostrows.ReduceTables
 	where                    []uint32
 	vp                       hostrows.AddrTable
-	views                    [2]Received
+	views                    [2]driver.Received
 }
 
 // llRankState is what a rank-major dispatch keeps for its wait and combine.
@@ -72,9 +73,9 @@ func (m *llRankMode) free() { m.tables.Free() }
 
 // layoutLLRank places the rank-major areas of a group of R ranks (what
 // BufferPlan lists too).
-func layoutLLRank(s Spec, R int, seg, win *hostrows.Arena) *llRankMode {
+func layoutLLRank(s driver.Spec, R int, seg, win *hostrows.Arena) *llRankMode {
 	m := &llRankMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, global: s.RecvIDs == GlobalExpertIDs, wire: hostrows.NewRowFormat(s)}
+		rowBytes: s.RowBytes, global: s.RecvIDs == driver.GlobalExpertIDs, wire: hostrows.NewRowFormat(s)}
 	rows, K := R*m.M, m.K
 	for b := 0; b < 2; b++ {
 		set := [2]string{" (set 0)", " (set 1)"}[b]
@@ -96,7 +97,7 @@ func layoutLLRank(s Spec, R int, seg, win *hostrows.Arena) *llRankMode {
 }
 
 // newState is a dispatch's state, sized for any routing (StateMaker).
-func (m *llRankMode) newState() any { return m.state(&Dispatch{}) }
+func (m *llRankMode) newState() any { return m.state(&driver.Dispatch{}) }
 
 // reserve sizes the mode's scratch for any routing.
 func (m *llRankMode) reserve() {
@@ -110,7 +111,7 @@ func (m *llRankMode) reserve() {
 	m.wire.Reserve(n)
 }
 
-func (m *llRankMode) state(d *Dispatch) *llRankState {
+func (m *llRankMode) state(d *driver.Dispatch) *llRankState {
 	st, ok := d.State.(*llRankState)
 	if !ok {
 		st = &llRankState{}
@@ -151,9 +152,9 @@ func (m *llRankMode) doneWord(c int) uint32 {
 	return 0
 }
 
-func (m *llRankMode) send(d *Dispatch) error {
+func (m *llRankMode) send(d *driver.Dispatch) error {
 	e, t := m.e, &m.e.t
-	op := e.names.dispatch
+	op := e.names.Dispatch
 	b, me, rt, K, M := d.Set, t.me, d.Route, m.K, m.M
 	m.state(d)
 	if !m.readersDone(b) {
@@ -217,9 +218,9 @@ func (m *llRankMode) send(d *Dispatch) error {
 	return t.raise(t.all, flagData, b, me, d.Op, m.doneWord(b^1), dtype.Bytes(rt.PerRank))
 }
 
-func (m *llRankMode) wait(d *Dispatch) error {
+func (m *llRankMode) wait(d *driver.Dispatch) error {
 	e, t := m.e, &m.e.t
-	op := e.names.dispatch
+	op := e.names.Dispatch
 	b, me, K, M := d.Set, t.me, m.K, m.M
 	st := d.State.(*llRankState)
 	if err := t.await(op, "its rows", flagData, b, t.all, nil, d.Op); err != nil {
@@ -259,7 +260,7 @@ func (m *llRankMode) wait(d *Dispatch) error {
 }
 
 // viewsOf is what a dispatch on set b receives into, made once per set.
-func (m *llRankMode) viewsOf(b int) *Received {
+func (m *llRankMode) viewsOf(b int) *driver.Received {
 	v := &m.views[b]
 	if !v.Rows.IsZero() {
 		return v
@@ -276,7 +277,7 @@ func (m *llRankMode) viewsOf(b int) *Received {
 	return v
 }
 
-func (m *llRankMode) combineSend(c *Combine) error {
+func (m *llRankMode) combineSend(c *driver.Combine) error {
 	e, t := m.e, &m.e.t
 	d := c.Dispatch
 	b, me, M, K := d.Set, t.me, m.M, m.K
@@ -286,9 +287,9 @@ func (m *llRankMode) combineSend(c *Combine) error {
 	}
 	ysrc, area := ySrcComb, m.comb[b]
 	switch c.YIn {
-	case YInRows:
+	case driver.YInRows:
 		ysrc, area = ySrcRecv, m.recv[b].Rows
-	case YElsewhere: // the valid rows into the combine buffer
+	case driver.YElsewhere: // the valid rows into the combine buffer
 		y, comb := hostBytes(c.Y), hostBytes(d.Recv.Outputs)
 		for s, n := range st.source {
 			lo, hi := s*M*m.rowBytes, (s*M+n)*m.rowBytes
@@ -316,9 +317,9 @@ func (m *llRankMode) combineSend(c *Combine) error {
 	return t.raise(t.all, flagReady, b, me, c.Op, uint32(ysrc), nil)
 }
 
-func (m *llRankMode) combineWait(c *Combine) error {
+func (m *llRankMode) combineWait(c *driver.Combine) error {
 	e, t := m.e, &m.e.t
-	op := e.names.combine
+	op := e.names.Combine
 	d := c.Dispatch
 	b, me, rt, M, K := d.Set, t.me, d.Route, m.M, m.K
 	if err := t.await(op, "its expert outputs", flagReady, b, t.all, nil, c.Op); err != nil {

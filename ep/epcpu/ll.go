@@ -1,4 +1,4 @@
-package ep
+package epcpu
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
 )
@@ -77,7 +78,7 @@ type llMode struct {
 	ownerOf []int
 	blockOf []int
 
-	recvViews [2]Received // views
+	recvViews [2]driver.Received // views
 
 	meta   []byte                 // packed token and weight words of this rank's pairs, by expert
 	spos   []int32                // [E]: stagedPos of this rank's pairs
@@ -113,7 +114,7 @@ func (m *llMode) free() { m.tables.Free() }
 // layoutLL places LL's areas for a group of R ranks on nodes nodes: what
 // newLL does but for the engine, which BufferPlan needs too.
 // tune says which protocol and which cast the group takes.
-func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *hostrows.Arena) *llMode {
+func layoutLL(s driver.Spec, R, nodes int, tune tuning, seg, win *hostrows.Arena) *llMode {
 	m := &llMode{R: R, E: s.NumExperts, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
 		rowBytes: s.RowBytes, span: R * s.MaxTokensPerRank, wire: hostrows.NewRowFormat(s), cwire: newLLCombineWire(s)}
 	rows := m.L * m.span
@@ -145,7 +146,7 @@ func layoutLL(s Spec, R, nodes int, tune tuning, seg, win *hostrows.Arena) *llMo
 
 // newState is a dispatch's state, sized for any routing (StateMaker).
 func (m *llMode) newState() any {
-	d := &Dispatch{State: &llState{dropped: make([]int32, 0, m.M*m.K)}}
+	d := &driver.Dispatch{State: &llState{dropped: make([]int32, 0, m.M*m.K)}}
 	return m.state(d)
 }
 
@@ -158,7 +159,7 @@ func (m *llMode) reserve() {
 	m.wire.Reserve(m.M * m.K)
 }
 
-func (m *llMode) state(d *Dispatch) *llState {
+func (m *llMode) state(d *driver.Dispatch) *llState {
 	st, ok := d.State.(*llState)
 	if !ok {
 		st = &llState{}
@@ -185,9 +186,9 @@ func (m *llMode) stagedPos(st *llState, s int, pos []int32) {
 	}
 }
 
-func (m *llMode) send(d *Dispatch) error {
+func (m *llMode) send(d *driver.Dispatch) error {
 	e, t := m.e, &m.e.t
-	op := e.names.dispatch
+	op := e.names.Dispatch
 	b, q, me, rt := d.Set, d.Op, t.me, d.Route
 	st := m.state(d)
 	if err := e.checkMasked(op); err != nil {
@@ -258,7 +259,7 @@ func (m *llMode) gatherCounts(op string, st *llState, b int, q uint64, lo, hi in
 
 // postRows sends every (token, expert) row of this rank, then the token and
 // weight of each, and raises the data flag.
-func (m *llMode) postRows(d *Dispatch, st *llState) error {
+func (m *llMode) postRows(d *driver.Dispatch, st *llState) error {
 	t := &m.e.t
 	b, me, rt, K := d.Set, t.me, d.Route, m.K
 	// Words: per expert, the pairs' tokens then their weights, at the pairs'
@@ -273,7 +274,7 @@ func (m *llMode) postRows(d *Dispatch, st *llState) error {
 	t0 := t.clock()
 	// The outbox's last rows, and the last combine's outputs on this set,
 	// have left before anything here is written.
-	if err := t.awaitSent(m.e.names.dispatch, max(m.sent[b], m.csent[b])); err != nil {
+	if err := t.awaitSent(m.e.names.Dispatch, max(m.sent[b], m.csent[b])); err != nil {
 		return err
 	}
 	t.span(d.Op, "outbox free", -1, 0, t0)
@@ -382,9 +383,9 @@ func (m *llMode) outboxBases(st *llState) {
 	}
 }
 
-func (m *llMode) wait(d *Dispatch) error {
+func (m *llMode) wait(d *driver.Dispatch) error {
 	e, t := m.e, &m.e.t
-	op := e.names.dispatch
+	op := e.names.Dispatch
 	b, q, me := d.Set, d.Op, t.me
 	st := d.State.(*llState)
 	t0 := t.clock()
@@ -435,7 +436,7 @@ func (m *llMode) wait(d *Dispatch) error {
 
 // views is what a dispatch on buffer set b receives into, as tensors over
 // the segment: made once per set, copied into every dispatch's Received.
-func (m *llMode) views(b int) *Received {
+func (m *llMode) views(b int) *driver.Received {
 	v := &m.recvViews[b]
 	if !v.Rows.IsZero() {
 		return v
@@ -503,7 +504,7 @@ const (
 // call where some ranks release the dispatch and others combine it: the
 // rank that does other than this one is named (*SequenceError), before
 // anything is read.
-func checkRelease(t *transport, op string, c *Combine, b int, ranks []int) error {
+func checkRelease(t *transport, op string, c *driver.Combine, b int, ranks []int) error {
 	for _, r := range ranks {
 		if r == t.me || t.masked[r] {
 			continue
@@ -520,12 +521,12 @@ func checkRelease(t *transport, op string, c *Combine, b int, ranks []int) error
 	return nil
 }
 
-func (m *llMode) combineSend(c *Combine) error {
+func (m *llMode) combineSend(c *driver.Combine) error {
 	e, t := m.e, &m.e.t
 	d := c.Dispatch
 	b, me := d.Set, t.me
 	st := d.State.(*llState)
-	if err := e.checkMasked(e.names.combine); err != nil {
+	if err := e.checkMasked(e.names.Combine); err != nil {
 		return err
 	}
 	if c.Release { // nothing to read: combine-ready says so
@@ -537,9 +538,9 @@ func (m *llMode) combineSend(c *Combine) error {
 	t0 := t.clock()
 	ysrc, area := ySrcComb, m.comb[b]
 	switch c.YIn {
-	case YInRows:
+	case driver.YInRows:
 		ysrc, area = ySrcRecv, m.recv[b].Rows
-	case YElsewhere: // copy the valid rows into the combine buffer
+	case driver.YElsewhere: // copy the valid rows into the combine buffer
 		y, comb := hostBytes(c.Y), hostBytes(d.Recv.Outputs)
 		for l, n := range st.expert {
 			lo, hi := l*m.span*m.rowBytes, (l*m.span+n)*m.rowBytes
@@ -596,9 +597,9 @@ func (m *llMode) combineSend(c *Combine) error {
 	return nil
 }
 
-func (m *llMode) combineWait(c *Combine) error {
+func (m *llMode) combineWait(c *driver.Combine) error {
 	e, t := m.e, &m.e.t
-	op := e.names.combine
+	op := e.names.Combine
 	d := c.Dispatch
 	b, me, rt, K, L := d.Set, t.me, d.Route, m.K, m.L
 	st := d.State.(*llState)

@@ -1,4 +1,4 @@
-package ep
+package epcpu
 
 import (
 	"encoding/binary"
@@ -13,22 +13,42 @@ import (
 	"github.com/goep/goep/mpi"
 )
 
-// CPU is the default Backend: the engine of this package, on host memory.
-// Inside a node every rank maps every other rank's buffers (an MPI-3
-// shared-memory window), so a dispatched row is copied once, from the
-// sender's tensor into its slot in the receiver's buffer, and combine reads
-// the expert outputs in place; across nodes rows go by message, one per
-// destination rank per step, into a staging memory of the receiver
-// (mpi.Mailbox), which applies them while it waits. See docs/ep.md.
-var CPU Backend = cpuBackend{}
+// New is the CPU engine's Backend, on host memory. Inside a node every rank
+// maps every other rank's buffers (an MPI-3 shared-memory window), so a
+// dispatched row is copied once, from the sender's tensor into its slot in
+// the receiver's buffer, and combine reads the expert outputs in place;
+// across nodes rows go by message, one per destination rank per step, into
+// a staging memory of the receiver (mpi.Mailbox), which applies them while
+// it waits. See docs/ep.md.
+func New() driver.Backend { return cpuBackend{} }
 
-// CPUOneSided is CPU with rows across nodes put by one-sided MPI (MPI_Put
+// NewOneSided is New with rows across nodes put by one-sided MPI (MPI_Put
 // into a staging window, then a flush) instead of sent by message. It needs
 // an MPI whose one-sided operations complete without the target's help
 // (RDMA hardware): over TCP, Open MPI's osc/ucx completes a put only while
 // the target calls MPI, and a put to a stalled rank waits in MPI_Win_flush
 // with no deadline.
-var CPUOneSided Backend = cpuBackend{net: oneSidedNet{}}
+func NewOneSided() driver.Backend { return cpuBackend{net: oneSidedNet{}} }
+
+// Tuning sets the engine's choices between paths that give the same
+// results, for tests and benchmarks that check or compare them; the zero
+// value is the defaults New takes.
+type Tuning struct {
+	// SlotProtocolMax is the largest LL message (the most bytes one rank
+	// sends) on the slot protocol: 0 the default, < 0 none.
+	SlotProtocolMax int
+	// GeneralLL makes LL dispatches take the general path where they
+	// would take the direct one (one node, slot protocol).
+	GeneralLL bool
+	// ReduceInC makes small reductions call the C kernel instead of the Go
+	// assembly.
+	ReduceInC bool
+}
+
+// NewTuned is New with the paths t chooses.
+func NewTuned(t Tuning) driver.Backend {
+	return cpuBackend{tune: tuning{slotMax: t.SlotProtocolMax, generalLL: t.GeneralLL, reduceInC: t.ReduceInC}}
+}
 
 type cpuBackend struct {
 	net  networkKind // nil: mailboxNet, the default
@@ -43,9 +63,8 @@ func (b cpuBackend) network() networkKind {
 	return b.net
 }
 
-// tuning are the CPU engine's internal switches, set per group by the
-// package's own tests and benchmarks (export_test.go) to check and compare
-// the paths they choose between; the zero value is the defaults.
+// tuning are the CPU engine's internal switches (Tuning); the zero value is
+// the defaults.
 type tuning struct {
 	slotMax   int  // the largest LL message on the slot protocol: 0 the default (slotProtocolMax), < 0 none
 	generalLL bool // LL dispatches take the general path where they would take the direct one
@@ -80,7 +99,7 @@ func (b cpuBackend) Name() string {
 	return name
 }
 
-func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
+func (b cpuBackend) Open(comm *mpi.Comm, spec driver.Spec) (driver.Engine, error) {
 	e, err := openEngine(comm, spec, b)
 	if err != nil {
 		return nil, err // not a nil *engine in a non-nil Engine
@@ -89,11 +108,11 @@ func (b cpuBackend) Open(comm *mpi.Comm, spec Spec) (Engine, error) {
 }
 
 // Supports says that the CPU engine implements every optional feature.
-func (cpuBackend) Supports(f Feature) bool {
+func (cpuBackend) Supports(f driver.Feature) bool {
 	switch f {
-	case FeatureFP8Wire, FeatureMaskStalledRanks, FeatureFP8Forward, FeatureFP8Combine, FeatureOverflowDrop,
-		FeatureRefusals, FeatureMeter, FeatureNamedTimeouts, FeatureZeroAllocs,
-		FeatureHTExpertMajor, FeatureLLRankMajor, FeatureGlobalExpertIDs, FeatureCallSequence:
+	case driver.FeatureFP8Wire, driver.FeatureMaskStalledRanks, driver.FeatureFP8Forward, driver.FeatureFP8Combine, driver.FeatureOverflowDrop,
+		driver.FeatureRefusals, driver.FeatureMeter, driver.FeatureNamedTimeouts, driver.FeatureZeroAllocs,
+		driver.FeatureHTExpertMajor, driver.FeatureLLRankMajor, driver.FeatureGlobalExpertIDs, driver.FeatureCallSequence:
 		return true
 	}
 	return false
@@ -101,18 +120,18 @@ func (cpuBackend) Supports(f Feature) bool {
 
 // The CPU backend and its engine, with every optional interface.
 var (
-	_ Capable   = cpuBackend{}
-	_ Engine    = (*engine)(nil)
-	_ Refuser   = (*engine)(nil)
-	_ Meter     = (*engine)(nil)
-	_ Masker    = (*engine)(nil)
-	_ Sequencer = (*engine)(nil)
+	_ driver.Capable   = cpuBackend{}
+	_ driver.Engine    = (*engine)(nil)
+	_ driver.Refuser   = (*engine)(nil)
+	_ driver.Meter     = (*engine)(nil)
+	_ driver.Masker    = (*engine)(nil)
+	_ driver.Sequencer = (*engine)(nil)
 )
 
 // engine is the CPU engine: the transport between the ranks, and the mode
 // that decides what goes where.
 type engine struct {
-	spec      Spec
+	spec      driver.Spec
 	tune      tuning
 	topo      *mpi.Topology
 	shm       *mpi.SharedWindow
@@ -128,7 +147,7 @@ type engine struct {
 	// The ops of the last dispatch and of the one before it (refused ones
 	// included: every rank counts them alike).
 	lastDispatch, prevDispatch uint64
-	names                      opNames
+	names                      driver.OpNames
 }
 
 // spinWhenAlone is how long a wait spins before giving up the core when
@@ -140,16 +159,16 @@ const spinWhenAlone = 20 * time.Microsecond
 // the transport. Each mode owns its areas of the two memories and its
 // per-dispatch state.
 type mode interface {
-	send(d *Dispatch) error
-	wait(d *Dispatch) error
-	combineSend(c *Combine) error
-	combineWait(c *Combine) error
+	send(d *driver.Dispatch) error
+	wait(d *driver.Dispatch) error
+	combineSend(c *driver.Combine) error
+	combineWait(c *driver.Combine) error
 }
 
-func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) {
+func openEngine(comm *mpi.Comm, spec driver.Spec, b cpuBackend) (_ *engine, err error) {
 	net := b.network()
 	caps := net.caps()
-	e := &engine{spec: spec, tune: b.tune, names: newOpNames(spec.Mode)}
+	e := &engine{spec: spec, tune: b.tune, names: driver.NewOpNames(spec.Mode)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.Close()) // every rank fails at the same step: the frees stay collective
@@ -188,7 +207,7 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	switch {
 	case spec.LLRankMajor():
 		e.mode, modeErr = newLLRank(e, seg, win)
-	case spec.Mode == LowLatency:
+	case spec.Mode == driver.LowLatency:
 		e.mode, modeErr = newLL(e, seg, win)
 	default:
 		e.mode = newHT(e, seg, win)
@@ -207,12 +226,12 @@ func openEngine(comm *mpi.Comm, spec Spec, b cpuBackend) (_ *engine, err error) 
 	// Refuse what the node cannot give before allocating anything (the
 	// kernel would kill a rank half way, or MPI fail with MPI_ERR_INTERN),
 	// on every rank: a node that fits must not go on into the allocations.
-	f := Footprint{SharedPerRank: e.segSize, WindowPerRank: e.winSize, RanksPerNode: len(tr.nodeRanks)}
+	f := driver.Footprint{SharedPerRank: e.segSize, WindowPerRank: e.winSize, RanksPerNode: len(tr.nodeRanks)}
 	if t.Nodes > 1 {
 		f.CopiesPerRank = caps.copies * e.winSize
 	}
 	f.PerNode = f.RanksPerNode * f.PerRank()
-	if err := mpi.AgreeOnError(comm, errors.Join(modeErr, checkFits(spec, f, sysmem.Read(), R, t.Nodes, max(t.HostSize, f.RanksPerNode)))); err != nil {
+	if err := mpi.AgreeOnError(comm, errors.Join(modeErr, checkFits(spec, caps, b.tune, f, sysmem.Read(), R, t.Nodes, max(t.HostSize, f.RanksPerNode)))); err != nil {
 		return nil, err
 	}
 	if e.shm, err = t.NodeComm.AllocateShared(e.segSize); err != nil {
@@ -271,11 +290,11 @@ func (e *engine) reserve() {
 	}
 }
 
-func (e *engine) Placement() Placement {
-	return Placement{Node: e.node, Nodes: e.nodes, NodeOf: e.nodeOf}
+func (e *engine) Placement() driver.Placement {
+	return driver.Placement{Node: e.node, Nodes: e.nodes, NodeOf: e.nodeOf}
 }
 
-func (e *engine) Memory() Memory { return HostMemory }
+func (e *engine) Memory() driver.Memory { return driver.HostMemory }
 
 func (e *engine) BufferBytes() int { return e.segSize + e.winSize }
 
@@ -285,42 +304,42 @@ func (e *engine) Meter() ([]time.Duration, int64) { return e.t.waits, e.t.netByt
 // NetworkSent is, per rank, the bytes this rank put to it across nodes.
 func (e *engine) NetworkSent() []int64 { return e.t.netSent }
 
-func (e *engine) DispatchSend(d *Dispatch) error {
+func (e *engine) DispatchSend(d *driver.Dispatch) error {
 	k, back := callDispatch, uint64(0)
 	if d.From != nil {
 		k, back = callCached, d.Op-d.From.Op
 	}
 	e.t.begin(callWord(d.Op, k, 0, back))
 	e.prevDispatch, e.lastDispatch = e.lastDispatch, d.Op
-	err := e.outcome(d.Op, e.names.dispatch, e.mode.send(d))
+	err := e.outcome(d.Op, e.names.Dispatch, e.mode.send(d))
 	if err != nil {
 		e.t.end(d.Op)
 	}
 	return err
 }
 
-func (e *engine) DispatchWait(d *Dispatch) error {
-	err := e.outcome(d.Op, e.names.dispatch, e.mode.wait(d))
+func (e *engine) DispatchWait(d *driver.Dispatch) error {
+	err := e.outcome(d.Op, e.names.Dispatch, e.mode.wait(d))
 	e.t.end(d.Op)
 	return err
 }
 
-func (e *engine) CombineSend(c *Combine) error {
+func (e *engine) CombineSend(c *driver.Combine) error {
 	k := callCombine
 	if c.Release {
 		k = callRelease
 	}
 	e.t.begin(callWord(c.Op, k, 0, c.Op-c.Dispatch.Op))
-	err := e.outcome(c.Op, e.names.combine, e.mode.combineSend(c))
+	err := e.outcome(c.Op, e.names.Combine, e.mode.combineSend(c))
 	if err != nil {
 		e.t.end(c.Op)
 	}
 	return err
 }
 
-func (e *engine) CombineWait(c *Combine) error {
-	err := e.outcome(c.Op, e.names.combine, e.mode.combineWait(c))
-	if err == nil || errors.Is(err, ErrBadInput) && !driver.IsRefused(err) {
+func (e *engine) CombineWait(c *driver.Combine) error {
+	err := e.outcome(c.Op, e.names.Combine, e.mode.combineWait(c))
+	if err == nil || errors.Is(err, driver.ErrBadInput) && !driver.IsRefused(err) {
 		e.last[c.Dispatch.Set] = c.Op // the combine ran: its readers will release the buffers
 	}
 	e.t.end(c.Op)
@@ -330,15 +349,15 @@ func (e *engine) CombineWait(c *Combine) error {
 // Refuse takes part in a call this rank refused: its note, then every flag
 // of the call marked refused, so that the other ranks' same call fails at
 // once with this rank's reason.
-func (e *engine) Refuse(r *Refusal) error {
+func (e *engine) Refuse(r *driver.Refusal) error {
 	e.t.begin(callWord(r.Op, callRefused, 0, 0))
 	defer e.t.end(r.Op)
-	if r.Kind == CallDispatch {
+	if r.Kind == driver.CallDispatch {
 		e.prevDispatch, e.lastDispatch = e.lastDispatch, r.Op
 	}
-	op := e.names.dispatch
-	if r.Kind == CallCombine {
-		op = e.names.combine
+	op := e.names.Dispatch
+	if r.Kind == driver.CallCombine {
+		op = e.names.Combine
 	}
 	if err := e.t.writeNote(r.Op, r.Reason); err != nil {
 		return e.outcome(r.Op, op, err)
@@ -359,14 +378,14 @@ func (e *engine) outcome(q uint64, op string, err error) error {
 	if errors.As(err, &r) {
 		reason := e.t.note(r.origin, q) // before the rendezvous: the origin may write another note after it
 		if err = e.endRefused(op, q, r.origin); err == nil {
-			return &RefusedError{Op: op, Rank: r.origin, Reason: reason}
+			return &driver.RefusedError{Op: op, Rank: r.origin, Reason: reason}
 		}
 	}
 	var bp *brokenPeer
 	if errors.As(err, &bp) {
 		err = e.t.unusable(op, q, bp.peer)
 	}
-	if !errors.Is(err, ErrBadInput) && !errors.Is(err, ErrMasked) && !e.t.maskStalled {
+	if !errors.Is(err, driver.ErrBadInput) && !errors.Is(err, driver.ErrMasked) && !e.t.maskStalled {
 		e.t.breakGroup(err)
 	}
 	return err
@@ -422,18 +441,18 @@ func (e *engine) Close() error {
 }
 
 // hostTensor views n elements of T at off of this rank's segment.
-func hostTensor[T Scalar](e *engine, off, n int) Tensor[T] {
+func hostTensor[T driver.Scalar](e *engine, off, n int) driver.Tensor[T] {
 	if n == 0 {
-		return Host([]T{})
+		return driver.Host([]T{})
 	}
-	return Host(unsafe.Slice((*T)(e.t.lsa(e.t.me, off)), n))
+	return driver.Host(unsafe.Slice((*T)(e.t.lsa(e.t.me, off)), n))
 }
 
 // hostBytes is x's bytes as a slice (x is in host memory: the Group checked).
 // ptr is an address of shared, window or pinned memory.
 type ptr = unsafe.Pointer
 
-func hostBytes(x Tensor[byte]) []byte { return x.Host() }
+func hostBytes(x driver.Tensor[byte]) []byte { return x.Host() }
 
 // Masked is, per rank, whether this rank has masked it.
 func (e *engine) Masked() []bool { return e.t.masked }
@@ -490,7 +509,7 @@ func (e *engine) checkMasked(op string) error {
 	}
 	for _, r := range t.liveOthers {
 		if v := loadFlag(t.inboxOf(r, t.in.flagOff(flagYouAreMasked, 0, r))); v>>32 == t.epoch+1 && v&1 != 0 {
-			return fmt.Errorf("ep: %s: rank %d masked this rank: %w", op, r, ErrMasked)
+			return fmt.Errorf("ep: %s: rank %d masked this rank: %w", op, r, driver.ErrMasked)
 		}
 	}
 	return nil

@@ -1,4 +1,4 @@
-package ep
+package epcpu
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/internal/memorder"
 	"github.com/goep/goep/mpi"
 )
@@ -145,88 +146,13 @@ func describeCall(w uint64) string {
 	return s
 }
 
-// ErrMismatch is matched (errors.Is) by every *SequenceError, and by an
-// *UnusableError that one caused.
-var ErrMismatch = errors.New("ep: the ranks' calls no longer match")
-
-// SequenceError reports ranks whose calls no longer match: a rank skipped a
-// call, made one that the others did not, or made another kind of call (or
-// combined another handle) at the same place, so that no result of the call
-// could be paired across ranks. It is found by the rank whose wait it ends;
-// that rank says so to the others, whose calls fail with an *UnusableError
-// naming it. The group is unusable on every rank.
-type SequenceError struct {
-	Op     string // this rank's call, e.g. "ll dispatch"
-	Call   uint64 // its number in the group
-	Kind   string // what this rank's call is, e.g. "a dispatch"
-	Rank   int    // the rank whose call differs
-	Theirs string // what that rank is doing, e.g. "at call 9, a combine of the dispatch of call 8"
-}
-
-func (e *SequenceError) Error() string {
-	return fmt.Sprintf("ep: %s: the ranks' calls no longer match: this rank is at call %d, %s, and rank %d is %s: "+
-		"a rank skipped a call or made one that the others did not, after an error or a step of its own; "+
-		"no result of this call is returned, and the group is unusable: close it on every rank and make a new one",
-		e.Op, e.Call, e.Kind, e.Rank, e.Theirs)
-}
-
-// Is reports whether target is ErrMismatch.
-func (e *SequenceError) Is(target error) bool { return target == ErrMismatch }
-
-// UnusableError reports a call that failed because another rank found the
-// group unusable (its calls no longer matched this rank's, or a peer did
-// not arrive) and said so: Rank found it, and Reason is its error. The
-// group is unusable here too. It matches ErrMismatch or ErrTimeout
-// (errors.Is) as the error of that rank did.
-type UnusableError struct {
-	Op     string // this rank's call, e.g. "ll combine"
-	Call   uint64 // its number in the group
-	Rank   int    // the rank that found the group unusable
-	Reason string // its error
-	cause  error  // ErrMismatch, ErrTimeout or nil
-}
-
-func (e *UnusableError) Error() string {
-	return fmt.Sprintf("ep: %s: call %d failed: rank %d found the group unusable: %s", e.Op, e.Call, e.Rank, e.Reason)
-}
-
-// Is reports whether target is the cause of the origin's error.
-func (e *UnusableError) Is(target error) bool { return e.cause != nil && target == e.cause }
-
-// A Sequencer is an Engine that checks, in the exchanges its calls make,
-// that every rank makes the same calls (FeatureCallSequence), and tells
-// the other ranks when this one finds the group unusable.
-type Sequencer interface {
-	// Closing tells the other ranks that this rank is closing the group:
-	// a rank waiting for it in a call fails at once.
-	Closing()
-	// Broken is the error of a rank that has said the group is unusable
-	// (this one or another; nil if none has said so yet).
-	Broken() error
-}
-
-// Mark numbers a step of the caller's that makes no collective call (the C
-// and Python interfaces mark each handle they create, refused or not): the
-// group's next call takes a number one higher. A rank that took a step the
-// others did not (or skipped one) then has calls numbered differently from
-// theirs, which the engines of FeatureCallSequence find at the next call
-// that needs a flag of it: every rank fails with an error naming the rank
-// and the call, instead of pairing one rank's step with another's. Every
-// rank must mark the same steps in the same order between the same calls.
-// Not collective.
-func (g *Group[E]) Mark() {
-	if g != nil {
-		g.op++
-	}
-}
-
 // sequenceCause is what an error of a rank that found the group unusable
 // says about why, for the others' UnusableError.
 func sequenceCause(err error) byte {
 	switch {
-	case errors.Is(err, ErrMismatch):
+	case errors.Is(err, driver.ErrMismatch):
 		return 's'
-	case errors.Is(err, ErrTimeout):
+	case errors.Is(err, driver.ErrTimeout):
 		return 't'
 	}
 	return 'o'
@@ -235,9 +161,9 @@ func sequenceCause(err error) byte {
 func causeOf(b byte) error {
 	switch b {
 	case 's':
-		return ErrMismatch
+		return driver.ErrMismatch
 	case 't':
-		return ErrTimeout
+		return driver.ErrTimeout
 	}
 	return nil
 }
@@ -339,7 +265,7 @@ func (t *transport) sequenceError(op string, q uint64, p int, theirs string) err
 			kind += fmt.Sprintf(" of the dispatch of call %d", q-b)
 		}
 	}
-	return &SequenceError{Op: op, Call: q, Kind: kind, Rank: p, Theirs: theirs}
+	return &driver.SequenceError{Op: op, Call: q, Kind: kind, Rank: p, Theirs: theirs}
 }
 
 // brokenPeer is what a wait returns when the rank that should raise a flag
@@ -365,7 +291,7 @@ func (t *transport) breakGroup(err error) {
 	}
 	t.broken = err
 	origin, cause, reason := t.me, sequenceCause(err), err.Error()
-	var ue *UnusableError
+	var ue *driver.UnusableError
 	if errors.As(err, &ue) {
 		origin, reason = ue.Rank, ue.Reason
 	}
@@ -384,22 +310,22 @@ func (t *transport) breakGroup(err error) {
 // said the group is unusable: its note says who found it and why (across
 // nodes it may come after the abort word that said so from a third rank:
 // the wait for it is bounded by the timeout).
-func (t *transport) unusable(op string, q uint64, p int) *UnusableError {
+func (t *transport) unusable(op string, q uint64, p int) *driver.UnusableError {
 	b := t.noteBytes(p)
 	start := time.Now()
 	for binary.LittleEndian.Uint64(b) != brokenMark {
 		if t.net == nil || time.Since(start) > t.timeout {
-			return &UnusableError{Op: op, Call: q, Rank: p, Reason: fmt.Sprintf("(rank %d's reason did not arrive within %v)", p, t.timeout)}
+			return &driver.UnusableError{Op: op, Call: q, Rank: p, Reason: fmt.Sprintf("(rank %d's reason did not arrive within %v)", p, t.timeout)}
 		}
 		if err := t.net.Progress(); err != nil {
-			return &UnusableError{Op: op, Call: q, Rank: p, Reason: fmt.Sprintf("(rank %d's reason did not arrive: %v)", p, err)}
+			return &driver.UnusableError{Op: op, Call: q, Rank: p, Reason: fmt.Sprintf("(rank %d's reason did not arrive: %v)", p, err)}
 		}
 	}
 	reason := b[16:]
 	if i := bytes.IndexByte(reason, 0); i >= 0 {
 		reason = reason[:i]
 	}
-	return &UnusableError{Op: op, Call: q, Rank: int(int32(binary.LittleEndian.Uint32(b[12:]))), Reason: string(reason), cause: causeOf(b[8])}
+	return &driver.UnusableError{Op: op, Call: q, Rank: int(int32(binary.LittleEndian.Uint32(b[12:]))), Reason: string(reason), Cause: causeOf(b[8])}
 }
 
 // peerBroken is the error of a rank that said the group is unusable, if

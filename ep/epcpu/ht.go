@@ -1,9 +1,10 @@
-package ep
+package epcpu
 
 import (
 	"slices"
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
 )
@@ -141,9 +142,9 @@ func (m *htMode) inPlace(n int, st *htState) bool {
 }
 
 // htDims is an htMode of R ranks on nodes nodes with its sizes only.
-func htDims(s Spec, R, nodes int, tune tuning) *htMode {
+func htDims(s driver.Spec, R, nodes int, tune tuning) *htMode {
 	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
-		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.MaxRecv(R), wire: hostrows.NewRowFormat(s), global: s.RecvIDs == GlobalExpertIDs,
+		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.MaxRecv(R), wire: hostrows.NewRowFormat(s), global: s.RecvIDs == driver.GlobalExpertIDs,
 		em: s.HTExpertMajor(), align: s.Alignment()}
 }
 
@@ -236,7 +237,7 @@ func (m *htMode) stride() int {
 	return m.R + m.nodes
 }
 
-func (m *htMode) state(d *Dispatch) *htState {
+func (m *htMode) state(d *driver.Dispatch) *htState {
 	st, ok := d.State.(*htState)
 	if !ok {
 		st = &htState{}
@@ -262,7 +263,7 @@ func (m *htMode) state(d *Dispatch) *htState {
 
 // newState is a dispatch's state, sized for any routing (StateMaker).
 func (m *htMode) newState() any {
-	d := &Dispatch{}
+	d := &driver.Dispatch{}
 	st := m.state(d)
 	st.next = make([]int32, m.R*m.L)
 	return st
@@ -294,9 +295,9 @@ func (m *htMode) listsFor() [][]int32 {
 	return m.lists
 }
 
-func (m *htMode) send(d *Dispatch) error {
+func (m *htMode) send(d *driver.Dispatch) error {
 	e, t := m.e, &m.e.t
-	op := e.names.dispatch
+	op := e.names.Dispatch
 	q, me, rt := d.Op, t.me, d.Route
 	st := m.state(d)
 	st.cached = d.From != nil
@@ -368,7 +369,7 @@ func (m *htMode) send(d *Dispatch) error {
 
 // exchangeCounts shares this rank's tokens per rank and per node, gathers
 // every rank's, and derives the row offsets.
-func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing, topk []int32) error {
+func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *driver.Routing, topk []int32) error {
 	t := &m.e.t
 	me, R, stride := t.me, m.R, m.stride()
 	m.mine = append(append(m.mine[:0], rt.PerRank...), rt.PerNode...)
@@ -400,7 +401,7 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *Routing, t
 		if total <= m.maxRecv {
 			continue
 		}
-		if m.e.spec.Overflow != OverflowDrop {
+		if m.e.spec.Overflow != driver.OverflowDrop {
 			// Every rank sees the same matrix and fails the same way,
 			// before anything is written.
 			return inputErrorf(op, "rank %d would receive %d rows, more than MaxRecvTokensPerRank = %d", dst, total, m.maxRecv)
@@ -447,9 +448,9 @@ const htChunk = 256
 // the staged order of the rail peer there: the token order) and sends each
 // rail peer its rows chunk by chunk, then their tokens, global top-k ids
 // and weights, and raises its staged flag.
-func (m *htMode) sendAcross(d *Dispatch) error {
+func (m *htMode) sendAcross(d *driver.Dispatch) error {
 	t := &m.e.t
-	op := m.e.names.dispatch
+	op := m.e.names.Dispatch
 	rt, K, M := d.Route, m.K, m.M
 	st := d.State.(*htState)
 	t0 := t.clock()
@@ -548,9 +549,9 @@ func (m *htMode) sendAcross(d *Dispatch) error {
 	return nil
 }
 
-func (m *htMode) wait(d *Dispatch) error {
+func (m *htMode) wait(d *driver.Dispatch) error {
 	e, t := m.e, &m.e.t
-	op := e.names.dispatch
+	op := e.names.Dispatch
 	q, me, K := d.Op, t.me, m.K
 	st := d.State.(*htState)
 	for i := range m.senders {
@@ -580,7 +581,7 @@ func (m *htMode) wait(d *Dispatch) error {
 	for s := 0; s < m.R; s++ {
 		st.source[s] = st.recvOff[s+1] - st.recvOff[s]
 	}
-	d.Recv = Received{
+	d.Recv = driver.Received{
 		Rows:         hostTensor[byte](e, m.recv.Rows.Off, m.recv.Rows.Len(n)),
 		Outputs:      hostTensor[byte](e, m.comb.Off, m.comb.Len(n)),
 		Weights:      hostTensor[float32](e, m.w.Off, n*K),
@@ -600,7 +601,7 @@ func (m *htMode) wait(d *Dispatch) error {
 // forward waits, as a rail peer, for the tokens its i-th sender staged here
 // and forwards them into the ranks of this node that own their experts,
 // raising their data flags on the sender's behalf.
-func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
+func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) error {
 	t := &m.e.t
 	K, M, stride := m.K, m.M, m.stride()
 	s, slot := m.senders[i].rank, m.senders[i].slot
@@ -658,7 +659,7 @@ func (m *htMode) forward(op string, d *Dispatch, st *htState, i int) error {
 // drop takes this rank's tokens to rank dst after its first kept ones out
 // of the routing (they are not sent), listing their slots whose experts
 // dst owns as dropped.
-func (m *htMode) drop(st *htState, rt *Routing, topk []int32, dst, kept int) {
+func (m *htMode) drop(st *htState, rt *driver.Routing, topk []int32, dst, kept int) {
 	for tk := 0; tk < rt.T; tk++ {
 		o := &rt.TokRankOrd[tk*m.R+dst]
 		if int(*o) < kept {
@@ -677,7 +678,7 @@ func (m *htMode) drop(st *htState, rt *Routing, topk []int32, dst, kept int) {
 
 // renumberNodes recomputes, after drops, which tokens go to each node (those
 // that some rank there still gets) and their places there.
-func (m *htMode) renumberNodes(rt *Routing) {
+func (m *htMode) renumberNodes(rt *driver.Routing) {
 	clear(rt.PerNode)
 	for tk := 0; tk < rt.T; tk++ {
 		for n := 0; n < m.nodes; n++ {
@@ -756,21 +757,21 @@ func (st *htState) copyFrom(src *htState) {
 	}
 }
 
-func (m *htMode) combineSend(c *Combine) error {
+func (m *htMode) combineSend(c *driver.Combine) error {
 	e, t := m.e, &m.e.t
 	d := c.Dispatch
-	if err := t.awaitReaders(e.names.combine, 0, e.last[0]); err != nil {
+	if err := t.awaitReaders(e.names.Combine, 0, e.last[0]); err != nil {
 		return err
 	}
 	// The last combine's sums may still be leaving from these buffers.
-	if err := t.awaitSent(e.names.combine, m.sentSums); err != nil {
+	if err := t.awaitSent(e.names.Combine, m.sentSums); err != nil {
 		return err
 	}
 	ysrc := ySrcComb
 	switch c.YIn {
-	case YInRows:
+	case driver.YInRows:
 		ysrc = ySrcRecv
-	case YElsewhere:
+	case driver.YElsewhere:
 		copy(hostBytes(d.Recv.Outputs), hostBytes(c.Y))
 	}
 	if !c.RowValues.IsZero() {
@@ -784,9 +785,9 @@ func (m *htMode) combineSend(c *Combine) error {
 	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op, uint32(ysrc), nil)
 }
 
-func (m *htMode) combineWait(c *Combine) error {
+func (m *htMode) combineWait(c *driver.Combine) error {
 	e, t := m.e, &m.e.t
-	op := e.names.combine
+	op := e.names.Combine
 	d := c.Dispatch
 	st := d.State.(*htState)
 	rt, R, K, M := d.Route, m.R, m.K, m.M
@@ -862,7 +863,7 @@ func (m *htMode) combineWait(c *Combine) error {
 // sum this node's partials of the tokens forwarded for it into the
 // segment and send the sums back from there; then wait for the sums of
 // this rank's tokens from the other nodes.
-func (m *htMode) returnSums(op string, c *Combine, st *htState, area []int, withValues bool) error {
+func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []int, withValues bool) error {
 	t := &m.e.t
 	K, M := m.K, m.M
 	if err := t.awaitSent(op, m.sentSums); err != nil { // the last sums have left

@@ -1,8 +1,9 @@
-package ep
+package epcpu
 
 import (
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/internal/dtype"
 )
 
@@ -30,7 +31,7 @@ func (m *llMode) canGoDirect() bool {
 // weight into its slot at the expert's owner, then the data flag, carrying
 // the counts, at every rank. st.pos, the pairs' order in the staging of
 // other nodes, stays unset: there are none.
-func (m *llMode) sendDirect(d *Dispatch, st *llState) error {
+func (m *llMode) sendDirect(d *driver.Dispatch, st *llState) error {
 	t := &m.e.t
 	b, me, rt, K, rb := d.Set, t.me, d.Route, m.K, m.rowBytes
 	st.dropped, st.complete = st.dropped[:0], false

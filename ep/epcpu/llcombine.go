@@ -1,6 +1,9 @@
-package ep
+package epcpu
 
-import "github.com/goep/goep/ep/internal/hostrows"
+import (
+	"github.com/goep/goep/ep/driver"
+	"github.com/goep/goep/ep/internal/hostrows"
+)
 
 // llCombineWire is how LL's combine carries the expert outputs back to
 // their token ranks, as RowFormat is how the dispatch carries the rows
@@ -20,11 +23,11 @@ type llCombineWire interface {
 	// (at pos of the staged rows, where owner is on another node).
 	source(t *transport, tab *hostrows.ReduceTables, n, owner, b int, area hostrows.Region, row, pos int, cstage hostrows.Region)
 	// reduce sums each token's pairs of tab into out, [T][H] of elem.
-	reduce(tab *hostrows.ReduceTables, out ptr, elem DType, T, H int)
+	reduce(tab *hostrows.ReduceTables, out ptr, elem driver.DType, T, H int)
 }
 
 // newLLCombineWire is the format of s's LL combines.
-func newLLCombineWire(s Spec) llCombineWire {
+func newLLCombineWire(s driver.Spec) llCombineWire {
 	if s.CombineWire.FP8() {
 		return &fp8Combine{hidden: s.Hidden, elem: s.Elem, wire: s.CombineWire}
 	}
@@ -45,7 +48,7 @@ func (nativeCombine) source(t *transport, tab *hostrows.ReduceTables, n, owner, 
 	tab.Src[n] = t.exposed(owner, area.At(row), cstage.At(pos))
 }
 
-func (nativeCombine) reduce(tab *hostrows.ReduceTables, out ptr, elem DType, T, H int) {
+func (nativeCombine) reduce(tab *hostrows.ReduceTables, out ptr, elem driver.DType, T, H int) {
 	tab.Reduce(out, elem, T, H, elem)
 }
 
@@ -54,8 +57,8 @@ func (nativeCombine) reduce(tab *hostrows.ReduceTables, out ptr, elem DType, T, 
 // [M*K] staged by other nodes); the token rank sums them dequantized.
 type fp8Combine struct {
 	hidden        int
-	elem          DType
-	wire          WireFormat
+	elem          driver.DType
+	wire          driver.WireFormat
 	codes, staged [2]hostrows.RowArea
 	cast          hostrows.CastQueue
 }
@@ -81,6 +84,6 @@ func (f *fp8Combine) source(t *transport, tab *hostrows.ReduceTables, n, owner, 
 	tab.Scl[n] = t.exposed(owner, f.codes[b].Side.At(row), f.staged[b].Side.At(pos))
 }
 
-func (f *fp8Combine) reduce(tab *hostrows.ReduceTables, out ptr, elem DType, T, H int) {
+func (f *fp8Combine) reduce(tab *hostrows.ReduceTables, out ptr, elem driver.DType, T, H int) {
 	tab.ReduceFP8(out, elem, T, H)
 }
