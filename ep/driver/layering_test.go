@@ -26,9 +26,10 @@ func TestLayering(t *testing.T) {
 		{"driver", []string{mod + "ep", mod + "ep/", mod + "gpu/"}},
 		{"alltoallv", []string{mod + "ep", mod + "ep/epcpu", mod + "ep/epgpu", mod + "gpu/"}},
 		{"epcpu", []string{mod + "ep", mod + "ep/alltoallv", mod + "ep/epgpu", mod + "gpu/"}},
+		{"epgpu", []string{mod + "ep", mod + "ep/alltoallv", mod + "ep/epcpu"}},
 		{"internal/hostrows", []string{mod + "ep", mod + "ep/alltoallv", mod + "ep/epcpu", mod + "ep/epgpu", mod + "gpu/"}},
 	} {
-		for _, tags := range [][]string{nil, {"mpi"}} {
+		for _, tags := range [][]string{nil, {"mpi"}, {"gpu", "mpi"}} {
 			ctx := build.Default
 			ctx.BuildTags = tags
 			pkg, err := ctx.ImportDir(filepath.Join(epDir, c.dir), 0)
