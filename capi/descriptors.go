@@ -33,7 +33,7 @@ func newCMemory(raw []byte, n int) *cMemory {
 
 func (m *cMemory) free() { C.free(m.p) }
 
-// descTensor is a goepEpTensor_t of raw bytes whose sizes point at dims
+// descTensor is a goepEpTensor_t of raw bytes (win_hdl NULL) whose sizes point at dims
 // (NULL when dims is nil) and whose data at a zeroed buffer of dataBytes
 // (NULL when 0): a descriptor can claim more than the buffer holds, and the
 // checks cannot know; the fuzz target reads nothing through it.
@@ -45,7 +45,7 @@ type descTensor struct {
 func newDescTensor(raw []byte, dims []uint64, dataBytes int) *descTensor {
 	d := &descTensor{mem: newCMemory(raw, int(C.sizeof_goepEpTensor_t))}
 	d.t = (*C.goepEpTensor_t)(d.mem.p)
-	d.t.sizes, d.t.data = nil, nil
+	d.t.sizes, d.t.data, d.t.win_hdl = nil, nil, nil
 	if dims != nil {
 		d.s = newCMemory(nil, 8*len(dims))
 		copy(unsafe.Slice((*uint64)(d.s.p), len(dims)), dims)
@@ -109,7 +109,7 @@ func (d *descStruct) check(kind, nranks, nnodes int) (C.goepEpResult_t, error) {
 	switch kind {
 	case descGroupConfig:
 		cfg := (*C.goepEpGroupConfig_t)(d.mem.p)
-		if _, err := readGroupConfig(cfg); err != nil {
+		if _, err := readGroupConfig(cfg, nil); err != nil {
 			return 0, err
 		}
 		info := (*C.goepEpMemInfo_t)(C.calloc(1, C.sizeof_goepEpMemInfo_t))

@@ -31,11 +31,19 @@ func goepEpGetVersion(version *C.int) C.goepEpResult_t {
 //export goepEpBufferPlan
 func goepEpBufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes C.int, info *C.goepEpMemInfo_t) C.goepEpResult_t {
 	return guard("goepEpBufferPlan", func() error {
-		return bufferPlan(config, int(nranks), int(nnodes), info)
+		return bufferPlan(config, nil, int(nranks), int(nnodes), info)
 	})
 }
 
-func bufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes int, info *C.goepEpMemInfo_t) error {
+//export goepEpBufferPlanWithOptions
+func goepEpBufferPlanWithOptions(config *C.goepEpGroupConfig_t, options *C.goepEpGroupOptions_t, nranks, nnodes C.int,
+	info *C.goepEpMemInfo_t) C.goepEpResult_t {
+	return guard("goepEpBufferPlanWithOptions", func() error {
+		return bufferPlan(config, options, int(nranks), int(nnodes), info)
+	})
+}
+
+func bufferPlan(config *C.goepEpGroupConfig_t, options *C.goepEpGroupOptions_t, nranks, nnodes int, info *C.goepEpMemInfo_t) error {
 	if info == nil {
 		return invalidArgf("info is NULL")
 	}
@@ -43,7 +51,7 @@ func bufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes int, info *C.goepE
 		C.GOEP_EP_MAGIC, "GOEP_EP_MEM_INFO_INIT"); err != nil {
 		return err
 	}
-	gc, err := readGroupConfig(config)
+	gc, err := readGroupConfig(config, options)
 	if err != nil {
 		return err
 	}
@@ -68,17 +76,25 @@ func bufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes int, info *C.goepE
 
 //export goepEpCreateGroup
 func goepEpCreateGroup(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupConfig_t) C.goepEpResult_t {
-	return guard("goepEpCreateGroup", func() error {
-		if group == nil {
-			return invalidArgf("group is NULL")
-		}
-		g, err := newGroup(comm, config)
-		if err != nil {
-			return err
-		}
-		*group = C.goep_ep_group_of(C.uint64_t(addGroup(g)))
-		return nil
-	})
+	return guard("goepEpCreateGroup", func() error { return createGroup(group, comm, config, nil) })
+}
+
+//export goepEpCreateGroupWithOptions
+func goepEpCreateGroupWithOptions(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupConfig_t,
+	options *C.goepEpGroupOptions_t) C.goepEpResult_t {
+	return guard("goepEpCreateGroupWithOptions", func() error { return createGroup(group, comm, config, options) })
+}
+
+func createGroup(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupConfig_t, options *C.goepEpGroupOptions_t) error {
+	if group == nil {
+		return invalidArgf("group is NULL")
+	}
+	g, err := newGroup(comm, config, options)
+	if err != nil {
+		return err
+	}
+	*group = C.goep_ep_group_of(C.uint64_t(addGroup(g)))
+	return nil
 }
 
 //export goepEpGroupDestroy

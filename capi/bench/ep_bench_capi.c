@@ -50,7 +50,7 @@ static void stats(double* us, int n, double* median, double* minimum) {
     *median = all[0], *minimum = all[1];
 }
 
-static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, const size_t* dims) {
+static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, size_t* dims) {
     goepEpTensor_t t = GOEP_EP_TENSOR_INIT;
     t.datatype = d, t.data = data, t.ndim = ndim, t.sizes = dims;
     return t;
@@ -84,7 +84,6 @@ int main(int argc, char** argv) {
     cfg.max_dispatch_tokens_per_rank = T;
     cfg.max_token_bytes = 2 * H;
     cfg.num_topk = K;
-    cfg.datatype = goepEpBfloat16;
     goepEpGroup_t group;
     CHECK(goepEpCreateGroup(&group, MPI_COMM_WORLD, &cfg));
 

@@ -65,12 +65,11 @@ static goepEpGroupConfig_t config(goepEpAlgorithm_t algo) {
     c.max_dispatch_tokens_per_rank = MAXT;
     c.max_token_bytes = H * 2;
     c.num_topk = K;
-    c.datatype = goepEpBfloat16;
     c.timeout_ns = 20ull * 1000 * 1000 * 1000;
     return c;
 }
 
-static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, const size_t* dims) {
+static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, size_t* dims) {
     goepEpTensor_t t = GOEP_EP_TENSOR_INIT;
     t.datatype = d, t.data = data, t.ndim = ndim, t.sizes = dims;
     return t;
@@ -110,6 +109,12 @@ static void fill(uint16_t* p, size_t n) {
     for (size_t i = 0; i < n; i++) p[i] = SENTINEL;
 }
 
+static goepEpAllocResult_t test_alloc(void** p, size_t n, void* ctx) {
+    (void)ctx;
+    *p = malloc(n);
+    return *p ? 0 : 2;
+}
+
 static void test_group_config(void) {
     goepEpGroup_t g;
     goepEpGroupConfig_t c = config(GOEP_EP_ALGO_LOW_LATENCY);
@@ -117,14 +122,46 @@ static void test_group_config(void) {
     EXPECT_RC(goepEpCreateGroup(NULL, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "group is NULL");
     c.magic = 0xdeadbeef;
     EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "magic 0xdeadbeef");
-    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.size = 40;
-    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "has size 40, want at least 56");
+    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.size = 88;
+    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "has size 88, want at least 96");
+    /* A version-1 config (NCCL EP's first 96 bytes) has no num_topk, which goep needs. */
+    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.size = GOEP_EP_GROUP_CONFIG_V1_SIZE, c.version = 1;
+    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.num_topk = 0");
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.version = 0;
     EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.version = 0");
     c.version = GOEP_EP_API_VERSION + 1;
     EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "newer API");
-    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.datatype = goepEpInt8;
-    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.datatype = int8");
+    /* The fields a CPU has no use for are accepted (the groups below are made with them); zero copy,
+     * an unpaired allocator and unknown enum values are refused by name. */
+    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.zero_copy = GOEP_EP_ZERO_COPY_ON;
+    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidUsage, "config.zero_copy = GOEP_EP_ZERO_COPY_ON");
+    c.zero_copy = 3;
+    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.zero_copy = 3");
+    c = config(GOEP_EP_ALGO_HIGH_THROUGHPUT), c.overflow_policy = 3;
+    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.overflow_policy = 3");
+    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.overflow_policy = GOEP_EP_OVERFLOW_DROP;
+    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "is for HighThroughput groups");
+    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.alloc.alloc_fn = test_alloc;
+    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.alloc: alloc_fn and free_fn go together");
+
+    /* goep's options. */
+    goepEpGroupOptions_t o = GOEP_EP_GROUP_OPTIONS_INIT;
+    c = config(GOEP_EP_ALGO_LOW_LATENCY), o.token_datatype = goepEpInt32;
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument,
+              "options.token_datatype = int32");
+    o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.magic = 7;
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument, "GOEP_EP_GROUP_OPTIONS_INIT");
+    o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.backend = "no-such-engine";
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument,
+              "options.backend = \"no-such-engine\": ep: backend \"no-such-engine\" is not registered: want one of alltoallv");
+    o.backend = "alltoallv"; /* no call sequence checks: the C interface's contract needs them */
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidUsage, "which alltoallv does not declare");
+    o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.combine_quant = GOEP_EP_COMB_QUANT_NVFP4;
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidUsage, "GOEP_EP_COMB_QUANT_NVFP4");
+    o.combine_quant = GOEP_EP_COMB_QUANT_FP8;
+    c = config(GOEP_EP_ALGO_HIGH_THROUGHPUT);
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument, "is for LowLatency groups");
+    c = config(GOEP_EP_ALGO_LOW_LATENCY);
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.num_topk = 0;
     EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.num_topk = 0");
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.max_token_bytes = 2 * H + 1;
@@ -140,6 +177,14 @@ static void test_group_config(void) {
 
     goepEpMemInfo_t info = GOEP_EP_MEM_INFO_INIT;
     OK(goepEpBufferPlan(&c, 4, 2, &info));
+    goepEpMemInfo_t info32 = GOEP_EP_MEM_INFO_INIT;
+    o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.token_datatype = goepEpFloat32;
+    c.max_token_bytes = 4 * H;
+    OK(goepEpBufferPlanWithOptions(&c, &o, 4, 2, &info32));
+    c.max_token_bytes = 2 * H;
+    /* The same hidden in float32 rows: a larger plan, computed from the options' token type. */
+    EXPECT(info32.shared_per_rank > info.shared_per_rank, "float32 rows: shared %llu, bfloat16 rows: %llu",
+           (unsigned long long)info32.shared_per_rank, (unsigned long long)info.shared_per_rank);
     EXPECT(info.shared_per_rank > 0 && info.window_per_rank > 0 && info.ranks_per_node == 2 &&
                info.per_node >= 2 * info.shared_per_rank,
            "goepEpBufferPlan(4 ranks, 2 nodes): shared %llu, window %llu, ranks per node %u, per node %llu",
@@ -233,6 +278,10 @@ static void test_handles_and_ll_dispatch(void) {
               "inputs->tokens has datatype float32, want bfloat16");
     x_bad = in.x_t, x_bad.data = (char*)in.x + 1;
     EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, NULL), goepEpInvalidArgument, "is not aligned");
+    x_bad = in.x_t, x_bad.win_hdl = (goepEpWindow_t)(uintptr_t)0x1000;
+    EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, NULL), goepEpInvalidUsage, "inputs->tokens has a win_hdl");
+    x_bad = in.x_t, x_bad.win_offset = 64;
+    EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, NULL), goepEpInvalidArgument, "inputs->tokens has win_offset = 64 without a window");
     din.tokens = NULL;
     EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, NULL), goepEpInvalidArgument, "inputs->tokens is required");
     din.tokens = &in.x_t;
@@ -258,6 +307,11 @@ static void test_handles_and_ll_dispatch(void) {
     goepEpDispatchConfig_t dc = GOEP_EP_DISPATCH_CONFIG_INIT;
     dc.round_scales = 1;
     EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, &dc), goepEpInvalidUsage, "round_scales");
+    dc = (goepEpDispatchConfig_t)GOEP_EP_DISPATCH_CONFIG_INIT, dc.quant_recipe = GOEP_EP_DISP_QUANT_DS_FP8E3M4;
+    EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, &dc), goepEpInvalidUsage, "config.quant_recipe = 2");
+    /* A version-1 config (20 bytes, no quant_recipe) is read without the field it lacks. */
+    dc.size = GOEP_EP_DISPATCH_CONFIG_V1_SIZE, dc.round_scales = 1;
+    EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, &dc), goepEpInvalidUsage, "config.round_scales = 1");
     dc = (goepEpDispatchConfig_t)GOEP_EP_DISPATCH_CONFIG_INIT, dc.magic = 1;
     EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, &dc), goepEpInvalidArgument, "GOEP_EP_DISPATCH_CONFIG_INIT");
     EXPECT(all_sentinel(recv, E_PER_RANK * rows * H), "a refused dispatch wrote into outputs->tokens");
@@ -286,6 +340,12 @@ static void test_handles_and_ll_dispatch(void) {
     cin.topk_weights = &tw_in;
     EXPECT_RC(goepEpCombine(h, &cin, &cout, NULL), goepEpInvalidArgument, "inputs->topk_weights is for HT combines");
     cin.topk_weights = NULL;
+    cin.scales = &in.w_t;
+    EXPECT_RC(goepEpCombine(h, &cin, &cout, NULL), goepEpInvalidUsage, "inputs->scales must be NULL");
+    cin.scales = NULL;
+    goepEpCombineConfig_t cc = GOEP_EP_COMBINE_CONFIG_INIT;
+    cc.quant_recipe = GOEP_EP_COMB_QUANT_FP8;
+    EXPECT_RC(goepEpCombine(h, &cin, &cout, &cc), goepEpInvalidUsage, "the group's combine format is 0x0");
     EXPECT(all_sentinel(out, (size_t)in.T * H), "a refused combine wrote into outputs->tokens");
     OK(goepEpCombine(h, &cin, &cout, NULL));
     for (int t = 0; t < in.T; t++)

@@ -58,7 +58,7 @@ enum { H = 16, K = 2, E_PER_RANK = 4, MAXT = 6 };
 
 static ref_shape_t shape(void) { return (ref_shape_t){n_ranks, E_PER_RANK * n_ranks, E_PER_RANK, K, H, MAXT}; }
 
-static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, const size_t* dims) {
+static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, size_t* dims) {
     goepEpTensor_t t = GOEP_EP_TENSOR_INIT;
     t.datatype = d, t.data = data, t.ndim = ndim, t.sizes = dims;
     return t;
@@ -91,7 +91,6 @@ static void open_steps(steps_t* st, int ll, uint64_t timeout_ns) {
     c.max_dispatch_tokens_per_rank = MAXT;
     c.max_token_bytes = H * 2;
     c.num_topk = K;
-    c.datatype = goepEpBfloat16;
     c.timeout_ns = timeout_ns;
     OK(goepEpCreateGroup(&st->g, MPI_COMM_WORLD, &c));
     st->T = num_tokens_of(&s, my_rank);
