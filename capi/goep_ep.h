@@ -11,10 +11,11 @@
  *
  *   MPI_Init_thread(...)                       the program's; goep never initialises MPI
  *   goepEpCreateGroup(&group, comm, &config)   collective over comm
- *   goepEpCreateHandle(&handle, group, layout, &topk_idx, NULL, NULL)   per step, local
- *   goepEpDispatch(handle, &in, &out, &layout_info, NULL)              collective
+ *   goepEpCreateHandle(&handle, group, layout, &topk_idx, NULL, NULL, NULL)   per step, local
+ *     (or once goepEpInitHandle, then per step goepEpUpdateHandle(handle, &topk_idx, NULL, NULL))
+ *   goepEpDispatch(handle, &in, &out, &layout_info, NULL, NULL)              collective
  *   ... the experts run on the received rows ...
- *   goepEpCombine(handle, &expert_out, &combined, NULL)                 collective
+ *   goepEpCombine(handle, &expert_out, &combined, NULL, NULL)                 collective
  *   goepEpHandleDestroy(handle)
  *   goepEpGroupDestroy(group)                  collective
  *   MPI_Finalize()                             the program's
@@ -23,10 +24,18 @@
  *
  *   - Every tensor is a descriptor (goepEpTensor_t) of the caller's host
  *     memory: a data pointer, an element type and a shape. The caller owns
- *     the memory, the descriptor and its `sizes` array; the library keeps no
- *     pointer to any of them after the call returns, except that a
- *     send-only call (send_only = 1) reads its inputs and writes its outputs
- *     until goepEpComplete returns: they must stay valid until then.
+ *     the memory, the descriptor and its `sizes` array (goepEpTensorAlloc
+ *     makes a descriptor with its sizes in one allocation, freed by
+ *     goepEpTensorDestroy); the library keeps no pointer to any of them
+ *     after the call returns, except that a send-only call (send_only = 1)
+ *     reads its inputs and writes its outputs until goepEpComplete returns,
+ *     and a handle keeps its handle_mem (goepEpInitHandle) until it is
+ *     destroyed: they must stay valid until then.
+ *   - Streams (goepEpStream_t, the type of CUDA's cudaStream_t) are
+ *     accepted and never dereferenced: pass NULL, or the program's stream.
+ *     Every call runs on the calling thread and is finished (its outputs
+ *     written, or the sending half done with send_only) when it returns,
+ *     so whatever order a stream stands for is already kept.
  *   - Descriptors are checked before anything is read or written: size and
  *     magic, element type, number of dimensions and every extent against the
  *     group's configuration; a bad one is goepEpInvalidArgument naming it,
@@ -261,11 +270,18 @@ typedef enum {
 /* A window handle (ncclWindow_t). goep has none: only NULL is accepted. */
 typedef struct goepEpWindow* goepEpWindow_t;
 
+/* A stream: the very type of CUDA's cudaStream_t, so that a program's stream passes unchanged. Accepted
+ * and never dereferenced (see "Streams" above): NULL is the usual value. */
+typedef struct CUstream_st* goepEpStream_t;
+
 /* A tensor: `ndim` extents in `sizes` (row-major, the last one contiguous) of `datatype` elements at
  * `data`, in the caller's host memory. Neither the memory nor `sizes` is copied or kept (but see
  * send_only). `data` may be NULL only when the tensor has no elements, and must be aligned to its
- * element size. win_hdl must be NULL and win_offset 0 (goep has no windows). */
+ * element size. win_hdl must be NULL and win_offset 0 (goep has no windows). A descriptor initialised with
+ * GOEP_EP_TENSOR_INIT carries GOEP_EP_TENSOR_MAGIC; one made by goepEpTensorAlloc carries
+ * GOEP_EP_TENSOR_MAGIC_ALLOC. */
 #define GOEP_EP_TENSOR_MAGIC 0x60E97E50u
+#define GOEP_EP_TENSOR_MAGIC_ALLOC 0x60E97E51u
 typedef struct goepEpTensor {
     unsigned int size;  /* sizeof(goepEpTensor_t) */
     unsigned int magic; /* GOEP_EP_TENSOR_MAGIC */
@@ -587,6 +603,17 @@ GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpMemInfo_t, GOEP_EP_MEM_INFO, 1);
 /* The library's GOEP_EP_VERSION_CODE (compare with the header's). */
 goepEpResult_t goepEpGetVersion(int* version);
 
+/* Make a descriptor of ndim extents (copied from sizes) of datatype, its sizes array in the same
+ * allocation: *tensor has data NULL (set it to the caller's memory) and magic GOEP_EP_TENSOR_MAGIC_ALLOC.
+ * config may be NULL. Free it with goepEpTensorDestroy; the memory it describes stays the caller's. */
+goepEpResult_t goepEpTensorAlloc(goepEpTensor_t** tensor, unsigned int ndim, goepEpDataType_t datatype,
+                                 const size_t* sizes, const goepEpTensorAllocConfig_t* config);
+
+/* Free a descriptor made by goepEpTensorAlloc (not the memory it describes). NULL is accepted; any other
+ * pointer (a descriptor of the caller's, one already freed) is refused with goepEpInvalidArgument, never
+ * read or freed. */
+goepEpResult_t goepEpTensorDestroy(goepEpTensor_t* tensor);
+
 /* Create a group over the ranks of comm (collective over them, with the same config on every rank), with
  * goep's default options (goepEpCreateGroupWithOptions). comm stays the caller's: the group works on a
  * duplicate of it and the caller may free comm once goepEpCreateGroup returns. MPI must be initialised;
@@ -598,20 +625,38 @@ goepEpResult_t goepEpCreateGroup(goepEpGroup_t* group, MPI_Comm comm, const goep
  * within timeout_ns, it returns goepEpTimeout naming that rank, frees nothing, and may be called again. */
 goepEpResult_t goepEpGroupDestroy(goepEpGroup_t group);
 
-/* The host bytes a handle of this layout and top-k holds at most (its copy of the routing). */
+/* The host bytes a handle of this layout and top-k holds at most (its copy of the routing): what
+ * goepEpInitHandle's handle_mem needs. num_topk is the group's, or 0 or -1. */
 goepEpResult_t goepEpHandleMemSize(goepEpGroup_t group, goepEpLayout_t layout, const goepEpHandleConfig_t* config,
                                    size_t* size_out, int num_topk);
 
-/* Create a handle for one step's routing: topk_idx is [num_tokens, num_topk] int32 or int64 expert ids
+/* Make a handle of `layout` without routing: goepEpUpdateHandle gives it each step's. num_topk is the
+ * group's config.num_topk, or 0 or -1 (the group's). handle_mem, if not NULL, is a 1-D uint8 tensor of at
+ * least goepEpHandleMemSize bytes, 4-byte aligned, that holds the handle's copy of its routing instead of
+ * memory of the library's: the caller keeps it valid until goepEpHandleDestroy. Local and not numbered
+ * (no step yet). config may be NULL. */
+goepEpResult_t goepEpInitHandle(goepEpHandle_t* handle, goepEpGroup_t group, goepEpLayout_t layout,
+                                const goepEpHandleConfig_t* config, int num_topk, const goepEpTensor_t* handle_mem);
+
+/* Give the handle the next step's routing: topk_idx is [num_tokens, num_topk] int32 or int64 expert ids
  * (-1 = none), copied and checked (ids in range, none repeated in a token, num_tokens at most
- * max_dispatch_tokens_per_rank). Local: not collective, but numbered: every rank creates its handles of a
- * group in the same order (its n-th handle stands for the same step on every rank). A refused one (bad
- * topk_idx) makes the dispatch it stood for fail on every rank, this rank taking part in it at its next
- * goepEpCreateHandle, goepEpDispatch or goepEpGroupDestroy. layout_info must be NULL (goep writes the
- * counters at dispatch); config may be NULL. */
+ * max_dispatch_tokens_per_rank). The handle's next dispatch routes by it; what an earlier dispatch of the
+ * handle received is released. Refused with goepEpInvalidUsage while the handle's send-only call waits for
+ * goepEpComplete or its LL dispatch has not been combined (combine it first). Local, but numbered as
+ * goepEpCreateHandle: every rank updates in the same order, and a refused update (of any kind) makes the
+ * dispatch of its step fail on every rank, the others' with goepEpRemoteError naming this rank and why,
+ * this rank taking part in it at its next goepEpUpdateHandle, goepEpCreateHandle, goepEpDispatch or
+ * goepEpGroupDestroy; the handle is then not dispatched until an update succeeds. layout_info must be
+ * NULL. */
+goepEpResult_t goepEpUpdateHandle(goepEpHandle_t handle, const goepEpTensor_t* topk_idx,
+                                  const goepEpLayoutInfo_t* layout_info, goepEpStream_t stream);
+
+/* goepEpInitHandle and goepEpUpdateHandle in one call (a handle per step): local, numbered. A refused one
+ * makes no handle, and the dispatch it stood for fails on every rank, as a refused update's. layout_info
+ * must be NULL (goep writes the counters at dispatch); config may be NULL. */
 goepEpResult_t goepEpCreateHandle(goepEpHandle_t* handle, goepEpGroup_t group, goepEpLayout_t layout,
                                   const goepEpTensor_t* topk_idx, const goepEpLayoutInfo_t* layout_info,
-                                  const goepEpHandleConfig_t* config);
+                                  const goepEpHandleConfig_t* config, goepEpStream_t stream);
 
 /* Release a handle and what it holds, whatever its state. A send-only dispatch or combine of the handle
  * that goepEpComplete has not finished is finished first (without writing its outputs): collective, as
@@ -629,24 +674,25 @@ goepEpResult_t goepEpHandleDestroy(goepEpHandle_t handle);
  * written by goepEpComplete. config may be NULL. */
 goepEpResult_t goepEpDispatch(goepEpHandle_t handle, const goepEpDispatchInputs_t* inputs,
                               const goepEpDispatchOutputs_t* outputs, const goepEpLayoutInfo_t* layout_info,
-                              const goepEpDispatchConfig_t* config);
+                              const goepEpDispatchConfig_t* config, goepEpStream_t stream);
 
 /* Bring the expert outputs back to each token's rank and reduce them into outputs->tokens (collective).
  * With config->send_only, goepEpComplete receives and reduces. config may be NULL. */
 goepEpResult_t goepEpCombine(goepEpHandle_t handle, const goepEpCombineInputs_t* inputs,
-                             const goepEpCombineOutputs_t* outputs, const goepEpCombineConfig_t* config);
+                             const goepEpCombineOutputs_t* outputs, const goepEpCombineConfig_t* config,
+                             goepEpStream_t stream);
 
 /* Finish the handle's send-only dispatch or combine (collective, as the call it finishes). With nothing
  * to finish it does nothing and succeeds. config may be NULL. */
-goepEpResult_t goepEpComplete(goepEpHandle_t handle, const goepEpCompleteConfig_t* config);
+goepEpResult_t goepEpComplete(goepEpHandle_t handle, const goepEpCompleteConfig_t* config, goepEpStream_t stream);
 
 /* Masking (groups with enable_mask). mask_status and mask are int[nranks] in host memory, 1 = active,
  * 0 = masked. MaskQuery is local. MaskUpdate makes `mask` the mask: collective over the ranks it leaves
  * active, which pass the same mask. MaskClean makes every rank active again: collective over every rank,
  * a masked one that came back included. Neither clears the async error flag. */
-goepEpResult_t goepEpMaskQuery(goepEpGroup_t group, int* mask_status);
-goepEpResult_t goepEpMaskUpdate(goepEpGroup_t group, const int* mask);
-goepEpResult_t goepEpMaskClean(goepEpGroup_t group);
+goepEpResult_t goepEpMaskQuery(goepEpGroup_t group, int* mask_status, goepEpStream_t stream);
+goepEpResult_t goepEpMaskUpdate(goepEpGroup_t group, const int* mask, goepEpStream_t stream);
+goepEpResult_t goepEpMaskClean(goepEpGroup_t group, goepEpStream_t stream);
 
 /* The async error flag (groups with enable_mask): *error_out = 1 once a call has masked a rank that
  * stalled, until goepEpErrorClear. Local. */

@@ -398,45 +398,62 @@ func (gi *groupImpl[E]) held() (uint64, bool) {
 	return 0, false
 }
 
-// newHandle checks createHandle's arguments and makes the handle.
+// newHandle checks createHandle's arguments and makes the handle with its
+// routing.
 func (gi *groupImpl[E]) newHandle(layout C.goepEpLayout_t, topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t,
 	cfg *C.goepEpHandleConfig_t) (handle, error) {
+	h, err := gi.makeHandle(layout, cfg, 0, nil)
+	if err == nil {
+		err = h.route(topkDesc, info)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// initHandle is goepEpInitHandle: a handle without routing, not numbered.
+func (gi *groupImpl[E]) initHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleConfig_t, numTopK int, mem *C.goepEpTensor_t) (handle, error) {
+	if err := gi.lock(); err != nil {
+		return nil, err
+	}
+	defer gi.mu.Unlock()
+	h, err := gi.makeHandle(layout, cfg, numTopK, mem)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// makeHandle checks a handle's layout, config, top-k and handle_mem. The
+// caller holds gi.mu.
+func (gi *groupImpl[E]) makeHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleConfig_t, numTopK int, mem *C.goepEpTensor_t) (*handleImpl[E], error) {
 	if err := gi.layoutFor(layout); err != nil {
 		return nil, err
 	}
 	if err := readHandleConfig(cfg); err != nil {
 		return nil, err
 	}
-	if info != nil {
-		return nil, invalidUsagef("layout_info must be NULL: goep writes the layout counters at dispatch (pass layout_info to goepEpDispatch)")
-	}
-	t, err := need("topk_idx", topkDesc)
-	if err != nil {
-		return nil, err
-	}
 	K, maxT := gi.gc.cfg.TopK, gi.gc.cfg.MaxTokensPerRank
-	if err := t.want("[num_tokens, num_topk]", []dataType{dtInt32, dtInt64}, -1, K); err != nil {
+	if numTopK > 0 && numTopK != K {
+		return nil, invalidArgf("num_topk = %d, but the group's config.num_topk is %d (goep fixes the top-k per group)", numTopK, K)
+	}
+	h := &handleImpl[E]{g: gi, layout: layout}
+	t, err := readTensor("handle_mem", mem)
+	if err != nil || t == nil {
+		return h, err
+	}
+	if err := t.want("[bytes]", []dataType{dtUint8}, -1); err != nil {
 		return nil, err
 	}
-	T := t.shape[0]
-	if T > maxT {
-		return nil, invalidArgf("topk_idx has %d tokens (shape %s), more than config.max_dispatch_tokens_per_rank = %d", T, shapeString(t.shape), maxT)
+	if need := maxT * K * 4; t.elems < need {
+		return nil, invalidArgf("handle_mem has %d bytes, want at least %d (goepEpHandleMemSize)", t.elems, need)
 	}
-	topk := make([]int32, T*K)
-	if t.dtype == dtInt32 {
-		copy(topk, view[int32](t, T*K))
-	} else {
-		for i, e := range view[int64](t, T*K) {
-			topk[i] = int32(max(min(e, 1<<31-1), -1<<31))
-			if int64(topk[i]) != e {
-				return nil, invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/K, i%K, e, gi.gc.cfg.NumExperts)
-			}
-		}
+	if uintptr(t.data)%4 != 0 {
+		return nil, invalidArgf("handle_mem: data %p is not 4-byte aligned (it holds int32 expert ids)", t.data)
 	}
-	if err := checkRouting(topk, K, gi.gc.cfg.NumExperts); err != nil {
-		return nil, err
-	}
-	return &handleImpl[E]{g: gi, layout: layout, T: T, topk: topk}, nil
+	h.mem = view[int32](t, maxT*K)
+	return h, nil
 }
 
 // checkRouting checks the expert ids of [tokens][K] topk (in range or -1,

@@ -24,7 +24,12 @@ type handleImpl[E ep.Element] struct {
 	layout    C.goepEpLayout_t
 	T         int
 	topk      []int32
-	destroyed bool // goepEpHandleDestroy ran: its calls are refused
+	mem       []int32 // the caller's handle_mem (goepEpInitHandle), which holds topk; nil: Go memory
+	destroyed bool    // goepEpHandleDestroy ran: its calls are refused
+	// routed: the handle has a routing to dispatch (goepEpCreateHandle, or
+	// goepEpUpdateHandle's last call succeeded); refusedUpdate: that last
+	// goepEpUpdateHandle was refused.
+	routed, refusedUpdate bool
 
 	eh         ep.Handle[E] // the latest completed dispatch
 	dispatched bool
@@ -146,6 +151,83 @@ func (h *handleImpl[E]) refuse(call C.goepEpCall_t, reason string) error {
 		int(call), int(C.GOEP_EP_CALL_DISPATCH), int(C.GOEP_EP_CALL_COMBINE))
 }
 
+// update is goepEpUpdateHandle: the handle's next step, numbered as a
+// goepEpCreateHandle; a refused one is delivered as a refused create is.
+func (h *handleImpl[E]) update(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t) error {
+	if err := h.lock(); err != nil {
+		return err
+	}
+	defer h.unlock()
+	if err := h.g.deliver(); err != nil {
+		return err
+	}
+	h.g.g.Mark() // the step's number, refused or not
+	err := h.idle("goepEpUpdateHandle")
+	switch {
+	case h.destroyed:
+		err = h.errDestroyed()
+	case err == nil && h.dispatched && h.eh.Waiting():
+		err = invalidUsagef("the handle's LL dispatch has not been combined: combine it (goepEpCombine) before giving the handle new routing")
+	case err == nil:
+		err = h.route(topkDesc, info)
+	}
+	if err != nil {
+		h.routed, h.refusedUpdate = false, true
+		h.g.refused = "goepEpUpdateHandle refused this rank's routing for the dispatch: " + err.Error()
+		return err
+	}
+	return nil
+}
+
+// route checks topk_idx and makes it the handle's routing, releasing what
+// an earlier dispatch of the handle holds. Nothing changes when it fails.
+// The caller holds the group.
+func (h *handleImpl[E]) route(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t) error {
+	gi := h.g
+	if info != nil {
+		return invalidUsagef("layout_info must be NULL: goep writes the layout counters at dispatch (pass layout_info to goepEpDispatch)")
+	}
+	t, err := need("topk_idx", topkDesc)
+	if err != nil {
+		return err
+	}
+	K, maxT := gi.gc.cfg.TopK, gi.gc.cfg.MaxTokensPerRank
+	if err := t.want("[num_tokens, num_topk]", []dataType{dtInt32, dtInt64}, -1, K); err != nil {
+		return err
+	}
+	T := t.shape[0]
+	if T > maxT {
+		return invalidArgf("topk_idx has %d tokens (shape %s), more than config.max_dispatch_tokens_per_rank = %d", T, shapeString(t.shape), maxT)
+	}
+	// A fresh copy: an earlier dispatch of the handle may read its routing
+	// until it is released below.
+	topk := make([]int32, T*K)
+	if t.dtype == dtInt32 {
+		copy(topk, view[int32](t, T*K))
+	} else {
+		for i, e := range view[int64](t, T*K) {
+			topk[i] = int32(max(min(e, 1<<31-1), -1<<31))
+			if int64(topk[i]) != e {
+				return invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/K, i%K, e, gi.gc.cfg.NumExperts)
+			}
+		}
+	}
+	if err := checkRouting(topk, K, gi.gc.cfg.NumExperts); err != nil {
+		return err
+	}
+	if h.dispatched {
+		if err := gi.g.Release(h.eh); err != nil { // local: an HT handle, or an LL one combined
+			return err
+		}
+	}
+	if h.mem != nil {
+		topk = h.mem[:copy(h.mem, topk)]
+	}
+	h.topk, h.T, h.routed, h.refusedUpdate = topk, T, true, false
+	h.eh, h.dispatched, h.hasWeights = ep.Handle[E]{}, false, false
+	return nil
+}
+
 // errDestroyed is the refusal of a call on a destroyed handle.
 func (h *handleImpl[E]) errDestroyed() error {
 	return invalidArgf("handle %#x has been destroyed (goepEpHandleDestroy)", h.id)
@@ -157,11 +239,22 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		return err
 	}
 	defer h.unlock()
+	delivering := h.g.refused != ""
 	if err := h.g.deliver(); err != nil {
 		return err
 	}
 	if h.destroyed {
 		return h.refuseDispatch(h.errDestroyed())
+	}
+	if !h.routed {
+		err := invalidUsagef("the handle has no routing: goepEpUpdateHandle gives it one")
+		if h.refusedUpdate {
+			err = invalidUsagef("goepEpUpdateHandle refused the handle's routing: update it again before dispatching it")
+		}
+		if delivering {
+			return err // this rank's refusal of the step's dispatch was just made (deliver)
+		}
+		return h.refuseDispatch(err)
 	}
 	if err := h.idle("dispatch"); err != nil {
 		return h.refuseDispatch(err)
@@ -726,6 +819,6 @@ func (h *handleImpl[E]) destroy() error {
 	if h.dispatched {
 		errs = append(errs, h.g.g.Release(h.eh))
 	}
-	h.destroyed, h.topk = true, nil
+	h.destroyed, h.topk, h.mem = true, nil, nil
 	return errors.Join(errs...)
 }

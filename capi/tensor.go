@@ -3,6 +3,7 @@
 package main
 
 /*
+#include <stdlib.h>
 #include "capi_internal.h"
 */
 import "C"
@@ -10,6 +11,7 @@ import "C"
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"unsafe"
 )
 
@@ -73,7 +75,11 @@ func readTensor(name string, p *C.goepEpTensor_t) (*tensor, error) {
 	if p == nil {
 		return nil, nil
 	}
-	if err := checkHeader(name, "goepEpTensor_t", uint32(p.size), uint32(p.magic), C.GOEP_EP_TENSOR_V1_SIZE,
+	magic := uint32(p.magic)
+	if magic == C.GOEP_EP_TENSOR_MAGIC_ALLOC { // made by goepEpTensorAlloc
+		magic = C.GOEP_EP_TENSOR_MAGIC
+	}
+	if err := checkHeader(name, "goepEpTensor_t", uint32(p.size), magic, C.GOEP_EP_TENSOR_V1_SIZE,
 		C.GOEP_EP_TENSOR_MAGIC, "GOEP_EP_TENSOR_INIT"); err != nil {
 		return nil, err
 	}
@@ -206,3 +212,73 @@ func checkHeader(name, typ string, size, magic, min, wantMagic uint32, init stri
 // off of fsize bytes (GOEP_EP_HAS_FIELD): a field of a later version than
 // the caller's reads as zero.
 func covers(size C.uint, off, fsize uintptr) bool { return uintptr(size) >= off+fsize }
+
+// allocated are the descriptors goepEpTensorAlloc made and goepEpTensorDestroy
+// has not freed, by address: goepEpTensorDestroy frees those alone, and
+// never reads any other pointer.
+var allocated = struct {
+	sync.Mutex
+	m map[uintptr]bool
+}{m: map[uintptr]bool{}}
+
+// tensorAlloc is goepEpTensorAlloc: one C allocation holding the descriptor
+// and, after it, its ndim extents.
+func tensorAlloc(out **C.goepEpTensor_t, ndim C.uint, dtype C.goepEpDataType_t, sizes *C.size_t, cfg *C.goepEpTensorAllocConfig_t) error {
+	if out == nil {
+		return invalidArgf("tensor is NULL")
+	}
+	if cfg != nil {
+		if err := checkHeader("config", "goepEpTensorAllocConfig_t", uint32(cfg.size), uint32(cfg.magic),
+			C.GOEP_EP_TENSOR_ALLOC_CONFIG_V1_SIZE, C.GOEP_EP_MAGIC, "GOEP_EP_TENSOR_ALLOC_CONFIG_INIT"); err != nil {
+			return err
+		}
+	}
+	nd := int(ndim)
+	if nd < 1 || nd > maxDims {
+		return invalidArgf("ndim = %d, want 1 to %d", nd, maxDims)
+	}
+	if dataType(dtype).size() == 0 {
+		return invalidArgf("datatype = %d is not a goepEpDataType_t", int(dtype))
+	}
+	if sizes == nil {
+		return invalidArgf("sizes is NULL (want ndim = %d extents)", nd)
+	}
+	dims := unsafe.Slice(sizes, nd)
+	for i, d := range dims {
+		if uint64(d) > maxBytes {
+			return invalidArgf("sizes[%d] = %d: too large", i, uint64(d))
+		}
+	}
+	head := C.size_t(C.sizeof_goepEpTensor_t)
+	p := C.calloc(1, head+C.size_t(nd)*C.size_t(C.sizeof_size_t))
+	if p == nil {
+		return &apiError{code: C.goepEpSystemError, msg: "out of memory for a tensor descriptor"}
+	}
+	t := (*C.goepEpTensor_t)(p)
+	t.size, t.magic, t.ndim, t.datatype = C.uint(head), C.GOEP_EP_TENSOR_MAGIC_ALLOC, ndim, dtype
+	t.sizes = (*C.size_t)(unsafe.Add(p, head))
+	copy(unsafe.Slice(t.sizes, nd), dims)
+	allocated.Lock()
+	allocated.m[uintptr(p)] = true
+	allocated.Unlock()
+	*out = t
+	return nil
+}
+
+// tensorDestroy is goepEpTensorDestroy.
+func tensorDestroy(t *C.goepEpTensor_t) error {
+	if t == nil {
+		return nil
+	}
+	addr := uintptr(unsafe.Pointer(t))
+	allocated.Lock()
+	ok := allocated.m[addr]
+	delete(allocated.m, addr)
+	allocated.Unlock()
+	if !ok {
+		return invalidArgf("tensor %#x was not made by goepEpTensorAlloc, or was destroyed already: goepEpTensorDestroy frees only "+
+			"the descriptors goepEpTensorAlloc makes (the caller's own need no call)", addr)
+	}
+	C.free(unsafe.Pointer(t))
+	return nil
+}

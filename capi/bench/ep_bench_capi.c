@@ -2,7 +2,7 @@
  * ep_bench_capi.c: the cost of the C boundary. The same round, timed through goep's C interface and
  * in Go inside the library (goepEpBenchGoRounds), on the same group, alternately, in one run:
  *
- *   C:  goepEpCreateHandle(topk), goepEpDispatch into the caller's buffers, goepEpCombine of those
+ *   C:  goepEpCreateHandle(topk, NULL), goepEpDispatch into the caller's buffers, goepEpCombine of those
  *       buffers as the expert outputs (an identity expert) into the caller's output, goepEpHandleDestroy
  *   C zero-copy: the same, but the dispatch leaves the rows in the group's buffer and the combine reads
  *       them there (outputs->tokens NULL, goepEpHandleRecvTokens): the calls without the copies
@@ -145,9 +145,9 @@ int main(int argc, char** argv) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
             goepEpHandle_t h;
-            CHECK(goepEpCreateHandle(&h, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_t, NULL, NULL));
-            CHECK(goepEpDispatch(h, &din, &dout, &info, NULL));
-            CHECK(goepEpCombine(h, &cin, &cout, NULL));
+            CHECK(goepEpCreateHandle(&h, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_t, NULL, NULL, NULL));
+            CHECK(goepEpDispatch(h, &din, &dout, &info, NULL, NULL));
+            CHECK(goepEpCombine(h, &cin, &cout, NULL, NULL));
             CHECK(goepEpHandleDestroy(h));
             double us = (MPI_Wtime() - t0) * 1e6;
             if (rep >= 0) c_us[rep * iters + i] = us;
@@ -156,10 +156,10 @@ int main(int argc, char** argv) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
             goepEpHandle_t h;
-            CHECK(goepEpCreateHandle(&h, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_t, NULL, NULL));
-            CHECK(goepEpDispatch(h, &din, &dout_zc, &info, NULL));
+            CHECK(goepEpCreateHandle(&h, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_t, NULL, NULL, NULL));
+            CHECK(goepEpDispatch(h, &din, &dout_zc, &info, NULL, NULL));
             CHECK(goepEpHandleRecvTokens(h, &view));
-            CHECK(goepEpCombine(h, &cin_zc, &cout, NULL));
+            CHECK(goepEpCombine(h, &cin_zc, &cout, NULL, NULL));
             CHECK(goepEpHandleDestroy(h));
             double us = (MPI_Wtime() - t0) * 1e6;
             if (rep >= 0) zc_us[rep * iters + i] = us;

@@ -244,7 +244,7 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
         }
     }
     goepEpHandle_t handle;
-    CHECK(goepEpCreateHandle(&handle, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_idx.t, NULL, NULL));
+    CHECK(goepEpCreateHandle(&handle, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_idx.t, NULL, NULL, NULL));
 
     /* Outputs, sized by the layout. */
     host_tensor_t recv, counts, total, recv_w, recv_idx;
@@ -271,8 +271,8 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
     info.recv_total_counter = &total.t;
     goepEpDispatchConfig_t dcfg = GOEP_EP_DISPATCH_CONFIG_INIT;
     dcfg.send_only = o->send_dispatch;
-    CHECK(goepEpDispatch(handle, &din, &dout, &info, &dcfg));
-    CHECK(goepEpComplete(handle, NULL)); /* as NCCL EP's test: a no-op after a call that was not send-only */
+    CHECK(goepEpDispatch(handle, &din, &dout, &info, &dcfg, NULL));
+    CHECK(goepEpComplete(handle, NULL, NULL)); /* as NCCL EP's test: a no-op after a call that was not send-only */
     host_tensor_t view; /* zero-copy: the rows where they are, in the group's buffer */
     if (o->zero_copy) {
         view.t = (goepEpTensor_t)GOEP_EP_TENSOR_INIT;
@@ -306,8 +306,8 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
     if (ll) cout.topk_weights = &topk_w.t; /* LL applies the gate weights as it combines */
     goepEpCombineConfig_t ccfg = GOEP_EP_COMBINE_CONFIG_INIT;
     ccfg.send_only = o->send_combine;
-    CHECK(goepEpCombine(handle, &cin, &cout, &ccfg));
-    CHECK(goepEpComplete(handle, NULL));
+    CHECK(goepEpCombine(handle, &cin, &cout, &ccfg, NULL));
+    CHECK(goepEpComplete(handle, NULL, NULL));
     check_combine(s, o, &out);
 
     if (o->cached) {
@@ -320,8 +320,8 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
         din2.tokens = &x.t;
         goepEpDispatchOutputs_t dout2 = GOEP_EP_DISPATCH_OUTPUTS_INIT;
         dout2.tokens = &recv2.t;
-        CHECK(goepEpDispatch(handle, &din2, &dout2, ll ? &info : NULL, &dcfg));
-        CHECK(goepEpComplete(handle, NULL));
+        CHECK(goepEpDispatch(handle, &din2, &dout2, ll ? &info : NULL, &dcfg, NULL));
+        CHECK(goepEpComplete(handle, NULL, NULL));
         int n = ll ? 0 : ((int32_t*)total.t.data)[0];
         if (ll) {
             size_t span = (size_t)R * s->max_tokens * H;
@@ -338,8 +338,8 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
         cout2.tokens = &out2.t;
         if (ll) cin.tokens = &recv2.t;
         if (!ll && o->zero_copy) ht_expert(&view, &view, &recv_w, n, K, H); /* the second dispatch refilled it */
-        CHECK(goepEpCombine(handle, &cin, &cout2, &ccfg));
-        CHECK(goepEpComplete(handle, NULL));
+        CHECK(goepEpCombine(handle, &cin, &cout2, &ccfg, NULL));
+        CHECK(goepEpComplete(handle, NULL, NULL));
         EXPECT(!memcmp(out2.t.data, out.t.data, out.bytes), "cached combine: the output differs from the first combine's");
         free_tensor(&recv2);
         free_tensor(&out2);

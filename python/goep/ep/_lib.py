@@ -179,6 +179,7 @@ lib.goepEpGetErrorString.restype = c_char_p
 lib.goepEpGetErrorString.argtypes = [c_int]
 
 _G = c_void_p  # goepEpGroup_t, goepEpHandle_t: numbers, carried as pointers
+_S = c_void_p  # goepEpStream_t: never read by the library
 _PROTOTYPES = {
     "goepEpGetVersion": [POINTER(c_int)],
     "goepEpBufferPlan": [POINTER(GroupConfig_c), c_int, c_int, POINTER(MemInfo_c)],
@@ -188,16 +189,20 @@ _PROTOTYPES = {
     "goepEpGroupDestroy": [_G],
     "goepEpGroupBufferBytes": [_G, POINTER(c_size_t)],
     "goepEpHandleMemSize": [_G, c_int, POINTER(HandleConfig_c), POINTER(c_size_t), c_int],
-    "goepEpCreateHandle": [POINTER(_G), _G, c_int, _TP, POINTER(LayoutInfo_c), POINTER(HandleConfig_c)],
+    "goepEpTensorAlloc": [POINTER(_TP), c_uint, c_int, POINTER(c_size_t), POINTER(TensorAllocConfig_c)],
+    "goepEpTensorDestroy": [_TP],
+    "goepEpCreateHandle": [POINTER(_G), _G, c_int, _TP, POINTER(LayoutInfo_c), POINTER(HandleConfig_c), _S],
+    "goepEpInitHandle": [POINTER(_G), _G, c_int, POINTER(HandleConfig_c), c_int, _TP],
+    "goepEpUpdateHandle": [_G, _TP, POINTER(LayoutInfo_c), _S],
     "goepEpHandleDestroy": [_G],
     "goepEpDispatch": [_G, POINTER(DispatchInputs_c), POINTER(DispatchOutputs_c), POINTER(LayoutInfo_c),
-                       POINTER(DispatchConfig_c)],
-    "goepEpCombine": [_G, POINTER(CombineInputs_c), POINTER(CombineOutputs_c), POINTER(CombineConfig_c)],
-    "goepEpComplete": [_G, POINTER(CompleteConfig_c)],
+                       POINTER(DispatchConfig_c), _S],
+    "goepEpCombine": [_G, POINTER(CombineInputs_c), POINTER(CombineOutputs_c), POINTER(CombineConfig_c), _S],
+    "goepEpComplete": [_G, POINTER(CompleteConfig_c), _S],
     "goepEpHandleRecvTokens": [_G, POINTER(Tensor_c)],
-    "goepEpMaskQuery": [_G, POINTER(c_int)],
-    "goepEpMaskUpdate": [_G, POINTER(c_int)],
-    "goepEpMaskClean": [_G],
+    "goepEpMaskQuery": [_G, POINTER(c_int), _S],
+    "goepEpMaskUpdate": [_G, POINTER(c_int), _S],
+    "goepEpMaskClean": [_G, _S],
     "goepEpGetAsyncError": [_G, POINTER(c_int)],
     "goepEpErrorClear": [_G],
     "goepEpRefuse": [_G, _G, c_int, c_char_p],
@@ -208,10 +213,18 @@ for _name, _args in _PROTOTYPES.items():
     _fn.restype = c_int
     _fn.argtypes = _args
 
+# The functions whose last parameter is a stream: call passes NULL where the caller gives none.
+_STREAMED = {name for name, args in _PROTOTYPES.items() if args and args[-1] is _S}
+
 
 def call(name: str, *args) -> None:
-    """Call a function of the library; raise its error class on failure."""
-    rc = getattr(lib, name)(*args)
+    """Call a function of the library; raise its error class on failure. A
+    function's trailing stream may be left out: it is NULL then (the
+    library never reads it)."""
+    fn = getattr(lib, name)
+    if name in _STREAMED and len(args) == len(fn.argtypes) - 1:
+        args += (None,)
+    rc = fn(*args)
     if rc != 0:
         raise_for(rc, lib.goepEpGetLastError().decode(errors="replace"))
 
