@@ -15,6 +15,8 @@
 #     step on every rank with the combined values of the next steps checked, a retry that is
 #     goepEpMismatch everywhere; -d: a rank that ends, named by the others' timeout, whose destroy
 #     then returns at once
+#   - a C++ program written for NCCL EP (capi/tests/nccl_shape/ep_round.cpp), compiled and run after
+#     only the rename, goep_nccl.h for nccl.h and an MPI communicator (scripts/capi/test-rename.sh)
 #   - the Python example (python/examples/ep_test.py) and the pytest tests (python/tests), the
 #     same matrix, with MPI initialised by mpi4py (the stalled-rank tests at 2 ranks, the sequence
 #     tests at 2 and 4); a rank with an uncaught exception ends the job (python/tests/dead_rank.py)
@@ -73,6 +75,9 @@ mpi 4 - bin/capi/ep_sequences
 mpi 4 sim bin/capi/ep_sequences
 mpi 2 - bin/capi/ep_sequences -d
 mpi 4 sim bin/capi/ep_sequences -d
+
+step "C++: a program written for NCCL EP, renamed (scripts/capi/test-rename.sh)"
+MPIRUN="$MPIRUN" scripts/capi/test-rename.sh
 
 step "Python: ep_test.py and the pytest tests (MPI initialised by mpi4py)"
 pytest=("$PYTHON" -m pytest -q -p no:cacheprovider --color=no python/tests)
