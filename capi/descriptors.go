@@ -74,8 +74,9 @@ func (d *descTensor) free() {
 }
 
 // descStruct is one of the versioned structs without pointers (the group,
-// handle, dispatch, combine and complete configs, and goepEpMemInfo_t), of
-// raw bytes; with fixHeader its size and magic are right.
+// handle, dispatch, combine and complete configs, and goepEpMemInfo_t), or
+// the group options with their backend NULL, of raw bytes; with fixHeader
+// its size and magic are right.
 type descStruct struct{ mem *cMemory }
 
 // Kinds of descStruct.
@@ -85,16 +86,20 @@ const (
 	descDispatchConfig
 	descCombineConfig
 	descCompleteConfig
+	descGroupOptions
 	numDescStructs
 )
 
 func newDescStruct(kind int, raw []byte, fixHeader bool) *descStruct {
 	size := []C.size_t{C.sizeof_goepEpGroupConfig_t, C.sizeof_goepEpHandleConfig_t, C.sizeof_goepEpDispatchConfig_t,
-		C.sizeof_goepEpCombineConfig_t, C.sizeof_goepEpCompleteConfig_t}[kind]
+		C.sizeof_goepEpCombineConfig_t, C.sizeof_goepEpCompleteConfig_t, C.sizeof_goepEpGroupOptions_t}[kind]
 	d := &descStruct{mem: newCMemory(raw, int(size))}
 	if fixHeader {
 		hdr := (*[2]C.uint)(d.mem.p)
 		hdr[0], hdr[1] = C.uint(size), C.GOEP_EP_MAGIC
+	}
+	if kind == descGroupOptions {
+		(*C.goepEpGroupOptions_t)(d.mem.p).backend = nil
 	}
 	return d
 }
@@ -116,6 +121,21 @@ func (d *descStruct) check(kind, nranks, nnodes int) (C.goepEpResult_t, error) {
 		defer C.free(unsafe.Pointer(info))
 		info.size, info.magic = C.sizeof_goepEpMemInfo_t, C.GOEP_EP_MAGIC
 		return goepEpBufferPlan(cfg, C.int(nranks), C.int(nnodes), info), nil
+	case descGroupOptions:
+		// The options of a valid LL group config: 4 experts, 8 tokens, rows
+		// of 32 bytes, top-2.
+		cfg := (*C.goepEpGroupConfig_t)(C.calloc(1, C.sizeof_goepEpGroupConfig_t))
+		defer C.free(unsafe.Pointer(cfg))
+		cfg.size, cfg.magic, cfg.version = C.sizeof_goepEpGroupConfig_t, C.GOEP_EP_MAGIC, C.GOEP_EP_API_VERSION
+		cfg.num_experts, cfg.max_dispatch_tokens_per_rank, cfg.max_token_bytes, cfg.num_topk = 4, 8, 32, 2
+		opts := (*C.goepEpGroupOptions_t)(d.mem.p)
+		if _, err := readGroupConfig(cfg, opts); err != nil {
+			return 0, err
+		}
+		info := (*C.goepEpMemInfo_t)(C.calloc(1, C.sizeof_goepEpMemInfo_t))
+		defer C.free(unsafe.Pointer(info))
+		info.size, info.magic = C.sizeof_goepEpMemInfo_t, C.GOEP_EP_MAGIC
+		return goepEpBufferPlanWithOptions(cfg, opts, C.int(nranks), C.int(nnodes), info), nil
 	case descHandleConfig:
 		return 0, readHandleConfig((*C.goepEpHandleConfig_t)(d.mem.p))
 	case descDispatchConfig:

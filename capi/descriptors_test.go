@@ -93,6 +93,8 @@ func FuzzConfigStructs(f *testing.F) {
 	f.Add(uint8(descCombineConfig), []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, true, int16(0), int16(0))
 	f.Add(uint8(descHandleConfig), []byte{0, 0, 0, 0, 0, 0, 0, 0, 7}, true, int16(0), int16(0))
 	f.Add(uint8(descCompleteConfig), []byte{}, false, int16(0), int16(0))
+	// Options: float32 tokens and the FP8 combine.
+	f.Add(uint8(descGroupOptions), []byte{24, 0, 0, 0, 0xA1, 0xE9, 0xE9, 0x60, 7, 0, 0, 0, 0, 1, 0, 0}, false, int16(2), int16(1))
 	f.Fuzz(func(t *testing.T, kind uint8, raw []byte, fix bool, nranks, nnodes int16) {
 		k := int(kind) % numDescStructs
 		d := newDescStruct(k, raw, fix)
