@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"unsafe"
 
@@ -23,7 +24,12 @@ type handleImpl[E ep.Element] struct {
 	layout    C.goepEpLayout_t
 	T         int
 	topk      []int32
-	destroyed bool // goepEpHandleDestroy ran: its calls are refused
+	mem       []int32 // the caller's handle_mem (goepEpInitHandle), which holds topk; nil: Go memory
+	destroyed bool    // goepEpHandleDestroy ran: its calls are refused
+	// routed: the handle has a routing to dispatch (goepEpCreateHandle, or
+	// goepEpUpdateHandle's last call succeeded); refusedUpdate: that last
+	// goepEpUpdateHandle was refused.
+	routed, refusedUpdate bool
 
 	eh         ep.Handle[E] // the latest completed dispatch
 	dispatched bool
@@ -80,11 +86,17 @@ func readDispatchConfig(p *C.goepEpDispatchConfig_t) (dispatchConfig, error) {
 		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_CONFIG_INIT"); err != nil {
 		return c, err
 	}
+	recipe := C.goepEpDispQuant_t(C.GOEP_EP_DISP_QUANT_NONE)
+	if covers(p.size, unsafe.Offsetof(p.quant_recipe), unsafe.Sizeof(p.quant_recipe)) {
+		recipe = p.quant_recipe
+	}
 	switch {
 	case p.round_scales != 0:
-		return c, invalidUsagef("config.round_scales = %d: it rounds quantisation scales, and goep's C interface offers no quantisation recipe (want 0)", uint(p.round_scales))
-	case p.quantization_recipe != C.GOEP_EP_DISPATCH_QUANT_NONE:
-		return c, invalidUsagef("config.quantization_recipe = %d: only GOEP_EP_DISPATCH_QUANT_NONE is offered", int(p.quantization_recipe))
+		return c, invalidUsagef("config.round_scales = %d: it rounds quantisation scales, and goep's C interface offers no dispatch quantisation recipe (want 0)", uint(p.round_scales))
+	case recipe == C.GOEP_EP_DISP_QUANT_FWD || recipe == C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
+		return c, invalidUsagef("config.quant_recipe = %d: goep's C interface offers only GOEP_EP_DISP_QUANT_NONE", int(recipe))
+	case recipe != C.GOEP_EP_DISP_QUANT_NONE:
+		return c, invalidArgf("config.quant_recipe = %d: want GOEP_EP_DISP_QUANT_NONE (0), FWD (1) or DS_FP8E3M4 (2)", int(recipe))
 	case p.pass_direction != C.GOEP_EP_FWD_PASS && p.pass_direction != C.GOEP_EP_BWD_PASS:
 		return c, invalidArgf("config.pass_direction = %d: want GOEP_EP_FWD_PASS (0) or GOEP_EP_BWD_PASS (1)", int(p.pass_direction))
 	}
@@ -139,6 +151,83 @@ func (h *handleImpl[E]) refuse(call C.goepEpCall_t, reason string) error {
 		int(call), int(C.GOEP_EP_CALL_DISPATCH), int(C.GOEP_EP_CALL_COMBINE))
 }
 
+// update is goepEpUpdateHandle: the handle's next step, numbered as a
+// goepEpCreateHandle; a refused one is delivered as a refused create is.
+func (h *handleImpl[E]) update(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t) error {
+	if err := h.lock(); err != nil {
+		return err
+	}
+	defer h.unlock()
+	if err := h.g.deliver(); err != nil {
+		return err
+	}
+	h.g.g.Mark() // the step's number, refused or not
+	err := h.idle("goepEpUpdateHandle")
+	switch {
+	case h.destroyed:
+		err = h.errDestroyed()
+	case err == nil && h.dispatched && h.eh.Waiting():
+		err = invalidUsagef("the handle's LL dispatch has not been combined: combine it (goepEpCombine) before giving the handle new routing")
+	case err == nil:
+		err = h.route(topkDesc, info)
+	}
+	if err != nil {
+		h.routed, h.refusedUpdate = false, true
+		h.g.refused = "goepEpUpdateHandle refused this rank's routing for the dispatch: " + err.Error()
+		return err
+	}
+	return nil
+}
+
+// route checks topk_idx and makes it the handle's routing, releasing what
+// an earlier dispatch of the handle holds. Nothing changes when it fails.
+// The caller holds the group.
+func (h *handleImpl[E]) route(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t) error {
+	gi := h.g
+	if info != nil {
+		return invalidUsagef("layout_info must be NULL: goep writes the layout counters at dispatch (pass layout_info to goepEpDispatch)")
+	}
+	t, err := need("topk_idx", topkDesc)
+	if err != nil {
+		return err
+	}
+	K, maxT := gi.gc.cfg.TopK, gi.gc.cfg.MaxTokensPerRank
+	if err := t.want("[num_tokens, num_topk]", []dataType{dtInt32, dtInt64}, -1, K); err != nil {
+		return err
+	}
+	T := t.shape[0]
+	if T > maxT {
+		return invalidArgf("topk_idx has %d tokens (shape %s), more than config.max_dispatch_tokens_per_rank = %d", T, shapeString(t.shape), maxT)
+	}
+	// A fresh copy: an earlier dispatch of the handle may read its routing
+	// until it is released below.
+	topk := make([]int32, T*K)
+	if t.dtype == dtInt32 {
+		copy(topk, view[int32](t, T*K))
+	} else {
+		for i, e := range view[int64](t, T*K) {
+			topk[i] = int32(max(min(e, 1<<31-1), -1<<31))
+			if int64(topk[i]) != e {
+				return invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/K, i%K, e, gi.gc.cfg.NumExperts)
+			}
+		}
+	}
+	if err := checkRouting(topk, K, gi.gc.cfg.NumExperts); err != nil {
+		return err
+	}
+	if h.dispatched {
+		if err := gi.g.Release(h.eh); err != nil { // local: an HT handle, or an LL one combined
+			return err
+		}
+	}
+	if h.mem != nil {
+		topk = h.mem[:copy(h.mem, topk)]
+	}
+	h.topk, h.T, h.routed, h.refusedUpdate = topk, T, true, false
+	h.eh, h.dispatched, h.hasWeights = ep.Handle[E]{}, false, false
+	return nil
+}
+
 // errDestroyed is the refusal of a call on a destroyed handle.
 func (h *handleImpl[E]) errDestroyed() error {
 	return invalidArgf("handle %#x has been destroyed (goepEpHandleDestroy)", h.id)
@@ -150,11 +239,22 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		return err
 	}
 	defer h.unlock()
+	delivering := h.g.refused != ""
 	if err := h.g.deliver(); err != nil {
 		return err
 	}
 	if h.destroyed {
 		return h.refuseDispatch(h.errDestroyed())
+	}
+	if !h.routed {
+		err := invalidUsagef("the handle has no routing: goepEpUpdateHandle gives it one")
+		if h.refusedUpdate {
+			err = invalidUsagef("goepEpUpdateHandle refused the handle's routing: update it again before dispatching it")
+		}
+		if delivering {
+			return err // this rank's refusal of the step's dispatch was just made (deliver)
+		}
+		return h.refuseDispatch(err)
 	}
 	if err := h.idle("dispatch"); err != nil {
 		return h.refuseDispatch(err)
@@ -332,18 +432,22 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 		C.GOEP_EP_MAGIC, "GOEP_EP_LAYOUT_INFO_INIT"); err != nil {
 		return o, err
 	}
+	kind := C.goepEpExpertIdKind_t(C.GOEP_EP_EXPERT_ID_AUTO)
+	if covers(info.size, unsafe.Offsetof(info.recv_topk_idx_kind), unsafe.Sizeof(info.recv_topk_idx_kind)) {
+		kind = info.recv_topk_idx_kind
+	}
 	switch {
 	case info.src_rank_counters != nil:
 		return o, invalidUsagef("layout_info->src_rank_counters is for the RANK_MAJOR layout, which goep does not offer: leave it NULL")
 	case info.expert_offsets != nil:
 		return o, invalidUsagef("layout_info->expert_offsets is for the HT EXPERT_MAJOR layout, which goep does not offer: leave it NULL")
 	}
-	switch info.recv_topk_idx_kind {
+	switch kind {
 	case C.GOEP_EP_EXPERT_ID_AUTO, C.GOEP_EP_EXPERT_ID_LOCAL:
 	case C.GOEP_EP_EXPERT_ID_GLOBAL:
 		o.global = true
 	default:
-		return o, invalidArgf("layout_info->recv_topk_idx_kind = %d: want AUTO (0), LOCAL (1) or GLOBAL (2)", int(info.recv_topk_idx_kind))
+		return o, invalidArgf("layout_info->recv_topk_idx_kind = %d: want AUTO (0), LOCAL (1) or GLOBAL (2)", int(kind))
 	}
 	if o.expertCounts, err = readTensor("layout_info->expert_counters", info.expert_counters); err == nil && o.expertCounts != nil {
 		err = o.expertCounts.want("[local_experts]", []dataType{dtInt32, dtInt64}, L)
@@ -443,6 +547,7 @@ func writeInts(t *tensor, v []int) {
 
 type combineConfig struct {
 	sendOnly, backward bool
+	recipe             C.goepEpCombQuant_t
 }
 
 func readCombineConfig(p *C.goepEpCombineConfig_t) (combineConfig, error) {
@@ -454,9 +559,17 @@ func readCombineConfig(p *C.goepEpCombineConfig_t) (combineConfig, error) {
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_CONFIG_INIT"); err != nil {
 		return c, err
 	}
+	if covers(p.size, unsafe.Offsetof(p.quant_recipe), unsafe.Sizeof(p.quant_recipe)) {
+		c.recipe = p.quant_recipe
+	}
+	switch c.recipe {
+	case C.GOEP_EP_COMB_QUANT_NONE, C.GOEP_EP_COMB_QUANT_FP8, C.GOEP_EP_COMB_QUANT_FP8_UE8M0:
+	case C.GOEP_EP_COMB_QUANT_NVFP4:
+		return c, invalidUsagef("config.quant_recipe = GOEP_EP_COMB_QUANT_NVFP4: goep's low-precision combine is FP8 (a group option: goepEpGroupOptions_t.combine_quant)")
+	default:
+		return c, invalidArgf("config.quant_recipe = %#x: want GOEP_EP_COMB_QUANT_NONE (0), FP8 (0x100) or FP8_UE8M0 (0x101)", int(c.recipe))
+	}
 	switch {
-	case p.quantization_recipe != C.GOEP_EP_COMBINE_QUANT_NONE:
-		return c, invalidUsagef("config.quantization_recipe = %d: only GOEP_EP_COMBINE_QUANT_NONE is offered", int(p.quantization_recipe))
 	case p.pass_direction != C.GOEP_EP_FWD_PASS && p.pass_direction != C.GOEP_EP_BWD_PASS:
 		return c, invalidArgf("config.pass_direction = %d: want GOEP_EP_FWD_PASS (0) or GOEP_EP_BWD_PASS (1)", int(p.pass_direction))
 	}
@@ -482,6 +595,10 @@ func (h *handleImpl[E]) combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombin
 		return invalidUsagef("the handle has not been dispatched: goepEpDispatch (and goepEpComplete after a send-only one) comes first")
 	}
 	cfg, err := readCombineConfig(cfgp)
+	if err == nil && cfg.recipe != C.GOEP_EP_COMB_QUANT_NONE && cfg.recipe != h.g.gc.combQuant {
+		err = invalidUsagef("config.quant_recipe = %#x, but the group's combine format is %#x (goepEpGroupOptions_t.combine_quant): "+
+			"goep fixes it per group; pass GOEP_EP_COMB_QUANT_NONE or the group's", int(cfg.recipe), int(h.g.gc.combQuant))
+	}
 	var y, outTok ep.Tensor[E]
 	var opts *ep.CombineOptions
 	if err == nil {
@@ -513,6 +630,9 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 	if err := checkHeader("inputs", "goepEpCombineInputs_t", uint32(in.size), uint32(in.magic), C.GOEP_EP_COMBINE_INPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_INPUTS_INIT"); err != nil {
 		return y, outTok, nil, err
+	}
+	if covers(in.size, unsafe.Offsetof(in.scales), unsafe.Sizeof(in.scales)) && in.scales != nil {
+		return y, outTok, nil, invalidUsagef("inputs->scales must be NULL: it carries NVFP4 block scales, and goep's C interface has no NVFP4 combine")
 	}
 	if err := checkHeader("outputs", "goepEpCombineOutputs_t", uint32(out.size), uint32(out.magic), C.GOEP_EP_COMBINE_OUTPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_OUTPUTS_INIT"); err != nil {
@@ -632,6 +752,10 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 	if h.destroyed {
 		return h.errDestroyed()
 	}
+	if !slices.Contains(cpuEngines, h.g.gc.backend) {
+		return invalidUsagef("goepEpHandleRecvTokens: the rows of backend %q are not in memory C may be given (only the CPU engine's, %v): "+
+			"pass outputs->tokens to goepEpDispatch instead", h.g.gc.backend, cpuEngines)
+	}
 	if err := h.idle("goepEpHandleRecvTokens"); err != nil {
 		return err
 	}
@@ -655,8 +779,7 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 	}
 	sizes := unsafe.Slice(v.sizes, len(dims))
 	for i, d := range dims {
-		// the caller's array, declared const in the descriptor for the calls that only read it
-		*(*C.size_t)(unsafe.Pointer(&sizes[i])) = C.size_t(d)
+		sizes[i] = C.size_t(d)
 	}
 	v.ndim = C.uint(len(dims))
 	v.datatype = C.goepEpDataType_t(gc.elem)
@@ -696,6 +819,6 @@ func (h *handleImpl[E]) destroy() error {
 	if h.dispatched {
 		errs = append(errs, h.g.g.Release(h.eh))
 	}
-	h.destroyed, h.topk = true, nil
+	h.destroyed, h.topk, h.mem = true, nil, nil
 	return errors.Join(errs...)
 }

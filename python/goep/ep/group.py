@@ -48,6 +48,7 @@ class GroupConfig:
     timeout_ns: int = 0
 
     def _c(self):
+        """The goepEpGroupConfig_t (NCCL EP's layout)."""
         for name in ("num_experts", "max_dispatch_tokens_per_rank", "max_recv_tokens_per_rank", "max_token_bytes",
                      "num_topk"):
             v = getattr(self, name)
@@ -59,8 +60,15 @@ class GroupConfig:
                         num_experts=int(self.num_experts), max_dispatch_tokens_per_rank=int(self.max_dispatch_tokens_per_rank),
                         max_recv_tokens_per_rank=int(self.max_recv_tokens_per_rank),
                         max_token_bytes=int(self.max_token_bytes), num_topk=int(self.num_topk),
-                        datatype=int(self.datatype), enable_mask=int(bool(self.enable_mask)),
-                        timeout_ns=int(self.timeout_ns))
+                        enable_mask=int(bool(self.enable_mask)), timeout_ns=int(self.timeout_ns))
+
+    def _options(self):
+        """The goepEpGroupOptions_t of goep's own settings: the token type."""
+        dt = DataType(self.datatype)
+        if dt not in (DataType.BFLOAT16, DataType.FLOAT32):
+            raise NcclInvalid(f"config.datatype = {dt.name.lower()} ({int(dt)}): want BFLOAT16 or FLOAT32, the token "
+                              "element types")
+        return _lib.new(_lib.GroupOptions_c, token_datatype=int(dt))
 
 
 @dataclass
@@ -78,7 +86,8 @@ def buffer_plan(config: GroupConfig, nranks: int, nnodes: int = 1) -> MemInfo:
     """The memory a group of ``config`` would hold over ``nranks`` ranks on
     ``nnodes`` nodes, computed without allocating anything. Not collective."""
     info = _lib.new(_lib.MemInfo_c)
-    _lib.call("goepEpBufferPlan", ctypes.byref(config._c()), int(nranks), int(nnodes), ctypes.byref(info))
+    _lib.call("goepEpBufferPlanWithOptions", ctypes.byref(config._c()), ctypes.byref(config._options()), int(nranks),
+              int(nnodes), ctypes.byref(info))
     return MemInfo(info.shared_per_rank, info.window_per_rank, info.copies_per_rank, info.per_node, info.ranks_per_node)
 
 
@@ -118,7 +127,8 @@ class Group:
         else:
             nranks, rank = -1, -1
         ptr = ctypes.c_void_p()
-        _lib.call("goepEpCreateGroup", ctypes.byref(ptr), _comm_handle(comm), ctypes.byref(config._c()))
+        _lib.call("goepEpCreateGroupWithOptions", ctypes.byref(ptr), _comm_handle(comm), ctypes.byref(config._c()),
+                  ctypes.byref(config._options()))
         return cls(ptr.value, config, nranks, rank)
 
     def _check_valid(self, operation: str) -> None:
