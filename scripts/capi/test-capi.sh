@@ -18,7 +18,7 @@
 #     tests at 2 and 4); a rank with an uncaught exception ends the job (python/tests/dead_rank.py)
 #   - pip install ./python into a throw-away venv, offline, and a round with the installed package
 #
-# PYTHON is Debian's /usr/bin/python3 (python3-numpy, python3-mpi4py, python3-pytest), not the
+# PYTHON is Debian's /usr/bin/python3 (python3-numpy, python3-mpi4py, python3-pytest, python3-torch), not the
 # first python3 on PATH. Each mpirun is bounded by `timeout`, so a hang fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,6 +1,7 @@
 """goep.ep: expert-parallel dispatch and combine over MPI, shaped after NCCL
 EP's ``nccl.ep`` so that a program written for it ports by changing its
-imports and its device buffers to numpy arrays::
+imports and its device buffers to host ones (numpy arrays, PyTorch CPU
+tensors, DLPack or array-interface objects: :class:`Tensor`)::
 
     from mpi4py import MPI
     import goep.ep as nccl_ep
