@@ -62,7 +62,7 @@ deps:
 deps-nvrtc:
 	@scripts/install-deps.sh --nvrtc
 
-# Debian's python3 (numpy, mpi4py, pytest from apt) for the Python interface's tests: not the first
+# Debian's python3 (numpy, mpi4py, pytest, torch from apt) for the Python interface's tests: not the first
 # python3 on PATH, which may be another (pyenv's) without them.
 deps-python:
 	@scripts/install-deps.sh --python

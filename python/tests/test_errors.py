@@ -162,7 +162,7 @@ def test_bad_group_config(comm):
     with pytest.raises(nccl_ep.NcclInvalid, match="config.datatype = int32"):
         nccl_ep.Group.create(comm, nccl_ep.GroupConfig(num_experts=comm.Get_size(), max_dispatch_tokens_per_rank=1,
                                                        max_token_bytes=4, num_topk=1, datatype=nccl_ep.INT32))
-    with pytest.raises(nccl_ep.NcclInvalid, match="want an mpi4py communicator"):
+    with pytest.raises(nccl_ep.NcclInvalid, match="want a goep.core.Communicator or an mpi4py communicator"):
         nccl_ep.Group.create("world", nccl_ep.GroupConfig())
 
 

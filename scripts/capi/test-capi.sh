@@ -22,7 +22,7 @@
 #     tests at 2 and 4); a rank with an uncaught exception ends the job (python/tests/dead_rank.py)
 #   - pip install ./python into a throw-away venv, offline, and a round with the installed package
 #
-# PYTHON is Debian's /usr/bin/python3 (python3-numpy, python3-mpi4py, python3-pytest), not the
+# PYTHON is Debian's /usr/bin/python3 (python3-numpy, python3-mpi4py, python3-pytest, python3-torch), not the
 # first python3 on PATH. Each mpirun is bounded by `timeout`, so a hang fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -114,6 +114,6 @@ trap 'rm -rf "$venv"' EXIT
 # The library is the one just built (GOEP_EP_LIB is copied, not rebuilt); --no-index: no network.
 GOEP_EP_LIB="$PWD/bin/capi/libgoep_ep.so" "$venv/bin/pip" install --quiet --no-index --no-build-isolation ./python
 rm -rf python/build python/goep.egg-info
-(cd /tmp && unset PYTHONPATH && "$venv/bin/python" -c 'import goep.ep as e, sys; p = str(e.get_lib_path()); print("installed:", p); sys.exit(not p.startswith(sys.argv[1]))' "$venv")
+(cd /tmp && unset PYTHONPATH && "$venv/bin/python" -c 'import goep.ep as e, goep.core as c, sys; p = str(e.get_lib_path()); print("installed:", p, c.__file__); sys.exit(not (p.startswith(sys.argv[1]) and c.__file__.startswith(sys.argv[1])))' "$venv")
 PYTHONPATH= mpi 2 - "$venv/bin/python" python/examples/ep_test.py -a ll,ht
 echo "test-capi: ok"

@@ -10,8 +10,10 @@ __all__ = [
     "DispatchQuantizationRecipe",
     "ExpertIdKind",
     "Layout",
+    "OverflowPolicy",
     "PassDir",
     "Result",
+    "ZeroCopyMode",
 ]
 
 
@@ -65,6 +67,41 @@ class DispatchQuantizationRecipe(IntEnum):
 
 class CombineQuantizationRecipe(IntEnum):
     NONE = 0
+
+
+class OverflowPolicy(IntEnum):
+    """What an HT dispatch does with rows beyond ``max_recv_tokens_per_rank``
+    (``GroupConfig.overflow_policy``), numbered as NCCL's
+    ``ncclEpOverflowPolicy_t`` (the long names are its generated bindings').
+
+    DROP drops those rows, the same on every rank (they add nothing to the
+    combine); AUTO and TRAP fail such a dispatch on every rank (an error, as
+    TRAP's abort is in NCCL EP)."""
+
+    AUTO = 0
+    """TRAP."""
+    TRAP = 1
+    DROP = 2
+    OVERFLOW_AUTO = 0
+    OVERFLOW_TRAP = 1
+    OVERFLOW_DROP = 2
+
+
+class ZeroCopyMode(IntEnum):
+    """Whether NCCL EP bypasses its staging buffers for window-backed tensors
+    (``GroupConfig.zero_copy``), numbered as ``ncclEpZeroCopyMode_t``.
+
+    AUTO and OFF are accepted; ON is refused: goep has no registered windows
+    (a Tensor with ``window=`` is refused), and its own way without copies is
+    ``DispatchOutputs(tokens=None)`` with :meth:`Handle.recv_tokens`."""
+
+    AUTO = 0
+    """OFF."""
+    OFF = 1
+    ON = 2
+    ZERO_COPY_AUTO = 0
+    ZERO_COPY_OFF = 1
+    ZERO_COPY_ON = 2
 
 
 class DataType(IntEnum):

@@ -2,7 +2,8 @@
 ``nccl.ep``'s: HandleConfig, DispatchConfig, CombineConfig, LayoutInfo,
 DispatchInputs, DispatchOutputs, CombineInputs, CombineOutputs.
 
-Tensors are numpy arrays (or :class:`Tensor`) in host memory; calls are
+Tensors are host memory, described in place: numpy arrays, PyTorch CPU
+tensors, DLPack or array-interface objects, or :class:`Tensor`; calls are
 synchronous, so the ``stream`` arguments ``nccl.ep`` takes are accepted and
 ignored.
 """
@@ -32,7 +33,7 @@ __all__ = [
     "LayoutInfo",
 ]
 
-TensorLike = Any  # a numpy array, a Tensor, or None
+TensorLike = Any  # a Tensor, anything Tensor describes (a numpy array, a torch tensor, ...), or None
 
 
 @dataclass
