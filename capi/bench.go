@@ -64,7 +64,7 @@ func (gi *groupImpl[E]) bench(x, topk, weights unsafe.Pointer, tokens int, round
 		}
 		start := time.Now()
 		gi.dispatches++
-		h, err := gi.g.Dispatch(xs, tk, w)
+		h, err := gi.g.Dispatch(ep.Tokens(xs, tk, w))
 		if err != nil {
 			return err
 		}

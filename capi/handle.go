@@ -274,9 +274,9 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 	h.g.dispatches++ // even one that fails may have reused the receive buffer
 	number := h.g.dispatches
 	if h.dispatched {
-		req, err = h.g.g.DispatchCachedSend(h.eh, x, weights)
+		req, err = h.g.g.DispatchSend(ep.Reuse(h.eh, x, weights))
 	} else {
-		req, err = h.g.g.DispatchSend(x, h.topk, weights)
+		req, err = h.g.g.DispatchSend(ep.Tokens(x, h.topk, weights))
 	}
 	if err != nil {
 		return err

@@ -63,7 +63,7 @@ func e4m3Bits(v, x uint32) uint8 {
 
 // ScalesFromUE8M0 widens UE8M0 scales (one 8-bit exponent e per scale group,
 // the scale 2^(e-127), as DeepEP's and NCCL EP's packed scales hold them) to
-// the float32 scales DispatchFP8 takes: dst[i] = 2^(exps[i]-127), exactly.
+// the float32 scales a forwarded dispatch takes (DispatchInput.Scales): dst[i] = 2^(exps[i]-127), exactly.
 // Exponent 0 (a scale below float32's normal range) and 255 (not a number in
 // UE8M0) are refused, naming the index.
 func ScalesFromUE8M0(dst []float32, exps []uint8) error {

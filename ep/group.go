@@ -11,7 +11,7 @@ import (
 )
 
 // handleRing is how many dispatches' handles a Group keeps: a handle stays
-// usable (for Combine, DispatchCached and its views' bookkeeping) until
+// usable (for Combine, a dispatch reusing it and its views' bookkeeping) until
 // handleRing newer dispatches have been made, after which it is stale.
 const handleRing = 8
 
@@ -428,7 +428,7 @@ func (g *Group[E]) newState(op string) (*handleState[E], error) {
 // rank's are bad, so that every other rank's same call fails at once with a
 // *RefusedError naming this rank and reason, as when one of ep's own checks
 // refuses, instead of waiting for this rank until its timeout. prev is the
-// handle a DispatchCached would have reused (the zero Handle for a fresh
+// handle a dispatch would have reused (the zero Handle for a fresh
 // dispatch). It returns reason as an *InputError; the group stays usable.
 // It is collective, as the dispatch it stands for.
 func (g *Group[E]) RefuseDispatch(prev Handle[E], reason string) error {

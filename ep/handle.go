@@ -9,7 +9,7 @@ import (
 
 // Handle is the result of a dispatch: the routing of its tokens and, once
 // complete, views of the rows this rank received. It is needed to combine,
-// and can be reused by DispatchCached while the routing is unchanged. It is
+// and can be reused (DispatchInput.Reuse) while the routing is unchanged. It is
 // a small value: copy it freely. A handle goes stale when handleRing (8)
 // newer dispatches have been made on its group; a stale handle's views are
 // empty and calls refuse it. The zero Handle is no handle.

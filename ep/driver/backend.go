@@ -97,7 +97,7 @@ type Refusal struct {
 	Op     uint64   // the call's sequence number
 	Set    int      // its buffer set, where this rank knows it (a combine of a bad handle does not)
 	Kind   CallKind // a dispatch (fresh or cached) or a combine
-	Cached bool     // the dispatch is a DispatchCached (its peers skip the count exchange)
+	Cached bool     // the dispatch reuses a handle's routing (DispatchInput.Reuse: its peers skip the count exchange)
 	// Dispatch is, where this rank could resolve the call's handle, the
 	// dispatch whose routing the call uses: a combine's, or the one a
 	// cached dispatch reuses (its State included); nil for a fresh
@@ -112,7 +112,7 @@ type CallKind int
 
 // Kinds of collective call.
 const (
-	CallDispatch CallKind = iota + 1 // Dispatch, DispatchCached and their halves
+	CallDispatch CallKind = iota + 1 // Dispatch and DispatchSend, fresh or reusing a routing
 	CallCombine                      // Combine and its halves
 )
 
@@ -174,7 +174,7 @@ type Dispatch struct {
 	Op   uint64 // the call's sequence number among the group's calls, from 1; the same on every rank
 	Set  int    // buffer set: LowLatency alternates 0 and 1, HighThroughput uses 0
 	From *Dispatch
-	// From is, for DispatchCached, the dispatch whose routing this one
+	// From is, for a dispatch that reuses a routing, the dispatch whose routing this one
 	// reuses (valid during DispatchSend only: copy what is needed into
 	// State); nil for a fresh dispatch. Every rank passes a cached
 	// dispatch at the same call.

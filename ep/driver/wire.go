@@ -21,7 +21,7 @@ const (
 	WireFP8UE8M0
 	// WireFP8Forward forwards rows the caller quantized already (NCCL EP's
 	// scales-forward recipe): the group's dispatches take e4m3 codes and
-	// their float32 scales, one per ScaleGroup elements (DispatchFP8), and
+	// their float32 scales, one per ScaleGroup elements (DispatchInput.Codes and Scales), and
 	// move them as they are, with no cast in ep (any positive scales: a
 	// per-128 float32 recipe, or powers of two, UE8M0, which
 	// ScalesFromUE8M0 widens exactly); they arrive as RecvFP8 and

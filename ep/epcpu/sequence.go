@@ -43,7 +43,7 @@ type callKind uint64
 const (
 	callNone     callKind = iota
 	callDispatch          // Dispatch (fresh routing)
-	callCached            // DispatchCached
+	callCached            // a dispatch reusing a routing (DispatchInput.Reuse)
 	callCombine           // Combine
 	callRelease           // Release of an LL handle: its combine without outputs
 	callRefused           // a call this rank refused: it stands for whatever the others make

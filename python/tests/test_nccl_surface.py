@@ -197,7 +197,7 @@ def test_enums_have_nccls_numbers():
 
 def test_group_config_fields_in_nccls_order():
     names = [f.name for f in dataclasses.fields(nccl_ep.GroupConfig)]
-    assert names == NCCL_GROUP_FIELDS + ["datatype"]
+    assert names == NCCL_GROUP_FIELDS + ["datatype", "backend"]
     d = nccl_ep.GroupConfig()
     assert (d.num_topk, d.zero_copy, d.overflow_policy, d.alloc) == (0, 0, 0, nccl_ep.AllocConfig(0, 0, 0))
     p = nccl_ep.GroupConfig(HT, 8, 16, 64, 256, 1 << 20)
@@ -238,3 +238,27 @@ def test_bad_group_config_fields(change, message):
                                  **change})
     with pytest.raises(nccl_ep.NcclInvalid, match=message):
         nccl_ep.buffer_plan(cfg, 4, 1)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-onesided"])
+def test_backend_by_name(comm, backend):
+    """A group on a backend named in GroupConfig.backend combines the
+    reference's values and says which backend it runs on."""
+    me, R = comm.Get_rank(), comm.Get_size()
+    s = ref.Shape(nranks=R, num_experts=4 * R, topk=2, hidden=16, max_tokens=6)
+    cfg = nccl_ep.GroupConfig(algorithm=LL, num_experts=s.num_experts, max_dispatch_tokens_per_rank=s.max_tokens,
+                              max_token_bytes=s.hidden * 2, num_topk=s.topk, backend=backend)
+    group = nccl_ep.Group.create(comm, cfg)
+    np.testing.assert_array_equal(ll_round(group, s, me), ref.combined(s, me))
+    group.destroy()
+
+
+@pytest.mark.parametrize("backend, message", [
+    ("no-such-backend", 'options.backend = "no-such-backend": .*not registered'),
+    ("alltoallv", 'options.backend = "alltoallv": .*does not declare'),
+])
+def test_backend_refused_by_name(comm, backend, message):
+    cfg = nccl_ep.GroupConfig(algorithm=LL, num_experts=4 * comm.Get_size(), max_dispatch_tokens_per_rank=4,
+                              max_token_bytes=32, num_topk=2, backend=backend)
+    with pytest.raises(nccl_ep.NCCLEpError, match=message):
+        nccl_ep.Group.create(comm, cfg)

@@ -94,7 +94,7 @@ func (f *fp8Rows) Put(base ptr, a RowArea, i int, tk int) {
 
 func (f *fp8Rows) Flush(x, _ []byte) { f.q.Flush(x, f.hidden, f.elem, f.wire) }
 
-// fp8Forward: the caller quantized the rows (DispatchFP8): their e4m3 codes
+// fp8Forward: the caller quantized the rows (DispatchInput.Codes): their e4m3 codes
 // and float32 scales travel as they are, copied, with no cast in ep.
 type fp8Forward struct {
 	bytes, scales  int

@@ -52,6 +52,10 @@ class GroupConfig:
             created and refuses 0, naming the field.
         datatype: (goep) the tokens' element type, BFLOAT16 (numpy uint16
             bits, torch.bfloat16) or FLOAT32.
+        backend: (goep) the ep backend that moves the rows, by its registered
+            name and options ("cpu", "cpu-onesided"; ``ep-bench -device
+            list`` lists them); "" is "cpu". The C interface takes those that declare
+            refusals and call checks, and refuses the others by name.
     """
 
     algorithm: Algorithm = Algorithm.LOW_LATENCY
@@ -70,6 +74,7 @@ class GroupConfig:
     overflow_policy: OverflowPolicy = OverflowPolicy.AUTO
     num_topk: int = 0
     datatype: DataType = DataType.BFLOAT16
+    backend: str = ""
 
     def check(self) -> None:
         """Raise NcclInvalid naming the first field out of its C type's range."""
@@ -96,12 +101,14 @@ class GroupConfig:
         return _config_c(self)
 
     def _options(self):
-        """The goepEpGroupOptions_t of goep's own settings: the token type."""
+        """The goepEpGroupOptions_t of goep's own settings: the token type and the backend."""
         dt = DataType(self.datatype)
         if dt not in (DataType.BFLOAT16, DataType.FLOAT32):
             raise NcclInvalid(f"config.datatype = {dt.name.lower()} ({int(dt)}): want BFLOAT16 or FLOAT32, the token "
                               "element types")
-        return _lib.new(_lib.GroupOptions_c, token_datatype=int(dt))
+        if not isinstance(self.backend, str):
+            raise NcclInvalid(f"GroupConfig.backend = {self.backend!r}: want a backend's name (a str), or \"\"")
+        return _lib.new(_lib.GroupOptions_c, token_datatype=int(dt), backend=self.backend.encode() or None)
 
 
 def _config_c(cfg: GroupConfig):
