@@ -18,12 +18,13 @@ type DispatchRequest[E Element] struct {
 // (g+1)*ScaleGroup) are codes times scale g), which travel as they are and
 // arrive as RecvFP8 and RecvScales. They are in Memory().
 //
-// The routing is TopK, [T][TopK] expert ids on the host (-1 = none), with
-// Weights, [T][TopK]; or Reuse, an earlier handle of the group whose routing
-// this dispatch takes, skipping the layout and the count exchange (every
-// rank must reuse at the same call; NCCL EP dispatches a handle again so),
-// with Weights, or the earlier weights where Weights is nil. Reuse is how the
-// gradient of a combine reaches the expert rows.
+// The routing is TopK, [T][TopK] expert ids on the host (-1 = none; nil
+// for no tokens), with Weights, [T][TopK]; or Reuse, an earlier handle of
+// the group whose routing this dispatch takes, skipping the layout and the
+// count exchange (every rank must reuse at the same call; NCCL EP
+// dispatches a handle again so), with Weights, or the earlier weights where
+// Weights is nil. Reuse is how the gradient of a combine reaches the expert
+// rows.
 type DispatchInput[E Element] struct {
 	Tokens  Tensor[E]
 	Codes   Tensor[E4M3]
@@ -66,11 +67,8 @@ func (g *Group[E]) DispatchSend(in DispatchInput[E]) (DispatchRequest[E], error)
 		op = g.names.Cached
 	}
 	x, err := inputTokens(op, in)
-	if err == nil && reuse && in.TopK != nil {
+	if err == nil && reuse && len(in.TopK) > 0 {
 		err = inputErrorf(op, "DispatchInput has both TopK and Reuse: the routing comes from one of them")
-	}
-	if err == nil && !reuse && in.TopK == nil {
-		err = inputErrorf(op, "DispatchInput has neither TopK nor Reuse: the routing must come from one of them")
 	}
 	if err != nil {
 		if err := g.usable(op); err != nil {
