@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 )
 
 // The functions of goep_ep.h. Each runs its body under guard, which
@@ -58,6 +59,11 @@ func bufferPlan(config *C.goepEpGroupConfig_t, options *C.goepEpGroupOptions_t, 
 	}
 	if nranks < 1 {
 		return invalidArgf("nranks = %d, want at least 1", nranks)
+	}
+	if gc.cfg.TopK == 0 {
+		// num_topk 0: each handle's, at most this bound; buffers grow with
+		// the top-k, so the plan is for the largest one can be
+		gc.cfg.TopK = min(gc.cfg.NumExperts, driver.MaxTopK)
 	}
 	elem := ep.BFloat16
 	if gc.elem == dtFloat32 {

@@ -359,8 +359,8 @@ typedef struct {
     /* Version 2 (read when `size` covers them). */
     goepEpZeroCopyMode_t zero_copy;            /* AUTO or OFF; ON is refused (goep has no windows) */
     goepEpOverflowPolicy_t overflow_policy;    /* HT: AUTO (TRAP), TRAP or DROP */
-    unsigned int num_topk;                     /* experts per token, 1..min(num_experts, 64); required by goep
-                                                  (NCCL EP can take it from each handle) */
+    unsigned int num_topk;                     /* experts per token, an upper bound on each handle's, at most
+                                                  min(num_experts, 64); 0: the group's first handle's */
     unsigned char padding_v2[4];
 } goepEpGroupConfig_t;
 #define GOEP_EP_GROUP_CONFIG_INIT \
@@ -615,8 +615,13 @@ goepEpResult_t goepEpTensorAlloc(goepEpTensor_t** tensor, unsigned int ndim, goe
 goepEpResult_t goepEpTensorDestroy(goepEpTensor_t* tensor);
 
 /* Create a group over the ranks of comm (collective over them, with the same config on every rank), with
- * goep's default options (goepEpCreateGroupWithOptions). comm stays the caller's: the group works on a
- * duplicate of it and the caller may free comm once goepEpCreateGroup returns. MPI must be initialised;
+ * goep's default options (goepEpCreateGroupWithOptions). It checks the config and duplicates comm; the
+ * group's buffers are allocated by its first goepEpInitHandle or goepEpCreateHandle, which is collective:
+ * every rank's first handle must have the same top-k (config.num_topk when set, else the handle's) and
+ * layout, or that call fails on every rank naming the ranks that differ. A later handle's top-k may be
+ * smaller (LL groups: padded with -1), never larger (goepEpInvalidUsage: create the group with that
+ * config.num_topk). comm stays the caller's: the group works on a duplicate of it and the caller may
+ * free comm once goepEpCreateGroup returns. MPI must be initialised;
  * goep never initialises or finalises it. A rank that does not call within timeout_ns is named in the
  * others' goepEpTimeout. */
 goepEpResult_t goepEpCreateGroup(goepEpGroup_t* group, MPI_Comm comm, const goepEpGroupConfig_t* config);
@@ -626,12 +631,14 @@ goepEpResult_t goepEpCreateGroup(goepEpGroup_t* group, MPI_Comm comm, const goep
 goepEpResult_t goepEpGroupDestroy(goepEpGroup_t group);
 
 /* The host bytes a handle of this layout and top-k holds at most (its copy of the routing): what
- * goepEpInitHandle's handle_mem needs. num_topk is the group's, or 0 or -1. */
+ * goepEpInitHandle's handle_mem needs. num_topk is the handle's (0 or -1: the group's); before the
+ * group's first handle, with config.num_topk 0, it must be given. */
 goepEpResult_t goepEpHandleMemSize(goepEpGroup_t group, goepEpLayout_t layout, const goepEpHandleConfig_t* config,
                                    size_t* size_out, int num_topk);
 
 /* Make a handle of `layout` without routing: goepEpUpdateHandle gives it each step's. num_topk is the
- * group's config.num_topk, or 0 or -1 (the group's). handle_mem, if not NULL, is a 1-D uint8 tensor of at
+ * handle's top-k, or 0 or -1 (the group's); the group's first handle opens it (collective, see
+ * goepEpCreateGroup). handle_mem, if not NULL, is a 1-D uint8 tensor of at
  * least goepEpHandleMemSize bytes, 4-byte aligned, that holds the handle's copy of its routing instead of
  * memory of the library's: the caller keeps it valid until goepEpHandleDestroy. Local and not numbered
  * (no step yet). config may be NULL. */
@@ -651,7 +658,8 @@ goepEpResult_t goepEpInitHandle(goepEpHandle_t* handle, goepEpGroup_t group, goe
 goepEpResult_t goepEpUpdateHandle(goepEpHandle_t handle, const goepEpTensor_t* topk_idx,
                                   const goepEpLayoutInfo_t* layout_info, goepEpStream_t stream);
 
-/* goepEpInitHandle and goepEpUpdateHandle in one call (a handle per step): local, numbered. A refused one
+/* goepEpInitHandle and goepEpUpdateHandle in one call (a handle per step): local (the group's first
+ * handle opens it, collectively: see goepEpCreateGroup), numbered. A refused one
  * makes no handle, and the dispatch it stood for fails on every rank, as a refused update's. layout_info
  * must be NULL (goep writes the counters at dispatch); config may be NULL. */
 goepEpResult_t goepEpCreateHandle(goepEpHandle_t* handle, goepEpGroup_t group, goepEpLayout_t layout,
@@ -716,7 +724,8 @@ goepEpResult_t goepEpCreateGroupWithOptions(goepEpGroup_t* group, MPI_Comm comm,
                                             const goepEpGroupOptions_t* options);
 
 /* goep: the memory a group of `config` would hold over nranks ranks on nnodes nodes (nodes as equal as
- * can be), computed without allocating anything or calling MPI. Not collective. goepEpBufferPlan is
+ * can be), computed without allocating anything or calling MPI. Not collective. With config.num_topk 0,
+ * for the largest top-k a handle can have, min(num_experts, 64). goepEpBufferPlan is
  * goepEpBufferPlanWithOptions with options NULL. */
 goepEpResult_t goepEpBufferPlan(const goepEpGroupConfig_t* config, int nranks, int nnodes, goepEpMemInfo_t* info);
 goepEpResult_t goepEpBufferPlanWithOptions(const goepEpGroupConfig_t* config, const goepEpGroupOptions_t* options,

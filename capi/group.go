@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/mpi"
 )
 
@@ -92,8 +93,8 @@ func readGroupConfig(p *C.goepEpGroupConfig_t, o *C.goepEpGroupOptions_t) (group
 	if covers(p.size, unsafe.Offsetof(p.num_topk), unsafe.Sizeof(p.num_topk)) {
 		topk = int(p.num_topk)
 	}
-	if topk == 0 {
-		return gc, invalidArgf("config.num_topk = 0: goep needs the top-k when the group is created (NCCL EP takes it from each handle's topk_idx)")
+	if topk < 0 || topk > driver.MaxTopK {
+		return gc, invalidArgf("config.num_topk = %d: want 0 (each handle's) or 1..%d", topk, driver.MaxTopK)
 	}
 	gc.cfg.NumExperts = int(p.num_experts)
 	gc.cfg.MaxTokensPerRank = int(p.max_dispatch_tokens_per_rank)
@@ -177,16 +178,18 @@ func newGroup(comm C.MPI_Comm, p *C.goepEpGroupConfig_t, o *C.goepEpGroupOptions
 	if err != nil {
 		return nil, err
 	}
-	var g group
+	// The config is checked now, locally, as far as it can be without the
+	// top-k (which the first handle may give); NewGroup checks it all, and
+	// compares it across ranks, when the first handle opens the group.
+	v := gc.cfg
+	v.TopK = max(v.TopK, 1)
+	if err := v.Validate(c.Size()); err != nil {
+		return nil, errors.Join(withCode(C.goepEpInvalidArgument, err), c.Free())
+	}
 	if gc.elem == dtBfloat16 {
-		g, err = openGroup[ep.BF16](c, gc)
-	} else {
-		g, err = openGroup[float32](c, gc)
+		return newGroupImpl[ep.BF16](c, gc), nil
 	}
-	if err != nil {
-		return nil, errors.Join(groupError(err), c.Free())
-	}
-	return g, nil
+	return newGroupImpl[float32](c, gc), nil
 }
 
 // groupError gives NewGroup's errors about the config (checked, and
@@ -202,10 +205,20 @@ func groupError(err error) error {
 // groupImpl is a group of element type E: an ep.Group and what the C
 // interface keeps beside it.
 type groupImpl[E ep.Element] struct {
-	mu        sync.Mutex // calls on a group are serialised
-	g         *ep.Group[E]
-	comm      *mpi.Comm // the duplicate of the caller's communicator
-	gc        groupConfig
+	mu sync.Mutex // calls on a group are serialised
+	// g is opened, collectively, by the group's first handle (open), with
+	// that handle's top-k unless config.num_topk fixes it; nil until then.
+	g    *ep.Group[E]
+	comm *mpi.Comm // the duplicate of the caller's communicator
+	// gc.cfg.TopK is config.num_topk (0: each handle's) until g opens, then
+	// g's.
+	gc     groupConfig
+	nranks int
+	fixedK int // config.num_topk: an upper bound on every handle's top-k; 0: the first handle's
+	// marks counts handle numbers taken before g opened, given to g.Mark
+	// when it does; every numbered call opens g first, so it stays 0 unless
+	// a call is added that numbers without opening.
+	marks     int
 	destroyed bool
 	ones      []float32 // LL weights of a dispatch given none: MaxTokensPerRank*TopK ones
 	// the async error flag: a call masked a rank not masked before
@@ -221,16 +234,47 @@ type groupImpl[E ep.Element] struct {
 	refused string
 }
 
-func openGroup[E ep.Element](c *mpi.Comm, gc groupConfig) (*groupImpl[E], error) {
-	g, err := ep.NewGroup[E](c, gc.cfg)
+func newGroupImpl[E ep.Element](c *mpi.Comm, gc groupConfig) *groupImpl[E] {
+	return &groupImpl[E]{comm: c, gc: gc, nranks: c.Size(), fixedK: gc.cfg.TopK, known: make([]bool, c.Size())}
+}
+
+// open opens the ep.Group at the group's first handle, collectively: with
+// config.num_topk when it was set, else with K, the handle's top-k (0 when
+// this rank's handle has none to give, so that the other ranks' NewGroup
+// fails naming this rank). Every rank's first handle must agree: NewGroup
+// compares the configs and fails on every rank, naming the ranks that
+// differ. The numbers taken before are then given to the group. The caller
+// holds gi.mu.
+func (gi *groupImpl[E]) open(K int, call string) error {
+	if gi.g != nil {
+		return nil
+	}
+	cfg := gi.gc.cfg
+	if cfg.TopK == 0 {
+		cfg.TopK = K
+	}
+	g, err := ep.NewGroup[E](gi.comm, cfg)
 	if err != nil {
-		return nil, err
+		return groupError(fmt.Errorf("%s opens the group (num_topk %d) as every rank's first handle: %w", call, cfg.TopK, err))
 	}
-	ones := make([]float32, gc.cfg.MaxTokensPerRank*gc.cfg.TopK)
-	for i := range ones {
-		ones[i] = 1
+	gi.g, gi.gc.cfg.TopK = g, cfg.TopK
+	gi.ones = make([]float32, cfg.MaxTokensPerRank*cfg.TopK)
+	for i := range gi.ones {
+		gi.ones[i] = 1
 	}
-	return &groupImpl[E]{g: g, comm: c, gc: gc, ones: ones, known: make([]bool, g.Size())}, nil
+	for ; gi.marks > 0; gi.marks-- {
+		g.Mark()
+	}
+	return nil
+}
+
+// notOpen refuses op on a group no handle has opened yet.
+func (gi *groupImpl[E]) notOpen(op string) error {
+	if gi.g == nil {
+		return invalidUsagef("%s: the group's buffers are allocated by its first goepEpInitHandle or goepEpCreateHandle (collective), "+
+			"and no handle has been made yet", op)
+	}
+	return nil
 }
 
 // lock takes the group for a call, refusing a destroyed one.
@@ -243,7 +287,7 @@ func (gi *groupImpl[E]) lock() error {
 	return nil
 }
 
-func (gi *groupImpl[E]) size() int { return gi.g.Size() }
+func (gi *groupImpl[E]) size() int { return gi.nranks }
 
 // deliver takes part, as a refusal, in the dispatch that the handle of a
 // refused goepEpCreateHandle stood for: the other ranks made it at once,
@@ -276,9 +320,11 @@ func (gi *groupImpl[E]) destroy() error {
 		return err
 	}
 	defer gi.mu.Unlock()
-	_ = gi.deliver() // best effort: the group goes anyway, and Close says what failed
-	if err := gi.g.Close(); err != nil {
-		return err // a rank did not come: nothing freed, and Close may be called again
+	if gi.g != nil {
+		_ = gi.deliver() // best effort: the group goes anyway, and Close says what failed
+		if err := gi.g.Close(); err != nil {
+			return err // a rank did not come: nothing freed, and Close may be called again
+		}
 	}
 	gi.destroyed = true
 	return gi.comm.Free()
@@ -289,6 +335,9 @@ func (gi *groupImpl[E]) bufferBytes() (int, error) {
 		return 0, err
 	}
 	defer gi.mu.Unlock()
+	if err := gi.notOpen("goepEpGroupBufferBytes (goepEpBufferPlan gives the sizes ahead)"); err != nil {
+		return 0, err
+	}
 	return gi.g.BufferBytes(), nil
 }
 
@@ -346,11 +395,11 @@ func (gi *groupImpl[E]) handleMemSize(layout C.goepEpLayout_t, cfg *C.goepEpHand
 	if err := readHandleConfig(cfg); err != nil {
 		return 0, err
 	}
-	K := gi.gc.cfg.TopK
-	if topk > 0 && topk != K {
-		return 0, invalidArgf("num_topk = %d, but the group's config.num_topk is %d", topk, K)
+	K, err := gi.handleTopK(topk)
+	if err != nil {
+		return 0, err
 	}
-	return gi.gc.cfg.MaxTokensPerRank * K * 4, nil // the copy of topk_idx, as int32
+	return gi.gc.cfg.MaxTokensPerRank * K * 4, nil // the copy of topk_idx, as int32, padded to the group's top-k
 }
 
 func (gi *groupImpl[E]) createHandle(layout C.goepEpLayout_t, topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t,
@@ -359,6 +408,15 @@ func (gi *groupImpl[E]) createHandle(layout C.goepEpLayout_t, topkDesc *C.goepEp
 		return nil, err
 	}
 	defer gi.mu.Unlock()
+	if gi.g == nil {
+		K := 0 // a topk_idx this rank cannot read opens nothing: the other ranks fail naming it
+		if t, err := readTensor("topk_idx", topkDesc); err == nil && t != nil && len(t.shape) == 2 {
+			K = t.shape[1]
+		}
+		if err := gi.open(K, "goepEpCreateHandle"); err != nil {
+			return nil, err
+		}
+	}
 	if err := gi.deliver(); err != nil {
 		return nil, err
 	}
@@ -376,6 +434,9 @@ func (gi *groupImpl[E]) refuse(reason string) error {
 		return err
 	}
 	defer gi.mu.Unlock()
+	if err := gi.open(0, "goepEpRefuse of a goepEpCreateHandle"); err != nil {
+		return errors.Join(invalidArgf("%s", reason), err)
+	}
 	if err := gi.deliver(); err != nil {
 		return err
 	}
@@ -418,6 +479,13 @@ func (gi *groupImpl[E]) initHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleC
 		return nil, err
 	}
 	defer gi.mu.Unlock()
+	k := numTopK
+	if k < 0 || k > driver.MaxTopK {
+		k = 0 // makeHandle refuses it, after the open every rank takes part in
+	}
+	if err := gi.open(k, "goepEpInitHandle"); err != nil {
+		return nil, err
+	}
 	h, err := gi.makeHandle(layout, cfg, numTopK, mem)
 	if err != nil {
 		return nil, err
@@ -434,9 +502,10 @@ func (gi *groupImpl[E]) makeHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleC
 	if err := readHandleConfig(cfg); err != nil {
 		return nil, err
 	}
-	K, maxT := gi.gc.cfg.TopK, gi.gc.cfg.MaxTokensPerRank
-	if numTopK > 0 && numTopK != K {
-		return nil, invalidArgf("num_topk = %d, but the group's config.num_topk is %d (goep fixes the top-k per group)", numTopK, K)
+	maxT := gi.gc.cfg.MaxTokensPerRank
+	K, err := gi.handleTopK(numTopK)
+	if err != nil {
+		return nil, err
 	}
 	h := &handleImpl[E]{g: gi, layout: layout}
 	t, err := readTensor("handle_mem", mem)
@@ -454,6 +523,35 @@ func (gi *groupImpl[E]) makeHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleC
 	}
 	h.mem = view[int32](t, maxT*K)
 	return h, nil
+}
+
+// handleTopK is the top-k a handle's copy of topk_idx holds given its
+// num_topk (0 or negative, as NCCL EP's HT callers pass: the group's): the
+// group's, once open, which a smaller one is padded to; before,
+// config.num_topk or else num_topk.
+func (gi *groupImpl[E]) handleTopK(numTopK int) (int, error) {
+	K := gi.gc.cfg.TopK
+	numTopK = max(numTopK, 0)
+	switch {
+	case numTopK > driver.MaxTopK:
+		return 0, invalidArgf("num_topk = %d: want 0 (the group's) or 1..%d", numTopK, driver.MaxTopK)
+	case K == 0 && numTopK == 0:
+		return 0, invalidArgf("num_topk = 0, and the group's config.num_topk is 0 too: give the handle's top-k")
+	case K == 0:
+		return numTopK, nil
+	case numTopK > K:
+		return 0, gi.tooWide(numTopK)
+	}
+	return K, nil
+}
+
+// tooWide refuses a handle whose top-k exceeds the group's.
+func (gi *groupImpl[E]) tooWide(k int) error {
+	if gi.fixedK > 0 {
+		return invalidArgf("num_topk = %d, more than the group's config.num_topk = %d (an upper bound)", k, gi.fixedK)
+	}
+	return invalidUsagef("num_topk = %d, more than the group's top-k %d, fixed by its first handle (or config.num_topk): "+
+		"goep does not re-open a group for a wider top-k; create the group with config.num_topk = %d or more", k, gi.gc.cfg.TopK, k)
 }
 
 // checkRouting checks the expert ids of [tokens][K] topk (in range or -1,
@@ -480,7 +578,7 @@ func checkRouting(topk []int32, K, experts int) error {
 // noteMask sets the async error flag when a call masked a rank that was not
 // masked before (groups with enable_mask).
 func (gi *groupImpl[E]) noteMask() {
-	if !gi.gc.cfg.MaskStalledRanks {
+	if !gi.gc.cfg.MaskStalledRanks || gi.g == nil {
 		return
 	}
 	for _, r := range gi.g.Masked() {
@@ -508,6 +606,9 @@ func (gi *groupImpl[E]) maskQuery(status []C.int) error {
 	}
 	for r := range status {
 		status[r] = 1
+	}
+	if gi.g == nil {
+		return nil // no rank can have been masked before the group's first handle
 	}
 	for _, r := range gi.g.Masked() {
 		status[r] = 0
@@ -548,6 +649,9 @@ func (gi *groupImpl[E]) maskClean() error {
 }
 
 func (gi *groupImpl[E]) setMask(masked []int) error {
+	if err := gi.notOpen("goepEpMaskUpdate and goepEpMaskClean"); err != nil {
+		return err
+	}
 	if err := gi.g.SetMask(masked); err != nil {
 		return err
 	}

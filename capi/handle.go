@@ -23,6 +23,7 @@ type handleImpl[E ep.Element] struct {
 	id, gid   uint64 // its number in the registry, and its group's
 	layout    C.goepEpLayout_t
 	T         int
+	kh        int // the top-k of the handle's topk_idx, at most the group's; its copy, topk, is padded with -1 to the group's
 	topk      []int32
 	mem       []int32 // the caller's handle_mem (goepEpInitHandle), which holds topk; nil: Go memory
 	destroyed bool    // goepEpHandleDestroy ran: its calls are refused
@@ -192,24 +193,42 @@ func (h *handleImpl[E]) route(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutIn
 		return err
 	}
 	K, maxT := gi.gc.cfg.TopK, gi.gc.cfg.MaxTokensPerRank
-	if err := t.want("[num_tokens, num_topk]", []dataType{dtInt32, dtInt64}, -1, K); err != nil {
+	if err := t.want("[num_tokens, num_topk]", []dataType{dtInt32, dtInt64}, -1, -1); err != nil {
 		return err
 	}
-	T := t.shape[0]
+	T, kh := t.shape[0], t.shape[1]
 	if T > maxT {
 		return invalidArgf("topk_idx has %d tokens (shape %s), more than config.max_dispatch_tokens_per_rank = %d", T, shapeString(t.shape), maxT)
 	}
-	// A fresh copy: an earlier dispatch of the handle may read its routing
-	// until it is released below.
+	switch {
+	case kh < 1:
+		return invalidArgf("topk_idx has shape %s: want num_topk >= 1", shapeString(t.shape))
+	case kh > K:
+		return gi.tooWide(kh)
+	case kh < K && gi.gc.cfg.Mode != ep.LowLatency:
+		return invalidUsagef("topk_idx has num_topk = %d, less than the group's %d: goep pads a narrower handle's routing in LL groups only "+
+			"(an HT handle's [slots, num_topk] outputs would need narrowing); give HT handles the group's top-k", kh, K)
+	}
+	// A fresh copy, each token's kh ids then -1 up to the group's K: an
+	// earlier dispatch of the handle may read its routing until it is
+	// released below.
 	topk := make([]int32, T*K)
 	if t.dtype == dtInt32 {
-		copy(topk, view[int32](t, T*K))
+		for i, e := range view[int32](t, T*kh) {
+			topk[i/kh*K+i%kh] = e
+		}
 	} else {
-		for i, e := range view[int64](t, T*K) {
-			topk[i] = int32(max(min(e, 1<<31-1), -1<<31))
-			if int64(topk[i]) != e {
-				return invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/K, i%K, e, gi.gc.cfg.NumExperts)
+		for i, e := range view[int64](t, T*kh) {
+			v := int32(max(min(e, 1<<31-1), -1<<31))
+			if int64(v) != e {
+				return invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/kh, i%kh, e, gi.gc.cfg.NumExperts)
 			}
+			topk[i/kh*K+i%kh] = v
+		}
+	}
+	for i := range topk {
+		if i%K >= kh {
+			topk[i] = -1
 		}
 	}
 	if err := checkRouting(topk, K, gi.gc.cfg.NumExperts); err != nil {
@@ -223,9 +242,23 @@ func (h *handleImpl[E]) route(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutIn
 	if h.mem != nil {
 		topk = h.mem[:copy(h.mem, topk)]
 	}
-	h.topk, h.T, h.routed, h.refusedUpdate = topk, T, true, false
+	h.topk, h.T, h.kh, h.routed, h.refusedUpdate = topk, T, kh, true, false
 	h.eh, h.dispatched, h.hasWeights = ep.Handle[E]{}, false, false
 	return nil
+}
+
+// widen gives [T][kh] weights of a handle narrower than the group as the
+// group's [T][K], 0 in the padding slots (whose expert ids are -1); the
+// caller's slice itself when kh is K.
+func (h *handleImpl[E]) widen(w []float32, K int) []float32 {
+	if h.kh == K {
+		return w
+	}
+	out := make([]float32, h.T*K)
+	for i, v := range w {
+		out[i/h.kh*K+i%h.kh] = v
+	}
+	return out
 }
 
 // errDestroyed is the refusal of a call on a destroyed handle.
@@ -359,14 +392,14 @@ func (h *handleImpl[E]) dispatchInputs(in *C.goepEpDispatchInputs_t) (ep.Tensor[
 	}
 	w, err := readTensor("inputs->topk_weights", in.topk_weights)
 	if err == nil && w != nil {
-		err = w.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, K)
+		err = w.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, h.kh)
 	}
 	if err != nil {
 		return x, nil, err
 	}
 	var weights []float32
 	if w != nil {
-		weights = view[float32](w, h.T*K)
+		weights = h.widen(view[float32](w, h.T*h.kh), K)
 	}
 	return ep.Host(view[E](tok, h.T*H)), weights, nil
 }
@@ -670,7 +703,7 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 	}
 	outW, err := readTensor("outputs->topk_weights", out.topk_weights)
 	if err == nil && outW != nil {
-		err = outW.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, K)
+		err = outW.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, h.kh)
 	}
 	if err != nil {
 		return y, outTok, nil, err
@@ -681,7 +714,7 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 			return y, outTok, nil, invalidArgf("inputs->topk_weights is for HT combines; an LL combine takes the weights it applies in outputs->topk_weights")
 		}
 		if outW != nil {
-			opts.WeightsOverride = view[float32](outW, h.T*K)
+			opts.WeightsOverride = h.widen(view[float32](outW, h.T*h.kh), K)
 		} else if !h.hasWeights {
 			return y, outTok, nil, invalidArgf("an LL combine applies the gate weights: give them in outputs->topk_weights ([num_tokens, num_topk] float32), or in the dispatch's inputs->topk_weights")
 		}

@@ -124,9 +124,10 @@ static void test_group_config(void) {
     EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "magic 0xdeadbeef");
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.size = 88;
     EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "has size 88, want at least 96");
-    /* A version-1 config (NCCL EP's first 96 bytes) has no num_topk, which goep needs. */
+    /* A version-1 config (NCCL EP's first 96 bytes) has no num_topk: each handle gives its own. */
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.size = GOEP_EP_GROUP_CONFIG_V1_SIZE, c.version = 1;
-    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.num_topk = 0");
+    OK(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c));
+    OK(goepEpGroupDestroy(g)); /* before any handle opened it */
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.version = 0;
     EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.version = 0");
     c.version = GOEP_EP_API_VERSION + 1;
@@ -162,8 +163,8 @@ static void test_group_config(void) {
     c = config(GOEP_EP_ALGO_HIGH_THROUGHPUT);
     EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument, "is for LowLatency groups");
     c = config(GOEP_EP_ALGO_LOW_LATENCY);
-    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.num_topk = 0;
-    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.num_topk = 0");
+    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.num_topk = 65;
+    EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.num_topk = 65: want 0 (each handle's) or 1..64");
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.max_token_bytes = 2 * H + 1;
     EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.max_token_bytes = 65");
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.algorithm = 7;
@@ -201,8 +202,8 @@ static void test_handles_and_ll_dispatch(void) {
     goepEpGroup_t g;
     OK(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c));
     size_t bytes = 0;
-    OK(goepEpGroupBufferBytes(g, &bytes));
-    EXPECT(bytes > 0, "goepEpGroupBufferBytes = 0");
+    /* the buffers come with the group's first handle */
+    EXPECT_RC(goepEpGroupBufferBytes(g, &bytes), goepEpInvalidUsage, "no handle has been made yet");
     inputs_t in;
     make_inputs(&in);
     goepEpHandle_t h;
@@ -215,7 +216,9 @@ static void test_handles_and_ll_dispatch(void) {
     size_t wide[2] = {(size_t)in.T, K + 1};
     bad = in.topk_t, bad.sizes = wide;
     EXPECT_RC(goepEpCreateHandle(&h, g, GOEP_EP_LAYOUT_EXPERT_MAJOR, &bad, NULL, NULL, NULL), goepEpInvalidArgument,
-              "topk_idx has shape");
+              "num_topk = 3, more than the group's config.num_topk = 2");
+    OK(goepEpGroupBufferBytes(g, &bytes)); /* the first handle, refused, opened the group */
+    EXPECT(bytes > 0, "goepEpGroupBufferBytes = 0");
     int32_t many[(MAXT + 1) * K] = {0};
     size_t many_dims[2] = {MAXT + 1, K};
     bad = tensor(goepEpInt32, many, 2, many_dims);
@@ -505,7 +508,7 @@ static void test_alloc_and_update(void) {
     size_t mem_dims[1] = {mem_bytes}, small_dims[1] = {mem_bytes - 1};
     goepEpTensor_t mem_t = tensor(goepEpUint8, mem, 1, mem_dims), bad = tensor(goepEpUint8, mem, 1, small_dims);
     EXPECT_RC(goepEpInitHandle(&h, g, GOEP_EP_LAYOUT_EXPERT_MAJOR, NULL, K + 1, NULL), goepEpInvalidArgument,
-              "num_topk = 3, but the group's config.num_topk is 2");
+              "num_topk = 3, more than the group's config.num_topk = 2");
     EXPECT_RC(goepEpInitHandle(&h, g, GOEP_EP_LAYOUT_FLAT, NULL, K, NULL), goepEpInvalidUsage, "GOEP_EP_LAYOUT_FLAT is for HT groups");
     EXPECT_RC(goepEpInitHandle(&h, g, GOEP_EP_LAYOUT_EXPERT_MAJOR, NULL, K, &bad), goepEpInvalidArgument, "handle_mem has");
     bad = mem_t, bad.datatype = goepEpInt32;

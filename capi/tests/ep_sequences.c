@@ -86,7 +86,7 @@ typedef struct {
     size_t rows;
 } steps_t;
 
-static void open_steps(steps_t* st, int ll, uint64_t timeout_ns) {
+static void open_steps_k(steps_t* st, int ll, uint64_t timeout_ns, int num_topk) {
     memset(st, 0, sizeof *st);
     ref_shape_t s = shape();
     st->ll = ll;
@@ -95,7 +95,7 @@ static void open_steps(steps_t* st, int ll, uint64_t timeout_ns) {
     c.num_experts = E_PER_RANK * n_ranks;
     c.max_dispatch_tokens_per_rank = MAXT;
     c.max_token_bytes = H * 2;
-    c.num_topk = K;
+    c.num_topk = (unsigned)num_topk;
     c.timeout_ns = timeout_ns;
     OK(goepEpCreateGroup(&st->g, MPI_COMM_WORLD, &c));
     st->T = num_tokens_of(&s, my_rank);
@@ -133,6 +133,8 @@ static void open_steps(steps_t* st, int ll, uint64_t timeout_ns) {
     st->cnt_dims[0] = E_PER_RANK;
     st->cnt_t = tensor(goepEpInt32, st->counts, 1, st->cnt_dims);
 }
+
+static void open_steps(steps_t* st, int ll, uint64_t timeout_ns) { open_steps_k(st, ll, timeout_ns, K); }
 
 static void close_steps(steps_t* st) {
     OK(goepEpGroupDestroy(st->g));
@@ -331,7 +333,78 @@ static void test_update(int ll) {
     free(mem);
 }
 
-/* 5. The bad rank ends: MPI_Finalize, never goepEpGroupDestroy. The others' dispatch is goepEpTimeout
+/* 5. A group created with num_topk 0 opens at its first handle, with that handle's top-k: buffer
+ * plans and handle sizes work before; first handles whose top-k differs across ranks fail on every
+ * rank naming a rank, and leave the group to be opened again; a narrower LL handle (top-k 1 after 2)
+ * is padded and its values are right; a wider one is refused on every rank, by name. */
+static void test_lazy(int ll) {
+    steps_t st;
+    open_steps_k(&st, ll, 60ull * 1000 * 1000 * 1000, 0);
+    goepEpLayout_t layout = ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT;
+    size_t n = 0;
+    OK(goepEpHandleMemSize(st.g, layout, NULL, &n, K));
+    EXPECT(n == (size_t)MAXT * K * 4, "goepEpHandleMemSize before the group opens: %zu bytes, want %d", n, MAXT * K * 4);
+    EXPECT_RC(goepEpHandleMemSize(st.g, layout, NULL, &n, 0), goepEpInvalidArgument, "num_topk = 0");
+    EXPECT_RC(goepEpGroupBufferBytes(st.g, &n), goepEpInvalidUsage, "first goepEpInitHandle or goepEpCreateHandle");
+    int mask[64];
+    if (n_ranks <= 64) /* as before the group opens as after: the group has no enable_mask */
+        EXPECT_RC(goepEpMaskQuery(st.g, mask, NULL), goepEpInvalidUsage, "config.enable_mask = 1");
+
+    /* The bad rank's first handle has top-k 1, the others' 2: NewGroup compares, and every rank fails. */
+    ref_shape_t s1 = shape();
+    s1.topk = 1;
+    int32_t topk1[MAXT];
+    float w1[MAXT];
+    for (int t = 0; t < st.T; t++) topk1[t] = ref_expert(&s1, my_rank, t, 0), w1[t] = ref_weight(t, 0);
+    size_t k1_dims[2] = {(size_t)st.T, 1};
+    goepEpTensor_t topk1_t = tensor(goepEpInt32, topk1, 2, k1_dims), w1_t = tensor(goepEpFloat32, w1, 2, k1_dims);
+    char named[32];
+    snprintf(named, sizeof named, "rank %d has TopK = 1", bad_rank);
+    goepEpHandle_t h;
+    EXPECT_RC(goepEpCreateHandle(&h, st.g, layout, my_rank == bad_rank ? &topk1_t : &st.topk_t, NULL, NULL, NULL), goepEpInvalidArgument,
+              named);
+    EXPECT_RC(goepEpGroupBufferBytes(st.g, &n), goepEpInvalidUsage, "no handle has been made yet");
+
+    /* Then every rank agrees on top-k 2: the group opens, and its rounds give the reference values. */
+    good_step(&st, 1, "the first step of a group opened by its first handle");
+    OK(goepEpGroupBufferBytes(st.g, &n));
+    EXPECT(n > 0, "goepEpGroupBufferBytes once open: %zu", n);
+    good_step(&st, 2, "the second step");
+
+    if (ll) {
+        /* top-k 1 in a top-k 2 group: padded with -1; the combine applies the one weight per token */
+        OK(goepEpCreateHandle(&h, st.g, layout, &topk1_t, NULL, NULL, NULL));
+        goepEpTensor_t saved_w = st.w_t;
+        st.w_t = w1_t;
+        OK(dispatch(&st, h, 0));
+        OK(combine(&st, h, 4, 0, 0));
+        st.w_t = saved_w;
+        OK(goepEpHandleDestroy(h));
+        for (int t = 0; t < st.T; t++)
+            for (int j = 0; j < H; j++) {
+                float got = float_of_bf16(st.out[t * H + j]), want = ref_combined(&s1, NULL, my_rank, t, j) * 4;
+                if (got != want) {
+                    FAIL("ll top-k 1 handle in a top-k 2 group: combined token %d [%d] = %g, want %g", t, j, got, want);
+                    t = st.T;
+                    break;
+                }
+            }
+        checks++;
+    } else {
+        EXPECT_RC(goepEpCreateHandle(&h, st.g, layout, &topk1_t, NULL, NULL, NULL), goepEpInvalidUsage, "in LL groups only");
+    }
+    /* top-k 3: wider than the group's, refused on every rank naming why */
+    int32_t topk3[MAXT * 3];
+    for (int i = 0; i < MAXT * 3; i++) topk3[i] = -1;
+    size_t k3_dims[2] = {(size_t)st.T, 3};
+    goepEpTensor_t topk3_t = tensor(goepEpInt32, topk3, 2, k3_dims);
+    EXPECT_RC(goepEpCreateHandle(&h, st.g, layout, &topk3_t, NULL, NULL, NULL), goepEpInvalidUsage, "does not re-open a group");
+    EXPECT_RC(goepEpInitHandle(&h, st.g, layout, NULL, 3, NULL), goepEpInvalidUsage, "does not re-open a group");
+    good_step(&st, 8, "a step after the refused handles");
+    close_steps(&st);
+}
+
+/* 6. The bad rank ends: MPI_Finalize, never goepEpGroupDestroy. The others' dispatch is goepEpTimeout
  * naming it, and their goepEpGroupDestroy returns at once with success: it waits for no rank. */
 static int test_dead_rank(void) {
     steps_t st;
@@ -375,6 +448,7 @@ int main(int argc, char** argv) {
             test_destroy_pending(ll, 0);
             test_destroy_pending(ll, 1);
             test_update(ll);
+            test_lazy(ll);
         }
     }
     int all = failures;

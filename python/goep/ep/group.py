@@ -47,9 +47,11 @@ class GroupConfig:
             beyond ``max_recv_tokens_per_rank`` (they add nothing to the
             combine), the same on every rank; AUTO and TRAP fail the dispatch
             on every rank.
-        num_topk: experts per token. Optional in nccl.ep (0: taken from each
-            handle's topk_idx); this library needs it when the group is
-            created and refuses 0, naming the field.
+        num_topk: experts per token, an upper bound on each handle's; 0 (as
+            in nccl.ep): the group's first handle sets it. The group's buffers
+            are allocated, collectively, by its first handle, with this top-k
+            (or that handle's); a later handle with fewer is padded (LL only),
+            one with more is refused.
         datatype: (goep) the tokens' element type, BFLOAT16 (numpy uint16
             bits, torch.bfloat16) or FLOAT32.
         backend: (goep) the ep backend that moves the rows, by its registered
@@ -241,7 +243,8 @@ class Group:
 
     @property
     def buffer_bytes(self) -> int:
-        """The bytes of buffers the group holds on this rank."""
+        """The bytes of buffers the group holds on this rank; NcclInvalid
+        before its first handle, which allocates them."""
         self._check_valid("read buffer_bytes")
         n = ctypes.c_size_t()
         _lib.call("goepEpGroupBufferBytes", self._ptr, ctypes.byref(n))
