@@ -558,6 +558,24 @@ typedef enum {
     GOEP_EP_CALL_COMBINE = 3
 } goepEpCall_t;
 
+/* goep: an optional behaviour a backend declares (goepEpBackendSupports). The values and names are those
+ * of Go's ep.Feature (FeatureFP8Wire is GOEP_EP_FEATURE_FP8_WIRE), checked by the library's tests. */
+typedef enum {
+    GOEP_EP_FEATURE_FP8_WIRE = 1,           /* FP8 dispatch: the engine casts the rows on the way */
+    GOEP_EP_FEATURE_MASK_STALLED_RANKS = 2, /* masking stalled ranks (enable_mask) */
+    GOEP_EP_FEATURE_FP8_FORWARD = 3,        /* forwarding the caller's FP8 codes and scales as they are */
+    GOEP_EP_FEATURE_FP8_COMBINE = 4,        /* a low-precision combine */
+    GOEP_EP_FEATURE_OVERFLOW_DROP = 5,      /* HT dropping what does not fit (GOEP_EP_OVERFLOW_DROP) */
+    GOEP_EP_FEATURE_REFUSALS = 6,           /* a refused call failing at once on every rank */
+    GOEP_EP_FEATURE_METER = 7,              /* per-peer waits and network bytes */
+    GOEP_EP_FEATURE_NAMED_TIMEOUTS = 8,     /* timeouts naming the stalled peer */
+    GOEP_EP_FEATURE_ZERO_ALLOCS = 9,        /* steady-state calls without allocations */
+    GOEP_EP_FEATURE_HT_EXPERT_MAJOR = 10,   /* the HT expert-major receive layout */
+    GOEP_EP_FEATURE_LL_RANK_MAJOR = 11,     /* the LL rank-major receive layout */
+    GOEP_EP_FEATURE_GLOBAL_EXPERT_IDS = 12, /* received top-k ids as global expert ids */
+    GOEP_EP_FEATURE_CALL_SEQUENCE = 13      /* calls checked to match across ranks */
+} goepEpFeature_t;
+
 /* goep: a group's settings that NCCL EP's config has no field for (goepEpCreateGroupWithOptions). Kept
  * apart so that goepEpGroupConfig_t stays NCCL EP's layout, whatever NCCL adds to it later. */
 typedef struct {
@@ -754,6 +772,16 @@ goepEpResult_t goepEpHandleRecvTokens(goepEpHandle_t handle, goepEpTensor_t* tok
  * stood for fails on every rank). The other argument may be NULL. Returns goepEpInvalidArgument with reason
  * as the last error, or the error that kept the call from being refused (a group found unusable: its code). */
 goepEpResult_t goepEpRefuse(goepEpGroup_t group, goepEpHandle_t handle, goepEpCall_t call, const char* reason);
+
+/* goep: the backends this library can run a group on (goepEpGroupOptions_t.backend): *count of them,
+ * and the name of the i-th (0 <= i < count, sorted by name) copied with its terminating NUL into buf of
+ * len bytes; a buf too short is goepEpInvalidArgument naming the length needed. Not collective. */
+goepEpResult_t goepEpBackendCount(int* count);
+goepEpResult_t goepEpBackendName(int i, char* buf, size_t len);
+
+/* goep: *supported = 1 if the backend named `backend` (a name or an alias) declares `feature`, else 0;
+ * an unknown backend or feature is goepEpInvalidArgument naming it. Not collective. */
+goepEpResult_t goepEpBackendSupports(const char* backend, goepEpFeature_t feature, int* supported);
 
 /* goep: for bindings (the Python package checks its struct layouts with it): sizeof the named struct type
  * as the library was built ("goepEpTensor_t", ...), 0 for a name it does not know. */

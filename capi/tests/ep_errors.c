@@ -687,6 +687,46 @@ static void test_mask(void) {
     free(recv), free(masked), free(status);
 }
 
+/* The backends and their features: "cpu" is listed and declares every feature the CPU engine declares
+ * (ep.CPU: all of goepEpFeature_t's, as Go's ep.Supports says); bad names, features and buffers are refused
+ * naming them. Local calls. */
+static void test_backends(void) {
+    static const goepEpFeature_t cpu_features[] = {
+        GOEP_EP_FEATURE_FP8_WIRE,        GOEP_EP_FEATURE_MASK_STALLED_RANKS, GOEP_EP_FEATURE_FP8_FORWARD,
+        GOEP_EP_FEATURE_FP8_COMBINE,     GOEP_EP_FEATURE_OVERFLOW_DROP,      GOEP_EP_FEATURE_REFUSALS,
+        GOEP_EP_FEATURE_METER,           GOEP_EP_FEATURE_NAMED_TIMEOUTS,     GOEP_EP_FEATURE_ZERO_ALLOCS,
+        GOEP_EP_FEATURE_HT_EXPERT_MAJOR, GOEP_EP_FEATURE_LL_RANK_MAJOR,      GOEP_EP_FEATURE_GLOBAL_EXPERT_IDS,
+        GOEP_EP_FEATURE_CALL_SEQUENCE};
+    int count = 0, cpu = 0;
+    OK(goepEpBackendCount(&count));
+    EXPECT(count >= 2, "goepEpBackendCount = %d, want the CPU engine's backends at least", count);
+    char name[64];
+    for (int i = 0; i < count; i++) {
+        memset(name, 'x', sizeof name);
+        OK(goepEpBackendName(i, name, sizeof name));
+        EXPECT(memchr(name, 0, sizeof name) != NULL, "goepEpBackendName(%d): no NUL", i);
+        if (!strcmp(name, "cpu")) cpu++;
+    }
+    EXPECT(cpu == 1, "\"cpu\" listed %d times among %d backends", cpu, count);
+    EXPECT_RC(goepEpBackendName(count, name, sizeof name), goepEpInvalidArgument, "i = ");
+    EXPECT_RC(goepEpBackendName(-1, name, sizeof name), goepEpInvalidArgument, "i = -1");
+    EXPECT_RC(goepEpBackendName(0, name, 1), goepEpInvalidArgument, "len = 1");
+    for (size_t k = 0; k < sizeof cpu_features / sizeof cpu_features[0]; k++) {
+        int supported = -1;
+        OK(goepEpBackendSupports("cpu", cpu_features[k], &supported));
+        EXPECT(supported == 1, "goepEpBackendSupports(\"cpu\", %d) = %d, want 1", (int)cpu_features[k], supported);
+    }
+    int supported = -1;
+    EXPECT_RC(goepEpBackendSupports("no-such-backend", GOEP_EP_FEATURE_FP8_WIRE, &supported), goepEpInvalidArgument,
+              "\"no-such-backend\" is not registered");
+    EXPECT(supported == -1, "a refused goepEpBackendSupports wrote %d", supported);
+    EXPECT_RC(goepEpBackendSupports("cpu", (goepEpFeature_t)0, &supported), goepEpInvalidArgument, "feature = 0");
+    EXPECT_RC(goepEpBackendSupports("cpu", (goepEpFeature_t)99, &supported), goepEpInvalidArgument, "feature = 99");
+    EXPECT_RC(goepEpBackendSupports(NULL, GOEP_EP_FEATURE_FP8_WIRE, &supported), goepEpInvalidArgument,
+              "backend is NULL");
+    EXPECT_RC(goepEpBackendSupports("cpu", GOEP_EP_FEATURE_FP8_WIRE, NULL), goepEpInvalidArgument, "supported is NULL");
+}
+
 int main(int argc, char** argv) {
     int provided;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -702,6 +742,7 @@ int main(int argc, char** argv) {
     EXPECT(version == GOEP_EP_VERSION_CODE, "goepEpGetVersion = %d, the header says %d", version, GOEP_EP_VERSION_CODE);
     EXPECT(goepEpStructSize("goepEpGroupConfig_t") == sizeof(goepEpGroupConfig_t) && goepEpStructSize("nope") == 0,
            "goepEpStructSize");
+    test_backends();
     test_group_config();
     test_handles_and_ll_dispatch();
     test_ht();

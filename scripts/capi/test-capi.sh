@@ -81,7 +81,7 @@ MPIRUN="$MPIRUN" scripts/capi/test-rename.sh
 
 step "Python: ep_test.py and the pytest tests (MPI initialised by mpi4py)"
 pytest=("$PYTHON" -m pytest -q -p no:cacheprovider --color=no python/tests)
-pytest_sequences=("$PYTHON" -m pytest -q -p no:cacheprovider --color=no python/tests/test_sequences.py)
+pytest_sequences=("$PYTHON" -m pytest -q -p no:cacheprovider --color=no python/tests/test_sequences.py python/tests/test_update.py)
 mpi 1 - "$PYTHON" python/examples/ep_test.py -c
 mpi 2 - "$PYTHON" python/examples/ep_test.py -c -s none,dispatch,combine,both
 mpi 4 sim "$PYTHON" python/examples/ep_test.py -c

@@ -42,6 +42,7 @@ from goep.ep.enums import (
     DataType,
     DispatchQuantizationRecipe,
     ExpertIdKind,
+    Feature,
     Layout,
     OverflowPolicy,
     PassDir,
@@ -71,10 +72,10 @@ INT64 = DataType.INT64
 __all__ = [
     "Algorithm", "AllocConfig", "AllocFn", "BFLOAT16", "Call", "CombineConfig", "CombineInputs", "CombineOutputs",
     "CombineQuantizationRecipe", "DataType", "DispatchConfig", "DispatchInputs", "DispatchOutputs",
-    "DispatchQuantizationRecipe", "ExpertIdKind", "FLOAT32", "FreeFn", "Group", "GroupConfig", "Handle", "HandleConfig",
+    "DispatchQuantizationRecipe", "ExpertIdKind", "FLOAT32", "Feature", "BackendInfo", "FreeFn", "Group", "GroupConfig", "Handle", "HandleConfig",
     "INT32", "INT64", "Layout", "LayoutInfo", "LibVersion", "MemInfo", "NCCLEpError", "NCCLError", "NcclInvalid",
     "NcclMasked", "NcclMismatch", "NcclRemoteError", "NcclTimeout", "OverflowPolicy", "PassDir", "Result", "Tensor",
-    "ZeroCopyMode", "buffer_plan", "get_lib_path", "get_lib_version",
+    "ZeroCopyMode", "backend_supports", "backends", "buffer_plan", "get_lib_path", "get_lib_version",
 ]
 
 
@@ -104,6 +105,45 @@ def get_lib_version() -> LibVersion:
     v = ctypes.c_int()
     _lib.call("goepEpGetVersion", ctypes.byref(v))
     return LibVersion(v.value // 10000, v.value // 100 % 100, v.value % 100)
+
+
+class BackendInfo(_NamedTuple):
+    """goep extension: a backend a group can run on (``GroupConfig.backend``)
+    and the names of the :class:`Feature` members it declares."""
+
+    name: str
+    features: tuple[str, ...]
+
+
+def backend_supports(backend: str, feature: Feature) -> bool:
+    """goep extension: whether the backend named ``backend`` (a name or an
+    alias) declares ``feature`` (goepEpBackendSupports); an unknown backend
+    or feature raises :class:`NcclInvalid` naming it."""
+    import ctypes
+
+    from goep.ep import _lib
+
+    v = ctypes.c_int()
+    _lib.call("goepEpBackendSupports", str(backend).encode(), int(feature), ctypes.byref(v))
+    return bool(v.value)
+
+
+def backends() -> list[BackendInfo]:
+    """goep extension: every backend the library can run a group on, by name,
+    with the features it declares, as the library reports them."""
+    import ctypes
+
+    from goep.ep import _lib
+
+    n = ctypes.c_int()
+    _lib.call("goepEpBackendCount", ctypes.byref(n))
+    out = []
+    for i in range(n.value):
+        buf = ctypes.create_string_buffer(256)
+        _lib.call("goepEpBackendName", i, buf, len(buf))
+        name = buf.value.decode()
+        out.append(BackendInfo(name, tuple(f.name for f in Feature if backend_supports(name, f))))
+    return out
 
 
 def get_lib_path():

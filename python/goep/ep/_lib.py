@@ -206,6 +206,9 @@ _PROTOTYPES = {
     "goepEpGetAsyncError": [_G, POINTER(c_int)],
     "goepEpErrorClear": [_G],
     "goepEpRefuse": [_G, _G, c_int, c_char_p],
+    "goepEpBackendCount": [POINTER(c_int)],
+    "goepEpBackendName": [c_int, c_char_p, c_size_t],
+    "goepEpBackendSupports": [c_char_p, c_int, POINTER(c_int)],
     "goepEpBenchGoRounds": [_G, c_void_p, c_void_p, c_void_p, c_int, c_int, POINTER(c_double)],
 }
 for _name, _args in _PROTOTYPES.items():

@@ -139,3 +139,23 @@ class Call(IntEnum):
     CREATE_HANDLE = 1
     DISPATCH = 2
     COMBINE = 3
+
+
+class Feature(IntEnum):
+    """goep extension: an optional behaviour a backend declares
+    (``goepEpFeature_t``; Go's ``ep.Feature``, same numbers and names):
+    :func:`goep.ep.backends` lists each backend's."""
+
+    FP8_WIRE = 1
+    MASK_STALLED_RANKS = 2
+    FP8_FORWARD = 3
+    FP8_COMBINE = 4
+    OVERFLOW_DROP = 5
+    REFUSALS = 6
+    METER = 7
+    NAMED_TIMEOUTS = 8
+    ZERO_ALLOCS = 9
+    HT_EXPERT_MAJOR = 10
+    LL_RANK_MAJOR = 11
+    GLOBAL_EXPERT_IDS = 12
+    CALL_SEQUENCE = 13

@@ -233,6 +233,25 @@ class Group:
                   None, ctypes.pointer(config._c()) if config is not None else None)
         return Handle(ptr.value, self)
 
+    def init_handle(self, layout: Layout, num_topk: int, config: HandleConfig | None = None,
+                    handle_mem=None) -> Handle:
+        """A handle of ``layout`` without routing: :meth:`Handle.update` gives it
+        each step's (one handle for a loop of steps, instead of one per step).
+        ``num_topk``: the group's ``num_topk``, or 0. ``handle_mem``: None (the
+        library's memory), or a 1-D uint8 array of at least
+        :meth:`handle_mem_size` bytes, 4-byte aligned, where the handle keeps
+        its routing; the handle holds a reference to it. Local and not
+        numbered."""
+        self._check_valid("init_handle")
+        mem = as_tensor(handle_mem, "handle_mem", True)
+        ptr = ctypes.c_void_p()
+        _lib.call("goepEpInitHandle", ctypes.byref(ptr), self._ptr, int(layout),
+                  ctypes.pointer(config._c()) if config is not None else None, int(num_topk),
+                  mem.ptr if mem is not None else None)
+        h = Handle(ptr.value, self)
+        h._mem = mem
+        return h
+
     def handle_mem_size(self, layout: Layout, num_topk: int = 0, config: HandleConfig | None = None) -> int:
         """The host bytes a handle holds at most."""
         self._check_valid("handle_mem_size")

@@ -147,6 +147,7 @@ class Handle:
         self._dead = 0  # the goepEpHandle_t once destroyed: its calls are refused on every rank
         self._group = group  # keeps the group object alive while the handle is
         self._pending = None  # the tensors a send-only call still uses
+        self._mem = None  # the handle_mem tensor (Group.init_handle): the library keeps the routing in it
 
     def _check_valid(self, operation: str) -> None:
         if not self._ptr:
@@ -163,6 +164,28 @@ class Handle:
         """The goepEpHandle_t."""
         self._check_valid("read ptr")
         return self._ptr
+
+    def update(self, topk_idx, *, layout_info: LayoutInfo | None = None, stream=None) -> None:
+        """Give the handle the next step's routing: ``topk_idx`` ``[num_tokens,
+        num_topk]`` int32 or int64 expert ids (-1 = none), copied and checked,
+        as :meth:`Group.create_handle` does for a new handle. Local, but
+        numbered as a ``create_handle``: every rank updates in the same order.
+        A refused update (:class:`NcclInvalid`) leaves the handle without
+        routing and makes the dispatch it stood for fail on every rank, naming
+        this rank. An LL handle must have combined its dispatch first.
+        ``layout_info`` must be None (goep writes the counters at dispatch);
+        ``stream`` is ignored."""
+        self._check_valid("update")
+        try:
+            t = as_tensor(topk_idx, "topk_idx")
+            if layout_info is not None:
+                raise NcclInvalid("update: layout_info must be None: goep writes the layout counters at dispatch "
+                                  "(pass layout_info to Handle.dispatch)", status=5)
+        except Exception as e:
+            # The step's number is taken and its dispatch fails on every rank, as when the library refuses
+            # topk_idx itself.
+            _lib.refuse(e, group=self._group._ptr, call=Call.CREATE_HANDLE)
+        _lib.call("goepEpUpdateHandle", self._ptr, t.ptr if t is not None else None, None, None)
 
     def dispatch(self, inputs: DispatchInputs, outputs: DispatchOutputs, *, layout_info: LayoutInfo | None = None,
                  config: DispatchConfig | None = None, stream=None) -> None:
