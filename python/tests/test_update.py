@@ -149,3 +149,27 @@ def test_update_of_an_uncombined_ll_dispatch_is_refused(comm):
     finally:
         h.destroy()
         st.group.destroy()
+
+
+@STEPS
+def test_dispatch_after_a_refused_update_is_refused(steps):
+    """Every rank's update is refused here, by this package (topk_idx is not
+    C-contiguous): the step it stood for fails on every rank, and so does a
+    dispatch of the handle without a new update, which would otherwise move
+    the rows with the routing of the step before; after an update the loop
+    goes on with its values."""
+    st = steps
+    h = st.group.init_handle(layout(st), st.s.topk)
+    try:
+        step(st, h, 0, 1)
+        make, reason = BAD_TOPK["not C-contiguous"]
+        with pytest.raises(nccl_ep.NcclInvalid, match=reason):
+            h.update(make(st))
+        with pytest.raises(nccl_ep.NCCLError, match="refused"):
+            st.dispatch(h)
+        with pytest.raises(nccl_ep.NCCLError, match="has no routing"):
+            st.dispatch(h)
+        for i, factor in ((1, 2), (2, 4)):
+            step(st, h, i, factor)
+    finally:
+        h.destroy()

@@ -148,6 +148,7 @@ class Handle:
         self._group = group  # keeps the group object alive while the handle is
         self._pending = None  # the tensors a send-only call still uses
         self._mem = None  # the handle_mem tensor (Group.init_handle): the library keeps the routing in it
+        self._no_routing = None  # why the handle has no routing, where this layer refused its last update
 
     def _check_valid(self, operation: str) -> None:
         if not self._ptr:
@@ -171,8 +172,9 @@ class Handle:
         as :meth:`Group.create_handle` does for a new handle. Local, but
         numbered as a ``create_handle``: every rank updates in the same order.
         A refused update (:class:`NcclInvalid`) leaves the handle without
-        routing and makes the dispatch it stood for fail on every rank, naming
-        this rank. An LL handle must have combined its dispatch first.
+        routing: the dispatch it stood for, and every later one until an update
+        succeeds, fails on every rank, naming this rank. An LL handle must have
+        combined its dispatch first.
         ``layout_info`` must be None (goep writes the counters at dispatch);
         ``stream`` is ignored."""
         self._check_valid("update")
@@ -183,9 +185,13 @@ class Handle:
                                   "(pass layout_info to Handle.dispatch)", status=5)
         except Exception as e:
             # The step's number is taken and its dispatch fails on every rank, as when the library refuses
-            # topk_idx itself.
+            # topk_idx itself; the library keeps the old routing, so this layer refuses the handle's
+            # dispatches until an update succeeds.
+            self._no_routing = f"its last update was refused: {e}"
             _lib.refuse(e, group=self._group._ptr, call=Call.CREATE_HANDLE)
+        self._no_routing = "its last update was refused by the library"
         _lib.call("goepEpUpdateHandle", self._ptr, t.ptr if t is not None else None, None, None)
+        self._no_routing = None
 
     def dispatch(self, inputs: DispatchInputs, outputs: DispatchOutputs, *, layout_info: LayoutInfo | None = None,
                  config: DispatchConfig | None = None, stream=None) -> None:
@@ -201,6 +207,9 @@ class Handle:
 
         try:
             self._check_valid("dispatch")
+            if self._no_routing is not None:
+                raise NcclInvalid(f"dispatch: the handle has no routing: {self._no_routing}; update it first",
+                                  status=5)
             cin = _lib.new(_lib.DispatchInputs_c, tokens=_ptr(t(inputs.tokens, "inputs.tokens")),
                            topk_weights=_ptr(t(inputs.topk_weights, "inputs.topk_weights")),
                            scales=_ptr(t(inputs.scales, "inputs.scales")))
