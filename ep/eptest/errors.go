@@ -147,9 +147,10 @@ func checkHandleRefusals(t *testing.T, s Suite, g, other *ep.Group[float32], mod
 	}
 	_, err = other.Dispatch(ep.Reuse(h2, x2, nil))
 	assert.ErrorContains(t, err, "the handle is stale")
-	// An input whose routing would come from both a handle and top-k ids.
+	// An input whose routing would come from both a handle and top-k ids
+	// (a token's worth on every rank, whatever its tokens).
 	both := ep.Reuse(h2, x2, nil)
-	both.TopK = in.topk
+	both.TopK = make([]int32, sc.topk)
 	_, err = other.Dispatch(both)
 	assert.ErrorContains(t, err, "both TopK and Reuse")
 	assert.ErrorIs(t, err, ep.ErrBadInput)
