@@ -32,6 +32,7 @@ type DispatchInput[E Element] struct {
 	TopK    []int32
 	Weights []float32
 	Reuse   Handle[E]
+	reuse   bool // made by ep.Reuse: a cached dispatch even where Reuse is the zero Handle (refused by name)
 }
 
 // Tokens is the input of a dispatch of x routed by topk with weights.
@@ -40,9 +41,10 @@ func Tokens[E Element](x Tensor[E], topk []int32, weights []float32) DispatchInp
 }
 
 // Reuse is the input of a dispatch of x with prev's routing, and weights
-// (nil: prev's).
+// (nil: prev's). A zero prev is refused, naming it, as every rank's call
+// expects a cached dispatch.
 func Reuse[E Element](prev Handle[E], x Tensor[E], weights []float32) DispatchInput[E] {
-	return DispatchInput[E]{Tokens: x, Weights: weights, Reuse: prev}
+	return DispatchInput[E]{Tokens: x, Weights: weights, Reuse: prev, reuse: true}
 }
 
 // Dispatch sends the tokens of in to the ranks owning each token's experts
@@ -61,7 +63,7 @@ func (g *Group[E]) Dispatch(in DispatchInput[E]) (Handle[E], error) {
 // receivers' buffers and the tokens may be reused. Compute can run before
 // Wait (NCCL EP's ncclEpComplete).
 func (g *Group[E]) DispatchSend(in DispatchInput[E]) (DispatchRequest[E], error) {
-	reuse := in.Reuse.s != nil
+	reuse := in.reuse || in.Reuse.s != nil
 	op := g.names.Dispatch
 	if reuse {
 		op = g.names.Cached
