@@ -62,7 +62,7 @@ deps:
 deps-nvrtc:
 	@scripts/install-deps.sh --nvrtc
 
-# Debian's python3 (numpy, mpi4py, pytest from apt) for the Python interface's tests: not the first
+# Debian's python3 (numpy, mpi4py, pytest, torch from apt) for the Python interface's tests: not the first
 # python3 on PATH, which may be another (pyenv's) without them.
 deps-python:
 	@scripts/install-deps.sh --python
@@ -175,6 +175,7 @@ capi: deps
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test_static capi/examples/ep_test.c bin/capi/libgoep_ep.a -lpthread -ldl -lm
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_errors capi/tests/ep_errors.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_sequences capi/tests/ep_sequences.c $(CAPI_LINK)
+	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/abi capi/tests/abi.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_bench_capi capi/bench/ep_bench_capi.c $(CAPI_LINK)
 
 ## test-capi: the C and Python interfaces under mpirun at 1, 2, 4 ranks and simulated nodes, and an

@@ -44,6 +44,9 @@ func (gi *groupImpl[E]) bench(x, topk, weights unsafe.Pointer, tokens int, round
 		return err
 	}
 	defer gi.mu.Unlock()
+	if err := gi.open(0, "goepEpBenchGoRounds"); err != nil {
+		return err
+	}
 	H, K := gi.gc.cfg.Hidden, gi.gc.cfg.TopK
 	if tokens < 0 || tokens > gi.gc.cfg.MaxTokensPerRank {
 		return invalidArgf("tokens = %d, want 0..%d", tokens, gi.gc.cfg.MaxTokensPerRank)
@@ -64,7 +67,7 @@ func (gi *groupImpl[E]) bench(x, topk, weights unsafe.Pointer, tokens int, round
 		}
 		start := time.Now()
 		gi.dispatches++
-		h, err := gi.g.Dispatch(xs, tk, w)
+		h, err := gi.g.Dispatch(ep.Tokens(xs, tk, w))
 		if err != nil {
 			return err
 		}

@@ -33,7 +33,7 @@ func newCMemory(raw []byte, n int) *cMemory {
 
 func (m *cMemory) free() { C.free(m.p) }
 
-// descTensor is a goepEpTensor_t of raw bytes whose sizes point at dims
+// descTensor is a goepEpTensor_t of raw bytes (win_hdl NULL) whose sizes point at dims
 // (NULL when dims is nil) and whose data at a zeroed buffer of dataBytes
 // (NULL when 0): a descriptor can claim more than the buffer holds, and the
 // checks cannot know; the fuzz target reads nothing through it.
@@ -45,7 +45,7 @@ type descTensor struct {
 func newDescTensor(raw []byte, dims []uint64, dataBytes int) *descTensor {
 	d := &descTensor{mem: newCMemory(raw, int(C.sizeof_goepEpTensor_t))}
 	d.t = (*C.goepEpTensor_t)(d.mem.p)
-	d.t.sizes, d.t.data = nil, nil
+	d.t.sizes, d.t.data, d.t.win_hdl = nil, nil, nil
 	if dims != nil {
 		d.s = newCMemory(nil, 8*len(dims))
 		copy(unsafe.Slice((*uint64)(d.s.p), len(dims)), dims)
@@ -74,8 +74,9 @@ func (d *descTensor) free() {
 }
 
 // descStruct is one of the versioned structs without pointers (the group,
-// handle, dispatch, combine and complete configs, and goepEpMemInfo_t), of
-// raw bytes; with fixHeader its size and magic are right.
+// handle, dispatch, combine and complete configs, and goepEpMemInfo_t), or
+// the group options with their backend NULL, of raw bytes; with fixHeader
+// its size and magic are right.
 type descStruct struct{ mem *cMemory }
 
 // Kinds of descStruct.
@@ -85,16 +86,20 @@ const (
 	descDispatchConfig
 	descCombineConfig
 	descCompleteConfig
+	descGroupOptions
 	numDescStructs
 )
 
 func newDescStruct(kind int, raw []byte, fixHeader bool) *descStruct {
 	size := []C.size_t{C.sizeof_goepEpGroupConfig_t, C.sizeof_goepEpHandleConfig_t, C.sizeof_goepEpDispatchConfig_t,
-		C.sizeof_goepEpCombineConfig_t, C.sizeof_goepEpCompleteConfig_t}[kind]
+		C.sizeof_goepEpCombineConfig_t, C.sizeof_goepEpCompleteConfig_t, C.sizeof_goepEpGroupOptions_t}[kind]
 	d := &descStruct{mem: newCMemory(raw, int(size))}
 	if fixHeader {
 		hdr := (*[2]C.uint)(d.mem.p)
 		hdr[0], hdr[1] = C.uint(size), C.GOEP_EP_MAGIC
+	}
+	if kind == descGroupOptions {
+		(*C.goepEpGroupOptions_t)(d.mem.p).backend = nil
 	}
 	return d
 }
@@ -109,13 +114,28 @@ func (d *descStruct) check(kind, nranks, nnodes int) (C.goepEpResult_t, error) {
 	switch kind {
 	case descGroupConfig:
 		cfg := (*C.goepEpGroupConfig_t)(d.mem.p)
-		if _, err := readGroupConfig(cfg); err != nil {
+		if _, err := readGroupConfig(cfg, nil); err != nil {
 			return 0, err
 		}
 		info := (*C.goepEpMemInfo_t)(C.calloc(1, C.sizeof_goepEpMemInfo_t))
 		defer C.free(unsafe.Pointer(info))
 		info.size, info.magic = C.sizeof_goepEpMemInfo_t, C.GOEP_EP_MAGIC
 		return goepEpBufferPlan(cfg, C.int(nranks), C.int(nnodes), info), nil
+	case descGroupOptions:
+		// The options of a valid LL group config: 4 experts, 8 tokens, rows
+		// of 32 bytes, top-2.
+		cfg := (*C.goepEpGroupConfig_t)(C.calloc(1, C.sizeof_goepEpGroupConfig_t))
+		defer C.free(unsafe.Pointer(cfg))
+		cfg.size, cfg.magic, cfg.version = C.sizeof_goepEpGroupConfig_t, C.GOEP_EP_MAGIC, C.GOEP_EP_API_VERSION
+		cfg.num_experts, cfg.max_dispatch_tokens_per_rank, cfg.max_token_bytes, cfg.num_topk = 4, 8, 32, 2
+		opts := (*C.goepEpGroupOptions_t)(d.mem.p)
+		if _, err := readGroupConfig(cfg, opts); err != nil {
+			return 0, err
+		}
+		info := (*C.goepEpMemInfo_t)(C.calloc(1, C.sizeof_goepEpMemInfo_t))
+		defer C.free(unsafe.Pointer(info))
+		info.size, info.magic = C.sizeof_goepEpMemInfo_t, C.GOEP_EP_MAGIC
+		return goepEpBufferPlanWithOptions(cfg, opts, C.int(nranks), C.int(nnodes), info), nil
 	case descHandleConfig:
 		return 0, readHandleConfig((*C.goepEpHandleConfig_t)(d.mem.p))
 	case descDispatchConfig:

@@ -80,16 +80,21 @@ func FuzzTensorDescriptor(f *testing.F) {
 }
 
 func FuzzConfigStructs(f *testing.F) {
-	group := make([]byte, 64) // a valid LL group config: 4 experts, 8 tokens, hidden 16 in bfloat16, top-2
-	for i, v := range []uint32{64, 0x60E9E9A1, 1, 0, 4, 8, 0, 32, 2, 9, 0, 0} {
+	// A valid LL group config in NCCL EP's version 2 layout: 4 experts, 8 tokens, hidden 16 in
+	// bfloat16, top-2 (num_topk at byte 104).
+	group := make([]byte, 112)
+	for i, v := range []uint32{112, 0x60E9E9A1, 2, 0, 4, 8, 0, 32} {
 		binary.LittleEndian.PutUint32(group[4*i:], v)
 	}
+	binary.LittleEndian.PutUint32(group[104:], 2)
 	f.Add(uint8(descGroupConfig), group, true, int16(2), int16(1))
 	f.Add(uint8(descGroupConfig), group, false, int16(4), int16(2))
 	f.Add(uint8(descDispatchConfig), []byte{0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0}, true, int16(0), int16(0))
 	f.Add(uint8(descCombineConfig), []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, true, int16(0), int16(0))
 	f.Add(uint8(descHandleConfig), []byte{0, 0, 0, 0, 0, 0, 0, 0, 7}, true, int16(0), int16(0))
 	f.Add(uint8(descCompleteConfig), []byte{}, false, int16(0), int16(0))
+	// Options: float32 tokens and the FP8 combine.
+	f.Add(uint8(descGroupOptions), []byte{24, 0, 0, 0, 0xA1, 0xE9, 0xE9, 0x60, 7, 0, 0, 0, 0, 1, 0, 0}, false, int16(2), int16(1))
 	f.Fuzz(func(t *testing.T, kind uint8, raw []byte, fix bool, nranks, nnodes int16) {
 		k := int(kind) % numDescStructs
 		d := newDescStruct(k, raw, fix)

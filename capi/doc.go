@@ -12,7 +12,8 @@
 // package in python/ (goep.ep, named after NCCL EP's nccl.ep) calls it
 // through ctypes.
 //
-// Every function is a thin layer over one ep.Group (the CPU backend): it
+// Every function is a thin layer over one ep.Group (the CPU backend unless
+// goepEpGroupOptions_t names another registered one): it
 // checks the caller's versioned structs and tensor descriptors, wraps the
 // caller's host memory as ep tensors without copying, calls the group, and
 // copies what the group received into the caller's output tensors (NCCL EP's

@@ -11,11 +11,13 @@ import (
 	"unsafe"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 )
 
 // The functions of goep_ep.h. Each runs its body under guard, which
 // recovers a panic into goepEpInternalError and leaves the error's message,
-// named after the function, as the calling thread's last error.
+// named after the function, as the calling thread's last error. Their
+// stream parameters are never read: every call is finished when it returns.
 
 //export goepEpGetVersion
 func goepEpGetVersion(version *C.int) C.goepEpResult_t {
@@ -31,11 +33,19 @@ func goepEpGetVersion(version *C.int) C.goepEpResult_t {
 //export goepEpBufferPlan
 func goepEpBufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes C.int, info *C.goepEpMemInfo_t) C.goepEpResult_t {
 	return guard("goepEpBufferPlan", func() error {
-		return bufferPlan(config, int(nranks), int(nnodes), info)
+		return bufferPlan(config, nil, int(nranks), int(nnodes), info)
 	})
 }
 
-func bufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes int, info *C.goepEpMemInfo_t) error {
+//export goepEpBufferPlanWithOptions
+func goepEpBufferPlanWithOptions(config *C.goepEpGroupConfig_t, options *C.goepEpGroupOptions_t, nranks, nnodes C.int,
+	info *C.goepEpMemInfo_t) C.goepEpResult_t {
+	return guard("goepEpBufferPlanWithOptions", func() error {
+		return bufferPlan(config, options, int(nranks), int(nnodes), info)
+	})
+}
+
+func bufferPlan(config *C.goepEpGroupConfig_t, options *C.goepEpGroupOptions_t, nranks, nnodes int, info *C.goepEpMemInfo_t) error {
 	if info == nil {
 		return invalidArgf("info is NULL")
 	}
@@ -43,12 +53,17 @@ func bufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes int, info *C.goepE
 		C.GOEP_EP_MAGIC, "GOEP_EP_MEM_INFO_INIT"); err != nil {
 		return err
 	}
-	gc, err := readGroupConfig(config)
+	gc, err := readGroupConfig(config, options)
 	if err != nil {
 		return err
 	}
 	if nranks < 1 {
 		return invalidArgf("nranks = %d, want at least 1", nranks)
+	}
+	if gc.cfg.TopK == 0 {
+		// num_topk 0: each handle's, at most this bound; buffers grow with
+		// the top-k, so the plan is for the largest one can be
+		gc.cfg.TopK = min(gc.cfg.NumExperts, driver.MaxTopK)
 	}
 	elem := ep.BFloat16
 	if gc.elem == dtFloat32 {
@@ -68,17 +83,25 @@ func bufferPlan(config *C.goepEpGroupConfig_t, nranks, nnodes int, info *C.goepE
 
 //export goepEpCreateGroup
 func goepEpCreateGroup(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupConfig_t) C.goepEpResult_t {
-	return guard("goepEpCreateGroup", func() error {
-		if group == nil {
-			return invalidArgf("group is NULL")
-		}
-		g, err := newGroup(comm, config)
-		if err != nil {
-			return err
-		}
-		*group = C.goep_ep_group_of(C.uint64_t(addGroup(g)))
-		return nil
-	})
+	return guard("goepEpCreateGroup", func() error { return createGroup(group, comm, config, nil) })
+}
+
+//export goepEpCreateGroupWithOptions
+func goepEpCreateGroupWithOptions(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupConfig_t,
+	options *C.goepEpGroupOptions_t) C.goepEpResult_t {
+	return guard("goepEpCreateGroupWithOptions", func() error { return createGroup(group, comm, config, options) })
+}
+
+func createGroup(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupConfig_t, options *C.goepEpGroupOptions_t) error {
+	if group == nil {
+		return invalidArgf("group is NULL")
+	}
+	g, err := newGroup(comm, config, options)
+	if err != nil {
+		return err
+	}
+	*group = C.goep_ep_group_of(C.uint64_t(addGroup(g)))
+	return nil
 }
 
 //export goepEpGroupDestroy
@@ -129,25 +152,60 @@ func goepEpHandleMemSize(group C.goepEpGroup_t, layout C.goepEpLayout_t, config 
 	})
 }
 
+//export goepEpTensorAlloc
+func goepEpTensorAlloc(tensor **C.goepEpTensor_t, ndim C.uint, datatype C.goepEpDataType_t, sizes *C.size_t,
+	config *C.goepEpTensorAllocConfig_t) C.goepEpResult_t {
+	return guard("goepEpTensorAlloc", func() error { return tensorAlloc(tensor, ndim, datatype, sizes, config) })
+}
+
+//export goepEpTensorDestroy
+func goepEpTensorDestroy(tensor *C.goepEpTensor_t) C.goepEpResult_t {
+	return guard("goepEpTensorDestroy", func() error { return tensorDestroy(tensor) })
+}
+
 //export goepEpCreateHandle
-func goepEpCreateHandle(handle *C.goepEpHandle_t, group C.goepEpGroup_t, layout C.goepEpLayout_t, topk *C.goepEpTensor_t,
-	info *C.goepEpLayoutInfo_t, config *C.goepEpHandleConfig_t) C.goepEpResult_t {
+func goepEpCreateHandle(out *C.goepEpHandle_t, grp C.goepEpGroup_t, layout C.goepEpLayout_t, topk *C.goepEpTensor_t,
+	info *C.goepEpLayoutInfo_t, config *C.goepEpHandleConfig_t, stream C.goepEpStream_t) C.goepEpResult_t {
 	return guard("goepEpCreateHandle", func() error {
-		if handle == nil {
-			return invalidArgf("handle is NULL")
+		return newHandleID(out, grp, func(g group) (handle, error) { return g.createHandle(layout, topk, info, config) })
+	})
+}
+
+//export goepEpInitHandle
+func goepEpInitHandle(out *C.goepEpHandle_t, grp C.goepEpGroup_t, layout C.goepEpLayout_t, config *C.goepEpHandleConfig_t,
+	numTopK C.int, handleMem *C.goepEpTensor_t) C.goepEpResult_t {
+	return guard("goepEpInitHandle", func() error {
+		return newHandleID(out, grp, func(g group) (handle, error) { return g.initHandle(layout, config, int(numTopK), handleMem) })
+	})
+}
+
+// newHandleID registers the handle that mk makes on group gr as *out.
+func newHandleID(out *C.goepEpHandle_t, gr C.goepEpGroup_t, mk func(group) (handle, error)) error {
+	if out == nil {
+		return invalidArgf("handle is NULL")
+	}
+	g, gid, err := lookupGroup(gr)
+	if err != nil {
+		return err
+	}
+	h, err := mk(g)
+	if err != nil {
+		return err
+	}
+	id := addHandle(h, gid)
+	h.setID(id, gid)
+	*out = C.goep_ep_handle_of(C.uint64_t(id))
+	return nil
+}
+
+//export goepEpUpdateHandle
+func goepEpUpdateHandle(handle C.goepEpHandle_t, topk *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t, stream C.goepEpStream_t) C.goepEpResult_t {
+	return guard("goepEpUpdateHandle", func() error {
+		h, err := lookupHandle(handle)
+		if err == nil {
+			err = h.update(topk, info)
 		}
-		g, gid, err := lookupGroup(group)
-		if err != nil {
-			return err
-		}
-		h, err := g.createHandle(layout, topk, info, config)
-		if err != nil {
-			return err
-		}
-		id := addHandle(h, gid)
-		h.setID(id, gid)
-		*handle = C.goep_ep_handle_of(C.uint64_t(id))
-		return nil
+		return err
 	})
 }
 
@@ -190,7 +248,7 @@ func goepEpRefuse(group C.goepEpGroup_t, handle C.goepEpHandle_t, call C.goepEpC
 
 //export goepEpDispatch
 func goepEpDispatch(handle C.goepEpHandle_t, inputs *C.goepEpDispatchInputs_t, outputs *C.goepEpDispatchOutputs_t,
-	info *C.goepEpLayoutInfo_t, config *C.goepEpDispatchConfig_t) C.goepEpResult_t {
+	info *C.goepEpLayoutInfo_t, config *C.goepEpDispatchConfig_t, stream C.goepEpStream_t) C.goepEpResult_t {
 	return guard("goepEpDispatch", func() error {
 		h, err := lookupHandle(handle)
 		if err == nil {
@@ -202,7 +260,7 @@ func goepEpDispatch(handle C.goepEpHandle_t, inputs *C.goepEpDispatchInputs_t, o
 
 //export goepEpCombine
 func goepEpCombine(handle C.goepEpHandle_t, inputs *C.goepEpCombineInputs_t, outputs *C.goepEpCombineOutputs_t,
-	config *C.goepEpCombineConfig_t) C.goepEpResult_t {
+	config *C.goepEpCombineConfig_t, stream C.goepEpStream_t) C.goepEpResult_t {
 	return guard("goepEpCombine", func() error {
 		h, err := lookupHandle(handle)
 		if err == nil {
@@ -213,7 +271,7 @@ func goepEpCombine(handle C.goepEpHandle_t, inputs *C.goepEpCombineInputs_t, out
 }
 
 //export goepEpComplete
-func goepEpComplete(handle C.goepEpHandle_t, config *C.goepEpCompleteConfig_t) C.goepEpResult_t {
+func goepEpComplete(handle C.goepEpHandle_t, config *C.goepEpCompleteConfig_t, stream C.goepEpStream_t) C.goepEpResult_t {
 	return guard("goepEpComplete", func() error {
 		h, err := lookupHandle(handle)
 		if err == nil {
@@ -247,7 +305,7 @@ func maskOf(group C.goepEpGroup_t, p *C.int, what string) (group, []C.int, error
 }
 
 //export goepEpMaskQuery
-func goepEpMaskQuery(group C.goepEpGroup_t, status *C.int) C.goepEpResult_t {
+func goepEpMaskQuery(group C.goepEpGroup_t, status *C.int, stream C.goepEpStream_t) C.goepEpResult_t {
 	return guard("goepEpMaskQuery", func() error {
 		g, s, err := maskOf(group, status, "mask_status")
 		if err == nil {
@@ -258,7 +316,7 @@ func goepEpMaskQuery(group C.goepEpGroup_t, status *C.int) C.goepEpResult_t {
 }
 
 //export goepEpMaskUpdate
-func goepEpMaskUpdate(group C.goepEpGroup_t, mask *C.int) C.goepEpResult_t {
+func goepEpMaskUpdate(group C.goepEpGroup_t, mask *C.int, stream C.goepEpStream_t) C.goepEpResult_t {
 	return guard("goepEpMaskUpdate", func() error {
 		g, m, err := maskOf(group, mask, "mask")
 		if err == nil {
@@ -269,7 +327,7 @@ func goepEpMaskUpdate(group C.goepEpGroup_t, mask *C.int) C.goepEpResult_t {
 }
 
 //export goepEpMaskClean
-func goepEpMaskClean(group C.goepEpGroup_t) C.goepEpResult_t {
+func goepEpMaskClean(group C.goepEpGroup_t, stream C.goepEpStream_t) C.goepEpResult_t {
 	return guard("goepEpMaskClean", func() error {
 		g, _, err := lookupGroup(group)
 		if err == nil {

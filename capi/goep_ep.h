@@ -11,10 +11,11 @@
  *
  *   MPI_Init_thread(...)                       the program's; goep never initialises MPI
  *   goepEpCreateGroup(&group, comm, &config)   collective over comm
- *   goepEpCreateHandle(&handle, group, layout, &topk_idx, NULL, NULL)   per step, local
- *   goepEpDispatch(handle, &in, &out, &layout_info, NULL)              collective
+ *   goepEpCreateHandle(&handle, group, layout, &topk_idx, NULL, NULL, NULL)   per step, local
+ *     (or once goepEpInitHandle, then per step goepEpUpdateHandle(handle, &topk_idx, NULL, NULL))
+ *   goepEpDispatch(handle, &in, &out, &layout_info, NULL, NULL)              collective
  *   ... the experts run on the received rows ...
- *   goepEpCombine(handle, &expert_out, &combined, NULL)                 collective
+ *   goepEpCombine(handle, &expert_out, &combined, NULL, NULL)                 collective
  *   goepEpHandleDestroy(handle)
  *   goepEpGroupDestroy(group)                  collective
  *   MPI_Finalize()                             the program's
@@ -23,10 +24,18 @@
  *
  *   - Every tensor is a descriptor (goepEpTensor_t) of the caller's host
  *     memory: a data pointer, an element type and a shape. The caller owns
- *     the memory, the descriptor and its `sizes` array; the library keeps no
- *     pointer to any of them after the call returns, except that a
- *     send-only call (send_only = 1) reads its inputs and writes its outputs
- *     until goepEpComplete returns: they must stay valid until then.
+ *     the memory, the descriptor and its `sizes` array (goepEpTensorAlloc
+ *     makes a descriptor with its sizes in one allocation, freed by
+ *     goepEpTensorDestroy); the library keeps no pointer to any of them
+ *     after the call returns, except that a send-only call (send_only = 1)
+ *     reads its inputs and writes its outputs until goepEpComplete returns,
+ *     and a handle keeps its handle_mem (goepEpInitHandle) until it is
+ *     destroyed: they must stay valid until then.
+ *   - Streams (goepEpStream_t, the type of CUDA's cudaStream_t) are
+ *     accepted and never dereferenced: pass NULL, or the program's stream.
+ *     Every call runs on the calling thread and is finished (its outputs
+ *     written, or the sending half done with send_only) when it returns,
+ *     so whatever order a stream stands for is already kept.
  *   - Descriptors are checked before anything is read or written: size and
  *     magic, element type, number of dimensions and every extent against the
  *     group's configuration; a bad one is goepEpInvalidArgument naming it,
@@ -93,14 +102,63 @@ extern "C" {
 /* MAJOR*10000 + MINOR*100 + PATCH, as goepEpGetVersion returns it. */
 #define GOEP_EP_VERSION_CODE (GOEP_EP_MAJOR * 10000 + GOEP_EP_MINOR * 100 + GOEP_EP_PATCH)
 
-/* The version of the structs below; a group config carries the caller's in
- * `version`, and the library refuses a newer one than it knows. */
-#define GOEP_EP_API_VERSION 1
+/* ABI and API versions.
+ *
+ * Every struct passed on its own begins with `unsigned int size` and `unsigned int magic`; the group
+ * config also carries `version`, the GOEP_EP_API_VERSION the caller was built against, and the
+ * library refuses a newer one than its own. Structs only ever grow at their end: the library takes any
+ * struct at least as large as its first released version (its *_V1_SIZE), reads only the fields its
+ * `size` covers (GOEP_EP_HAS_FIELD), and ignores a newer caller's tail. Each released version's end
+ * (*_Vn_SIZE, *_Vn_LAST_FIELD) never moves; where a version ended in padding the compiler would add, a
+ * named padding_vN member takes those bytes so that no later field can land in them. The layouts are
+ * NCCL EP's, byte for byte (capi/tests/abi.c checks them); the magic numbers are goep's own, and the
+ * GOEP_EP_..._INIT macros fill them in. */
+#define GOEP_EP_API_VERSION 2
 #define GOEP_EP_MAGIC 0x60E9E9A1u
-#define GOEP_EP_TENSOR_MAGIC 0x60E97E50u
 #define GOEP_EP_AUTO 0
 
-/* Result codes. The values shared with NCCL's ncclResult_t mean the same. */
+/* A compound literal of type_ with its size and magic set: in a declaration, an assignment or an
+ * expression. Other fields are zero (AUTO, NULL). */
+#define GOEP_EP_STRUCT_INIT(type_, magic_) ((type_){.size = (unsigned int)sizeof(type_), .magic = (magic_)})
+
+/* The byte just past field_ in type_, and whether the struct at ptr_ is large enough to hold field_. */
+#define GOEP_EP_FIELD_END(type_, field_) ((unsigned int)(offsetof(type_, field_) + sizeof(((type_*)0)->field_)))
+#define GOEP_EP_HAS_FIELD(ptr_, type_, field_) ((ptr_) != NULL && (ptr_)->size >= GOEP_EP_FIELD_END(type_, field_))
+
+#if defined(__cplusplus)
+#define GOEP_EP_STATIC_ASSERT(cond_, msg_) static_assert((cond_), msg_)
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define GOEP_EP_STATIC_ASSERT(cond_, msg_) _Static_assert((cond_), msg_)
+#else
+#define GOEP_EP_STATIC_ASSERT(cond_, msg_) extern int goep_ep_static_assert_unavailable_
+#endif
+
+/* base_##_V<n>_SIZE and base_##_V<n>_LAST_FIELD, with n a macro expanded first. */
+#define GOEP_EP_VERSION_SIZE_(base_, n_) base_##_V##n_##_SIZE
+#define GOEP_EP_VERSION_SIZE(base_, n_) GOEP_EP_VERSION_SIZE_(base_, n_)
+#define GOEP_EP_VERSION_LAST_(base_, n_) base_##_V##n_##_LAST_FIELD
+#define GOEP_EP_VERSION_LAST(base_, n_) GOEP_EP_VERSION_LAST_(base_, n_)
+
+/* Compile-time checks of a versioned struct type_ whose macros are named base_##...: size and magic
+ * lead, its current version is no newer than the API's, and sizeof is that version's size. */
+#define GOEP_EP_STATIC_ASSERT_STRUCT_ABI(type_, base_)                                                         \
+    GOEP_EP_STATIC_ASSERT(offsetof(type_, size) == 0, #type_ ": size is not its first field");               \
+    GOEP_EP_STATIC_ASSERT(offsetof(type_, magic) == GOEP_EP_FIELD_END(type_, size),                          \
+                          #type_ ": magic does not follow size");                                             \
+    GOEP_EP_STATIC_ASSERT(base_##_CURRENT_VERSION <= GOEP_EP_API_VERSION,                                    \
+                          #type_ ": its version is newer than GOEP_EP_API_VERSION");                         \
+    GOEP_EP_STATIC_ASSERT(sizeof(type_) == GOEP_EP_VERSION_SIZE(base_, base_##_CURRENT_VERSION),             \
+                          #type_ ": sizeof is not the size of its current version")
+
+/* ... and that version n_'s last field still ends at version n_'s size. */
+#define GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(type_, base_, n_)                                           \
+    GOEP_EP_STATIC_ASSERT((n_) <= base_##_CURRENT_VERSION && (n_) <= GOEP_EP_API_VERSION,                   \
+                          #type_ ": version " #n_ " is newer than the struct or the API");                   \
+    GOEP_EP_STATIC_ASSERT(GOEP_EP_FIELD_END(type_, GOEP_EP_VERSION_LAST(base_, n_)) ==                      \
+                              GOEP_EP_VERSION_SIZE(base_, n_),                                               \
+                          #type_ ": the end of version " #n_ " moved")
+
+/* Result codes. The values shared with NCCL's ncclResult_t mean the same; 64 and above are goep's. */
 typedef enum {
     goepEpSuccess = 0,
     goepEpSystemError = 2,      /* MPI or the operating system failed (the message names the call) */
@@ -111,22 +169,17 @@ typedef enum {
                                    complete, masking on a group without enable_mask, a layout goep lacks */
     goepEpRemoteError = 6,      /* another rank refused the same collective call (its input was bad): this
                                    call wrote nothing and the group stays usable */
-    goepEpTimeout = 64,         /* a peer did not arrive within timeout_ns: the group is unusable */
-    goepEpMasked = 65,          /* (enable_mask) the other ranks masked this one after it stalled; it rejoins
-                                   with goepEpMaskClean, called with them */
-    goepEpMismatch = 66         /* the ranks' calls no longer match (a rank skipped a call, or made one or
-                                   created a handle that the others did not): no result was returned, and the
-                                   group is unusable on every rank */
+    goepEpTimeout = 64,         /* goep: a peer did not arrive within timeout_ns: the group is unusable */
+    goepEpMasked = 65,          /* goep: (enable_mask) the other ranks masked this one after it stalled; it
+                                   rejoins with goepEpMaskClean, called with them */
+    goepEpMismatch = 66         /* goep: the ranks' calls no longer match (a rank skipped a call, or made one
+                                   or created a handle that the others did not): no result was returned, and
+                                   the group is unusable on every rank */
 } goepEpResult_t;
 
-/* What goepEpRefuse stands for. */
-typedef enum {
-    GOEP_EP_CALL_CREATE_HANDLE = 1,
-    GOEP_EP_CALL_DISPATCH = 2,
-    GOEP_EP_CALL_COMBINE = 3
-} goepEpCall_t;
-
-/* Element types, numbered as NCCL's ncclDataType_t. */
+/* Element types, numbered as NCCL's ncclDataType_t. goepEpFloat8e4m3, goepEpFloat8e5m2 and
+ * goepEpFloat4x2 (two packed 4-bit floats a byte, the number NCCL reserves for it) are described but
+ * not yet taken by any call. */
 typedef enum {
     goepEpInt8 = 0,
     goepEpUint8 = 1,
@@ -137,7 +190,10 @@ typedef enum {
     goepEpFloat16 = 6,
     goepEpFloat32 = 7,
     goepEpFloat64 = 8,
-    goepEpBfloat16 = 9
+    goepEpBfloat16 = 9,
+    goepEpFloat8e4m3 = 10,
+    goepEpFloat8e5m2 = 11,
+    goepEpFloat4x2 = 12
 } goepEpDataType_t;
 
 typedef enum {
@@ -145,8 +201,19 @@ typedef enum {
     GOEP_EP_ALGO_HIGH_THROUGHPUT = 1 /* HT: training and prefill, thousands of tokens per rank */
 } goepEpAlgorithm_t;
 
-/* Receive layouts. goep offers LL EXPERT_MAJOR and HT FLAT; the others are
- * refused with goepEpInvalidUsage. */
+/* What an HT dispatch does when a rank would receive more than max_recv_tokens_per_rank rows. */
+typedef enum {
+    GOEP_EP_OVERFLOW_AUTO = GOEP_EP_AUTO, /* TRAP */
+    GOEP_EP_OVERFLOW_TRAP = 1,            /* the dispatch fails on every rank (goepEpInvalidArgument here,
+                                             goepEpRemoteError there), before anything is written */
+    GOEP_EP_OVERFLOW_DROP = 2             /* the rows that do not fit are dropped, the same on every rank: each
+                                             receiving rank keeps its rows source rank by source rank, each
+                                             source's in token order, up to the bound; a dropped row contributes
+                                             nothing to the combine. HT groups only. */
+} goepEpOverflowPolicy_t;
+
+/* Receive layouts. goep offers LL EXPERT_MAJOR and HT FLAT; the others are refused with
+ * goepEpInvalidUsage. */
 typedef enum {
     GOEP_EP_LAYOUT_UNSET = GOEP_EP_AUTO,
     /* LL: dispatch writes tokens [local_experts, nranks * max_dispatch_tokens_per_rank, hidden]; the first
@@ -164,6 +231,14 @@ typedef enum {
 
 typedef enum { GOEP_EP_FWD_PASS = 0, GOEP_EP_BWD_PASS = 1 } goepEpPassDir_t;
 
+/* Windows (ncclWindow_t): goep's tensors are host memory, so zero_copy ON and window-backed tensors are
+ * refused. goep's own way without copies is goepEpHandleRecvTokens. */
+typedef enum {
+    GOEP_EP_ZERO_COPY_AUTO = GOEP_EP_AUTO, /* OFF */
+    GOEP_EP_ZERO_COPY_OFF = 1,
+    GOEP_EP_ZERO_COPY_ON = 2               /* refused: it needs window-backed tensors */
+} goepEpZeroCopyMode_t;
+
 /* How dispatch numbers the received expert ids (HT FLAT's topk_idx output). */
 typedef enum {
     GOEP_EP_EXPERT_ID_AUTO = GOEP_EP_AUTO, /* LOCAL */
@@ -171,56 +246,135 @@ typedef enum {
     GOEP_EP_EXPERT_ID_GLOBAL = 2           /* rank * local_experts + local id, -1 = elsewhere */
 } goepEpExpertIdKind_t;
 
-/* Only NONE: quantised dispatch is a group setting in goep's Go API, not offered here yet. */
-typedef enum { GOEP_EP_DISPATCH_QUANT_NONE = 0 } goepEpDispatchQuantizationRecipe_t;
-typedef enum { GOEP_EP_COMBINE_QUANT_NONE = 0 } goepEpCombineQuantizationRecipe_t;
+/* Dispatch quantisation recipes. Only NONE is offered through C yet (goep's Go API has FP8 dispatch as a
+ * group setting); FWD and DS_FP8E3M4 are refused with goepEpInvalidUsage. */
+typedef enum {
+    GOEP_EP_DISP_QUANT_NONE = 0,
+    GOEP_EP_DISP_QUANT_FWD = 1,       /* the caller's quantised rows and scales, forwarded */
+    GOEP_EP_DISP_QUANT_DS_FP8E3M4 = 2 /* bfloat16 rows cast to e4m3 with a float32 scale per 128 elements */
+} goepEpDispQuant_t;
 
-#define GOEP_EP_STRUCT_INIT(type_, magic_) ((type_){.size = (unsigned int)sizeof(type_), .magic = (magic_)})
-#if defined(__cplusplus)
-#define GOEP_EP_STATIC_ASSERT(cond_, msg_) static_assert((cond_), msg_)
-#else
-#define GOEP_EP_STATIC_ASSERT(cond_, msg_) _Static_assert((cond_), msg_)
-#endif
+/* Combine quantisation recipes. NVFP4 is refused. goep's FP8 combine is a group setting
+ * (goepEpGroupOptions_t.combine_quant, a goep extension): a combine's quant_recipe is NONE (the
+ * group's format, whichever it is) or the group's. */
+typedef enum {
+    GOEP_EP_COMB_QUANT_NONE = 0,
+    GOEP_EP_COMB_QUANT_NVFP4 = 1,
+    /* goep: LL combines whose expert outputs travel as e4m3 codes with a float32 scale per 128 elements
+     * (FP8), or a power-of-two scale (FP8_UE8M0), summed in float32 and rounded once to the token type
+     * (docs/ep.md, "A low-precision combine", defines it and bounds its error). */
+    GOEP_EP_COMB_QUANT_FP8 = 0x100,
+    GOEP_EP_COMB_QUANT_FP8_UE8M0 = 0x101
+} goepEpCombQuant_t;
+
+/* A window handle (ncclWindow_t). goep has none: only NULL is accepted. */
+typedef struct goepEpWindow* goepEpWindow_t;
+
+/* A stream: the very type of CUDA's cudaStream_t, so that a program's stream passes unchanged. Accepted
+ * and never dereferenced (see "Streams" above): NULL is the usual value. */
+typedef struct CUstream_st* goepEpStream_t;
 
 /* A tensor: `ndim` extents in `sizes` (row-major, the last one contiguous) of `datatype` elements at
  * `data`, in the caller's host memory. Neither the memory nor `sizes` is copied or kept (but see
  * send_only). `data` may be NULL only when the tensor has no elements, and must be aligned to its
- * element size. */
+ * element size. win_hdl must be NULL and win_offset 0 (goep has no windows). A descriptor initialised with
+ * GOEP_EP_TENSOR_INIT carries GOEP_EP_TENSOR_MAGIC; one made by goepEpTensorAlloc carries
+ * GOEP_EP_TENSOR_MAGIC_ALLOC. */
+#define GOEP_EP_TENSOR_MAGIC 0x60E97E50u
+#define GOEP_EP_TENSOR_MAGIC_ALLOC 0x60E97E51u
 typedef struct goepEpTensor {
     unsigned int size;  /* sizeof(goepEpTensor_t) */
     unsigned int magic; /* GOEP_EP_TENSOR_MAGIC */
     unsigned int ndim;  /* 1..8 */
     goepEpDataType_t datatype;
     void* data;
-    const size_t* sizes; /* ndim extents, owned by the caller */
+    goepEpWindow_t win_hdl; /* NULL */
+    uint64_t win_offset;    /* 0 */
+    size_t* sizes;          /* ndim extents, owned by the caller; only goepEpHandleRecvTokens writes them */
 } goepEpTensor_t;
-#define GOEP_EP_TENSOR_INIT GOEP_EP_STRUCT_INIT(goepEpTensor_t, GOEP_EP_TENSOR_MAGIC)
-#define GOEP_EP_TENSOR_V1_SIZE 32u
+#define GOEP_EP_TENSOR_INIT_INLINE .size = (unsigned int)sizeof(goepEpTensor_t), .magic = GOEP_EP_TENSOR_MAGIC
+#define GOEP_EP_TENSOR_INIT ((goepEpTensor_t){GOEP_EP_TENSOR_INIT_INLINE})
+#define GOEP_EP_TENSOR_SIZE ((unsigned int)sizeof(goepEpTensor_t))
+#define GOEP_EP_TENSOR_V1_LAST_FIELD sizes
+#define GOEP_EP_TENSOR_V1_SIZE 48u
+#define GOEP_EP_TENSOR_CURRENT_VERSION 1
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpTensor_t, GOEP_EP_TENSOR);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpTensor_t, GOEP_EP_TENSOR, 1);
 
-/* A group's configuration: the same on every rank (checked). */
+/* Options of goepEpTensorAlloc (none yet): NULL, or initialised with GOEP_EP_TENSOR_ALLOC_CONFIG_INIT. */
+typedef struct {
+    unsigned int size;
+    unsigned int magic; /* GOEP_EP_MAGIC */
+} goepEpTensorAllocConfig_t;
+#define GOEP_EP_TENSOR_ALLOC_CONFIG_INIT GOEP_EP_STRUCT_INIT(goepEpTensorAllocConfig_t, GOEP_EP_MAGIC)
+#define GOEP_EP_TENSOR_ALLOC_CONFIG_SIZE ((unsigned int)sizeof(goepEpTensorAllocConfig_t))
+#define GOEP_EP_TENSOR_ALLOC_CONFIG_V1_LAST_FIELD magic
+#define GOEP_EP_TENSOR_ALLOC_CONFIG_V1_SIZE 8u
+#define GOEP_EP_TENSOR_ALLOC_CONFIG_CURRENT_VERSION 1
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpTensorAllocConfig_t, GOEP_EP_TENSOR_ALLOC_CONFIG);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpTensorAllocConfig_t, GOEP_EP_TENSOR_ALLOC_CONFIG, 1);
+
+/* Allocator hooks (NCCL EP's device allocator). Their result is cudaError_t where CUDA's runtime header
+ * was included first, so that a program's hooks keep their type; an int otherwise (0: success). */
+#if defined(__DRIVER_TYPES_H__)
+typedef cudaError_t goepEpAllocResult_t;
+#else
+typedef int goepEpAllocResult_t;
+#endif
+typedef goepEpAllocResult_t (*goepEpAllocFn_t)(void** ptr, size_t size, void* context);
+typedef goepEpAllocResult_t (*goepEpFreeFn_t)(void* ptr, void* context);
+
+/* The group config's allocator: both functions or neither (checked). goep calls neither: its group
+ * buffers are MPI shared memory and windows, which no caller's allocator can provide, and a handle's
+ * copy of its routing is host memory of the library's. */
+typedef struct {
+    goepEpAllocFn_t alloc_fn;
+    goepEpFreeFn_t free_fn;
+    void* context; /* passed to both, unchanged */
+} goepEpAllocConfig_t;
+
+/* A group's configuration: the same on every rank (checked). NCCL EP's version 2 layout; goep's own
+ * settings are in goepEpGroupOptions_t. */
 typedef struct {
     unsigned int size;    /* sizeof(goepEpGroupConfig_t) */
     unsigned int magic;   /* GOEP_EP_MAGIC */
-    unsigned int version; /* GOEP_EP_API_VERSION the caller was built against */
+    unsigned int version; /* GOEP_EP_API_VERSION the caller was built against (1 or 2) */
     goepEpAlgorithm_t algorithm;
     unsigned int num_experts;                  /* a multiple of the number of ranks; rank r owns experts
                                                   [r*L, (r+1)*L), L = num_experts / nranks */
     unsigned int max_dispatch_tokens_per_rank; /* > 0 */
     unsigned int max_recv_tokens_per_rank;     /* HT: bound on the rows one rank receives (AUTO: nranks *
                                                   max_dispatch_tokens_per_rank); LL: ignored */
-    unsigned int max_token_bytes;              /* bytes of one token row: hidden * element size */
-    unsigned int num_topk;                     /* experts per token, 1..min(num_experts, 64); required (NCCL EP
-                                                  takes it from each handle's topk_idx) */
-    goepEpDataType_t datatype;                 /* token element type: goepEpBfloat16 or goepEpFloat32 */
+    unsigned int max_token_bytes;              /* bytes of one token row: hidden * the token type's size
+                                                  (goepEpGroupOptions_t.token_datatype: bfloat16 unless set) */
+    unsigned long rdma_buffer_size;            /* accepted, no effect on the CPU: goep sizes its buffers
+                                                  from the fields above (goepEpBufferPlan) */
+    unsigned int num_qp_per_rank;              /* accepted, no effect on the CPU */
+    unsigned int num_channels;                 /* accepted, no effect on the CPU */
+    unsigned int max_num_sms;                  /* accepted, no effect on the CPU */
+    goepEpAllocConfig_t alloc;                 /* both or neither; never called (see goepEpAllocConfig_t) */
     unsigned int enable_mask;                  /* LL only: a rank that stalls past timeout_ns is masked, not an
                                                   error (goepEpMaskQuery, goepEpGetAsyncError) */
-    unsigned int padding_v1;
-    uint64_t timeout_ns; /* bound on every wait for a peer; AUTO: 60 s */
+    uint64_t timeout_ns;                       /* bound on every wait for a peer; AUTO: 60 s */
+    /* Version 2 (read when `size` covers them). */
+    goepEpZeroCopyMode_t zero_copy;            /* AUTO or OFF; ON is refused (goep has no windows) */
+    goepEpOverflowPolicy_t overflow_policy;    /* HT: AUTO (TRAP), TRAP or DROP */
+    unsigned int num_topk;                     /* experts per token, an upper bound on each handle's, at most
+                                                  min(num_experts, 64); 0: the group's first handle's */
+    unsigned char padding_v2[4];
 } goepEpGroupConfig_t;
 #define GOEP_EP_GROUP_CONFIG_INIT \
     ((goepEpGroupConfig_t){.size = (unsigned int)sizeof(goepEpGroupConfig_t), .magic = GOEP_EP_MAGIC, \
                            .version = GOEP_EP_API_VERSION})
-#define GOEP_EP_GROUP_CONFIG_V1_SIZE 56u
+#define GOEP_EP_GROUP_CONFIG_SIZE ((unsigned int)sizeof(goepEpGroupConfig_t))
+#define GOEP_EP_GROUP_CONFIG_V1_LAST_FIELD timeout_ns
+#define GOEP_EP_GROUP_CONFIG_V1_SIZE 96u
+#define GOEP_EP_GROUP_CONFIG_V2_LAST_FIELD padding_v2
+#define GOEP_EP_GROUP_CONFIG_V2_SIZE 112u
+#define GOEP_EP_GROUP_CONFIG_CURRENT_VERSION 2
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpGroupConfig_t, GOEP_EP_GROUP_CONFIG);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpGroupConfig_t, GOEP_EP_GROUP_CONFIG, 1);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpGroupConfig_t, GOEP_EP_GROUP_CONFIG, 2);
 
 /* Counters a dispatch writes (IN/OUT: the descriptors are the caller's, the counts are written into their
  * memory). Each field may be NULL. */
@@ -231,17 +385,27 @@ typedef struct {
                                            Required by an LL EXPERT_MAJOR dispatch. */
     goepEpTensor_t* src_rank_counters;  /* RANK_MAJOR only: not offered, must be NULL */
     goepEpTensor_t* expert_offsets;     /* HT EXPERT_MAJOR only: not offered, must be NULL */
-    goepEpTensor_t* recv_total_counter; /* [1] int32 or int64: rows received (HT FLAT) or their sum (LL) */
+    goepEpTensor_t* recv_total_counter; /* [1] int32 or int64: rows received (HT FLAT; with
+                                           GOEP_EP_OVERFLOW_DROP the rows kept) or their sum (LL) */
+    /* Version 2. */
     goepEpExpertIdKind_t recv_topk_idx_kind;
-    unsigned char padding_v1[4];
+    unsigned char padding_v2[4];
 } goepEpLayoutInfo_t;
 #define GOEP_EP_LAYOUT_INFO_INIT GOEP_EP_STRUCT_INIT(goepEpLayoutInfo_t, GOEP_EP_MAGIC)
-#define GOEP_EP_LAYOUT_INFO_V1_SIZE 48u
+#define GOEP_EP_LAYOUT_INFO_SIZE ((unsigned int)sizeof(goepEpLayoutInfo_t))
+#define GOEP_EP_LAYOUT_INFO_V1_LAST_FIELD recv_total_counter
+#define GOEP_EP_LAYOUT_INFO_V1_SIZE 40u
+#define GOEP_EP_LAYOUT_INFO_V2_LAST_FIELD padding_v2
+#define GOEP_EP_LAYOUT_INFO_V2_SIZE 48u
+#define GOEP_EP_LAYOUT_INFO_CURRENT_VERSION 2
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpLayoutInfo_t, GOEP_EP_LAYOUT_INFO);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpLayoutInfo_t, GOEP_EP_LAYOUT_INFO, 1);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpLayoutInfo_t, GOEP_EP_LAYOUT_INFO, 2);
 
 typedef struct {
     unsigned int size;
     unsigned int magic;
-    goepEpTensor_t* tokens;       /* required: [num_tokens, hidden], the group's datatype */
+    goepEpTensor_t* tokens;       /* required: [num_tokens, hidden], the group's token type */
     goepEpTensor_t* topk_weights; /* [num_tokens, num_topk] float32: the gate weights. HT: required by the
                                      handle's first dispatch. LL: optional here (combine's
                                      outputs->topk_weights may give them instead). A later dispatch of the
@@ -249,7 +413,12 @@ typedef struct {
     goepEpTensor_t* scales;       /* must be NULL (no quantisation recipe) */
 } goepEpDispatchInputs_t;
 #define GOEP_EP_DISPATCH_INPUTS_INIT GOEP_EP_STRUCT_INIT(goepEpDispatchInputs_t, GOEP_EP_MAGIC)
+#define GOEP_EP_DISPATCH_INPUTS_SIZE ((unsigned int)sizeof(goepEpDispatchInputs_t))
+#define GOEP_EP_DISPATCH_INPUTS_V1_LAST_FIELD scales
 #define GOEP_EP_DISPATCH_INPUTS_V1_SIZE 32u
+#define GOEP_EP_DISPATCH_INPUTS_CURRENT_VERSION 1
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpDispatchInputs_t, GOEP_EP_DISPATCH_INPUTS);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpDispatchInputs_t, GOEP_EP_DISPATCH_INPUTS, 1);
 
 typedef struct {
     unsigned int size;
@@ -265,7 +434,12 @@ typedef struct {
     goepEpTensor_t* topk_idx;     /* HT FLAT: [slots, num_topk] int32 or int64, optional. LL: must be NULL. */
 } goepEpDispatchOutputs_t;
 #define GOEP_EP_DISPATCH_OUTPUTS_INIT GOEP_EP_STRUCT_INIT(goepEpDispatchOutputs_t, GOEP_EP_MAGIC)
+#define GOEP_EP_DISPATCH_OUTPUTS_SIZE ((unsigned int)sizeof(goepEpDispatchOutputs_t))
+#define GOEP_EP_DISPATCH_OUTPUTS_V1_LAST_FIELD topk_idx
 #define GOEP_EP_DISPATCH_OUTPUTS_V1_SIZE 40u
+#define GOEP_EP_DISPATCH_OUTPUTS_CURRENT_VERSION 1
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpDispatchOutputs_t, GOEP_EP_DISPATCH_OUTPUTS);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpDispatchOutputs_t, GOEP_EP_DISPATCH_OUTPUTS, 1);
 
 typedef struct {
     unsigned int size;
@@ -275,9 +449,19 @@ typedef struct {
     goepEpTensor_t* topk_weights; /* HT only: [slots, num_topk] float32, one value per received (row, slot),
                                      summed back to each token's (t, k) into outputs->topk_weights (the
                                      gradient of the gate weights in a backward pass). */
+    /* Version 2. */
+    goepEpTensor_t* scales;       /* must be NULL (NVFP4's block scales: not offered) */
 } goepEpCombineInputs_t;
 #define GOEP_EP_COMBINE_INPUTS_INIT GOEP_EP_STRUCT_INIT(goepEpCombineInputs_t, GOEP_EP_MAGIC)
+#define GOEP_EP_COMBINE_INPUTS_SIZE ((unsigned int)sizeof(goepEpCombineInputs_t))
+#define GOEP_EP_COMBINE_INPUTS_V1_LAST_FIELD topk_weights
 #define GOEP_EP_COMBINE_INPUTS_V1_SIZE 24u
+#define GOEP_EP_COMBINE_INPUTS_V2_LAST_FIELD scales
+#define GOEP_EP_COMBINE_INPUTS_V2_SIZE 32u
+#define GOEP_EP_COMBINE_INPUTS_CURRENT_VERSION 2
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpCombineInputs_t, GOEP_EP_COMBINE_INPUTS);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpCombineInputs_t, GOEP_EP_COMBINE_INPUTS, 1);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpCombineInputs_t, GOEP_EP_COMBINE_INPUTS, 2);
 
 typedef struct {
     unsigned int size;
@@ -288,7 +472,12 @@ typedef struct {
                                      inputs->topk_weights' sums; must be given with it. */
 } goepEpCombineOutputs_t;
 #define GOEP_EP_COMBINE_OUTPUTS_INIT GOEP_EP_STRUCT_INIT(goepEpCombineOutputs_t, GOEP_EP_MAGIC)
+#define GOEP_EP_COMBINE_OUTPUTS_SIZE ((unsigned int)sizeof(goepEpCombineOutputs_t))
+#define GOEP_EP_COMBINE_OUTPUTS_V1_LAST_FIELD topk_weights
 #define GOEP_EP_COMBINE_OUTPUTS_V1_SIZE 24u
+#define GOEP_EP_COMBINE_OUTPUTS_CURRENT_VERSION 1
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpCombineOutputs_t, GOEP_EP_COMBINE_OUTPUTS);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpCombineOutputs_t, GOEP_EP_COMBINE_OUTPUTS, 1);
 
 typedef struct {
     unsigned int size;
@@ -296,7 +485,12 @@ typedef struct {
     size_t dispatch_output_per_expert_alignment; /* HT EXPERT_MAJOR only: must be 0 or 1 */
 } goepEpHandleConfig_t;
 #define GOEP_EP_HANDLE_CONFIG_INIT GOEP_EP_STRUCT_INIT(goepEpHandleConfig_t, GOEP_EP_MAGIC)
+#define GOEP_EP_HANDLE_CONFIG_SIZE ((unsigned int)sizeof(goepEpHandleConfig_t))
+#define GOEP_EP_HANDLE_CONFIG_V1_LAST_FIELD dispatch_output_per_expert_alignment
 #define GOEP_EP_HANDLE_CONFIG_V1_SIZE 16u
+#define GOEP_EP_HANDLE_CONFIG_CURRENT_VERSION 1
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpHandleConfig_t, GOEP_EP_HANDLE_CONFIG);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpHandleConfig_t, GOEP_EP_HANDLE_CONFIG, 1);
 
 typedef struct {
     unsigned int size;
@@ -304,29 +498,106 @@ typedef struct {
     unsigned int send_only;          /* 1: send, and let goepEpComplete receive (compute may run between) */
     unsigned int round_scales;       /* must be 0 */
     goepEpPassDir_t pass_direction;  /* HT BWD: a later dispatch of the handle's routing, without weights */
-    goepEpDispatchQuantizationRecipe_t quantization_recipe; /* must be NONE */
+    /* Version 2. */
+    goepEpDispQuant_t quant_recipe;  /* must be NONE */
 } goepEpDispatchConfig_t;
 #define GOEP_EP_DISPATCH_CONFIG_INIT GOEP_EP_STRUCT_INIT(goepEpDispatchConfig_t, GOEP_EP_MAGIC)
-#define GOEP_EP_DISPATCH_CONFIG_V1_SIZE 24u
+#define GOEP_EP_DISPATCH_CONFIG_SIZE ((unsigned int)sizeof(goepEpDispatchConfig_t))
+#define GOEP_EP_DISPATCH_CONFIG_V1_LAST_FIELD pass_direction
+#define GOEP_EP_DISPATCH_CONFIG_V1_SIZE 20u
+#define GOEP_EP_DISPATCH_CONFIG_V2_LAST_FIELD quant_recipe
+#define GOEP_EP_DISPATCH_CONFIG_V2_SIZE 24u
+#define GOEP_EP_DISPATCH_CONFIG_CURRENT_VERSION 2
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpDispatchConfig_t, GOEP_EP_DISPATCH_CONFIG);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpDispatchConfig_t, GOEP_EP_DISPATCH_CONFIG, 1);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpDispatchConfig_t, GOEP_EP_DISPATCH_CONFIG, 2);
 
 typedef struct {
     unsigned int size;
     unsigned int magic;
     unsigned int send_only;          /* 1: send, and let goepEpComplete receive and reduce */
     goepEpPassDir_t pass_direction;  /* HT BWD requires inputs->topk_weights and outputs->topk_weights */
-    goepEpCombineQuantizationRecipe_t quantization_recipe; /* must be NONE */
+    /* Version 2. */
+    goepEpCombQuant_t quant_recipe;  /* NONE, or the group's combine_quant (goepEpGroupOptions_t) */
 } goepEpCombineConfig_t;
 #define GOEP_EP_COMBINE_CONFIG_INIT GOEP_EP_STRUCT_INIT(goepEpCombineConfig_t, GOEP_EP_MAGIC)
-#define GOEP_EP_COMBINE_CONFIG_V1_SIZE 20u
+#define GOEP_EP_COMBINE_CONFIG_SIZE ((unsigned int)sizeof(goepEpCombineConfig_t))
+#define GOEP_EP_COMBINE_CONFIG_V1_LAST_FIELD pass_direction
+#define GOEP_EP_COMBINE_CONFIG_V1_SIZE 16u
+#define GOEP_EP_COMBINE_CONFIG_V2_LAST_FIELD quant_recipe
+#define GOEP_EP_COMBINE_CONFIG_V2_SIZE 20u
+#define GOEP_EP_COMBINE_CONFIG_CURRENT_VERSION 2
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpCombineConfig_t, GOEP_EP_COMBINE_CONFIG);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpCombineConfig_t, GOEP_EP_COMBINE_CONFIG, 1);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpCombineConfig_t, GOEP_EP_COMBINE_CONFIG, 2);
 
 typedef struct goepEpCompleteConfig {
     unsigned int size;
     unsigned int magic;
 } goepEpCompleteConfig_t;
 #define GOEP_EP_COMPLETE_CONFIG_INIT GOEP_EP_STRUCT_INIT(goepEpCompleteConfig_t, GOEP_EP_MAGIC)
+#define GOEP_EP_COMPLETE_CONFIG_SIZE ((unsigned int)sizeof(goepEpCompleteConfig_t))
+#define GOEP_EP_COMPLETE_CONFIG_V1_LAST_FIELD magic
 #define GOEP_EP_COMPLETE_CONFIG_V1_SIZE 8u
+#define GOEP_EP_COMPLETE_CONFIG_CURRENT_VERSION 1
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpCompleteConfig_t, GOEP_EP_COMPLETE_CONFIG);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpCompleteConfig_t, GOEP_EP_COMPLETE_CONFIG, 1);
 
-/* The memory a group holds, per rank and per node (goepEpBufferPlan). */
+/* Opaque handles: numbers the library hands out, never dereferenced by the caller. */
+typedef struct goepEpGroup* goepEpGroup_t;
+typedef struct goepEpHandle* goepEpHandle_t;
+
+/* ===================================================================================================
+ * goep extensions: types with no NCCL EP counterpart.
+ * =================================================================================================== */
+
+/* goep: what goepEpRefuse stands for. */
+typedef enum {
+    GOEP_EP_CALL_CREATE_HANDLE = 1,
+    GOEP_EP_CALL_DISPATCH = 2,
+    GOEP_EP_CALL_COMBINE = 3
+} goepEpCall_t;
+
+/* goep: an optional behaviour a backend declares (goepEpBackendSupports). The values and names are those
+ * of Go's ep.Feature (FeatureFP8Wire is GOEP_EP_FEATURE_FP8_WIRE), checked by the library's tests. */
+typedef enum {
+    GOEP_EP_FEATURE_FP8_WIRE = 1,           /* FP8 dispatch: the engine casts the rows on the way */
+    GOEP_EP_FEATURE_MASK_STALLED_RANKS = 2, /* masking stalled ranks (enable_mask) */
+    GOEP_EP_FEATURE_FP8_FORWARD = 3,        /* forwarding the caller's FP8 codes and scales as they are */
+    GOEP_EP_FEATURE_FP8_COMBINE = 4,        /* a low-precision combine */
+    GOEP_EP_FEATURE_OVERFLOW_DROP = 5,      /* HT dropping what does not fit (GOEP_EP_OVERFLOW_DROP) */
+    GOEP_EP_FEATURE_REFUSALS = 6,           /* a refused call failing at once on every rank */
+    GOEP_EP_FEATURE_METER = 7,              /* per-peer waits and network bytes */
+    GOEP_EP_FEATURE_NAMED_TIMEOUTS = 8,     /* timeouts naming the stalled peer */
+    GOEP_EP_FEATURE_ZERO_ALLOCS = 9,        /* steady-state calls without allocations */
+    GOEP_EP_FEATURE_HT_EXPERT_MAJOR = 10,   /* the HT expert-major receive layout */
+    GOEP_EP_FEATURE_LL_RANK_MAJOR = 11,     /* the LL rank-major receive layout */
+    GOEP_EP_FEATURE_GLOBAL_EXPERT_IDS = 12, /* received top-k ids as global expert ids */
+    GOEP_EP_FEATURE_CALL_SEQUENCE = 13      /* calls checked to match across ranks */
+} goepEpFeature_t;
+
+/* goep: a group's settings that NCCL EP's config has no field for (goepEpCreateGroupWithOptions). Kept
+ * apart so that goepEpGroupConfig_t stays NCCL EP's layout, whatever NCCL adds to it later. */
+typedef struct {
+    unsigned int size;                /* sizeof(goepEpGroupOptions_t) */
+    unsigned int magic;               /* GOEP_EP_MAGIC */
+    goepEpDataType_t token_datatype;  /* the tokens' element type: goepEpBfloat16 or goepEpFloat32; 0
+                                         (goepEpInt8, never a token type): bfloat16, what NCCL EP programs
+                                         size max_token_bytes for */
+    goepEpCombQuant_t combine_quant;  /* NONE, or GOEP_EP_COMB_QUANT_FP8 / FP8_UE8M0 (LL groups) */
+    const char* backend;              /* the ep backend that moves the rows, by its registered name ("cpu",
+                                         "cpu-onesided"; `ep-bench -device list` lists them); NULL or "":
+                                         "cpu". Read during the call only. */
+} goepEpGroupOptions_t;
+#define GOEP_EP_GROUP_OPTIONS_INIT GOEP_EP_STRUCT_INIT(goepEpGroupOptions_t, GOEP_EP_MAGIC)
+#define GOEP_EP_GROUP_OPTIONS_SIZE ((unsigned int)sizeof(goepEpGroupOptions_t))
+#define GOEP_EP_GROUP_OPTIONS_V1_LAST_FIELD backend
+#define GOEP_EP_GROUP_OPTIONS_V1_SIZE 24u
+#define GOEP_EP_GROUP_OPTIONS_CURRENT_VERSION 1
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpGroupOptions_t, GOEP_EP_GROUP_OPTIONS);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpGroupOptions_t, GOEP_EP_GROUP_OPTIONS, 1);
+
+/* goep: the memory a group holds, per rank and per node (goepEpBufferPlan). */
 typedef struct {
     unsigned int size;
     unsigned int magic;
@@ -338,68 +609,80 @@ typedef struct {
     unsigned int padding_v1;
 } goepEpMemInfo_t;
 #define GOEP_EP_MEM_INFO_INIT GOEP_EP_STRUCT_INIT(goepEpMemInfo_t, GOEP_EP_MAGIC)
+#define GOEP_EP_MEM_INFO_SIZE ((unsigned int)sizeof(goepEpMemInfo_t))
+#define GOEP_EP_MEM_INFO_V1_LAST_FIELD padding_v1
 #define GOEP_EP_MEM_INFO_V1_SIZE 48u
-
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpTensor_t) == GOEP_EP_TENSOR_V1_SIZE, "goepEpTensor_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpGroupConfig_t) == GOEP_EP_GROUP_CONFIG_V1_SIZE, "goepEpGroupConfig_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpLayoutInfo_t) == GOEP_EP_LAYOUT_INFO_V1_SIZE, "goepEpLayoutInfo_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpDispatchInputs_t) == GOEP_EP_DISPATCH_INPUTS_V1_SIZE, "goepEpDispatchInputs_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpDispatchOutputs_t) == GOEP_EP_DISPATCH_OUTPUTS_V1_SIZE, "goepEpDispatchOutputs_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpCombineInputs_t) == GOEP_EP_COMBINE_INPUTS_V1_SIZE, "goepEpCombineInputs_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpCombineOutputs_t) == GOEP_EP_COMBINE_OUTPUTS_V1_SIZE, "goepEpCombineOutputs_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpHandleConfig_t) == GOEP_EP_HANDLE_CONFIG_V1_SIZE, "goepEpHandleConfig_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpDispatchConfig_t) == GOEP_EP_DISPATCH_CONFIG_V1_SIZE, "goepEpDispatchConfig_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpCombineConfig_t) == GOEP_EP_COMBINE_CONFIG_V1_SIZE, "goepEpCombineConfig_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpCompleteConfig_t) == GOEP_EP_COMPLETE_CONFIG_V1_SIZE, "goepEpCompleteConfig_t layout");
-GOEP_EP_STATIC_ASSERT(sizeof(goepEpMemInfo_t) == GOEP_EP_MEM_INFO_V1_SIZE, "goepEpMemInfo_t layout");
-
-/* Opaque handles: numbers the library hands out, never dereferenced by the caller. */
-typedef struct goepEpGroup* goepEpGroup_t;
-typedef struct goepEpHandle* goepEpHandle_t;
+#define GOEP_EP_MEM_INFO_CURRENT_VERSION 1
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpMemInfo_t, GOEP_EP_MEM_INFO);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpMemInfo_t, GOEP_EP_MEM_INFO, 1);
 
 #ifndef GOEP_EP_NO_PROTOTYPES /* the library's own build declares them from Go */
 
 /* The library's GOEP_EP_VERSION_CODE (compare with the header's). */
 goepEpResult_t goepEpGetVersion(int* version);
 
-/* A short name for a result code ("goepEpInvalidArgument: ..."); never NULL. */
-const char* goepEpGetErrorString(goepEpResult_t result);
+/* Make a descriptor of ndim extents (copied from sizes) of datatype, its sizes array in the same
+ * allocation: *tensor has data NULL (set it to the caller's memory) and magic GOEP_EP_TENSOR_MAGIC_ALLOC.
+ * config may be NULL. Free it with goepEpTensorDestroy; the memory it describes stays the caller's. */
+goepEpResult_t goepEpTensorAlloc(goepEpTensor_t** tensor, unsigned int ndim, goepEpDataType_t datatype,
+                                 const size_t* sizes, const goepEpTensorAllocConfig_t* config);
 
-/* The message of the last failed call on this thread ("" if none): valid until this thread's next failed
- * call. Successful calls leave it as it was. */
-const char* goepEpGetLastError(void);
+/* Free a descriptor made by goepEpTensorAlloc (not the memory it describes). NULL is accepted; any other
+ * pointer (a descriptor of the caller's, one already freed) is refused with goepEpInvalidArgument, never
+ * read or freed. */
+goepEpResult_t goepEpTensorDestroy(goepEpTensor_t* tensor);
 
-/* The memory a group of `config` would hold over nranks ranks on nnodes nodes (nodes as equal as can be),
- * computed without allocating anything or calling MPI. Not collective. */
-goepEpResult_t goepEpBufferPlan(const goepEpGroupConfig_t* config, int nranks, int nnodes, goepEpMemInfo_t* info);
-
-/* Create a group over the ranks of comm (collective over them, with the same config on every rank).
- * comm stays the caller's: the group works on a duplicate of it and the caller may free comm once
- * goepEpCreateGroup returns. MPI must be initialised; goep never initialises or finalises it. A rank that
- * does not call within timeout_ns is named in the others' goepEpTimeout. */
+/* Create a group over the ranks of comm (collective over them, with the same config on every rank), with
+ * goep's default options (goepEpCreateGroupWithOptions). It checks the config and duplicates comm; the
+ * group's buffers are allocated by its first goepEpInitHandle or goepEpCreateHandle, which is collective:
+ * every rank's first handle must have the same top-k (config.num_topk when set, else the handle's) and
+ * layout, or that call fails on every rank naming the ranks that differ. A later handle's top-k may be
+ * smaller (LL groups: padded with -1), never larger (goepEpInvalidUsage: create the group with that
+ * config.num_topk). comm stays the caller's: the group works on a duplicate of it and the caller may
+ * free comm once goepEpCreateGroup returns. MPI must be initialised;
+ * goep never initialises or finalises it. A rank that does not call within timeout_ns is named in the
+ * others' goepEpTimeout. */
 goepEpResult_t goepEpCreateGroup(goepEpGroup_t* group, MPI_Comm comm, const goepEpGroupConfig_t* config);
 
 /* Release a group and its buffers (collective). Its handles become invalid. If a rank does not call it
  * within timeout_ns, it returns goepEpTimeout naming that rank, frees nothing, and may be called again. */
 goepEpResult_t goepEpGroupDestroy(goepEpGroup_t group);
 
-/* The bytes of buffers the group holds on this rank. Not collective. */
-goepEpResult_t goepEpGroupBufferBytes(goepEpGroup_t group, size_t* bytes);
-
-/* The host bytes a handle of this layout and top-k holds at most (its copy of the routing). */
+/* The host bytes a handle of this layout and top-k holds at most (its copy of the routing): what
+ * goepEpInitHandle's handle_mem needs. num_topk is the handle's (0 or -1: the group's); before the
+ * group's first handle, with config.num_topk 0, it must be given. */
 goepEpResult_t goepEpHandleMemSize(goepEpGroup_t group, goepEpLayout_t layout, const goepEpHandleConfig_t* config,
                                    size_t* size_out, int num_topk);
 
-/* Create a handle for one step's routing: topk_idx is [num_tokens, num_topk] int32 or int64 expert ids
+/* Make a handle of `layout` without routing: goepEpUpdateHandle gives it each step's. num_topk is the
+ * handle's top-k, or 0 or -1 (the group's); the group's first handle opens it (collective, see
+ * goepEpCreateGroup). handle_mem, if not NULL, is a 1-D uint8 tensor of at
+ * least goepEpHandleMemSize bytes, 4-byte aligned, that holds the handle's copy of its routing instead of
+ * memory of the library's: the caller keeps it valid until goepEpHandleDestroy. Local and not numbered
+ * (no step yet). config may be NULL. */
+goepEpResult_t goepEpInitHandle(goepEpHandle_t* handle, goepEpGroup_t group, goepEpLayout_t layout,
+                                const goepEpHandleConfig_t* config, int num_topk, const goepEpTensor_t* handle_mem);
+
+/* Give the handle the next step's routing: topk_idx is [num_tokens, num_topk] int32 or int64 expert ids
  * (-1 = none), copied and checked (ids in range, none repeated in a token, num_tokens at most
- * max_dispatch_tokens_per_rank). Local: not collective, but numbered: every rank creates its handles of a
- * group in the same order (its n-th handle stands for the same step on every rank). A refused one (bad
- * topk_idx) makes the dispatch it stood for fail on every rank, this rank taking part in it at its next
- * goepEpCreateHandle, goepEpDispatch or goepEpGroupDestroy. layout_info must be NULL (goep writes the
- * counters at dispatch); config may be NULL. */
+ * max_dispatch_tokens_per_rank). The handle's next dispatch routes by it; what an earlier dispatch of the
+ * handle received is released. Refused with goepEpInvalidUsage while the handle's send-only call waits for
+ * goepEpComplete or its LL dispatch has not been combined (combine it first). Local, but numbered as
+ * goepEpCreateHandle: every rank updates in the same order, and a refused update (of any kind) makes the
+ * dispatch of its step fail on every rank, the others' with goepEpRemoteError naming this rank and why,
+ * this rank taking part in it at its next goepEpUpdateHandle, goepEpCreateHandle, goepEpDispatch or
+ * goepEpGroupDestroy; the handle is then not dispatched until an update succeeds. layout_info must be
+ * NULL. */
+goepEpResult_t goepEpUpdateHandle(goepEpHandle_t handle, const goepEpTensor_t* topk_idx,
+                                  const goepEpLayoutInfo_t* layout_info, goepEpStream_t stream);
+
+/* goepEpInitHandle and goepEpUpdateHandle in one call (a handle per step): local (the group's first
+ * handle opens it, collectively: see goepEpCreateGroup), numbered. A refused one
+ * makes no handle, and the dispatch it stood for fails on every rank, as a refused update's. layout_info
+ * must be NULL (goep writes the counters at dispatch); config may be NULL. */
 goepEpResult_t goepEpCreateHandle(goepEpHandle_t* handle, goepEpGroup_t group, goepEpLayout_t layout,
                                   const goepEpTensor_t* topk_idx, const goepEpLayoutInfo_t* layout_info,
-                                  const goepEpHandleConfig_t* config);
+                                  const goepEpHandleConfig_t* config, goepEpStream_t stream);
 
 /* Release a handle and what it holds, whatever its state. A send-only dispatch or combine of the handle
  * that goepEpComplete has not finished is finished first (without writing its outputs): collective, as
@@ -417,29 +700,71 @@ goepEpResult_t goepEpHandleDestroy(goepEpHandle_t handle);
  * written by goepEpComplete. config may be NULL. */
 goepEpResult_t goepEpDispatch(goepEpHandle_t handle, const goepEpDispatchInputs_t* inputs,
                               const goepEpDispatchOutputs_t* outputs, const goepEpLayoutInfo_t* layout_info,
-                              const goepEpDispatchConfig_t* config);
+                              const goepEpDispatchConfig_t* config, goepEpStream_t stream);
 
 /* Bring the expert outputs back to each token's rank and reduce them into outputs->tokens (collective).
  * With config->send_only, goepEpComplete receives and reduces. config may be NULL. */
 goepEpResult_t goepEpCombine(goepEpHandle_t handle, const goepEpCombineInputs_t* inputs,
-                             const goepEpCombineOutputs_t* outputs, const goepEpCombineConfig_t* config);
-
-/* goep extension: describe in *tokens the rows the handle's latest dispatch received, where they are, in
- * the group's receive buffer: no copy, as a Go program reads them. tokens must be initialised
- * (GOEP_EP_TENSOR_INIT) with sizes pointing at 3 size_t of the caller's; the call sets ndim, datatype,
- * data and sizes: LL [local_experts, nranks * max_dispatch_tokens_per_rank, hidden] (the first
- * expert_counters[l] rows of expert l valid), HT [num_recv, hidden]. The rows may be read and
- * overwritten in place (an expert's outputs), and passed as the combine's inputs->tokens, which then
- * reads them without a copy. They stay there until the group's next dispatch (HT) or the one after
- * (LL); a later call refuses a handle whose rows are gone. The library owns the memory: never free it. */
-goepEpResult_t goepEpHandleRecvTokens(goepEpHandle_t handle, goepEpTensor_t* tokens);
+                             const goepEpCombineOutputs_t* outputs, const goepEpCombineConfig_t* config,
+                             goepEpStream_t stream);
 
 /* Finish the handle's send-only dispatch or combine (collective, as the call it finishes). With nothing
  * to finish it does nothing and succeeds. config may be NULL. */
-goepEpResult_t goepEpComplete(goepEpHandle_t handle, const goepEpCompleteConfig_t* config);
+goepEpResult_t goepEpComplete(goepEpHandle_t handle, const goepEpCompleteConfig_t* config, goepEpStream_t stream);
 
-/* goep extension: take part in a call as a refusal with `reason`, for a layer above this library that checks
- * its callers' arguments itself (the Python package does, for arrays it cannot describe): the other ranks'
+/* Masking (groups with enable_mask). mask_status and mask are int[nranks] in host memory, 1 = active,
+ * 0 = masked. MaskQuery is local. MaskUpdate makes `mask` the mask: collective over the ranks it leaves
+ * active, which pass the same mask. MaskClean makes every rank active again: collective over every rank,
+ * a masked one that came back included. Neither clears the async error flag. */
+goepEpResult_t goepEpMaskQuery(goepEpGroup_t group, int* mask_status, goepEpStream_t stream);
+goepEpResult_t goepEpMaskUpdate(goepEpGroup_t group, const int* mask, goepEpStream_t stream);
+goepEpResult_t goepEpMaskClean(goepEpGroup_t group, goepEpStream_t stream);
+
+/* The async error flag (groups with enable_mask): *error_out = 1 once a call has masked a rank that
+ * stalled, until goepEpErrorClear. Local. */
+goepEpResult_t goepEpGetAsyncError(goepEpGroup_t group, int* error_out);
+goepEpResult_t goepEpErrorClear(goepEpGroup_t group);
+
+/* ===================================================================================================
+ * goep extensions: functions with no NCCL EP counterpart.
+ * =================================================================================================== */
+
+/* goep: a short name for a result code ("goepEpInvalidArgument: ..."); never NULL. */
+const char* goepEpGetErrorString(goepEpResult_t result);
+
+/* goep: the message of the last failed call on this thread ("" if none): valid until this thread's next
+ * failed call. Successful calls leave it as it was. */
+const char* goepEpGetLastError(void);
+
+/* goep: goepEpCreateGroup with goep's own settings; options NULL is goepEpCreateGroup. The options must be
+ * the same on every rank (checked). */
+goepEpResult_t goepEpCreateGroupWithOptions(goepEpGroup_t* group, MPI_Comm comm, const goepEpGroupConfig_t* config,
+                                            const goepEpGroupOptions_t* options);
+
+/* goep: the memory a group of `config` would hold over nranks ranks on nnodes nodes (nodes as equal as
+ * can be), computed without allocating anything or calling MPI. Not collective. With config.num_topk 0,
+ * for the largest top-k a handle can have, min(num_experts, 64). goepEpBufferPlan is
+ * goepEpBufferPlanWithOptions with options NULL. */
+goepEpResult_t goepEpBufferPlan(const goepEpGroupConfig_t* config, int nranks, int nnodes, goepEpMemInfo_t* info);
+goepEpResult_t goepEpBufferPlanWithOptions(const goepEpGroupConfig_t* config, const goepEpGroupOptions_t* options,
+                                           int nranks, int nnodes, goepEpMemInfo_t* info);
+
+/* goep: the bytes of buffers the group holds on this rank. Not collective. */
+goepEpResult_t goepEpGroupBufferBytes(goepEpGroup_t group, size_t* bytes);
+
+/* goep: describe in *tokens the rows the handle's latest dispatch received, where they are, in the group's
+ * receive buffer: no copy, as a Go program reads them. tokens must be initialised (GOEP_EP_TENSOR_INIT)
+ * with sizes pointing at 3 size_t of the caller's; the call sets ndim, datatype, data and sizes: LL
+ * [local_experts, nranks * max_dispatch_tokens_per_rank, hidden] (the first expert_counters[l] rows of
+ * expert l valid), HT [num_recv, hidden]. The rows may be read and overwritten in place (an expert's
+ * outputs), and passed as the combine's inputs->tokens, which then reads them without a copy. They stay
+ * there until the group's next dispatch (HT) or the one after (LL); a later call refuses a handle whose
+ * rows are gone. The library owns the memory: never free it. Offered on the CPU engine's backends ("cpu",
+ * "cpu-onesided"), whose receive buffers are MPI shared memory. */
+goepEpResult_t goepEpHandleRecvTokens(goepEpHandle_t handle, goepEpTensor_t* tokens);
+
+/* goep: take part in a call as a refusal with `reason`, for a layer above this library that checks its
+ * callers' arguments itself (the Python package does, for arrays it cannot describe): the other ranks'
  * same call fails with goepEpRemoteError naming this rank and reason, and the ranks' calls stay matched,
  * as when the library refuses an argument itself. call is GOEP_EP_CALL_DISPATCH or GOEP_EP_CALL_COMBINE
  * of `handle` (collective, as the call; a destroyed handle of a live group is accepted), or
@@ -448,21 +773,18 @@ goepEpResult_t goepEpComplete(goepEpHandle_t handle, const goepEpCompleteConfig_
  * as the last error, or the error that kept the call from being refused (a group found unusable: its code). */
 goepEpResult_t goepEpRefuse(goepEpGroup_t group, goepEpHandle_t handle, goepEpCall_t call, const char* reason);
 
-/* Masking (groups with enable_mask). mask_status and mask are int[nranks] in host memory, 1 = active,
- * 0 = masked. MaskQuery is local. MaskUpdate makes `mask` the mask: collective over the ranks it leaves
- * active, which pass the same mask. MaskClean makes every rank active again: collective over every rank,
- * a masked one that came back included. Neither clears the async error flag. */
-goepEpResult_t goepEpMaskQuery(goepEpGroup_t group, int* mask_status);
-goepEpResult_t goepEpMaskUpdate(goepEpGroup_t group, const int* mask);
-goepEpResult_t goepEpMaskClean(goepEpGroup_t group);
+/* goep: the backends this library can run a group on (goepEpGroupOptions_t.backend): *count of them,
+ * and the name of the i-th (0 <= i < count, sorted by name) copied with its terminating NUL into buf of
+ * len bytes; a buf too short is goepEpInvalidArgument naming the length needed. Not collective. */
+goepEpResult_t goepEpBackendCount(int* count);
+goepEpResult_t goepEpBackendName(int i, char* buf, size_t len);
 
-/* The async error flag (groups with enable_mask): *error_out = 1 once a call has masked a rank that
- * stalled, until goepEpErrorClear. Local. */
-goepEpResult_t goepEpGetAsyncError(goepEpGroup_t group, int* error_out);
-goepEpResult_t goepEpErrorClear(goepEpGroup_t group);
+/* goep: *supported = 1 if the backend named `backend` (a name or an alias) declares `feature`, else 0;
+ * an unknown backend or feature is goepEpInvalidArgument naming it. Not collective. */
+goepEpResult_t goepEpBackendSupports(const char* backend, goepEpFeature_t feature, int* supported);
 
-/* For bindings (the Python package checks its struct layouts with it): sizeof the named struct type as
- * the library was built ("goepEpTensor_t", ...), 0 for a name it does not know. */
+/* goep: for bindings (the Python package checks its struct layouts with it): sizeof the named struct type
+ * as the library was built ("goepEpTensor_t", ...), 0 for a name it does not know. */
 size_t goepEpStructSize(const char* type_name);
 
 #endif /* GOEP_EP_NO_PROTOTYPES */

@@ -13,30 +13,36 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/mpi"
 )
 
-// groupConfig is a checked goepEpGroupConfig_t: the ep.Config and the token
-// element type.
+// groupConfig is a checked goepEpGroupConfig_t with its goepEpGroupOptions_t:
+// the ep.Config, the token element type, the combine's recipe and the
+// backend's name.
 type groupConfig struct {
-	cfg  ep.Config
-	elem dataType
+	cfg       ep.Config
+	elem      dataType
+	combQuant C.goepEpCombQuant_t
+	backend   string
 }
 
-// readGroupConfig checks p and maps it onto an ep.Config. It checks what
-// this layer adds (the struct, the version, the element type, hidden from
-// max_token_bytes); ep checks the rest.
-func readGroupConfig(p *C.goepEpGroupConfig_t) (groupConfig, error) {
+// readGroupConfig checks p and o (NULL: the default options) and maps them
+// onto an ep.Config. It checks what this layer adds (the structs, the
+// version, the fields a CPU ignores or refuses, the element type, hidden
+// from max_token_bytes, the backend); ep checks the rest.
+func readGroupConfig(p *C.goepEpGroupConfig_t, o *C.goepEpGroupOptions_t) (groupConfig, error) {
+	var gc groupConfig
 	if p == nil {
-		return groupConfig{}, invalidArgf("config is NULL")
+		return gc, invalidArgf("config is NULL")
 	}
 	if err := checkHeader("config", "goepEpGroupConfig_t", uint32(p.size), uint32(p.magic), C.GOEP_EP_GROUP_CONFIG_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_GROUP_CONFIG_INIT"); err != nil {
-		return groupConfig{}, err
+		return gc, err
 	}
-	var gc groupConfig
 	switch v := int(p.version); {
 	case v == 0:
 		return gc, invalidArgf("config.version = 0: set it to GOEP_EP_API_VERSION (%d), as GOEP_EP_GROUP_CONFIG_INIT does", C.GOEP_EP_API_VERSION)
@@ -51,17 +57,44 @@ func readGroupConfig(p *C.goepEpGroupConfig_t) (groupConfig, error) {
 	default:
 		return gc, invalidArgf("config.algorithm = %d: want GOEP_EP_ALGO_LOW_LATENCY (0) or GOEP_EP_ALGO_HIGH_THROUGHPUT (1)", int(p.algorithm))
 	}
-	gc.elem = dataType(p.datatype)
-	if gc.elem != dtBfloat16 && gc.elem != dtFloat32 {
-		return gc, invalidArgf("config.datatype = %v (%d): want goepEpBfloat16 (%d) or goepEpFloat32 (%d), the token element types",
-			gc.elem, int(p.datatype), int(dtBfloat16), int(dtFloat32))
+	if err := readGroupOptions(o, &gc); err != nil {
+		return gc, err
 	}
 	es := gc.elem.size()
 	if p.max_token_bytes == 0 || int(p.max_token_bytes)%es != 0 {
 		return gc, invalidArgf("config.max_token_bytes = %d: want hidden * %d (a %v row's bytes), > 0", uint(p.max_token_bytes), es, gc.elem)
 	}
-	if p.num_topk == 0 {
-		return gc, invalidArgf("config.num_topk = 0: goep needs the top-k when the group is created (NCCL EP takes it from each handle's topk_idx)")
+	// rdma_buffer_size, num_qp_per_rank, num_channels and max_num_sms tune a
+	// GPU's transport: accepted, and nothing here reads them.
+	if (p.alloc.alloc_fn == nil) != (p.alloc.free_fn == nil) {
+		return gc, invalidArgf("config.alloc: alloc_fn and free_fn go together (both set, or neither)")
+	}
+	if covers(p.size, unsafe.Offsetof(p.zero_copy), unsafe.Sizeof(p.zero_copy)) {
+		switch p.zero_copy {
+		case C.GOEP_EP_ZERO_COPY_AUTO, C.GOEP_EP_ZERO_COPY_OFF:
+		case C.GOEP_EP_ZERO_COPY_ON:
+			return gc, invalidUsagef("config.zero_copy = GOEP_EP_ZERO_COPY_ON: it needs window-backed tensors, and goep's are host memory " +
+				"(goep's way without copies: outputs->tokens NULL and goepEpHandleRecvTokens)")
+		default:
+			return gc, invalidArgf("config.zero_copy = %d: want GOEP_EP_ZERO_COPY_AUTO (0), OFF (1) or ON (2)", int(p.zero_copy))
+		}
+	}
+	if covers(p.size, unsafe.Offsetof(p.overflow_policy), unsafe.Sizeof(p.overflow_policy)) {
+		switch p.overflow_policy {
+		case C.GOEP_EP_OVERFLOW_AUTO, C.GOEP_EP_OVERFLOW_TRAP:
+			gc.cfg.Overflow = ep.OverflowFail
+		case C.GOEP_EP_OVERFLOW_DROP:
+			gc.cfg.Overflow = ep.OverflowDrop
+		default:
+			return gc, invalidArgf("config.overflow_policy = %d: want GOEP_EP_OVERFLOW_AUTO (0), TRAP (1) or DROP (2)", int(p.overflow_policy))
+		}
+	}
+	topk := 0
+	if covers(p.size, unsafe.Offsetof(p.num_topk), unsafe.Sizeof(p.num_topk)) {
+		topk = int(p.num_topk)
+	}
+	if topk < 0 || topk > driver.MaxTopK {
+		return gc, invalidArgf("config.num_topk = %d: want 0 (each handle's) or 1..%d", topk, driver.MaxTopK)
 	}
 	gc.cfg.NumExperts = int(p.num_experts)
 	gc.cfg.MaxTokensPerRank = int(p.max_dispatch_tokens_per_rank)
@@ -69,7 +102,7 @@ func readGroupConfig(p *C.goepEpGroupConfig_t) (groupConfig, error) {
 		gc.cfg.MaxRecvTokensPerRank = int(p.max_recv_tokens_per_rank)
 	}
 	gc.cfg.Hidden = int(p.max_token_bytes) / es
-	gc.cfg.TopK = int(p.num_topk)
+	gc.cfg.TopK = topk
 	gc.cfg.MaskStalledRanks = p.enable_mask != 0
 	if uint64(p.timeout_ns) > 1<<62 {
 		return gc, invalidArgf("config.timeout_ns = %d: too large", uint64(p.timeout_ns))
@@ -81,9 +114,63 @@ func readGroupConfig(p *C.goepEpGroupConfig_t) (groupConfig, error) {
 	return gc, nil
 }
 
+// cpuEngines are the backends whose receive buffers are MPI shared memory
+// (the CPU engine's), which C may be given the address of
+// (goepEpHandleRecvTokens); another backend's may be Go memory.
+var cpuEngines = []string{"cpu", "cpu-onesided"}
+
+// readGroupOptions checks o (nil: every option its default) into gc: the
+// element type, the combine's wire format and the backend.
+func readGroupOptions(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
+	gc.elem, gc.backend = dtBfloat16, ep.DefaultBackend
+	if o == nil {
+		return nil
+	}
+	if err := checkHeader("options", "goepEpGroupOptions_t", uint32(o.size), uint32(o.magic), C.GOEP_EP_GROUP_OPTIONS_V1_SIZE,
+		C.GOEP_EP_MAGIC, "GOEP_EP_GROUP_OPTIONS_INIT"); err != nil {
+		return err
+	}
+	if o.token_datatype != 0 {
+		gc.elem = dataType(o.token_datatype)
+	}
+	if gc.elem != dtBfloat16 && gc.elem != dtFloat32 {
+		return invalidArgf("options.token_datatype = %v (%d): want goepEpBfloat16 (%d) or goepEpFloat32 (%d), the token element types",
+			gc.elem, int(o.token_datatype), int(dtBfloat16), int(dtFloat32))
+	}
+	gc.combQuant = o.combine_quant
+	switch o.combine_quant {
+	case C.GOEP_EP_COMB_QUANT_NONE:
+	case C.GOEP_EP_COMB_QUANT_FP8:
+		gc.cfg.CombineWire = ep.WireFP8
+	case C.GOEP_EP_COMB_QUANT_FP8_UE8M0:
+		gc.cfg.CombineWire = ep.WireFP8UE8M0
+	case C.GOEP_EP_COMB_QUANT_NVFP4:
+		return invalidUsagef("options.combine_quant = GOEP_EP_COMB_QUANT_NVFP4: goep's low-precision combine is FP8 (GOEP_EP_COMB_QUANT_FP8 or FP8_UE8M0)")
+	default:
+		return invalidArgf("options.combine_quant = %#x: want GOEP_EP_COMB_QUANT_NONE (0), FP8 (0x100) or FP8_UE8M0 (0x101)", int(o.combine_quant))
+	}
+	if o.backend == nil || C.GoString(o.backend) == "" {
+		return nil
+	}
+	name := C.GoString(o.backend)
+	b, err := ep.OpenBackend(name)
+	if err != nil {
+		return invalidArgf("options.backend = %q: %v", name, err)
+	}
+	// The C interface's contract: a refused call fails on every rank, and
+	// ranks whose calls no longer match fail naming the call.
+	for _, f := range []ep.Feature{ep.FeatureRefusals, ep.FeatureCallSequence} {
+		if !ep.Supports(b, f) {
+			return invalidUsagef("options.backend = %q: goep's C interface needs a backend with %v, which %s does not declare", name, f, b.Name())
+		}
+	}
+	gc.cfg.Backend, gc.backend = b, b.Name()
+	return nil
+}
+
 // newGroup creates the group over a duplicate of comm (collective).
-func newGroup(comm C.MPI_Comm, p *C.goepEpGroupConfig_t) (group, error) {
-	gc, err := readGroupConfig(p)
+func newGroup(comm C.MPI_Comm, p *C.goepEpGroupConfig_t, o *C.goepEpGroupOptions_t) (group, error) {
+	gc, err := readGroupConfig(p, o)
 	if err != nil {
 		return nil, err
 	}
@@ -91,16 +178,18 @@ func newGroup(comm C.MPI_Comm, p *C.goepEpGroupConfig_t) (group, error) {
 	if err != nil {
 		return nil, err
 	}
-	var g group
+	// The config is checked now, locally, as far as it can be without the
+	// top-k (which the first handle may give); NewGroup checks it all, and
+	// compares it across ranks, when the first handle opens the group.
+	v := gc.cfg
+	v.TopK = max(v.TopK, 1)
+	if err := v.Validate(c.Size()); err != nil {
+		return nil, errors.Join(withCode(C.goepEpInvalidArgument, err), c.Free())
+	}
 	if gc.elem == dtBfloat16 {
-		g, err = openGroup[ep.BF16](c, gc)
-	} else {
-		g, err = openGroup[float32](c, gc)
+		return newGroupImpl[ep.BF16](c, gc), nil
 	}
-	if err != nil {
-		return nil, errors.Join(groupError(err), c.Free())
-	}
-	return g, nil
+	return newGroupImpl[float32](c, gc), nil
 }
 
 // groupError gives NewGroup's errors about the config (checked, and
@@ -116,10 +205,20 @@ func groupError(err error) error {
 // groupImpl is a group of element type E: an ep.Group and what the C
 // interface keeps beside it.
 type groupImpl[E ep.Element] struct {
-	mu        sync.Mutex // calls on a group are serialised
-	g         *ep.Group[E]
-	comm      *mpi.Comm // the duplicate of the caller's communicator
-	gc        groupConfig
+	mu sync.Mutex // calls on a group are serialised
+	// g is opened, collectively, by the group's first handle (open), with
+	// that handle's top-k unless config.num_topk fixes it; nil until then.
+	g    *ep.Group[E]
+	comm *mpi.Comm // the duplicate of the caller's communicator
+	// gc.cfg.TopK is config.num_topk (0: each handle's) until g opens, then
+	// g's.
+	gc     groupConfig
+	nranks int
+	fixedK int // config.num_topk: an upper bound on every handle's top-k; 0: the first handle's
+	// marks counts handle numbers taken before g opened, given to g.Mark
+	// when it does; every numbered call opens g first, so it stays 0 unless
+	// a call is added that numbers without opening.
+	marks     int
 	destroyed bool
 	ones      []float32 // LL weights of a dispatch given none: MaxTokensPerRank*TopK ones
 	// the async error flag: a call masked a rank not masked before
@@ -135,16 +234,47 @@ type groupImpl[E ep.Element] struct {
 	refused string
 }
 
-func openGroup[E ep.Element](c *mpi.Comm, gc groupConfig) (*groupImpl[E], error) {
-	g, err := ep.NewGroup[E](c, gc.cfg)
+func newGroupImpl[E ep.Element](c *mpi.Comm, gc groupConfig) *groupImpl[E] {
+	return &groupImpl[E]{comm: c, gc: gc, nranks: c.Size(), fixedK: gc.cfg.TopK, known: make([]bool, c.Size())}
+}
+
+// open opens the ep.Group at the group's first handle, collectively: with
+// config.num_topk when it was set, else with K, the handle's top-k (0 when
+// this rank's handle has none to give, so that the other ranks' NewGroup
+// fails naming this rank). Every rank's first handle must agree: NewGroup
+// compares the configs and fails on every rank, naming the ranks that
+// differ. The numbers taken before are then given to the group. The caller
+// holds gi.mu.
+func (gi *groupImpl[E]) open(K int, call string) error {
+	if gi.g != nil {
+		return nil
+	}
+	cfg := gi.gc.cfg
+	if cfg.TopK == 0 {
+		cfg.TopK = K
+	}
+	g, err := ep.NewGroup[E](gi.comm, cfg)
 	if err != nil {
-		return nil, err
+		return groupError(fmt.Errorf("%s opens the group (num_topk %d) as every rank's first handle: %w", call, cfg.TopK, err))
 	}
-	ones := make([]float32, gc.cfg.MaxTokensPerRank*gc.cfg.TopK)
-	for i := range ones {
-		ones[i] = 1
+	gi.g, gi.gc.cfg.TopK = g, cfg.TopK
+	gi.ones = make([]float32, cfg.MaxTokensPerRank*cfg.TopK)
+	for i := range gi.ones {
+		gi.ones[i] = 1
 	}
-	return &groupImpl[E]{g: g, comm: c, gc: gc, ones: ones, known: make([]bool, g.Size())}, nil
+	for ; gi.marks > 0; gi.marks-- {
+		g.Mark()
+	}
+	return nil
+}
+
+// notOpen refuses op on a group no handle has opened yet.
+func (gi *groupImpl[E]) notOpen(op string) error {
+	if gi.g == nil {
+		return invalidUsagef("%s: the group's buffers are allocated by its first goepEpInitHandle or goepEpCreateHandle (collective), "+
+			"and no handle has been made yet", op)
+	}
+	return nil
 }
 
 // lock takes the group for a call, refusing a destroyed one.
@@ -157,7 +287,7 @@ func (gi *groupImpl[E]) lock() error {
 	return nil
 }
 
-func (gi *groupImpl[E]) size() int { return gi.g.Size() }
+func (gi *groupImpl[E]) size() int { return gi.nranks }
 
 // deliver takes part, as a refusal, in the dispatch that the handle of a
 // refused goepEpCreateHandle stood for: the other ranks made it at once,
@@ -190,9 +320,11 @@ func (gi *groupImpl[E]) destroy() error {
 		return err
 	}
 	defer gi.mu.Unlock()
-	_ = gi.deliver() // best effort: the group goes anyway, and Close says what failed
-	if err := gi.g.Close(); err != nil {
-		return err // a rank did not come: nothing freed, and Close may be called again
+	if gi.g != nil {
+		_ = gi.deliver() // best effort: the group goes anyway, and Close says what failed
+		if err := gi.g.Close(); err != nil {
+			return err // a rank did not come: nothing freed, and Close may be called again
+		}
 	}
 	gi.destroyed = true
 	return gi.comm.Free()
@@ -203,6 +335,9 @@ func (gi *groupImpl[E]) bufferBytes() (int, error) {
 		return 0, err
 	}
 	defer gi.mu.Unlock()
+	if err := gi.notOpen("goepEpGroupBufferBytes (goepEpBufferPlan gives the sizes ahead)"); err != nil {
+		return 0, err
+	}
 	return gi.g.BufferBytes(), nil
 }
 
@@ -260,11 +395,11 @@ func (gi *groupImpl[E]) handleMemSize(layout C.goepEpLayout_t, cfg *C.goepEpHand
 	if err := readHandleConfig(cfg); err != nil {
 		return 0, err
 	}
-	K := gi.gc.cfg.TopK
-	if topk > 0 && topk != K {
-		return 0, invalidArgf("num_topk = %d, but the group's config.num_topk is %d", topk, K)
+	K, err := gi.handleTopK(topk)
+	if err != nil {
+		return 0, err
 	}
-	return gi.gc.cfg.MaxTokensPerRank * K * 4, nil // the copy of topk_idx, as int32
+	return gi.gc.cfg.MaxTokensPerRank * K * 4, nil // the copy of topk_idx, as int32, padded to the group's top-k
 }
 
 func (gi *groupImpl[E]) createHandle(layout C.goepEpLayout_t, topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t,
@@ -273,6 +408,15 @@ func (gi *groupImpl[E]) createHandle(layout C.goepEpLayout_t, topkDesc *C.goepEp
 		return nil, err
 	}
 	defer gi.mu.Unlock()
+	if gi.g == nil {
+		K := 0 // a topk_idx this rank cannot read opens nothing: the other ranks fail naming it
+		if t, err := readTensor("topk_idx", topkDesc); err == nil && t != nil && len(t.shape) == 2 {
+			K = t.shape[1]
+		}
+		if err := gi.open(K, "goepEpCreateHandle"); err != nil {
+			return nil, err
+		}
+	}
 	if err := gi.deliver(); err != nil {
 		return nil, err
 	}
@@ -290,6 +434,9 @@ func (gi *groupImpl[E]) refuse(reason string) error {
 		return err
 	}
 	defer gi.mu.Unlock()
+	if err := gi.open(0, "goepEpRefuse of a goepEpCreateHandle"); err != nil {
+		return errors.Join(invalidArgf("%s", reason), err)
+	}
 	if err := gi.deliver(); err != nil {
 		return err
 	}
@@ -312,45 +459,99 @@ func (gi *groupImpl[E]) held() (uint64, bool) {
 	return 0, false
 }
 
-// newHandle checks createHandle's arguments and makes the handle.
+// newHandle checks createHandle's arguments and makes the handle with its
+// routing.
 func (gi *groupImpl[E]) newHandle(layout C.goepEpLayout_t, topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t,
 	cfg *C.goepEpHandleConfig_t) (handle, error) {
+	h, err := gi.makeHandle(layout, cfg, 0, nil)
+	if err == nil {
+		err = h.route(topkDesc, info)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// initHandle is goepEpInitHandle: a handle without routing, not numbered.
+func (gi *groupImpl[E]) initHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleConfig_t, numTopK int, mem *C.goepEpTensor_t) (handle, error) {
+	if err := gi.lock(); err != nil {
+		return nil, err
+	}
+	defer gi.mu.Unlock()
+	k := numTopK
+	if k < 0 || k > driver.MaxTopK {
+		k = 0 // makeHandle refuses it, after the open every rank takes part in
+	}
+	if err := gi.open(k, "goepEpInitHandle"); err != nil {
+		return nil, err
+	}
+	h, err := gi.makeHandle(layout, cfg, numTopK, mem)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// makeHandle checks a handle's layout, config, top-k and handle_mem. The
+// caller holds gi.mu.
+func (gi *groupImpl[E]) makeHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleConfig_t, numTopK int, mem *C.goepEpTensor_t) (*handleImpl[E], error) {
 	if err := gi.layoutFor(layout); err != nil {
 		return nil, err
 	}
 	if err := readHandleConfig(cfg); err != nil {
 		return nil, err
 	}
-	if info != nil {
-		return nil, invalidUsagef("layout_info must be NULL: goep writes the layout counters at dispatch (pass layout_info to goepEpDispatch)")
-	}
-	t, err := need("topk_idx", topkDesc)
+	maxT := gi.gc.cfg.MaxTokensPerRank
+	K, err := gi.handleTopK(numTopK)
 	if err != nil {
 		return nil, err
 	}
-	K, maxT := gi.gc.cfg.TopK, gi.gc.cfg.MaxTokensPerRank
-	if err := t.want("[num_tokens, num_topk]", []dataType{dtInt32, dtInt64}, -1, K); err != nil {
+	h := &handleImpl[E]{g: gi, layout: layout}
+	t, err := readTensor("handle_mem", mem)
+	if err != nil || t == nil {
+		return h, err
+	}
+	if err := t.want("[bytes]", []dataType{dtUint8}, -1); err != nil {
 		return nil, err
 	}
-	T := t.shape[0]
-	if T > maxT {
-		return nil, invalidArgf("topk_idx has %d tokens (shape %s), more than config.max_dispatch_tokens_per_rank = %d", T, shapeString(t.shape), maxT)
+	if need := maxT * K * 4; t.elems < need {
+		return nil, invalidArgf("handle_mem has %d bytes, want at least %d (goepEpHandleMemSize)", t.elems, need)
 	}
-	topk := make([]int32, T*K)
-	if t.dtype == dtInt32 {
-		copy(topk, view[int32](t, T*K))
-	} else {
-		for i, e := range view[int64](t, T*K) {
-			topk[i] = int32(max(min(e, 1<<31-1), -1<<31))
-			if int64(topk[i]) != e {
-				return nil, invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/K, i%K, e, gi.gc.cfg.NumExperts)
-			}
-		}
+	if uintptr(t.data)%4 != 0 {
+		return nil, invalidArgf("handle_mem: data %p is not 4-byte aligned (it holds int32 expert ids)", t.data)
 	}
-	if err := checkRouting(topk, K, gi.gc.cfg.NumExperts); err != nil {
-		return nil, err
+	h.mem = view[int32](t, maxT*K)
+	return h, nil
+}
+
+// handleTopK is the top-k a handle's copy of topk_idx holds given its
+// num_topk (0 or negative, as NCCL EP's HT callers pass: the group's): the
+// group's, once open, which a smaller one is padded to; before,
+// config.num_topk or else num_topk.
+func (gi *groupImpl[E]) handleTopK(numTopK int) (int, error) {
+	K := gi.gc.cfg.TopK
+	numTopK = max(numTopK, 0)
+	switch {
+	case numTopK > driver.MaxTopK:
+		return 0, invalidArgf("num_topk = %d: want 0 (the group's) or 1..%d", numTopK, driver.MaxTopK)
+	case K == 0 && numTopK == 0:
+		return 0, invalidArgf("num_topk = 0, and the group's config.num_topk is 0 too: give the handle's top-k")
+	case K == 0:
+		return numTopK, nil
+	case numTopK > K:
+		return 0, gi.tooWide(numTopK)
 	}
-	return &handleImpl[E]{g: gi, layout: layout, T: T, topk: topk}, nil
+	return K, nil
+}
+
+// tooWide refuses a handle whose top-k exceeds the group's.
+func (gi *groupImpl[E]) tooWide(k int) error {
+	if gi.fixedK > 0 {
+		return invalidArgf("num_topk = %d, more than the group's config.num_topk = %d (an upper bound)", k, gi.fixedK)
+	}
+	return invalidUsagef("num_topk = %d, more than the group's top-k %d, fixed by its first handle (or config.num_topk): "+
+		"goep does not re-open a group for a wider top-k; create the group with config.num_topk = %d or more", k, gi.gc.cfg.TopK, k)
 }
 
 // checkRouting checks the expert ids of [tokens][K] topk (in range or -1,
@@ -377,7 +578,7 @@ func checkRouting(topk []int32, K, experts int) error {
 // noteMask sets the async error flag when a call masked a rank that was not
 // masked before (groups with enable_mask).
 func (gi *groupImpl[E]) noteMask() {
-	if !gi.gc.cfg.MaskStalledRanks {
+	if !gi.gc.cfg.MaskStalledRanks || gi.g == nil {
 		return
 	}
 	for _, r := range gi.g.Masked() {
@@ -405,6 +606,9 @@ func (gi *groupImpl[E]) maskQuery(status []C.int) error {
 	}
 	for r := range status {
 		status[r] = 1
+	}
+	if gi.g == nil {
+		return nil // no rank can have been masked before the group's first handle
 	}
 	for _, r := range gi.g.Masked() {
 		status[r] = 0
@@ -445,6 +649,9 @@ func (gi *groupImpl[E]) maskClean() error {
 }
 
 func (gi *groupImpl[E]) setMask(masked []int) error {
+	if err := gi.notOpen("goepEpMaskUpdate and goepEpMaskClean"); err != nil {
+		return err
+	}
 	if err := gi.g.SetMask(masked); err != nil {
 		return err
 	}

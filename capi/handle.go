@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"unsafe"
 
@@ -22,8 +23,14 @@ type handleImpl[E ep.Element] struct {
 	id, gid   uint64 // its number in the registry, and its group's
 	layout    C.goepEpLayout_t
 	T         int
+	kh        int // the top-k of the handle's topk_idx, at most the group's; its copy, topk, is padded with -1 to the group's
 	topk      []int32
-	destroyed bool // goepEpHandleDestroy ran: its calls are refused
+	mem       []int32 // the caller's handle_mem (goepEpInitHandle), which holds topk; nil: Go memory
+	destroyed bool    // goepEpHandleDestroy ran: its calls are refused
+	// routed: the handle has a routing to dispatch (goepEpCreateHandle, or
+	// goepEpUpdateHandle's last call succeeded); refusedUpdate: that last
+	// goepEpUpdateHandle was refused.
+	routed, refusedUpdate bool
 
 	eh         ep.Handle[E] // the latest completed dispatch
 	dispatched bool
@@ -80,11 +87,17 @@ func readDispatchConfig(p *C.goepEpDispatchConfig_t) (dispatchConfig, error) {
 		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_CONFIG_INIT"); err != nil {
 		return c, err
 	}
+	recipe := C.goepEpDispQuant_t(C.GOEP_EP_DISP_QUANT_NONE)
+	if covers(p.size, unsafe.Offsetof(p.quant_recipe), unsafe.Sizeof(p.quant_recipe)) {
+		recipe = p.quant_recipe
+	}
 	switch {
 	case p.round_scales != 0:
-		return c, invalidUsagef("config.round_scales = %d: it rounds quantisation scales, and goep's C interface offers no quantisation recipe (want 0)", uint(p.round_scales))
-	case p.quantization_recipe != C.GOEP_EP_DISPATCH_QUANT_NONE:
-		return c, invalidUsagef("config.quantization_recipe = %d: only GOEP_EP_DISPATCH_QUANT_NONE is offered", int(p.quantization_recipe))
+		return c, invalidUsagef("config.round_scales = %d: it rounds quantisation scales, and goep's C interface offers no dispatch quantisation recipe (want 0)", uint(p.round_scales))
+	case recipe == C.GOEP_EP_DISP_QUANT_FWD || recipe == C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
+		return c, invalidUsagef("config.quant_recipe = %d: goep's C interface offers only GOEP_EP_DISP_QUANT_NONE", int(recipe))
+	case recipe != C.GOEP_EP_DISP_QUANT_NONE:
+		return c, invalidArgf("config.quant_recipe = %d: want GOEP_EP_DISP_QUANT_NONE (0), FWD (1) or DS_FP8E3M4 (2)", int(recipe))
 	case p.pass_direction != C.GOEP_EP_FWD_PASS && p.pass_direction != C.GOEP_EP_BWD_PASS:
 		return c, invalidArgf("config.pass_direction = %d: want GOEP_EP_FWD_PASS (0) or GOEP_EP_BWD_PASS (1)", int(p.pass_direction))
 	}
@@ -139,6 +152,115 @@ func (h *handleImpl[E]) refuse(call C.goepEpCall_t, reason string) error {
 		int(call), int(C.GOEP_EP_CALL_DISPATCH), int(C.GOEP_EP_CALL_COMBINE))
 }
 
+// update is goepEpUpdateHandle: the handle's next step, numbered as a
+// goepEpCreateHandle; a refused one is delivered as a refused create is.
+func (h *handleImpl[E]) update(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t) error {
+	if err := h.lock(); err != nil {
+		return err
+	}
+	defer h.unlock()
+	if err := h.g.deliver(); err != nil {
+		return err
+	}
+	h.g.g.Mark() // the step's number, refused or not
+	err := h.idle("goepEpUpdateHandle")
+	switch {
+	case h.destroyed:
+		err = h.errDestroyed()
+	case err == nil && h.dispatched && h.eh.Waiting():
+		err = invalidUsagef("the handle's LL dispatch has not been combined: combine it (goepEpCombine) before giving the handle new routing")
+	case err == nil:
+		err = h.route(topkDesc, info)
+	}
+	if err != nil {
+		h.routed, h.refusedUpdate = false, true
+		h.g.refused = "goepEpUpdateHandle refused this rank's routing for the dispatch: " + err.Error()
+		return err
+	}
+	return nil
+}
+
+// route checks topk_idx and makes it the handle's routing, releasing what
+// an earlier dispatch of the handle holds. Nothing changes when it fails.
+// The caller holds the group.
+func (h *handleImpl[E]) route(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t) error {
+	gi := h.g
+	if info != nil {
+		return invalidUsagef("layout_info must be NULL: goep writes the layout counters at dispatch (pass layout_info to goepEpDispatch)")
+	}
+	t, err := need("topk_idx", topkDesc)
+	if err != nil {
+		return err
+	}
+	K, maxT := gi.gc.cfg.TopK, gi.gc.cfg.MaxTokensPerRank
+	if err := t.want("[num_tokens, num_topk]", []dataType{dtInt32, dtInt64}, -1, -1); err != nil {
+		return err
+	}
+	T, kh := t.shape[0], t.shape[1]
+	if T > maxT {
+		return invalidArgf("topk_idx has %d tokens (shape %s), more than config.max_dispatch_tokens_per_rank = %d", T, shapeString(t.shape), maxT)
+	}
+	switch {
+	case kh < 1:
+		return invalidArgf("topk_idx has shape %s: want num_topk >= 1", shapeString(t.shape))
+	case kh > K:
+		return gi.tooWide(kh)
+	case kh < K && gi.gc.cfg.Mode != ep.LowLatency:
+		return invalidUsagef("topk_idx has num_topk = %d, less than the group's %d: goep pads a narrower handle's routing in LL groups only "+
+			"(an HT handle's [slots, num_topk] outputs would need narrowing); give HT handles the group's top-k", kh, K)
+	}
+	// A fresh copy, each token's kh ids then -1 up to the group's K: an
+	// earlier dispatch of the handle may read its routing until it is
+	// released below.
+	topk := make([]int32, T*K)
+	if t.dtype == dtInt32 {
+		for i, e := range view[int32](t, T*kh) {
+			topk[i/kh*K+i%kh] = e
+		}
+	} else {
+		for i, e := range view[int64](t, T*kh) {
+			v := int32(max(min(e, 1<<31-1), -1<<31))
+			if int64(v) != e {
+				return invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/kh, i%kh, e, gi.gc.cfg.NumExperts)
+			}
+			topk[i/kh*K+i%kh] = v
+		}
+	}
+	for i := range topk {
+		if i%K >= kh {
+			topk[i] = -1
+		}
+	}
+	if err := checkRouting(topk, K, gi.gc.cfg.NumExperts); err != nil {
+		return err
+	}
+	if h.dispatched {
+		if err := gi.g.Release(h.eh); err != nil { // local: an HT handle, or an LL one combined
+			return err
+		}
+	}
+	if h.mem != nil {
+		topk = h.mem[:copy(h.mem, topk)]
+	}
+	h.topk, h.T, h.kh, h.routed, h.refusedUpdate = topk, T, kh, true, false
+	h.eh, h.dispatched, h.hasWeights = ep.Handle[E]{}, false, false
+	return nil
+}
+
+// widen gives [T][kh] weights of a handle narrower than the group as the
+// group's [T][K], 0 in the padding slots (whose expert ids are -1); the
+// caller's slice itself when kh is K.
+func (h *handleImpl[E]) widen(w []float32, K int) []float32 {
+	if h.kh == K {
+		return w
+	}
+	out := make([]float32, h.T*K)
+	for i, v := range w {
+		out[i/h.kh*K+i%h.kh] = v
+	}
+	return out
+}
+
 // errDestroyed is the refusal of a call on a destroyed handle.
 func (h *handleImpl[E]) errDestroyed() error {
 	return invalidArgf("handle %#x has been destroyed (goepEpHandleDestroy)", h.id)
@@ -150,11 +272,22 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		return err
 	}
 	defer h.unlock()
+	delivering := h.g.refused != ""
 	if err := h.g.deliver(); err != nil {
 		return err
 	}
 	if h.destroyed {
 		return h.refuseDispatch(h.errDestroyed())
+	}
+	if !h.routed {
+		err := invalidUsagef("the handle has no routing: goepEpUpdateHandle gives it one")
+		if h.refusedUpdate {
+			err = invalidUsagef("goepEpUpdateHandle refused the handle's routing: update it again before dispatching it")
+		}
+		if delivering {
+			return err // this rank's refusal of the step's dispatch was just made (deliver)
+		}
+		return h.refuseDispatch(err)
 	}
 	if err := h.idle("dispatch"); err != nil {
 		return h.refuseDispatch(err)
@@ -174,9 +307,9 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 	h.g.dispatches++ // even one that fails may have reused the receive buffer
 	number := h.g.dispatches
 	if h.dispatched {
-		req, err = h.g.g.DispatchCachedSend(h.eh, x, weights)
+		req, err = h.g.g.DispatchSend(ep.Reuse(h.eh, x, weights))
 	} else {
-		req, err = h.g.g.DispatchSend(x, h.topk, weights)
+		req, err = h.g.g.DispatchSend(ep.Tokens(x, h.topk, weights))
 	}
 	if err != nil {
 		return err
@@ -259,14 +392,14 @@ func (h *handleImpl[E]) dispatchInputs(in *C.goepEpDispatchInputs_t) (ep.Tensor[
 	}
 	w, err := readTensor("inputs->topk_weights", in.topk_weights)
 	if err == nil && w != nil {
-		err = w.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, K)
+		err = w.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, h.kh)
 	}
 	if err != nil {
 		return x, nil, err
 	}
 	var weights []float32
 	if w != nil {
-		weights = view[float32](w, h.T*K)
+		weights = h.widen(view[float32](w, h.T*h.kh), K)
 	}
 	return ep.Host(view[E](tok, h.T*H)), weights, nil
 }
@@ -332,18 +465,22 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 		C.GOEP_EP_MAGIC, "GOEP_EP_LAYOUT_INFO_INIT"); err != nil {
 		return o, err
 	}
+	kind := C.goepEpExpertIdKind_t(C.GOEP_EP_EXPERT_ID_AUTO)
+	if covers(info.size, unsafe.Offsetof(info.recv_topk_idx_kind), unsafe.Sizeof(info.recv_topk_idx_kind)) {
+		kind = info.recv_topk_idx_kind
+	}
 	switch {
 	case info.src_rank_counters != nil:
 		return o, invalidUsagef("layout_info->src_rank_counters is for the RANK_MAJOR layout, which goep does not offer: leave it NULL")
 	case info.expert_offsets != nil:
 		return o, invalidUsagef("layout_info->expert_offsets is for the HT EXPERT_MAJOR layout, which goep does not offer: leave it NULL")
 	}
-	switch info.recv_topk_idx_kind {
+	switch kind {
 	case C.GOEP_EP_EXPERT_ID_AUTO, C.GOEP_EP_EXPERT_ID_LOCAL:
 	case C.GOEP_EP_EXPERT_ID_GLOBAL:
 		o.global = true
 	default:
-		return o, invalidArgf("layout_info->recv_topk_idx_kind = %d: want AUTO (0), LOCAL (1) or GLOBAL (2)", int(info.recv_topk_idx_kind))
+		return o, invalidArgf("layout_info->recv_topk_idx_kind = %d: want AUTO (0), LOCAL (1) or GLOBAL (2)", int(kind))
 	}
 	if o.expertCounts, err = readTensor("layout_info->expert_counters", info.expert_counters); err == nil && o.expertCounts != nil {
 		err = o.expertCounts.want("[local_experts]", []dataType{dtInt32, dtInt64}, L)
@@ -443,6 +580,7 @@ func writeInts(t *tensor, v []int) {
 
 type combineConfig struct {
 	sendOnly, backward bool
+	recipe             C.goepEpCombQuant_t
 }
 
 func readCombineConfig(p *C.goepEpCombineConfig_t) (combineConfig, error) {
@@ -454,9 +592,17 @@ func readCombineConfig(p *C.goepEpCombineConfig_t) (combineConfig, error) {
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_CONFIG_INIT"); err != nil {
 		return c, err
 	}
+	if covers(p.size, unsafe.Offsetof(p.quant_recipe), unsafe.Sizeof(p.quant_recipe)) {
+		c.recipe = p.quant_recipe
+	}
+	switch c.recipe {
+	case C.GOEP_EP_COMB_QUANT_NONE, C.GOEP_EP_COMB_QUANT_FP8, C.GOEP_EP_COMB_QUANT_FP8_UE8M0:
+	case C.GOEP_EP_COMB_QUANT_NVFP4:
+		return c, invalidUsagef("config.quant_recipe = GOEP_EP_COMB_QUANT_NVFP4: goep's low-precision combine is FP8 (a group option: goepEpGroupOptions_t.combine_quant)")
+	default:
+		return c, invalidArgf("config.quant_recipe = %#x: want GOEP_EP_COMB_QUANT_NONE (0), FP8 (0x100) or FP8_UE8M0 (0x101)", int(c.recipe))
+	}
 	switch {
-	case p.quantization_recipe != C.GOEP_EP_COMBINE_QUANT_NONE:
-		return c, invalidUsagef("config.quantization_recipe = %d: only GOEP_EP_COMBINE_QUANT_NONE is offered", int(p.quantization_recipe))
 	case p.pass_direction != C.GOEP_EP_FWD_PASS && p.pass_direction != C.GOEP_EP_BWD_PASS:
 		return c, invalidArgf("config.pass_direction = %d: want GOEP_EP_FWD_PASS (0) or GOEP_EP_BWD_PASS (1)", int(p.pass_direction))
 	}
@@ -482,6 +628,10 @@ func (h *handleImpl[E]) combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombin
 		return invalidUsagef("the handle has not been dispatched: goepEpDispatch (and goepEpComplete after a send-only one) comes first")
 	}
 	cfg, err := readCombineConfig(cfgp)
+	if err == nil && cfg.recipe != C.GOEP_EP_COMB_QUANT_NONE && cfg.recipe != h.g.gc.combQuant {
+		err = invalidUsagef("config.quant_recipe = %#x, but the group's combine format is %#x (goepEpGroupOptions_t.combine_quant): "+
+			"goep fixes it per group; pass GOEP_EP_COMB_QUANT_NONE or the group's", int(cfg.recipe), int(h.g.gc.combQuant))
+	}
 	var y, outTok ep.Tensor[E]
 	var opts *ep.CombineOptions
 	if err == nil {
@@ -513,6 +663,9 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 	if err := checkHeader("inputs", "goepEpCombineInputs_t", uint32(in.size), uint32(in.magic), C.GOEP_EP_COMBINE_INPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_INPUTS_INIT"); err != nil {
 		return y, outTok, nil, err
+	}
+	if covers(in.size, unsafe.Offsetof(in.scales), unsafe.Sizeof(in.scales)) && in.scales != nil {
+		return y, outTok, nil, invalidUsagef("inputs->scales must be NULL: it carries NVFP4 block scales, and goep's C interface has no NVFP4 combine")
 	}
 	if err := checkHeader("outputs", "goepEpCombineOutputs_t", uint32(out.size), uint32(out.magic), C.GOEP_EP_COMBINE_OUTPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_OUTPUTS_INIT"); err != nil {
@@ -550,7 +703,7 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 	}
 	outW, err := readTensor("outputs->topk_weights", out.topk_weights)
 	if err == nil && outW != nil {
-		err = outW.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, K)
+		err = outW.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, h.kh)
 	}
 	if err != nil {
 		return y, outTok, nil, err
@@ -561,7 +714,7 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 			return y, outTok, nil, invalidArgf("inputs->topk_weights is for HT combines; an LL combine takes the weights it applies in outputs->topk_weights")
 		}
 		if outW != nil {
-			opts.WeightsOverride = view[float32](outW, h.T*K)
+			opts.WeightsOverride = h.widen(view[float32](outW, h.T*h.kh), K)
 		} else if !h.hasWeights {
 			return y, outTok, nil, invalidArgf("an LL combine applies the gate weights: give them in outputs->topk_weights ([num_tokens, num_topk] float32), or in the dispatch's inputs->topk_weights")
 		}
@@ -632,6 +785,10 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 	if h.destroyed {
 		return h.errDestroyed()
 	}
+	if !slices.Contains(cpuEngines, h.g.gc.backend) {
+		return invalidUsagef("goepEpHandleRecvTokens: the rows of backend %q are not in memory C may be given (only the CPU engine's, %v): "+
+			"pass outputs->tokens to goepEpDispatch instead", h.g.gc.backend, cpuEngines)
+	}
 	if err := h.idle("goepEpHandleRecvTokens"); err != nil {
 		return err
 	}
@@ -655,8 +812,7 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 	}
 	sizes := unsafe.Slice(v.sizes, len(dims))
 	for i, d := range dims {
-		// the caller's array, declared const in the descriptor for the calls that only read it
-		*(*C.size_t)(unsafe.Pointer(&sizes[i])) = C.size_t(d)
+		sizes[i] = C.size_t(d)
 	}
 	v.ndim = C.uint(len(dims))
 	v.datatype = C.goepEpDataType_t(gc.elem)
@@ -696,6 +852,6 @@ func (h *handleImpl[E]) destroy() error {
 	if h.dispatched {
 		errs = append(errs, h.g.g.Release(h.eh))
 	}
-	h.destroyed, h.topk = true, nil
+	h.destroyed, h.topk, h.mem = true, nil, nil
 	return errors.Join(errs...)
 }

@@ -59,6 +59,9 @@ size_t goepEpStructSize(const char *name) {
       {"goepEpCombineConfig_t", sizeof(goepEpCombineConfig_t)},
       {"goepEpCompleteConfig_t", sizeof(goepEpCompleteConfig_t)},
       {"goepEpMemInfo_t", sizeof(goepEpMemInfo_t)},
+      {"goepEpGroupOptions_t", sizeof(goepEpGroupOptions_t)},
+      {"goepEpTensorAllocConfig_t", sizeof(goepEpTensorAllocConfig_t)},
+      {"goepEpAllocConfig_t", sizeof(goepEpAllocConfig_t)},
   };
   if (name == NULL) return 0;
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)

@@ -38,6 +38,7 @@ const destroyedKept = 4096
 // group is a group of either element type, as the exported functions use it.
 type group interface {
 	createHandle(layout C.goepEpLayout_t, topk *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t, cfg *C.goepEpHandleConfig_t) (handle, error)
+	initHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleConfig_t, numTopK int, mem *C.goepEpTensor_t) (handle, error)
 	handleMemSize(layout C.goepEpLayout_t, cfg *C.goepEpHandleConfig_t, topk int) (int, error)
 	destroy() error
 	bufferBytes() (int, error)
@@ -54,6 +55,8 @@ type group interface {
 
 // handle is a handle of either element type.
 type handle interface {
+	// update gives the handle a step's routing (goepEpUpdateHandle).
+	update(topk *C.goepEpTensor_t, info *C.goepEpLayoutInfo_t) error
 	dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t, cfg *C.goepEpDispatchConfig_t) error
 	combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombineOutputs_t, cfg *C.goepEpCombineConfig_t) error
 	complete(cfg *C.goepEpCompleteConfig_t) error

@@ -3,6 +3,7 @@
 package main
 
 /*
+#include <stdlib.h>
 #include "capi_internal.h"
 */
 import "C"
@@ -10,6 +11,7 @@ import "C"
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"unsafe"
 )
 
@@ -27,6 +29,9 @@ const (
 	dtFloat32  dataType = C.goepEpFloat32
 	dtFloat64  dataType = C.goepEpFloat64
 	dtBfloat16 dataType = C.goepEpBfloat16
+	dtFloat8e4 dataType = C.goepEpFloat8e4m3
+	dtFloat8e5 dataType = C.goepEpFloat8e5m2
+	dtFloat4x2 dataType = C.goepEpFloat4x2
 )
 
 var dataTypes = map[dataType]struct {
@@ -35,7 +40,8 @@ var dataTypes = map[dataType]struct {
 }{
 	dtInt8: {"int8", 1}, dtUint8: {"uint8", 1}, dtInt32: {"int32", 4}, dtUint32: {"uint32", 4},
 	dtInt64: {"int64", 8}, dtUint64: {"uint64", 8}, dtFloat16: {"float16", 2}, dtFloat32: {"float32", 4},
-	dtFloat64: {"float64", 8}, dtBfloat16: {"bfloat16", 2},
+	dtFloat64: {"float64", 8}, dtBfloat16: {"bfloat16", 2}, dtFloat8e4: {"float8e4m3", 1}, dtFloat8e5: {"float8e5m2", 1},
+	dtFloat4x2: {"float4x2", 1},
 }
 
 func (d dataType) String() string {
@@ -69,9 +75,19 @@ func readTensor(name string, p *C.goepEpTensor_t) (*tensor, error) {
 	if p == nil {
 		return nil, nil
 	}
-	if err := checkHeader(name, "goepEpTensor_t", uint32(p.size), uint32(p.magic), C.GOEP_EP_TENSOR_V1_SIZE,
+	magic := uint32(p.magic)
+	if magic == C.GOEP_EP_TENSOR_MAGIC_ALLOC { // made by goepEpTensorAlloc
+		magic = C.GOEP_EP_TENSOR_MAGIC
+	}
+	if err := checkHeader(name, "goepEpTensor_t", uint32(p.size), magic, C.GOEP_EP_TENSOR_V1_SIZE,
 		C.GOEP_EP_TENSOR_MAGIC, "GOEP_EP_TENSOR_INIT"); err != nil {
 		return nil, err
+	}
+	if p.win_hdl != nil {
+		return nil, invalidUsagef("%s has a win_hdl: goep's tensors are host memory and it has no windows (want NULL)", name)
+	}
+	if p.win_offset != 0 {
+		return nil, invalidArgf("%s has win_offset = %d without a window (want 0)", name, uint64(p.win_offset))
 	}
 	t := &tensor{name: name, dtype: dataType(p.datatype), data: p.data}
 	if t.dtype.size() == 0 {
@@ -179,14 +195,90 @@ func view[T any](t *tensor, n int) []T {
 
 // checkHeader checks a versioned struct's size and magic. min is the size of
 // its first version: a smaller one is not this struct; a larger one is a
-// newer caller's, whose tail is ignored.
+// newer caller's, whose tail is ignored. A field past min is read only
+// where the size covers it (covers).
 func checkHeader(name, typ string, size, magic, min, wantMagic uint32, init string) error {
 	if magic != wantMagic {
 		return invalidArgf("%s (%s) has magic 0x%08x, want 0x%08x: initialise it with %s", name, typ, magic, wantMagic, init)
 	}
 	if size < min {
-		return invalidArgf("%s (%s) has size %d, want at least %d (sizeof(%s) in API version 1): initialise it with %s",
+		return invalidArgf("%s (%s) has size %d, want at least %d (sizeof(%s) in its first version): initialise it with %s",
 			name, typ, size, min, typ, init)
 	}
+	return nil
+}
+
+// covers reports whether a struct of size bytes holds the field at offset
+// off of fsize bytes (GOEP_EP_HAS_FIELD): a field of a later version than
+// the caller's reads as zero.
+func covers(size C.uint, off, fsize uintptr) bool { return uintptr(size) >= off+fsize }
+
+// allocated are the descriptors goepEpTensorAlloc made and goepEpTensorDestroy
+// has not freed, by address: goepEpTensorDestroy frees those alone, and
+// never reads any other pointer.
+var allocated = struct {
+	sync.Mutex
+	m map[uintptr]bool
+}{m: map[uintptr]bool{}}
+
+// tensorAlloc is goepEpTensorAlloc: one C allocation holding the descriptor
+// and, after it, its ndim extents.
+func tensorAlloc(out **C.goepEpTensor_t, ndim C.uint, dtype C.goepEpDataType_t, sizes *C.size_t, cfg *C.goepEpTensorAllocConfig_t) error {
+	if out == nil {
+		return invalidArgf("tensor is NULL")
+	}
+	if cfg != nil {
+		if err := checkHeader("config", "goepEpTensorAllocConfig_t", uint32(cfg.size), uint32(cfg.magic),
+			C.GOEP_EP_TENSOR_ALLOC_CONFIG_V1_SIZE, C.GOEP_EP_MAGIC, "GOEP_EP_TENSOR_ALLOC_CONFIG_INIT"); err != nil {
+			return err
+		}
+	}
+	nd := int(ndim)
+	if nd < 1 || nd > maxDims {
+		return invalidArgf("ndim = %d, want 1 to %d", nd, maxDims)
+	}
+	if dataType(dtype).size() == 0 {
+		return invalidArgf("datatype = %d is not a goepEpDataType_t", int(dtype))
+	}
+	if sizes == nil {
+		return invalidArgf("sizes is NULL (want ndim = %d extents)", nd)
+	}
+	dims := unsafe.Slice(sizes, nd)
+	for i, d := range dims {
+		if uint64(d) > maxBytes {
+			return invalidArgf("sizes[%d] = %d: too large", i, uint64(d))
+		}
+	}
+	head := C.size_t(C.sizeof_goepEpTensor_t)
+	p := C.calloc(1, head+C.size_t(nd)*C.size_t(C.sizeof_size_t))
+	if p == nil {
+		return &apiError{code: C.goepEpSystemError, msg: "out of memory for a tensor descriptor"}
+	}
+	t := (*C.goepEpTensor_t)(p)
+	t.size, t.magic, t.ndim, t.datatype = C.uint(head), C.GOEP_EP_TENSOR_MAGIC_ALLOC, ndim, dtype
+	t.sizes = (*C.size_t)(unsafe.Add(p, head))
+	copy(unsafe.Slice(t.sizes, nd), dims)
+	allocated.Lock()
+	allocated.m[uintptr(p)] = true
+	allocated.Unlock()
+	*out = t
+	return nil
+}
+
+// tensorDestroy is goepEpTensorDestroy.
+func tensorDestroy(t *C.goepEpTensor_t) error {
+	if t == nil {
+		return nil
+	}
+	addr := uintptr(unsafe.Pointer(t))
+	allocated.Lock()
+	ok := allocated.m[addr]
+	delete(allocated.m, addr)
+	allocated.Unlock()
+	if !ok {
+		return invalidArgf("tensor %#x was not made by goepEpTensorAlloc, or was destroyed already: goepEpTensorDestroy frees only "+
+			"the descriptors goepEpTensorAlloc makes (the caller's own need no call)", addr)
+	}
+	C.free(unsafe.Pointer(t))
 	return nil
 }

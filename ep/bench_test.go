@@ -80,7 +80,7 @@ func BenchmarkDispatchCombine(b *testing.B) {
 			b.SetBytes(int64(rows * c.hidden * 2))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				h, err := g.Dispatch(x, topk, weights)
+				h, err := g.Dispatch(ep.Tokens(x, topk, weights))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -134,7 +134,7 @@ func BenchmarkLLLatency(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		mark(i, 0)
-		req, err := g.DispatchSend(x, topk, weights)
+		req, err := g.DispatchSend(ep.Tokens(x, topk, weights))
 		mark(i, 1)
 		if err != nil {
 			b.Fatal(err)
@@ -196,7 +196,7 @@ func BenchmarkStatsCost(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				h, err = g.Dispatch(x, topk, weights)
+				h, err = g.Dispatch(ep.Tokens(x, topk, weights))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -278,7 +278,7 @@ func alternateRounds(b *testing.B, oldName, newName string, old ep.Backend) {
 		}
 		t0 := time.Now()
 		for r := 0; r < rounds; r++ {
-			h, err := g.Dispatch(x, topk, weights)
+			h, err := g.Dispatch(ep.Tokens(x, topk, weights))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -1,5 +1,7 @@
 package ep
 
+import "github.com/goep/goep/ep/driver"
+
 // CombineOptions adjusts a Combine; nil means none.
 type CombineOptions struct {
 	// WeightsOverride replaces, in LL mode with the expert-major layout,
@@ -47,7 +49,7 @@ func (g *Group[E]) Combine(h Handle[E], y, out Tensor[E], opts *CombineOptions) 
 // CombineSend does the sending half of a combine: y has been published (or
 // copied) and may be reused when it returns.
 func (g *Group[E]) CombineSend(h Handle[E], y, out Tensor[E], opts *CombineOptions) (CombineRequest[E], error) {
-	op := g.names.combine
+	op := g.names.Combine
 	if err := g.usable(op); err != nil {
 		return CombineRequest[E]{}, err
 	}
@@ -68,7 +70,7 @@ func (g *Group[E]) CombineSend(h Handle[E], y, out Tensor[E], opts *CombineOptio
 		return CombineRequest[E]{}, g.refuse(r, err)
 	}
 	weights := o.WeightsOverride
-	if g.spec.weightedCombine() && weights == nil {
+	if g.spec.WeightedCombine() && weights == nil {
 		weights = s.weights
 	}
 	g.op++
@@ -89,7 +91,7 @@ func (r CombineRequest[E]) Wait() error {
 		return inputErrorf("combine", "Wait on a zero or stale CombineRequest")
 	}
 	g := s.g
-	op := g.names.combine
+	op := g.names.Combine
 	if !s.inComb || s.c.Op != r.op {
 		return inputErrorf(op, "Wait called twice")
 	}
@@ -101,7 +103,7 @@ func (r CombineRequest[E]) Wait() error {
 	if err == nil {
 		g.count(s, true)
 	}
-	if g.spec.Mode == LowLatency && !isRefused(err) { // the combine ran (it may have refused an option): the set is free
+	if g.spec.Mode == LowLatency && !driver.IsRefused(err) { // the combine ran (it may have refused an option): the set is free
 		s.done = true
 		if g.pending[s.d.Set] == s {
 			g.pending[s.d.Set] = nil
@@ -128,7 +130,7 @@ func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], 
 			return 0, inputErrorf(op, "len(WeightsOverride) = %d, want tokens*TopK = %d*%d", len(o.WeightsOverride), T, K)
 		}
 	}
-	if o.WeightsOverride != nil && !g.spec.weightedCombine() {
+	if o.WeightsOverride != nil && !g.spec.WeightedCombine() {
 		return 0, inputErrorf(op, "WeightsOverride is for LL mode's expert-major layout: an %v %v combine is an unweighted sum (the expert side applies the weights)",
 			g.spec.Mode, g.spec.Layout)
 	}
@@ -167,12 +169,12 @@ func (g *Group[E]) checkCombine(op string, s *handleState[E], y, out Tensor[E], 
 	}
 	yb := AsBytes(y)
 	switch {
-	case sameTensor(yb, recv.Rows):
+	case driver.SameTensor(yb, recv.Rows):
 		if g.spec.Mode == HighThroughput && s.d.Op != g.htLast {
 			return 0, inputErrorf(op, "y is the receive buffer of an earlier dispatch, which a later dispatch has overwritten")
 		}
 		return YInRows, nil
-	case sameTensor(yb, recv.Outputs):
+	case driver.SameTensor(yb, recv.Outputs):
 		return YInOutputs, nil
 	}
 	return YElsewhere, nil
@@ -210,7 +212,7 @@ func (g *Group[E]) Release(h Handle[E]) error {
 	if s.mode == LowLatency && s.ready && !s.done && g.usable(op) == nil {
 		err = g.releaseCall(s)
 	}
-	if !isRefused(err) { // a refusal leaves the handle as it was: every rank's release failed alike
+	if !driver.IsRefused(err) { // a refusal leaves the handle as it was: every rank's release failed alike
 		g.gen++
 		s.gen = g.gen
 		s.sent, s.ready, s.done, s.inComb = false, false, false, false

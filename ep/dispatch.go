@@ -7,55 +7,100 @@ type DispatchRequest[E Element] struct {
 	gen uint64
 }
 
-// Dispatch sends x ([tokens][Hidden], in Memory()) to the ranks owning each
-// token's experts (topk and weights: [tokens][TopK] on the host, -1 = none)
-// and returns the handle of what this rank received. It is DispatchSend then
-// Wait.
-func (g *Group[E]) Dispatch(x Tensor[E], topk []int32, weights []float32) (Handle[E], error) {
-	req, err := g.DispatchSend(x, topk, weights)
+// DispatchInput is one dispatch's inputs, as NCCL EP's ncclEpDispatch
+// takes them: the tokens, and where their routing comes from.
+//
+// The tokens are Tokens, [T][Hidden] in the element type, or, in a group
+// that forwards rows the caller quantized (Config.Wire WireFP8Forward, NCCL
+// EP's scales-forward recipe: an FP8 GEMM's output goes out without a round
+// trip through the element type), Codes, [T][Hidden] e4m3, with Scales,
+// [T][ScaleGroups(Hidden)] float32 (row r's elements [g*ScaleGroup,
+// (g+1)*ScaleGroup) are codes times scale g), which travel as they are and
+// arrive as RecvFP8 and RecvScales. They are in Memory().
+//
+// The routing is TopK, [T][TopK] expert ids on the host (-1 = none; nil
+// for no tokens), with Weights, [T][TopK]; or Reuse, an earlier handle of
+// the group whose routing this dispatch takes, skipping the layout and the
+// count exchange (every rank must reuse at the same call; NCCL EP
+// dispatches a handle again so), with Weights, or the earlier weights where
+// Weights is nil. Reuse is how the gradient of a combine reaches the expert
+// rows.
+type DispatchInput[E Element] struct {
+	Tokens  Tensor[E]
+	Codes   Tensor[E4M3]
+	Scales  Tensor[float32]
+	TopK    []int32
+	Weights []float32
+	Reuse   Handle[E]
+	reuse   bool // made by ep.Reuse: a cached dispatch even where Reuse is the zero Handle (refused by name)
+}
+
+// Tokens is the input of a dispatch of x routed by topk with weights.
+func Tokens[E Element](x Tensor[E], topk []int32, weights []float32) DispatchInput[E] {
+	return DispatchInput[E]{Tokens: x, TopK: topk, Weights: weights}
+}
+
+// Reuse is the input of a dispatch of x with prev's routing, and weights
+// (nil: prev's). A zero prev is refused, naming it, as every rank's call
+// expects a cached dispatch.
+func Reuse[E Element](prev Handle[E], x Tensor[E], weights []float32) DispatchInput[E] {
+	return DispatchInput[E]{Tokens: x, Weights: weights, Reuse: prev, reuse: true}
+}
+
+// Dispatch sends the tokens of in to the ranks owning each token's experts
+// and returns the handle of what this rank received. It is DispatchSend
+// then Wait.
+func (g *Group[E]) Dispatch(in DispatchInput[E]) (Handle[E], error) {
+	req, err := g.DispatchSend(in)
 	if err != nil {
 		return Handle[E]{}, err
 	}
 	return req.Wait()
 }
 
-// DispatchSend does the sending half of a dispatch: when it returns, this
-// rank's rows are in (or on their way to) the receivers' buffers and x may
-// be reused. Compute can run before Wait.
-func (g *Group[E]) DispatchSend(x Tensor[E], topk []int32, weights []float32) (DispatchRequest[E], error) {
-	return g.dispatchSend(g.names.dispatch, tokens{rows: AsBytes(x)}, topk, weights)
-}
-
-// DispatchFP8 is Dispatch for a group that forwards rows the caller
-// quantized already (Config.Wire WireFP8Forward, NCCL EP's scales-forward
-// recipe: an FP8 GEMM's output goes out without a round trip through the
-// element type): codes, [tokens][Hidden] e4m3, and scales, [tokens]
-// [ScaleGroups(Hidden)] float32 (row r's elements [g*ScaleGroup,
-// (g+1)*ScaleGroup) are codes times scale g), both in Memory(), travel as
-// they are and arrive as RecvFP8 and RecvScales. Combine is in the element
-// type, as in every group.
-func (g *Group[E]) DispatchFP8(codes Tensor[E4M3], scales Tensor[float32], topk []int32, weights []float32) (Handle[E], error) {
-	req, err := g.DispatchFP8Send(codes, scales, topk, weights)
-	if err != nil {
-		return Handle[E]{}, err
+// DispatchSend does the sending half of a dispatch (NCCL EP's send_only):
+// when it returns, this rank's rows are in (or on their way to) the
+// receivers' buffers and the tokens may be reused. Compute can run before
+// Wait (NCCL EP's ncclEpComplete).
+func (g *Group[E]) DispatchSend(in DispatchInput[E]) (DispatchRequest[E], error) {
+	reuse := in.reuse || in.Reuse.s != nil
+	op := g.names.Dispatch
+	if reuse {
+		op = g.names.Cached
 	}
-	return req.Wait()
+	x, err := inputTokens(op, in)
+	if err == nil && reuse && len(in.TopK) > 0 {
+		err = inputErrorf(op, "DispatchInput has both TopK and Reuse: the routing comes from one of them")
+	}
+	if err != nil {
+		if err := g.usable(op); err != nil {
+			return DispatchRequest[E]{}, err
+		}
+		return DispatchRequest[E]{}, g.refuse(Refusal{Kind: CallDispatch, Cached: reuse}, err)
+	}
+	if reuse {
+		return g.cachedSend(in.Reuse, x, in.Weights)
+	}
+	return g.dispatchSend(op, x, in.TopK, in.Weights)
 }
 
-// DispatchFP8Send is the sending half of DispatchFP8.
-func (g *Group[E]) DispatchFP8Send(codes Tensor[E4M3], scales Tensor[float32], topk []int32, weights []float32) (DispatchRequest[E], error) {
-	return g.dispatchSend(g.names.dispatch, fp8Tokens(codes, scales), topk, weights)
+// inputTokens are in's rows as the engine takes them.
+func inputTokens[E Element](op string, in DispatchInput[E]) (tokens, error) {
+	fp8 := !in.Codes.IsZero() || !in.Scales.IsZero()
+	switch {
+	case fp8 && !in.Tokens.IsZero():
+		return tokens{}, inputErrorf(op, "DispatchInput has both Tokens and Codes/Scales: the rows are one or the other")
+	case fp8:
+		return tokens{rows: AsBytes(in.Codes), scales: AsBytes(in.Scales), fp8: true}, nil
+	}
+	return tokens{rows: AsBytes(in.Tokens)}, nil
 }
 
 // tokens are a dispatch's rows as the engine takes them, in bytes: in the
-// element type, or as e4m3 codes with their scales (fp8: DispatchFP8).
+// element type, or as e4m3 codes with their scales (fp8).
 type tokens struct {
 	rows, scales Tensor[byte]
 	fp8          bool
-}
-
-func fp8Tokens(codes Tensor[E4M3], scales Tensor[float32]) tokens {
-	return tokens{rows: AsBytes(codes), scales: AsBytes(scales), fp8: true}
 }
 
 func (g *Group[E]) dispatchSend(op string, x tokens, topk []int32, weights []float32) (DispatchRequest[E], error) {
@@ -67,7 +112,7 @@ func (g *Group[E]) dispatchSend(op string, x tokens, topk []int32, weights []flo
 		err = g.checkSetFree(op)
 	}
 	if err == nil {
-		err = g.scratchRT.compute(op, g.sh, topk, T)
+		err = computeRouting(&g.scratchRT, op, g.sh, topk, T)
 	}
 	var s *handleState[E]
 	if err == nil {
@@ -82,35 +127,8 @@ func (g *Group[E]) dispatchSend(op string, x tokens, topk []int32, weights []flo
 	return g.send(op, s, x, nil)
 }
 
-// DispatchCached dispatches x with the routing of an earlier handle, skipping
-// the layout and the count exchange (every rank must use DispatchCached for
-// this call). weights nil keeps the earlier weights. It is how the gradient
-// of a combine reaches the expert rows.
-func (g *Group[E]) DispatchCached(prev Handle[E], x Tensor[E], weights []float32) (Handle[E], error) {
-	req, err := g.DispatchCachedSend(prev, x, weights)
-	if err != nil {
-		return Handle[E]{}, err
-	}
-	return req.Wait()
-}
-
-// DispatchCachedSend is the sending half of DispatchCached.
-func (g *Group[E]) DispatchCachedSend(prev Handle[E], x Tensor[E], weights []float32) (DispatchRequest[E], error) {
-	return g.cachedSend(prev, tokens{rows: AsBytes(x)}, weights)
-}
-
-// DispatchCachedFP8 is DispatchCached for a group that forwards rows the
-// caller quantized (WireFP8Forward): codes and scales as DispatchFP8's.
-func (g *Group[E]) DispatchCachedFP8(prev Handle[E], codes Tensor[E4M3], scales Tensor[float32], weights []float32) (Handle[E], error) {
-	req, err := g.cachedSend(prev, fp8Tokens(codes, scales), weights)
-	if err != nil {
-		return Handle[E]{}, err
-	}
-	return req.Wait()
-}
-
 func (g *Group[E]) cachedSend(prev Handle[E], x tokens, weights []float32) (DispatchRequest[E], error) {
-	op := g.names.cached
+	op := g.names.Cached
 	if err := g.usable(op); err != nil {
 		return DispatchRequest[E]{}, err
 	}
@@ -138,7 +156,7 @@ func (g *Group[E]) cachedSend(prev Handle[E], x tokens, weights []float32) (Disp
 	if s == p { // the ring came round to prev itself: its routing is already there
 		s.weights = append(s.weights[:0], weights...)
 	} else {
-		s.rt.copyFrom(&p.rt)
+		copyRouting(&s.rt, &p.rt)
 		s.topk = append(s.topk[:0], p.topk...)
 		s.weights = append(s.weights[:0], weights...)
 	}
@@ -177,7 +195,7 @@ func (r DispatchRequest[E]) Wait() (Handle[E], error) {
 		return Handle[E]{}, inputErrorf("dispatch", "Wait on a zero or stale DispatchRequest")
 	}
 	g := s.g
-	op := g.names.dispatch
+	op := g.names.Dispatch
 	if s.ready {
 		return Handle[E]{}, inputErrorf(op, "Wait called twice")
 	}
@@ -203,7 +221,7 @@ func (g *Group[E]) checkTokens(op string, x tokens, topk []int32, weights []floa
 	forward := g.spec.Wire == WireFP8Forward
 	switch {
 	case forward && !x.fp8:
-		return 0, inputErrorf(op, "the group forwards FP8 rows the caller quantized (Config.Wire %v): pass e4m3 codes and scales to DispatchFP8 or DispatchCachedFP8", g.spec.Wire)
+		return 0, inputErrorf(op, "the group forwards FP8 rows the caller quantized (Config.Wire %v): pass e4m3 codes and scales (DispatchInput.Codes, Scales)", g.spec.Wire)
 	case !forward && x.fp8:
 		return 0, inputErrorf(op, "e4m3 codes and scales are for a group with Config.Wire %v, not %v: pass the rows in the element type", WireFP8Forward, g.spec.Wire)
 	}
@@ -290,8 +308,8 @@ func (g *Group[E]) Layout(topk []int32) (*Layout, error) {
 		return nil, inputErrorf("Layout", "len(topk) = %d is not a multiple of TopK = %d", len(topk), g.spec.TopK)
 	}
 	var r Routing
-	if err := r.compute("Layout", g.sh, topk, len(topk)/g.spec.TopK); err != nil {
+	if err := computeRouting(&r, "Layout", g.sh, topk, len(topk)/g.spec.TopK); err != nil {
 		return nil, err
 	}
-	return r.layout(g.size), nil
+	return layoutOf(&r, g.size), nil
 }

@@ -13,7 +13,7 @@
 // run; Combine brings their outputs back to the token's rank and sums them.
 //
 //	g, _ := ep.NewGroup[ep.BF16](world, ep.Config{Mode: ep.LowLatency, ...})
-//	h, _ := g.Dispatch(ep.Host(x), topk, weights) // x: [T][Hidden], topk and weights: [T][TopK]
+//	h, _ := g.Dispatch(Tokens(ep.Host(x), topk, weights)) // x: [T][Hidden], topk and weights: [T][TopK]
 //	y := expertsForward(h.Recv(), h.ExpertCounts())
 //	_ = g.Combine(h, y, ep.Host(out), nil)       // out: [T][Hidden]
 //
@@ -86,7 +86,7 @@
 // and the backward pass work in every layout.
 //
 //	cfg := ep.Config{Mode: ep.HighThroughput, ..., Layout: ep.LayoutExpertMajor, ExpertAlignment: 128}
-//	h, _ := g.Dispatch(ep.Host(x), topk, weights)
+//	h, _ := g.Dispatch(Tokens(ep.Host(x), topk, weights))
 //	off, n := h.ExpertOffsets(), h.ExpertCounts() // expert l: rows off[l] to off[l]+n[l] of h.Recv()
 //	groupedGEMM(h.Recv(), off, n, h.RecvWeights(), h.CombineBuffer())
 //	_ = g.Combine(h, h.CombineBuffer(), ep.Host(out), nil)
@@ -94,7 +94,7 @@
 // # Handles
 //
 // A Handle is a small value naming a dispatch: copy it freely. It is needed
-// to combine and can be reused by DispatchCached while the routing is
+// to combine and can be reused (DispatchInput.Reuse) while the routing is
 // unchanged. A group keeps the records of its 8 most recent dispatches, so
 // that steady-state calls allocate nothing; an older handle is stale: its
 // views are empty and calls refuse it. An LL handle holds its buffer set
@@ -131,7 +131,7 @@
 //
 //	cfg.Wire = ep.WireFP8
 //	g, _ := ep.NewGroup[ep.BF16](world, cfg)
-//	h, _ := g.Dispatch(ep.Host(x), topk, weights)
+//	h, _ := g.Dispatch(Tokens(ep.Host(x), topk, weights))
 //	y := h.CombineBuffer().Host()
 //	_ = ep.Dequantize(y, h.RecvFP8().Host(), h.RecvScales().Host(), cfg.Hidden) // or an FP8 GEMM on them
 //	_ = g.Combine(h, h.CombineBuffer(), ep.Host(out), nil)
@@ -151,7 +151,9 @@
 //
 // # Backends
 //
-// A Backend (Config.Backend) opens an Engine per group. The Group does what
+// A Backend (Config.Backend) opens an Engine per group; the contract between
+// them, and the vocabulary both share, is package ep/driver, which ep names
+// for programs (Config, Tensor, the errors, ...). The Group does what
 // every backend shares, written once: it checks every input (ids, lengths,
 // memories, handles), computes the routing (Routing, the layout kernel's
 // result), numbers the calls, enforces the buffer rules above and turns
@@ -178,7 +180,7 @@
 // handle runs them for gradients: the gradient of the dispatched rows is
 // brought home by Combine (with WeightsOverride set to all ones in LL mode, or
 // plainly in HT), and the gradient of a combine reaches the expert rows by
-// DispatchCached with the output gradient. CombineOptions.RowValues and
+// a dispatch of the output gradient reusing the handle (Reuse). CombineOptions.RowValues and
 // SlotValues carry one float per row back to its (token, slot), for the
 // gradient of the gate weights.
 //

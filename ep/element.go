@@ -1,17 +1,11 @@
 package ep
 
-/*
-#cgo CFLAGS: -O3 -std=gnu11 -I${SRCDIR}/../internal/dtype
-#include "kernels.h"
-*/
-import "C"
-
 import (
 	"fmt"
 	"math"
 	"unsafe"
 
-	"github.com/goep/goep/internal/dtype"
+	"github.com/goep/goep/ep/internal/hostrows"
 )
 
 // BF16 is a bfloat16 number: the top 16 bits of a float32.
@@ -19,15 +13,6 @@ type BF16 uint16
 
 // Element is the element types a Group moves.
 type Element interface{ float32 | BF16 }
-
-// DType names an element type to a Backend: Float32 or BFloat16.
-type DType = dtype.Code
-
-// The element types of Element, as DType.
-const (
-	Float32  DType = dtype.F32
-	BFloat16 DType = dtype.BF16
-)
 
 // BF16From rounds f to the nearest bfloat16, ties to even.
 func BF16From(f float32) BF16 {
@@ -48,7 +33,7 @@ func ToBF16(dst []BF16, src []float32) error {
 		return fmt.Errorf("ep: ToBF16: len(dst) = %d != len(src) = %d", len(dst), len(src))
 	}
 	if len(src) > 0 {
-		C.ep_f32_to_bf16((*C.uint16_t)(unsafe.Pointer(&dst[0])), (*C.float)(unsafe.Pointer(&src[0])), C.int64_t(len(src)))
+		hostrows.F32ToBF16(unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0]), len(src))
 	}
 	return nil
 }
@@ -59,7 +44,7 @@ func FromBF16(dst []float32, src []BF16) error {
 		return fmt.Errorf("ep: FromBF16: len(dst) = %d != len(src) = %d", len(dst), len(src))
 	}
 	if len(src) > 0 {
-		C.ep_bf16_to_f32((*C.float)(unsafe.Pointer(&dst[0])), (*C.uint16_t)(unsafe.Pointer(&src[0])), C.int64_t(len(src)))
+		hostrows.BF16ToF32(unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0]), len(src))
 	}
 	return nil
 }

@@ -21,10 +21,10 @@ func ExampleGroup_Dispatch() {
 		log.Fatal(err)
 	}
 	defer g.Close()
-	x := []float32{1, 0, 0, 0, 2, 0, 0, 0}          // 2 tokens of 4 elements
-	topk := []int32{0, 1, 1, -1}                    // token 0 -> experts 0 and 1; token 1 -> expert 1
-	weights := []float32{0.75, 0.25, 0.5, 0}        // gate weights per (token, slot)
-	h, err := g.Dispatch(ep.Host(x), topk, weights) // rows land in the experts' ranks
+	x := []float32{1, 0, 0, 0, 2, 0, 0, 0}                     // 2 tokens of 4 elements
+	topk := []int32{0, 1, 1, -1}                               // token 0 -> experts 0 and 1; token 1 -> expert 1
+	weights := []float32{0.75, 0.25, 0.5, 0}                   // gate weights per (token, slot)
+	h, err := g.Dispatch(ep.Tokens(ep.Host(x), topk, weights)) // rows land in the experts' ranks
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func ExampleConfig_fp8() {
 	}
 	defer g.Close()
 	x := []ep.BF16{ep.BF16From(7), ep.BF16From(1), ep.BF16From(0.3), 0}
-	h, err := g.Dispatch(ep.Host(x), []int32{int32(world.Rank())}, []float32{1}) // to this rank's own expert
+	h, err := g.Dispatch(ep.Tokens(ep.Host(x), []int32{int32(world.Rank())}, []float32{1})) // to this rank's own expert
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func ExampleConfig_fp8() {
 // Rows an FP8 GEMM produced, forwarded as they are (the scales-forward
 // recipe): the caller passes e4m3 codes and its scales, the experts get
 // them bit for bit, and combine is in the element type as always.
-func ExampleGroup_DispatchFP8() {
+func ExampleDispatchInput_forwarded() {
 	world, err := mpi.Init()
 	if err != nil {
 		log.Fatal(err)
@@ -107,7 +107,8 @@ func ExampleGroup_DispatchFP8() {
 	if err := ep.Quantize(codes, scales, []float32{7, 1, 0.3, 0}, H, ep.WireFP8UE8M0); err != nil {
 		log.Fatal(err)
 	}
-	h, err := g.DispatchFP8(ep.Host(codes), ep.Host(scales), []int32{int32(world.Rank())}, []float32{1})
+	h, err := g.Dispatch(ep.DispatchInput[ep.BF16]{Codes: ep.Host(codes), Scales: ep.Host(scales),
+		TopK: []int32{int32(world.Rank())}, Weights: []float32{1}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -135,7 +136,7 @@ func ExampleConfig_fp8Combine() {
 		log.Fatal(err)
 	}
 	defer g.Close()
-	h, err := g.Dispatch(ep.Host([]float32{448, 3.3, 0.5}), []int32{int32(world.Rank())}, []float32{0.5})
+	h, err := g.Dispatch(ep.Tokens(ep.Host([]float32{448, 3.3, 0.5}), []int32{int32(world.Rank())}, []float32{0.5}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -166,7 +167,7 @@ func ExampleConfig_expertMajor() {
 	x := []float32{1, 2, 3, 4}               // 2 tokens of 2 elements
 	topk := []int32{e0, e0 + 1, e0 + 1, -1}  // token 0 -> both experts here; token 1 -> the second
 	weights := []float32{0.75, 0.25, 0.5, 0} // gate weights per (token, slot)
-	h, err := g.Dispatch(ep.Host(x), topk, weights)
+	h, err := g.Dispatch(ep.Tokens(ep.Host(x), topk, weights))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -202,7 +203,7 @@ func ExampleConfig_rankMajor() {
 	}
 	defer g.Close()
 	e0 := int32(world.Rank() * 2)
-	h, err := g.Dispatch(ep.Host([]float32{1, 2}), []int32{e0 + 1, e0}, []float32{0.25, 0.75})
+	h, err := g.Dispatch(ep.Tokens(ep.Host([]float32{1, 2}), []int32{e0 + 1, e0}, []float32{0.25, 0.75}))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,15 +1,12 @@
 package ep
 
-/*
-#include "kernels.h"
-*/
-import "C"
-
 import (
 	"fmt"
 	"math"
 	"runtime"
 	"unsafe"
+
+	"github.com/goep/goep/ep/internal/hostrows"
 )
 
 // E4M3 is an 8-bit floating-point number in the FP8 e4m3 format (OCP's
@@ -64,71 +61,9 @@ func e4m3Bits(v, x uint32) uint8 {
 	return uint8((x>>24)&0x80 | uint32(code))
 }
 
-// WireFormat is how a Group's dispatched rows travel and arrive
-// (Config.Wire). Combine always moves the group's element type.
-type WireFormat int
-
-// Wire formats.
-const (
-	// WireNative moves the rows in the group's element type: Recv.
-	WireNative WireFormat = iota
-	// WireFP8 casts each row to FP8 e4m3 with one float32 scale per group
-	// of ScaleGroup consecutive elements, scale = amax/448: RecvFP8 and
-	// RecvScales. The cast is fused into the copy that places the row.
-	WireFP8
-	// WireFP8UE8M0 is WireFP8 with each scale rounded up to a power of two
-	// (an 8-bit exponent, UE8M0: the "round scale" of DeepEP), so that a
-	// consumer multiplies by it exactly. Its exponent byte is the scale's
-	// float32 bits >> 23.
-	WireFP8UE8M0
-	// WireFP8Forward forwards rows the caller quantized already (NCCL EP's
-	// scales-forward recipe): the group's dispatches take e4m3 codes and
-	// their float32 scales, one per ScaleGroup elements (DispatchFP8), and
-	// move them as they are, with no cast in ep (any positive scales: a
-	// per-128 float32 recipe, or powers of two, UE8M0, which
-	// ScalesFromUE8M0 widens exactly); they arrive as RecvFP8 and
-	// RecvScales, as with WireFP8.
-	WireFP8Forward
-)
-
-// ScaleGroup is the number of consecutive elements of a row that share
-// one FP8 scale. A row of Hidden elements has ScaleGroups(Hidden) scales;
-// when Hidden is not a multiple of ScaleGroup, the last group is shorter.
-const ScaleGroup = 128
-
-// ScaleGroups is the number of FP8 scales of a row of hidden elements.
-func ScaleGroups(hidden int) int { return (hidden + ScaleGroup - 1) / ScaleGroup }
-
-func (w WireFormat) String() string {
-	switch w {
-	case WireNative:
-		return "native"
-	case WireFP8:
-		return "fp8"
-	case WireFP8UE8M0:
-		return "fp8-ue8m0"
-	case WireFP8Forward:
-		return "fp8-forward"
-	}
-	return fmt.Sprintf("WireFormat(%d)", int(w))
-}
-
-// FP8 reports an FP8 wire format: rows arrive as e4m3 codes and scales.
-func (w WireFormat) FP8() bool { return w == WireFP8 || w == WireFP8UE8M0 || w == WireFP8Forward }
-
-// ParseWire reads "native", "fp8", "fp8-ue8m0" or "fp8-forward".
-func ParseWire(s string) (WireFormat, error) {
-	for _, w := range []WireFormat{WireNative, WireFP8, WireFP8UE8M0, WireFP8Forward} {
-		if s == w.String() {
-			return w, nil
-		}
-	}
-	return 0, fmt.Errorf("ep: unknown wire format %q (want native, fp8, fp8-ue8m0 or fp8-forward)", s)
-}
-
 // ScalesFromUE8M0 widens UE8M0 scales (one 8-bit exponent e per scale group,
 // the scale 2^(e-127), as DeepEP's and NCCL EP's packed scales hold them) to
-// the float32 scales DispatchFP8 takes: dst[i] = 2^(exps[i]-127), exactly.
+// the float32 scales a forwarded dispatch takes (DispatchInput.Scales): dst[i] = 2^(exps[i]-127), exactly.
 // Exponent 0 (a scale below float32's normal range) and 255 (not a number in
 // UE8M0) are refused, naming the index.
 func ScalesFromUE8M0(dst []float32, exps []uint8) error {
@@ -142,14 +77,6 @@ func ScalesFromUE8M0(dst []float32, exps []uint8) error {
 		dst[i] = math.Float32frombits(uint32(e) << 23)
 	}
 	return nil
-}
-
-// scaleMode is w's ep_scale.
-func (w WireFormat) scaleMode() C.int {
-	if w == WireFP8UE8M0 {
-		return C.EP_SCALE_UE8M0
-	}
-	return C.EP_SCALE_F32
 }
 
 // Quantize casts rows of src ([rows][hidden]) to e4m3 in q (the same
@@ -167,11 +94,11 @@ func (w WireFormat) scaleMode() C.int {
 // too), the group's largest value maps to ±448, and a NaN or an infinity
 // becomes NaN without changing the scale of the group's other values.
 func Quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat) error {
-	return quantize(q, scales, src, hidden, w, castFastest)
+	return quantize(q, scales, src, hidden, w, hostrows.CastFastest)
 }
 
 // quantize is Quantize with the cast impl.
-func quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat, impl castImpl) error {
+func quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w WireFormat, impl hostrows.CastImpl) error {
 	if err := checkFP8Shapes("Quantize", len(q), len(scales), len(src), hidden); err != nil {
 		return err
 	}
@@ -199,9 +126,7 @@ func quantize[E Element](q []E4M3, scales []float32, src []E, hidden int, w Wire
 		dsc[r] = sp + uintptr(4*r*ScaleGroups(hidden))
 		off[r] = int64(r * rowBytes)
 	}
-	C.ep_quant_rows((*C.uintptr_t)(unsafe.Pointer(&dst[0])), (*C.uintptr_t)(unsafe.Pointer(&dsc[0])),
-		(*C.char)(unsafe.Pointer(&src[0])), (*C.int64_t)(unsafe.Pointer(&off[0])), C.int64_t(rows),
-		C.int64_t(hidden), C.int(DTypeOf[E]()), w.scaleMode(), C.int(impl))
+	hostrows.QuantizeAt(dst, dsc, unsafe.Pointer(&src[0]), off, hidden, DTypeOf[E](), w, impl)
 	return nil
 }
 
@@ -217,8 +142,7 @@ func Dequantize[E Element](dst []E, q []E4M3, scales []float32, hidden int) erro
 	if len(q) == 0 {
 		return nil
 	}
-	C.ep_dequant_rows(unsafe.Pointer(&dst[0]), C.int(DTypeOf[E]()), (*C.uint8_t)(unsafe.Pointer(&q[0])),
-		(*C.float)(unsafe.Pointer(&scales[0])), C.int64_t(len(q)/hidden), C.int64_t(hidden))
+	hostrows.DequantizeRows(unsafe.Pointer(&dst[0]), DTypeOf[E](), unsafe.Pointer(&q[0]), scales, len(q)/hidden, hidden)
 	return nil
 }
 

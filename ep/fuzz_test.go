@@ -82,7 +82,7 @@ func FuzzDispatchInput(f *testing.F) {
 		for i := range out {
 			out[i] = float32(math.NaN())
 		}
-		h, err := g.Dispatch(ep.Host(x), topk, weights)
+		h, err := g.Dispatch(ep.Tokens(ep.Host(x), topk, weights))
 		if err != nil {
 			var ie *ep.InputError
 			if !errors.As(err, &ie) {

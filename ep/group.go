@@ -6,11 +6,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/mpi"
 )
 
 // handleRing is how many dispatches' handles a Group keeps: a handle stays
-// usable (for Combine, DispatchCached and its views' bookkeeping) until
+// usable (for Combine, a dispatch reusing it and its views' bookkeeping) until
 // handleRing newer dispatches have been made, after which it is stale.
 const handleRing = 8
 
@@ -42,7 +43,7 @@ type Group[E Element] struct {
 	htLast     uint64             // HT: op of the newest dispatch, whose rows the receive buffer holds
 	scratchRT  Routing            // routing of a dispatch being checked
 	stats      stats
-	names      opNames
+	names      driver.OpNames
 	broken     error
 	closed     bool
 	maskedOut  error // ErrMasked: the others went on without this rank; SetMask lets it rejoin
@@ -123,10 +124,10 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 	if err := agreeOnConfig(c, cfg, elem); err != nil {
 		return nil, err
 	}
-	if err := cfg.validate(c.Size()); err != nil {
+	if err := cfg.Validate(c.Size()); err != nil {
 		return nil, err
 	}
-	spec := newSpec(cfg, elem)
+	spec := driver.NewSpec(cfg, elem)
 	ferr := checkFeatures(cfg)
 	if err := mpi.AgreeOnError(c, ferr); err != nil {
 		var agreed *mpi.AgreedError
@@ -137,9 +138,9 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		}
 		return nil, ferr
 	}
-	eng, err := cfg.backend().Open(c, spec)
+	eng, err := backendOf(cfg).Open(c, spec)
 	if err == nil {
-		err = checkEngine(cfg.backend(), eng)
+		err = checkEngine(backendOf(cfg), eng)
 	}
 	var agreed *mpi.AgreedError
 	if !errors.As(err, &agreed) { // an engine that agreed already failed on every rank alike
@@ -149,11 +150,11 @@ func openGroup[E Element](c *mpi.Comm, cfg Config, elem DType) (*Group[E], error
 		if eng != nil {
 			err = errors.Join(err, eng.Close())
 		}
-		return nil, fmt.Errorf("ep: NewGroup: %s backend: %w", cfg.backend().Name(), err)
+		return nil, fmt.Errorf("ep: NewGroup: %s backend: %w", backendOf(cfg).Name(), err)
 	}
 	p := eng.Placement()
 	g := &Group[E]{spec: spec, comm: c, eng: eng, mem: eng.Memory(), place: p, rank: c.Rank(), size: c.Size(),
-		names: newOpNames(cfg.Mode)}
+		names: driver.NewOpNames(cfg.Mode)}
 	g.sh = shape{E: cfg.NumExperts, L: cfg.NumExperts / g.size, R: g.size, K: cfg.TopK, nodes: p.Nodes,
 		nodeOf: make([]int32, g.size)}
 	if g.stats.hosts, err = hostNames(c); err != nil {
@@ -197,13 +198,13 @@ const backendNameLen = 64
 // agreeOnConfig gathers every rank's config, element type and backend name,
 // and fails, identically on every rank, if they differ.
 func agreeOnConfig(c *mpi.Comm, cfg Config, elem DType) error {
-	fp := cfg.fingerprint(elem)
+	fp := cfg.Fingerprint(elem)
 	all := make([]int64, len(fp)*c.Size())
 	if err := mpi.AllgatherSlice(c, fp, all); err != nil {
 		return fmt.Errorf("ep: NewGroup: comparing configs: %w", err)
 	}
 	name := make([]byte, backendNameLen)
-	copy(name, cfg.backend().Name())
+	copy(name, backendOf(cfg).Name())
 	names := make([]byte, backendNameLen*c.Size())
 	if err := c.Allgather(name, names); err != nil {
 		return fmt.Errorf("ep: NewGroup: comparing configs: %w", err)
@@ -215,7 +216,7 @@ func agreeOnConfig(c *mpi.Comm, cfg Config, elem DType) error {
 	for r := 1; r < c.Size(); r++ {
 		for i := range fp {
 			if a, b := all[i], all[r*len(fp)+i]; a != b {
-				diffs = append(diffs, fmt.Sprintf("rank %d has %s = %s, rank 0 has %s", r, fingerprintFields[i],
+				diffs = append(diffs, fmt.Sprintf("rank %d has %s = %s, rank 0 has %s", r, driver.FingerprintField(i),
 					fieldString(i, b), fieldString(i, a)))
 			}
 		}
@@ -230,7 +231,7 @@ func agreeOnConfig(c *mpi.Comm, cfg Config, elem DType) error {
 }
 
 func fieldString(i int, v int64) string {
-	switch fingerprintFields[i] {
+	switch driver.FingerprintField(i) {
 	case "Mode":
 		return Mode(v).String()
 	case "Timeout":
@@ -292,7 +293,7 @@ func (g *Group[E]) DeviceTimes() (dispatch, combine time.Duration, ok bool) {
 func (g *Group[E]) Memory() Memory { return g.mem }
 
 // Backend is the name of the group's backend. Not collective.
-func (g *Group[E]) Backend() string { return g.spec.backend().Name() }
+func (g *Group[E]) Backend() string { return backendOf(g.spec.Config).Name() }
 
 func (g *Group[E]) String() string {
 	return fmt.Sprintf("%s{%v, %s backend, rank %d of %d, %v}", g.spec.Name, g.spec.Mode, g.Backend(), g.rank, g.size, g.sh)
@@ -405,14 +406,6 @@ func (g *Group[E]) nameHost(err error) {
 	}
 }
 
-// opNames name the calls in errors: "ll dispatch", "ht combine", ... made
-// once, so that calls do not build strings.
-type opNames struct{ dispatch, cached, combine string }
-
-func newOpNames(m Mode) opNames {
-	return opNames{dispatch: m.String() + " dispatch", cached: m.String() + " cached dispatch", combine: m.String() + " combine"}
-}
-
 // newState takes the next record of the ring for a dispatch.
 func (g *Group[E]) newState(op string) (*handleState[E], error) {
 	s := g.states[g.next]
@@ -435,14 +428,14 @@ func (g *Group[E]) newState(op string) (*handleState[E], error) {
 // rank's are bad, so that every other rank's same call fails at once with a
 // *RefusedError naming this rank and reason, as when one of ep's own checks
 // refuses, instead of waiting for this rank until its timeout. prev is the
-// handle a DispatchCached would have reused (the zero Handle for a fresh
+// handle a dispatch would have reused (the zero Handle for a fresh
 // dispatch). It returns reason as an *InputError; the group stays usable.
 // It is collective, as the dispatch it stands for.
 func (g *Group[E]) RefuseDispatch(prev Handle[E], reason string) error {
-	op := g.names.dispatch
+	op := g.names.Dispatch
 	r := Refusal{Kind: CallDispatch}
 	if prev.s != nil {
-		op, r.Cached = g.names.cached, true
+		op, r.Cached = g.names.Cached, true
 		if p, err := g.checkHandle(op, prev); err == nil {
 			r.Dispatch = &p.d
 		}
@@ -455,7 +448,7 @@ func (g *Group[E]) RefuseDispatch(prev Handle[E], reason string) error {
 
 // RefuseCombine is RefuseDispatch for the combine of handle h.
 func (g *Group[E]) RefuseCombine(h Handle[E], reason string) error {
-	op := g.names.combine
+	op := g.names.Combine
 	if err := g.usable(op); err != nil {
 		return err
 	}
@@ -464,4 +457,19 @@ func (g *Group[E]) RefuseCombine(h Handle[E], reason string) error {
 		r.Set, r.Dispatch = s.d.Set, &s.d
 	}
 	return g.refuse(r, inputErrorf(op, "%s", reason))
+}
+
+// Mark numbers a step of the caller's that makes no collective call (the C
+// and Python interfaces mark each handle they create, refused or not): the
+// group's next call takes a number one higher. A rank that took a step the
+// others did not (or skipped one) then has calls numbered differently from
+// theirs, which the engines of FeatureCallSequence find at the next call
+// that needs a flag of it: every rank fails with an error naming the rank
+// and the call, instead of pairing one rank's step with another's. Every
+// rank must mark the same steps in the same order between the same calls.
+// Not collective.
+func (g *Group[E]) Mark() {
+	if g != nil {
+		g.op++
+	}
 }

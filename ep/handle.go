@@ -3,11 +3,13 @@ package ep
 import (
 	"fmt"
 	"sort"
+
+	"github.com/goep/goep/ep/driver"
 )
 
 // Handle is the result of a dispatch: the routing of its tokens and, once
 // complete, views of the rows this rank received. It is needed to combine,
-// and can be reused by DispatchCached while the routing is unchanged. It is
+// and can be reused (DispatchInput.Reuse) while the routing is unchanged. It is
 // a small value: copy it freely. A handle goes stale when handleRing (8)
 // newer dispatches have been made on its group; a stale handle's views are
 // empty and calls refuse it. The zero Handle is no handle.
@@ -57,7 +59,7 @@ func (h Handle[E]) Recv() Tensor[E] {
 	if !h.valid() || h.s.g.spec.Wire.FP8() {
 		return Tensor[E]{}
 	}
-	return mustFromBytes[E](h.s.d.Recv.Rows)
+	return driver.MustFromBytes[E](h.s.d.Recv.Rows)
 }
 
 // RecvFP8 is, in a group with an FP8 Wire, the rows this rank received as
@@ -68,7 +70,7 @@ func (h Handle[E]) RecvFP8() Tensor[E4M3] {
 	if !h.valid() || !h.s.g.spec.Wire.FP8() {
 		return Tensor[E4M3]{}
 	}
-	return mustFromBytes[E4M3](h.s.d.Recv.Rows)
+	return driver.MustFromBytes[E4M3](h.s.d.Recv.Rows)
 }
 
 // RecvScales is, in a group with an FP8 Wire, the float32 scales of
@@ -89,7 +91,7 @@ func (h Handle[E]) CombineBuffer() Tensor[E] {
 	if !h.valid() {
 		return Tensor[E]{}
 	}
-	return mustFromBytes[E](h.s.d.Recv.Outputs)
+	return driver.MustFromBytes[E](h.s.d.Recv.Outputs)
 }
 
 // ExpertCounts is, per local expert, the number of received rows for it
@@ -173,7 +175,7 @@ func (h Handle[E]) Source(row int) (rank, token int, err error) {
 	g, recv := h.s.g, &h.s.d.Recv
 	var s int
 	switch {
-	case g.spec.htExpertMajor():
+	case g.spec.HTExpertMajor():
 		L, off := g.sh.L, recv.ExpertOffsets
 		if row < 0 || row >= recv.NumRecv {
 			return 0, 0, fmt.Errorf("ep: Source: row %d out of range [0, %d)", row, recv.NumRecv)
@@ -184,7 +186,7 @@ func (h Handle[E]) Source(row int) (rank, token int, err error) {
 			return 0, 0, fmt.Errorf("ep: Source: row %d is padding of expert %d's zone", row, l)
 		}
 		s = sort.Search(g.size, func(s int) bool { return prefix(recv.SourceCounts, L, s+1, l) > j })
-	case g.spec.llRankMajor():
+	case g.spec.LLRankMajor():
 		M := g.spec.MaxTokensPerRank
 		if row < 0 || row >= g.size*M || row%M >= recv.SourceCounts[row/M] {
 			return 0, 0, fmt.Errorf("ep: Source: row %d is not a valid received row", row)
@@ -224,7 +226,7 @@ func (h Handle[E]) Layout() *Layout {
 	if h.s == nil || h.s.gen != h.gen {
 		return nil
 	}
-	return h.s.rt.layout(h.s.g.size)
+	return layoutOf(&h.s.rt, h.s.g.size)
 }
 
 // Waiting reports an LL handle whose dispatch completed and whose combine

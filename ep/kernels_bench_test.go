@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"testing"
 	"unsafe"
+
+	"github.com/goep/goep/ep/internal/hostrows"
 )
 
 // Benchmarks of the C kernels on one core: the decode combine (128 tokens,
@@ -25,11 +27,11 @@ func benchReduce[E Element](b *testing.B, tokens, k, hidden int, weighted bool) 
 		rows[i] = one
 	}
 	out := make([]E, tokens*hidden)
-	var src addrTable
+	var src hostrows.AddrTable
 	start := make([]int32, tokens+1)
 	w := make([]float32, tokens*k)
 	for i := 0; i < tokens*k; i++ {
-		src.add(unsafe.Pointer(&rows[i*hidden]))
+		src.Add(unsafe.Pointer(&rows[i*hidden]))
 		w[i] = 0.5
 	}
 	for t := range start {
@@ -39,10 +41,10 @@ func benchReduce[E Element](b *testing.B, tokens, k, hidden int, weighted bool) 
 		w = nil
 	}
 	dtype := DTypeOf[E]()
-	b.SetBytes(int64(src.len() * rowBytes))
+	b.SetBytes(int64(src.Len() * rowBytes))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		reduceRows(unsafe.Pointer(&out[0]), dtype, &src, w, start, tokens, hidden, dtype)
+		hostrows.ReduceRows(unsafe.Pointer(&out[0]), dtype, &src, w, start, tokens, hidden, dtype)
 	}
 }
 
@@ -64,15 +66,15 @@ func BenchmarkKernelCopyRows(b *testing.B) {
 	defer pin.Unpin()
 	pin.Pin(&src[0])
 	pin.Pin(&dst[0])
-	var s, d addrTable
+	var s, d hostrows.AddrTable
 	for i := 0; i < n; i++ {
-		s.add(unsafe.Pointer(&src[i*rowBytes]))
-		d.add(unsafe.Pointer(&dst[(n-1-i)*rowBytes]))
+		s.Add(unsafe.Pointer(&src[i*rowBytes]))
+		d.Add(unsafe.Pointer(&dst[(n-1-i)*rowBytes]))
 	}
 	b.SetBytes(n * rowBytes)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		copyRows(&d, &s, rowBytes)
+		hostrows.CopyRows(&d, &s, rowBytes)
 	}
 }
 
@@ -88,7 +90,7 @@ func BenchmarkKernelLayout(b *testing.B) {
 	var r Routing
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := r.compute("bench", sh, topk, T); err != nil {
+		if err := computeRouting(&r, "bench", sh, topk, T); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -115,32 +117,32 @@ func BenchmarkKernelDispatchCopy(b *testing.B) {
 		off[i] = int64(i / k * 2 * hidden)
 	}
 	b.Run("bf16", func(b *testing.B) {
-		var d addrTable
+		var d hostrows.AddrTable
 		for i := 0; i < tokens*k; i++ {
-			d.add(unsafe.Pointer(&wire[i*2*hidden]))
+			d.Add(unsafe.Pointer(&wire[i*2*hidden]))
 		}
 		b.SetBytes(tokens * k * 2 * hidden)
 		for i := 0; i < b.N; i++ {
-			scatterBlocks(&d, origin, off, lensOf(tokens*k, 2*hidden))
+			hostrows.ScatterBlocks(&d, origin, off, lensOf(tokens*k, 2*hidden))
 		}
 	})
 	for _, w := range []WireFormat{WireFP8, WireFP8UE8M0} {
 		b.Run(w.String(), func(b *testing.B) {
-			var d, s addrTable
+			var d, s hostrows.AddrTable
 			for i := 0; i < tokens*k; i++ {
-				d.add(unsafe.Pointer(&wire[i*hidden]))
-				s.add(unsafe.Pointer(&scales[i*ScaleGroups(hidden)]))
+				d.Add(unsafe.Pointer(&wire[i*hidden]))
+				s.Add(unsafe.Pointer(&scales[i*ScaleGroups(hidden)]))
 			}
 			b.SetBytes(tokens * k * 2 * hidden) // the same tokens: bytes of the bf16 rows
 			for i := 0; i < b.N; i++ {
-				quantRows(&d, &s, origin, off, hidden, BFloat16, w, castFastest)
+				hostrows.QuantRows(&d, &s, origin, off, hidden, BFloat16, w, hostrows.CastFastest)
 			}
 		})
 		b.Run(w.String()+"/no-repeat", func(b *testing.B) { // every row cast: the cost of the cast itself
-			var d, s addrTable
+			var d, s hostrows.AddrTable
 			for i := 0; i < tokens; i++ {
-				d.add(unsafe.Pointer(&wire[i*hidden]))
-				s.add(unsafe.Pointer(&scales[i*ScaleGroups(hidden)]))
+				d.Add(unsafe.Pointer(&wire[i*hidden]))
+				s.Add(unsafe.Pointer(&scales[i*ScaleGroups(hidden)]))
 			}
 			perToken := make([]int64, tokens)
 			for i := range perToken {
@@ -148,7 +150,7 @@ func BenchmarkKernelDispatchCopy(b *testing.B) {
 			}
 			b.SetBytes(tokens * 2 * hidden)
 			for i := 0; i < b.N; i++ {
-				quantRows(&d, &s, origin, perToken, hidden, BFloat16, w, castFastest)
+				hostrows.QuantRows(&d, &s, origin, perToken, hidden, BFloat16, w, hostrows.CastFastest)
 			}
 		})
 	}

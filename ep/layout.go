@@ -1,13 +1,9 @@
 package ep
 
-/*
-#include "kernels.h"
-*/
-import "C"
-
 import (
 	"fmt"
-	"unsafe"
+
+	"github.com/goep/goep/ep/internal/hostrows"
 )
 
 // Layout is the routing of a batch of tokens, as DeepEP's get_dispatch_layout
@@ -18,20 +14,6 @@ type Layout struct {
 	TokensPerRank   []int  // tokens sent to each rank (once per rank)
 	TokensPerNode   []int  // tokens sent to each node (once per node)
 	TokenInRank     []bool // [NumTokens][ranks]: whether token t goes to rank r
-}
-
-// Routing is the layout kernel's whole result for one dispatch: the counts
-// of Layout and the place of every pair and token in its group. Engines read
-// it; the Group computes it (and checks the expert ids) before any engine
-// sees a call.
-type Routing struct {
-	T          int     // tokens
-	PerExpert  []int32 // [experts]: (token, expert) pairs per expert
-	PerRank    []int32 // [ranks]: tokens per rank, once per rank
-	PerNode    []int32 // [nodes]: tokens per node, once per node
-	PairOrd    []int32 // [T][TopK]: place of pair (t,k) among its expert's pairs in token order; -1 if masked
-	TokRankOrd []int32 // [T][ranks]: place of token t among the tokens to rank r; -1 if not sent
-	TokNodeOrd []int32 // [T][nodes]: the same per node
 }
 
 // shape is what the layout kernel needs to know about the group.
@@ -45,25 +27,11 @@ func (sh shape) String() string {
 	return fmt.Sprintf("%d experts on %d ranks (%d each), top-%d, %d nodes", sh.E, sh.R, sh.L, sh.K, sh.nodes)
 }
 
-func i32p(s []int32) *C.int32_t {
-	if len(s) == 0 {
-		return nil
-	}
-	return (*C.int32_t)(unsafe.Pointer(&s[0]))
-}
-
-func f32p(s []float32) *C.float {
-	if len(s) == 0 {
-		return nil
-	}
-	return (*C.float)(unsafe.Pointer(&s[0]))
-}
-
 // compute runs the layout kernel on the T tokens of topk ([T][K]) into r,
 // reusing r's storage; op names the call in errors. A small batch (at most
 // smallLayout pairs, a decode step) is laid out in Go: a cgo call costs more
 // than the whole layout of a few tokens.
-func (r *Routing) compute(op string, sh shape, topk []int32, T int) error {
+func computeRouting(r *Routing, op string, sh shape, topk []int32, T int) error {
 	if len(topk) != T*sh.K {
 		return inputErrorf(op, "len(topk) = %d, want tokens*TopK = %d*%d", len(topk), T, sh.K)
 	}
@@ -76,9 +44,9 @@ func (r *Routing) compute(op string, sh shape, topk []int32, T int) error {
 	r.TokNodeOrd = growTo(r.TokNodeOrd, T*sh.nodes)
 	var bad int64
 	if len(topk) <= smallLayout {
-		bad = r.layoutGo(sh, topk)
+		bad = routingGo(r, sh, topk)
 	} else {
-		bad = r.layoutC(sh, topk)
+		bad = routingC(r, sh, topk)
 	}
 	if bad >= 0 {
 		kind, i := bad%4, bad/4
@@ -96,16 +64,15 @@ const smallLayout = 256
 
 // layoutC is the layout kernel (ep_layout): it fills r's counts and
 // places, sized for the T tokens of topk, and returns ep_layout's code.
-func (r *Routing) layoutC(sh shape, topk []int32) int64 {
-	return int64(C.ep_layout(i32p(topk), C.int64_t(r.T), C.int(sh.K), C.int(sh.E), C.int(sh.L), C.int(sh.R),
-		i32p(sh.nodeOf), C.int(sh.nodes), i32p(r.PerExpert), i32p(r.PerRank), i32p(r.PerNode),
-		i32p(r.PairOrd), i32p(r.TokRankOrd), i32p(r.TokNodeOrd)))
+func routingC(r *Routing, sh shape, topk []int32) int64 {
+	return hostrows.RouteTokens(topk, r.T, sh.K, sh.E, sh.L, sh.R, sh.nodeOf, sh.nodes, r.PerExpert, r.PerRank, r.PerNode,
+		r.PairOrd, r.TokRankOrd, r.TokNodeOrd)
 }
 
 // layoutGo is ep_layout written in Go, for small batches: the same results
 // and the same code for the first bad entry (4*(t*K+k) + 1 for an id out of
 // range, + 2 for a repeated one), -1 when every id is good.
-func (r *Routing) layoutGo(sh shape, topk []int32) int64 {
+func routingGo(r *Routing, sh shape, topk []int32) int64 {
 	K, L, R, N := sh.K, int32(sh.L), sh.R, sh.nodes
 	clear(r.PerExpert)
 	clear(r.PerRank)
@@ -148,7 +115,7 @@ func (r *Routing) layoutGo(sh shape, topk []int32) int64 {
 }
 
 // copyFrom makes r a copy of src, reusing r's storage.
-func (r *Routing) copyFrom(src *Routing) {
+func copyRouting(r *Routing, src *Routing) {
 	r.T = src.T
 	r.PerExpert = append(r.PerExpert[:0], src.PerExpert...)
 	r.PerRank = append(r.PerRank[:0], src.PerRank...)
@@ -159,7 +126,7 @@ func (r *Routing) copyFrom(src *Routing) {
 }
 
 // layout is the user-facing summary of r.
-func (r *Routing) layout(ranks int) *Layout {
+func layoutOf(r *Routing, ranks int) *Layout {
 	l := &Layout{NumTokens: r.T, TokensPerExpert: ints(r.PerExpert), TokensPerRank: ints(r.PerRank),
 		TokensPerNode: ints(r.PerNode), TokenInRank: make([]bool, r.T*ranks)}
 	for i, o := range r.TokRankOrd[:r.T*ranks] {

@@ -79,15 +79,15 @@ func layoutCase(ids []int32, k, ranks, local, PerNode uint8) (shape, []int32, in
 // entry, or the same routing (compute takes only one of them for a batch).
 func checkLayoutCase(t *testing.T, sh shape, topk []int32, T int) {
 	got := &Routing{}
-	err := got.compute("test", sh, topk, T)
+	err := computeRouting(got, "test", sh, topk, T)
 	want, wantErr := referenceRouting(sh, topk, T)
 	fromC, fromGo := &Routing{}, &Routing{}
-	require.NoError(t, fromC.compute("test", sh, nil, 0)) // sizes the outputs
-	require.NoError(t, fromGo.compute("test", sh, nil, 0))
+	require.NoError(t, computeRouting(fromC, "test", sh, nil, 0)) // sizes the outputs
+	require.NoError(t, computeRouting(fromGo, "test", sh, nil, 0))
 	for _, r := range []*Routing{fromC, fromGo} {
 		r.T, r.PairOrd, r.TokRankOrd, r.TokNodeOrd = T, make([]int32, T*sh.K), make([]int32, T*sh.R), make([]int32, T*sh.nodes)
 	}
-	badC, badGo := fromC.layoutC(sh, topk), fromGo.layoutGo(sh, topk)
+	badC, badGo := routingC(fromC, sh, topk), routingGo(fromGo, sh, topk)
 	require.Equal(t, badC, badGo, "the C and Go layouts' first bad entry: %v: %v", sh, topk)
 	if wantErr != "" {
 		require.GreaterOrEqual(t, badC, int64(0), "%v: %v", sh, topk)

@@ -13,19 +13,8 @@ package ep
 // BufferPlan answers ncclEpHandleMemSize's question before anything is
 // allocated.
 
-// A StateMaker is an Engine that makes its per-dispatch state
-// (Dispatch.State) up front: NewGroup asks it for one per record of the
-// handle ring, so that no dispatch allocates one, whatever its routing. An
-// engine that is not a StateMaker makes its state at the first dispatch of
-// each record.
-type StateMaker interface {
-	// NewState is the state of one dispatch record, sized for any routing
-	// of the group.
-	NewState() any
-}
-
 // reserve sizes r's tables for any routing of up to m tokens of shape sh.
-func (r *Routing) reserve(sh shape, m int) {
+func reserveRouting(r *Routing, sh shape, m int) {
 	r.PerExpert = make([]int32, sh.E)
 	r.PerRank = make([]int32, sh.R)
 	r.PerNode = make([]int32, sh.nodes)
@@ -42,11 +31,11 @@ func (g *Group[E]) makeRecords() {
 	for i := range g.states {
 		s := &handleState[E]{g: g, topk: make([]int32, 0, M*K), weights: make([]float32, 0, M*K),
 			rowsTo: make([]int32, g.size), rowsFrom: make([]int32, g.size)}
-		s.rt.reserve(g.sh, M)
+		reserveRouting(&s.rt, g.sh, M)
 		if maker != nil {
 			s.d.State = maker.NewState()
 		}
 		g.states[i] = s
 	}
-	g.scratchRT.reserve(g.sh, M)
+	reserveRouting(&g.scratchRT, g.sh, M)
 }

@@ -49,9 +49,9 @@ func TestLLPathsInterop(t *testing.T) {
 		for i := range x {
 			x[i] = ep.ElementOf[ep.BF16](rng.Float32()*2 - 1)
 		}
-		h, err := g.Dispatch(ep.Host(x), topk, weights)
+		h, err := g.Dispatch(ep.Tokens(ep.Host(x), topk, weights))
 		require.NoError(t, err, "round %d", round)
-		rh, err := ref.Dispatch(ep.Host(x), topk, weights)
+		rh, err := ref.Dispatch(ep.Tokens(ep.Host(x), topk, weights))
 		require.NoError(t, err, "round %d", round)
 		require.Equal(t, rh.ExpertCounts(), h.ExpertCounts(), "round %d: rows per local expert", round)
 		recv, rrecv := h.Recv().Host(), rh.Recv().Host()

@@ -3,41 +3,11 @@ package ep
 import (
 	"fmt"
 
-	"github.com/goep/goep/internal/sysmem"
+	"github.com/goep/goep/ep/driver"
 )
 
-// Footprint is the memory a CPU group holds, in bytes.
-type Footprint struct {
-	SharedPerRank int // each rank's MPI shared-memory segment (its node's ranks map it)
-	WindowPerRank int // each rank's staging memory for other nodes' rows (0 when the group is on one node)
-	// CopiesPerRank bounds the messages across nodes a rank holds at once
-	// (ep.CPU; 0 on one node and for ep.CPUOneSided): the packed copies
-	// of what it sends, and the message it receives, each at most its
-	// staging memory.
-	CopiesPerRank int
-	RanksPerNode  int // the most ranks on one node
-	PerNode       int // what the most loaded node holds in all
-	// Layout is every area of a rank's memories, as the engine lays them
-	// out (BufferPlan only; WriteLayout prints it).
-	Layout []Area
-}
-
-// perRank is what one rank holds in all.
-func (f Footprint) perRank() int { return f.SharedPerRank + f.WindowPerRank + f.CopiesPerRank }
-
-func (f Footprint) String() string {
-	s := fmt.Sprintf("%s per node (%d ranks x %s shared", sysmem.Bytes(int64(f.PerNode)), f.RanksPerNode,
-		sysmem.Bytes(int64(f.SharedPerRank)))
-	if f.WindowPerRank > 0 {
-		s += " + " + sysmem.Bytes(int64(f.WindowPerRank)) + " staging"
-	}
-	if f.CopiesPerRank > 0 {
-		s += " + " + sysmem.Bytes(int64(f.CopiesPerRank)) + " message copies"
-	}
-	return s + ")"
-}
-
-// BufferPlan is the memory the CPU backend holds for a group of cfg over
+// BufferPlan is the memory cfg's backend (the CPU engine when none is
+// set; a driver.Planner) holds for a group of cfg over
 // ranks ranks on nodes nodes of as equal sizes as can be, with rows of
 // element type elem, computed without allocating anything: NCCL EP's
 // ncclEpHandleMemSize and DeepEP's buffer size hints, for planning. It
@@ -46,72 +16,16 @@ func (f Footprint) String() string {
 // Footprint.Layout lists every area. NewGroup checks the same against what
 // the machine can give before it allocates.
 func BufferPlan(cfg Config, elem DType, ranks, nodes int) (Footprint, error) {
-	if err := cfg.validate(ranks); err != nil {
+	if err := cfg.Validate(ranks); err != nil {
 		return Footprint{}, err
 	}
 	if nodes < 1 || nodes > ranks {
 		return Footprint{}, fmt.Errorf("ep: BufferPlan: %d nodes for %d ranks: want 1 to %d", nodes, ranks, ranks)
 	}
-	perNode := (ranks + nodes - 1) / nodes
-	maxSend := 1 // how many ranks of one node one rail peer serves
-	if ranks%nodes != 0 {
-		maxSend = (perNode + ranks/nodes - 1) / (ranks / nodes)
+	b := backendOf(cfg)
+	pl, ok := b.(driver.Planner)
+	if !ok {
+		return Footprint{}, fmt.Errorf("ep: BufferPlan: the %s backend does not say what it holds: %w", b.Name(), ErrUnsupported)
 	}
-	return footprint(newSpec(cfg, elem), ranks, nodes, nodes*maxSend, perNode), nil
-}
-
-// footprint lays the CPU engine's memories out as openEngine does.
-func footprint(s Spec, ranks, nodes, slots, ranksPerNode int) Footprint {
-	in := inboxFor(s, ranks, nodes)
-	seg, win := newArenas(in.size)
-	switch {
-	case s.llRankMajor():
-		layoutLLRank(s, ranks, seg, win)
-	case s.Mode == LowLatency:
-		layoutLL(s, ranks, nodes, tuning{}, seg, win)
-	default:
-		htDims(s, ranks, nodes, tuning{}).takeAreas(slots, seg, win)
-	}
-	f := Footprint{SharedPerRank: seg.n, RanksPerNode: ranksPerNode, Layout: seg.named}
-	if nodes > 1 {
-		f.WindowPerRank = win.n
-		f.Layout = append(f.Layout, win.named...)
-		if s.Backend != CPUOneSided {
-			f.CopiesPerRank = 2 * win.n
-		}
-	}
-	f.PerNode = ranksPerNode * f.perRank()
-	return f
-}
-
-// checkFits refuses, before anything is allocated, a footprint this host
-// cannot give to its hostRanks ranks (a node's, or more where nodes are
-// simulated on one host): their shared segments against the shared-memory
-// file system and the memory available, and everything against the memory
-// available (with a cgroup limit). The message names the bytes needed and
-// available and the knobs that shrink it.
-func checkFits(s Spec, f Footprint, avail sysmem.Avail, ranks, nodes, hostRanks int) error {
-	shared := int64(hostRanks) * int64(f.SharedPerRank)
-	need, free := int64(hostRanks)*int64(f.perRank()), avail.Memory()
-	short := free != sysmem.Unknown && need > free
-	if sh := avail.Shared(); sh != sysmem.Unknown && shared > sh {
-		short, free = true, min(free, sh)
-	}
-	if !short {
-		return nil
-	}
-	knobs := fmt.Sprintf("lower MaxTokensPerRank (%d)", s.MaxTokensPerRank)
-	if s.Mode == HighThroughput {
-		knobs += fmt.Sprintf(" or MaxRecvTokensPerRank (%d: 0 is ranks x MaxTokensPerRank)", s.MaxRecvTokensPerRank)
-	} else {
-		ht := s
-		ht.Mode = HighThroughput
-		knobs += fmt.Sprintf(", or use HighThroughput instead of LowLatency (%s per node here)",
-			sysmem.Bytes(int64(footprint(ht, ranks, nodes, nodes, f.RanksPerNode).PerNode)))
-	}
-	where := "this node"
-	if hostRanks != f.RanksPerNode {
-		where = fmt.Sprintf("this host (its %d ranks need %s)", hostRanks, sysmem.Bytes(need))
-	}
-	return fmt.Errorf("the buffers need %s but %s can give %s (%s): %s", f, where, sysmem.Bytes(free), avail, knobs)
+	return pl.Plan(driver.NewSpec(cfg, elem), ranks, nodes)
 }

@@ -49,16 +49,16 @@ func TestRefuseOnOneRank(t *testing.T) {
 			if me == bad {
 				check("fresh", g.RefuseDispatch(ep.Handle[float32]{}, reason))
 			} else {
-				_, err := g.Dispatch(ep.Host(x), topk, weights)
+				_, err := g.Dispatch(ep.Tokens(ep.Host(x), topk, weights))
 				check("fresh", err)
 			}
-			h, err := g.Dispatch(ep.Host(x), topk, weights)
+			h, err := g.Dispatch(ep.Tokens(ep.Host(x), topk, weights))
 			require.NoError(t, err, "the group goes on")
 			if me == bad {
 				check("cached", g.RefuseDispatch(h, reason))
 				check("combine", g.RefuseCombine(h, reason))
 			} else {
-				_, err := g.DispatchCached(h, ep.Host(x), nil)
+				_, err := g.Dispatch(ep.Reuse(h, ep.Host(x), nil))
 				check("cached", err)
 				check("combine", g.Combine(h, h.CombineBuffer(), ep.Host(make([]float32, 2*H)), nil))
 			}

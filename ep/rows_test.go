@@ -7,12 +7,13 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/rowsum"
 	"github.com/stretchr/testify/require"
 )
 
 // TestSmallReduceMatchesKernel checks that a decode-sized reduction over
-// reduceTables (summed by package rowsum where the CPU allows) gives the C
+// ReduceTables (summed by package rowsum where the CPU allows) gives the C
 // kernel's ep_reduce_rows result bit for bit, in bfloat16 and float32: rows
 // of 0 to 9 sources, some of weight 1, of random values with special ones
 // among them (zeros, infinities, NaNs, subnormals, the largest finite),
@@ -43,27 +44,27 @@ func TestSmallReduceMatchesKernel(t *testing.T) {
 							*(*uint16)(unsafe.Pointer(&seg[2*i])) = uint16(bits >> 16)
 						}
 					}
-					tab, err := newReduceTables(pairs, n, false)
+					tab, err := hostrows.NewReduceTables(pairs, n, false)
 					require.NoError(t, err)
-					defer tab.free()
-					var src addrTable
+					defer tab.Free()
+					var src hostrows.AddrTable
 					j := 0
 					for i := range n {
-						tab.start[i] = int32(j)
+						tab.Start[i] = int32(j)
 						for range rng.IntN(10) {
-							tab.src[j] = unsafe.Pointer(&seg[rng.IntN(pairs)*hidden*es])
-							tab.w[j] = rng.Float32()
+							tab.Src[j] = unsafe.Pointer(&seg[rng.IntN(pairs)*hidden*es])
+							tab.W[j] = rng.Float32()
 							if rng.IntN(3) == 0 {
-								tab.w[j] = 1
+								tab.W[j] = 1
 							}
-							src.add(tab.src[j])
+							src.Add(tab.Src[j])
 							j++
 						}
 					}
-					tab.start[n] = int32(j)
+					tab.Start[n] = int32(j)
 					got, want := make([]byte, n*hidden*es), make([]byte, n*hidden*es)
-					tab.reduce(unsafe.Pointer(&got[0]), dt, n, hidden, dt)
-					reduceRows(unsafe.Pointer(&want[0]), dt, &src, tab.w[:j], tab.start, n, hidden, dt)
+					tab.Reduce(unsafe.Pointer(&got[0]), dt, n, hidden, dt)
+					hostrows.ReduceRows(unsafe.Pointer(&want[0]), dt, &src, tab.W[:j], tab.Start, n, hidden, dt)
 					for e := 0; e < n*hidden; e++ {
 						g, w, nan := elementBits(got, want, dt, e)
 						if g != w && !nan {

@@ -114,7 +114,7 @@ func (g *Group[E]) traffic(s *handleState[E]) {
 
 // dispatchRowBytes is the payload of one dispatched row: its elements, or
 // its e4m3 codes and float32 scales.
-func (s Spec) dispatchRowBytes() int {
+func dispatchRowBytes(s Spec) int {
 	if s.Wire.FP8() {
 		return s.Hidden + 4*ScaleGroups(s.Hidden)
 	}
@@ -123,7 +123,7 @@ func (s Spec) dispatchRowBytes() int {
 
 // combineRowBytes is the payload of one combined row: its elements, or,
 // with a low-precision combine, its e4m3 codes and float32 scales.
-func (s Spec) combineRowBytes() int {
+func combineRowBytes(s Spec) int {
 	if s.CombineWire.FP8() {
 		return s.Hidden + 4*ScaleGroups(s.Hidden)
 	}
@@ -133,10 +133,10 @@ func (s Spec) combineRowBytes() int {
 // count adds a completed dispatch (or, combine true, its combine) to the
 // statistics: a combine moves the dispatch's rows back.
 func (g *Group[E]) count(s *handleState[E], combine bool) {
-	rb := int64(g.spec.dispatchRowBytes())
+	rb := int64(dispatchRowBytes(g.spec))
 	sent, recv := s.rowsTo, s.rowsFrom
 	if combine {
-		rb = int64(g.spec.combineRowBytes())
+		rb = int64(combineRowBytes(g.spec))
 		sent, recv = recv, sent
 		g.stats.Combines++
 	} else {

@@ -7,7 +7,7 @@ import (
 )
 
 // CPU references of the kernels, written from the comment blocks of ep's C
-// kernels (ep/layout.c, ep/rows.c, ep/convert.c) with no knowledge of the
+// kernels (ep/internal/hostrows/layout.c, ep/internal/hostrows/rows.c, ep/internal/hostrows/convert.c) with no knowledge of the
 // device code. The kernel suite (kernels_suite_test.go) compares every
 // kernel with them: on the CPU emulator in every test run, on a device in
 // the gpu-tagged tests. bfloat16 conversion is checked against ep's own C

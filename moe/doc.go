@@ -63,7 +63,7 @@
 //
 // Backward takes d(loss)/d(out) on every rank and d(loss)/d(aux), and
 // passes back through ep with the forward's handle: the output gradient
-// reaches the expert rows by DispatchCached (the transpose of combine), the
+// reaches the expert rows by a dispatch reusing the forward's routing (ep.Reuse; the transpose of combine), the
 // experts' backward runs there and yields, per (row, slot), the gradient of
 // the routing weight, <d(loss)/d(out), expert output>; one Combine brings the
 // input gradients home (the transpose of dispatch: WeightsOverride all ones

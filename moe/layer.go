@@ -47,7 +47,7 @@ type Layer struct {
 // CommStats is what one rank spent in ep calls.
 type CommStats struct {
 	// Dispatch is the time in the dispatches: Forward's Dispatch and
-	// Backward's DispatchCached. Combine is the time in the combines:
+	// Backward's dispatch reusing the forward's routing. Combine is the time in the combines:
 	// Forward's and Backward's.
 	Dispatch, Combine time.Duration
 	// BytesSent is the payload (token rows; not weights, ids or flags) this

@@ -303,7 +303,7 @@ func (w *epWire[E]) dispatch(x []float64, topk []int32, wts []float32) (*routed,
 		return nil, err
 	}
 	start := time.Now()
-	h, err := w.g.Dispatch(xt, topk, wts)
+	h, err := w.g.Dispatch(ep.Tokens(xt, topk, wts))
 	w.stats.dispatch += time.Since(start)
 	if err != nil {
 		return nil, err
@@ -457,7 +457,7 @@ func (w *epWire[E]) dispatchGrad(r *routed, g []float64) ([]float64, error) {
 		return nil, err
 	}
 	start := time.Now()
-	hb, err := w.g.DispatchCached(w.h, xt, nil)
+	hb, err := w.g.Dispatch(ep.Reuse(w.h, xt, nil))
 	w.stats.dispatch += time.Since(start)
 	if err != nil {
 		return nil, err

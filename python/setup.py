@@ -54,7 +54,7 @@ setup(
     name="goep",
     version="0.1.0",
     description="goep.ep: expert-parallel dispatch and combine over MPI, shaped like NCCL EP's nccl.ep",
-    packages=["goep", "goep.ep"],
+    packages=["goep", "goep.core", "goep.ep"],
     package_data={"goep.ep": [LIB]},
     python_requires=">=3.9",
     install_requires=["numpy", "mpi4py"],

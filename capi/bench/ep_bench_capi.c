@@ -2,7 +2,7 @@
  * ep_bench_capi.c: the cost of the C boundary. The same round, timed through goep's C interface and
  * in Go inside the library (goepEpBenchGoRounds), on the same group, alternately, in one run:
  *
- *   C:  goepEpCreateHandle(topk), goepEpDispatch into the caller's buffers, goepEpCombine of those
+ *   C:  goepEpCreateHandle(topk, NULL), goepEpDispatch into the caller's buffers, goepEpCombine of those
  *       buffers as the expert outputs (an identity expert) into the caller's output, goepEpHandleDestroy
  *   C zero-copy: the same, but the dispatch leaves the rows in the group's buffer and the combine reads
  *       them there (outputs->tokens NULL, goepEpHandleRecvTokens): the calls without the copies
@@ -50,7 +50,7 @@ static void stats(double* us, int n, double* median, double* minimum) {
     *median = all[0], *minimum = all[1];
 }
 
-static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, const size_t* dims) {
+static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, size_t* dims) {
     goepEpTensor_t t = GOEP_EP_TENSOR_INIT;
     t.datatype = d, t.data = data, t.ndim = ndim, t.sizes = dims;
     return t;
@@ -84,7 +84,6 @@ int main(int argc, char** argv) {
     cfg.max_dispatch_tokens_per_rank = T;
     cfg.max_token_bytes = 2 * H;
     cfg.num_topk = K;
-    cfg.datatype = goepEpBfloat16;
     goepEpGroup_t group;
     CHECK(goepEpCreateGroup(&group, MPI_COMM_WORLD, &cfg));
 
@@ -146,9 +145,9 @@ int main(int argc, char** argv) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
             goepEpHandle_t h;
-            CHECK(goepEpCreateHandle(&h, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_t, NULL, NULL));
-            CHECK(goepEpDispatch(h, &din, &dout, &info, NULL));
-            CHECK(goepEpCombine(h, &cin, &cout, NULL));
+            CHECK(goepEpCreateHandle(&h, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_t, NULL, NULL, NULL));
+            CHECK(goepEpDispatch(h, &din, &dout, &info, NULL, NULL));
+            CHECK(goepEpCombine(h, &cin, &cout, NULL, NULL));
             CHECK(goepEpHandleDestroy(h));
             double us = (MPI_Wtime() - t0) * 1e6;
             if (rep >= 0) c_us[rep * iters + i] = us;
@@ -157,10 +156,10 @@ int main(int argc, char** argv) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
             goepEpHandle_t h;
-            CHECK(goepEpCreateHandle(&h, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_t, NULL, NULL));
-            CHECK(goepEpDispatch(h, &din, &dout_zc, &info, NULL));
+            CHECK(goepEpCreateHandle(&h, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_t, NULL, NULL, NULL));
+            CHECK(goepEpDispatch(h, &din, &dout_zc, &info, NULL, NULL));
             CHECK(goepEpHandleRecvTokens(h, &view));
-            CHECK(goepEpCombine(h, &cin_zc, &cout, NULL));
+            CHECK(goepEpCombine(h, &cin_zc, &cout, NULL, NULL));
             CHECK(goepEpHandleDestroy(h));
             double us = (MPI_Wtime() - t0) * 1e6;
             if (rep >= 0) zc_us[rep * iters + i] = us;

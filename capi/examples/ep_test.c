@@ -6,12 +6,16 @@
  *
  *   mpirun -np 4 bin/capi/ep_test [-a ll,ht] [-s none,dispatch,combine,both] [-c] [-z] [-t tokens]
  *                                 [-d hidden] [-k topk] [-e experts_per_rank] [-f bf16|f32]
+ *                                 [-b backend] [-D max_recv] [-Q]
  *
  * -a and -s take lists (default: every algorithm, send-only none and both); -c repeats each round
  * with the same handle (a cached dispatch and combine) and checks it gives the same; -z runs each
  * round a second time without copies (goep's extension: the rows read and overwritten in place in
- * the group's buffer, goepEpHandleRecvTokens). Prints one line per round on rank 0 and exits
- * non-zero on any rank's mismatch.
+ * the group's buffer, goepEpHandleRecvTokens). goep's options (goepEpCreateGroupWithOptions): -f the
+ * token type, -b the backend by name, -Q LL's FP8 combine (checked within its error bound, docs/ep.md).
+ * -D gives HT groups max_recv_tokens_per_rank = max_recv and GOEP_EP_OVERFLOW_DROP: each rank keeps
+ * its first max_recv rows, and a dropped row contributes nothing to the combine. Prints one line per
+ * round on rank 0 and exits non-zero on any rank's mismatch.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
@@ -79,7 +83,29 @@ typedef struct {
     goepEpAlgorithm_t algo;
     int send_dispatch, send_combine, cached, zero_copy;
     goepEpDataType_t dtype;
+    int max_recv; /* HT with GOEP_EP_OVERFLOW_DROP: the rows a rank keeps; 0: no drop */
+    int fp8_combine;
 } round_opts_t;
+
+/* Whether rank dst keeps the HT row of token t of rank src under GOEP_EP_OVERFLOW_DROP with max_recv
+ * (0: every row): dst keeps its rows source rank by source rank, each source's in token order, until
+ * max_recv. */
+static int ht_kept(const ref_shape_t* s, int max_recv, int dst, int src, int t) {
+    if (max_recv <= 0) return 1;
+    int row = 0;
+    for (int r = 0; r <= src; r++)
+        for (int u = 0; u < num_tokens_of(s, r) && (r < src || u <= t); u++) {
+            int hit = 0;
+            for (int k = 0; k < s->topk; k++) {
+                int e = ref_expert(s, r, u, k);
+                hit |= e >= 0 && ref_owner(s, e) == dst;
+            }
+            if (!hit) continue;
+            if (r == src && u == t) return row < max_recv;
+            row++;
+        }
+    return 0;
+}
 
 static int failures;
 
@@ -138,7 +164,7 @@ static void check_dispatch(const ref_shape_t* s, const round_opts_t* o, const ho
                 int e = ref_expert(s, src, t, k);
                 hit |= e >= 0 && ref_owner(s, e) == my_rank;
             }
-            if (!hit) continue;
+            if (!hit || (o->max_recv > 0 && row >= o->max_recv)) continue; /* dropped: after the kept rows */
             if (row < ((int32_t*)total->t.data)[0]) {
                 for (int h = 0; h < H; h++) {
                     float got = get_tok(recv, (size_t)row * H + h);
@@ -162,13 +188,32 @@ static void check_dispatch(const ref_shape_t* s, const round_opts_t* o, const ho
     for (int l = 0; l < L; l++) EXPECT(cnt[l] == want_cnt[l], "expert_counters[%d] = %d, want %d", l, cnt[l], want_cnt[l]);
 }
 
-static void check_combine(const ref_shape_t* s, const host_tensor_t* out) {
-    int T = num_tokens_of(s, my_rank);
+/* The combine's output against the reference: bit for bit, or with the FP8 combine within its bound
+ * (per slot, its weight times 2^-4 of the row's value: half an e4m3 step; then the rounding to the token
+ * type, 2^-8 of the result in bfloat16). */
+static void check_combine(const ref_shape_t* s, const round_opts_t* o, const host_tensor_t* out) {
+    int T = num_tokens_of(s, my_rank), inexact = 0;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < s->hidden; h++) {
-            float got = get_tok(out, (size_t)t * s->hidden + h), want = ref_combined(s, NULL, my_rank, t, h);
-            EXPECT(got == want, "combined token %d [%d] = %g, want %g", t, h, got, want);
+            float got = get_tok(out, (size_t)t * s->hidden + h), want = 0, wsum = 0;
+            for (int k = 0; k < s->topk; k++) {
+                int e = ref_expert(s, my_rank, t, k);
+                if (e < 0 || !ht_kept(s, o->algo == GOEP_EP_ALGO_HIGH_THROUGHPUT ? o->max_recv : 0, ref_owner(s, e), my_rank, t))
+                    continue;
+                want += ref_weight(t, k) * ref_value(my_rank, t, h);
+                wsum += ref_weight(t, k);
+            }
+            if (!o->fp8_combine) {
+                EXPECT(got == want, "combined token %d [%d] = %g, want %g", t, h, got, want);
+                continue;
+            }
+            float v = ref_value(my_rank, t, h), bound = wsum * (v < 0 ? -v : v) / 16 + (want < 0 ? -want : want) / 128;
+            float d = got - want;
+            EXPECT(d <= bound && -d <= bound, "FP8 combine: token %d [%d] = %g, want %g within %g", t, h, got, want, bound);
+            inexact += d != 0;
         }
+    /* Most of these values are not e4m3 steps of their row's scale: some must come back inexact. */
+    EXPECT(!o->fp8_combine || T == 0 || inexact > 0, "FP8 combine: every value exact, as if the outputs had not been quantised");
 }
 
 /* The HT experts: each received row times the sum of its local slots' weights (the expert side applies
@@ -199,7 +244,7 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
         }
     }
     goepEpHandle_t handle;
-    CHECK(goepEpCreateHandle(&handle, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_idx.t, NULL, NULL));
+    CHECK(goepEpCreateHandle(&handle, group, ll ? GOEP_EP_LAYOUT_EXPERT_MAJOR : GOEP_EP_LAYOUT_FLAT, &topk_idx.t, NULL, NULL, NULL));
 
     /* Outputs, sized by the layout. */
     host_tensor_t recv, counts, total, recv_w, recv_idx;
@@ -226,8 +271,8 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
     info.recv_total_counter = &total.t;
     goepEpDispatchConfig_t dcfg = GOEP_EP_DISPATCH_CONFIG_INIT;
     dcfg.send_only = o->send_dispatch;
-    CHECK(goepEpDispatch(handle, &din, &dout, &info, &dcfg));
-    CHECK(goepEpComplete(handle, NULL)); /* as NCCL EP's test: a no-op after a call that was not send-only */
+    CHECK(goepEpDispatch(handle, &din, &dout, &info, &dcfg, NULL));
+    CHECK(goepEpComplete(handle, NULL, NULL)); /* as NCCL EP's test: a no-op after a call that was not send-only */
     host_tensor_t view; /* zero-copy: the rows where they are, in the group's buffer */
     if (o->zero_copy) {
         view.t = (goepEpTensor_t)GOEP_EP_TENSOR_INIT;
@@ -261,9 +306,9 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
     if (ll) cout.topk_weights = &topk_w.t; /* LL applies the gate weights as it combines */
     goepEpCombineConfig_t ccfg = GOEP_EP_COMBINE_CONFIG_INIT;
     ccfg.send_only = o->send_combine;
-    CHECK(goepEpCombine(handle, &cin, &cout, &ccfg));
-    CHECK(goepEpComplete(handle, NULL));
-    check_combine(s, &out);
+    CHECK(goepEpCombine(handle, &cin, &cout, &ccfg, NULL));
+    CHECK(goepEpComplete(handle, NULL, NULL));
+    check_combine(s, o, &out);
 
     if (o->cached) {
         /* The same handle again: a cached dispatch (tokens only: the routing and weights are the
@@ -275,8 +320,8 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
         din2.tokens = &x.t;
         goepEpDispatchOutputs_t dout2 = GOEP_EP_DISPATCH_OUTPUTS_INIT;
         dout2.tokens = &recv2.t;
-        CHECK(goepEpDispatch(handle, &din2, &dout2, ll ? &info : NULL, &dcfg));
-        CHECK(goepEpComplete(handle, NULL));
+        CHECK(goepEpDispatch(handle, &din2, &dout2, ll ? &info : NULL, &dcfg, NULL));
+        CHECK(goepEpComplete(handle, NULL, NULL));
         int n = ll ? 0 : ((int32_t*)total.t.data)[0];
         if (ll) {
             size_t span = (size_t)R * s->max_tokens * H;
@@ -293,8 +338,8 @@ static void run_round(goepEpGroup_t group, const ref_shape_t* s, const round_opt
         cout2.tokens = &out2.t;
         if (ll) cin.tokens = &recv2.t;
         if (!ll && o->zero_copy) ht_expert(&view, &view, &recv_w, n, K, H); /* the second dispatch refilled it */
-        CHECK(goepEpCombine(handle, &cin, &cout2, &ccfg));
-        CHECK(goepEpComplete(handle, NULL));
+        CHECK(goepEpCombine(handle, &cin, &cout2, &ccfg, NULL));
+        CHECK(goepEpComplete(handle, NULL, NULL));
         EXPECT(!memcmp(out2.t.data, out.t.data, out.bytes), "cached combine: the output differs from the first combine's");
         free_tensor(&recv2);
         free_tensor(&out2);
@@ -320,8 +365,9 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &n_ranks);
 
     const char *algos = "ll,ht", *sends = "none,both", *dtype_name = "bf16";
-    int cached = 0, zero_copy = 0, tokens = 24, hidden = 64, topk = 4, experts_per_rank = 8, opt;
-    while ((opt = getopt(argc, argv, "a:s:czt:d:k:e:f:")) != -1) {
+    const char* backend = NULL;
+    int cached = 0, zero_copy = 0, tokens = 24, hidden = 64, topk = 4, experts_per_rank = 8, max_recv = 0, fp8 = 0, opt;
+    while ((opt = getopt(argc, argv, "a:s:czt:d:k:e:f:b:D:Q")) != -1) {
         switch (opt) {
             case 'a': algos = optarg; break;
             case 's': sends = optarg; break;
@@ -332,6 +378,9 @@ int main(int argc, char** argv) {
             case 'k': topk = atoi(optarg); break;
             case 'e': experts_per_rank = atoi(optarg); break;
             case 'f': dtype_name = optarg; break;
+            case 'b': backend = optarg; break;
+            case 'D': max_recv = atoi(optarg); break;
+            case 'Q': fp8 = 1; break;
             default:
                 if (my_rank == 0) fprintf(stderr, "usage: see the comment at the top of ep_test.c\n");
                 MPI_Finalize();
@@ -354,16 +403,24 @@ int main(int argc, char** argv) {
         cfg.max_dispatch_tokens_per_rank = tokens;
         cfg.max_token_bytes = hidden * (unsigned)dtype_size(dtype);
         cfg.num_topk = topk;
-        cfg.datatype = dtype;
         cfg.timeout_ns = 30ull * 1000 * 1000 * 1000;
+        if (a == 1 && max_recv > 0) {
+            cfg.max_recv_tokens_per_rank = max_recv;
+            cfg.overflow_policy = GOEP_EP_OVERFLOW_DROP;
+        }
+        goepEpGroupOptions_t opts = GOEP_EP_GROUP_OPTIONS_INIT; /* goep's: the token type, the backend */
+        opts.token_datatype = dtype;
+        opts.backend = backend;
+        if (a == 0 && fp8) opts.combine_quant = GOEP_EP_COMB_QUANT_FP8;
         goepEpGroup_t group;
-        CHECK(goepEpCreateGroup(&group, MPI_COMM_WORLD, &cfg));
+        CHECK(goepEpCreateGroupWithOptions(&group, MPI_COMM_WORLD, &cfg, &opts));
         for (int rnd = 0; rnd < 8; rnd++) {
             int sm = rnd % 4, zc = rnd / 4;
             if (!has(sends, send_names[sm]) || (zc && !zero_copy)) continue;
-            round_opts_t o = {cfg.algorithm, sm & 1, (sm >> 1) & 1, cached, zc, dtype};
-            snprintf(round_name, sizeof round_name, "%s %s send-only=%s%s%s", algo_names[a], dtype_name,
-                     send_names[sm], cached ? " cached" : "", zc ? " zero-copy" : "");
+            round_opts_t o = {cfg.algorithm, sm & 1, (sm >> 1) & 1, cached, zc, dtype, a == 1 ? max_recv : 0, a == 0 && fp8};
+            snprintf(round_name, sizeof round_name, "%s %s send-only=%s%s%s%s%s%s", algo_names[a], dtype_name,
+                     send_names[sm], cached ? " cached" : "", zc ? " zero-copy" : "", o.max_recv ? " drop" : "",
+                     o.fp8_combine ? " fp8-combine" : "", backend ? " backend" : "");
             int before = failures;
             run_round(group, &s, &o);
             int bad = failures > before, any;

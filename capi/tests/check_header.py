@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """check_header.py: the public header (capi/goep_ep.h) declares every function
-as the library defines it.
+as the library defines it, and NCCL EP's functions with NCCL EP's parameters.
 
     check_header.py capi/goep_ep.h bin/capi/libgoep_ep.h bin/capi/libgoep_ep.so
 
 The library's Go functions are declared by cgo in the header it generates
 (libgoep_ep.h), without const; their parameter types, const aside, must be
 those of goep_ep.h, and every function goep_ep.h declares must be exported by
-the library (nm -D). Exits non-zero naming each difference.
+the library (nm -D). Each function of NCCL EP's API (nccl_ep.h, version 2),
+renamed, must be declared with NCCL's number of parameters, a stream
+(goepEpStream_t) last where NCCL's takes a cudaStream_t. Exits non-zero naming
+each difference.
 """
 
 import re
@@ -33,6 +36,17 @@ def prototypes(text: str, prefix: str = "") -> dict[str, list[str]]:
     return out
 
 
+# NCCL EP's functions: their number of parameters, and whether the last is a stream.
+NCCL_EP = {
+    "goepEpGetVersion": (1, False), "goepEpTensorAlloc": (5, False), "goepEpTensorDestroy": (1, False),
+    "goepEpCreateGroup": (3, False), "goepEpGroupDestroy": (1, False), "goepEpHandleMemSize": (5, False),
+    "goepEpInitHandle": (6, False), "goepEpUpdateHandle": (4, True), "goepEpCreateHandle": (7, True),
+    "goepEpHandleDestroy": (1, False), "goepEpDispatch": (6, True), "goepEpCombine": (5, True),
+    "goepEpComplete": (3, True), "goepEpMaskQuery": (3, True), "goepEpMaskUpdate": (3, True),
+    "goepEpMaskClean": (2, True), "goepEpGetAsyncError": (2, False), "goepEpErrorClear": (1, False),
+}
+
+
 def main() -> int:
     public, generated, lib = sys.argv[1:4]
     pub = prototypes(open(public).read())
@@ -48,6 +62,14 @@ def main() -> int:
     for name in gen:
         if name not in pub and name != "goepEpBenchGoRounds":
             bad.append(f"{name}: exported by the library but not declared in {public}")
+    for name, (n, stream) in NCCL_EP.items():
+        sig = pub.get(name)
+        if sig is None:
+            bad.append(f"{name}: NCCL EP's function is not declared in {public}")
+        elif len(sig) - 1 != n:
+            bad.append(f"{name}: {len(sig) - 1} parameters in {public}, NCCL EP's has {n}")
+        elif stream != (sig[-1] == "goepEpStream_t"):
+            bad.append(f"{name}: its last parameter is {sig[-1]}; NCCL EP's is {'a' if stream else 'not a'} stream")
     if len(pub) < 15:
         bad.append(f"only {len(pub)} functions found in {public}: the parser is broken")
     for b in bad:

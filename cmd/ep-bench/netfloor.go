@@ -89,7 +89,7 @@ func trafficOf[E ep.Element](b *bench[E]) (disp, comb []int64, err error) {
 		return nil, nil, err
 	}
 	g.ResetStats()
-	h, err := g.Dispatch(b.x, b.topk, b.weights)
+	h, err := g.Dispatch(ep.Tokens(b.x, b.topk, b.weights))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -59,7 +59,7 @@ func steadyBurst[E ep.Element](world *mpi.Comm, g *ep.Group[E], x, out ep.Tensor
 	}
 	t0 := time.Now()
 	for r := 0; r < burst; r++ {
-		h, err := g.Dispatch(x, topk, weights)
+		h, err := g.Dispatch(ep.Tokens(x, topk, weights))
 		if err != nil {
 			return 0, err
 		}
@@ -164,11 +164,11 @@ func round[E ep.Element](world *mpi.Comm, g *ep.Group[E], x, out ep.Tensor[E], t
 	var h ep.Handle[E]
 	if !g.Config().Wire.FP8() {
 		return timeRound(world,
-			func() (err error) { h, err = g.Dispatch(x, topk, weights); return err }, nil,
+			func() (err error) { h, err = g.Dispatch(ep.Tokens(x, topk, weights)); return err }, nil,
 			func() error { return g.Combine(h, h.Recv(), out, nil) })
 	}
 	return timeRound(world,
-		func() (err error) { h, err = g.Dispatch(x, topk, weights); return err },
+		func() (err error) { h, err = g.Dispatch(ep.Tokens(x, topk, weights)); return err },
 		func() error { return dequantizeValid(g, h) },
 		func() error { return g.Combine(h, h.CombineBuffer(), out, nil) })
 }
@@ -184,7 +184,7 @@ func (b *bench[E]) flatRound(check bool) (d, c, perm, unperm time.Duration, err 
 	var h ep.Handle[E]
 	d, c, err = timeRound(b.world,
 		func() (err error) {
-			if h, err = b.flat.Dispatch(b.x, b.topk, b.weights); err != nil {
+			if h, err = b.flat.Dispatch(ep.Tokens(b.x, b.topk, b.weights)); err != nil {
 				return err
 			}
 			t0 := time.Now()
@@ -207,7 +207,7 @@ func (b *bench[E]) flatRound(check bool) (d, c, perm, unperm time.Duration, err 
 // checkFlat compares the user's zones with a dispatch of the expert-major
 // group, and their combines.
 func (b *bench[E]) checkFlat() error {
-	em, err := b.g.Dispatch(b.x, b.topk, b.weights)
+	em, err := b.g.Dispatch(ep.Tokens(b.x, b.topk, b.weights))
 	if err != nil {
 		return err
 	}

@@ -89,10 +89,10 @@ func TestBackendsListsTheirFeatures(t *testing.T) {
 func TestRegisterBackendRefusesClashes(t *testing.T) {
 	open := func(ep.BackendOptions) (ep.Backend, error) { return ep.CPU, nil }
 	require.NotPanics(t, func() { ep.RegisterBackend(ep.Registration{Name: "ep-test:registered-once", Open: open}) })
-	assert.PanicsWithValue(t, `ep: RegisterBackend: "ep-test:registered-once" is registered twice`, func() {
+	assert.PanicsWithValue(t, `ep: Register: "ep-test:registered-once" is registered twice`, func() {
 		ep.RegisterBackend(ep.Registration{Name: "ep-test:registered-once", Open: open})
 	})
-	assert.PanicsWithValue(t, `ep: RegisterBackend: "cuda" is registered twice`, func() {
+	assert.PanicsWithValue(t, `ep: Register: "cuda" is registered twice`, func() {
 		ep.RegisterBackend(ep.Registration{Name: "ep-test:other", Aliases: []string{"cuda"}, Open: open})
 	})
 	assert.Panics(t, func() { ep.RegisterBackend(ep.Registration{Name: "a,b", Open: open}) })

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/gpu"
 	"github.com/goep/goep/gpu/emulator"
 	"github.com/goep/goep/mpi"
@@ -15,26 +15,26 @@ import (
 // bootstrapped over MPI. It needs the CUDA driver, NVRTC and NCCL at run
 // time (package gpu loads them); without them NewGroup fails on every rank,
 // naming the rank and what it lacks.
-var CUDA ep.Backend = NewCUDA(-1)
+var CUDA driver.Backend = NewCUDA(-1)
 
 // Emulated is the GPU backend on an emulated device (package gpu/emulator):
 // the same engine, kernels and protocol as CUDA, with device memory in C
 // memory, streams as goroutines and NCCL's transfers over MPI. It needs no
 // GPU.
-var Emulated ep.Backend = NewEmulated(EmulatorOptions{})
+var Emulated driver.Backend = NewEmulated(EmulatorOptions{})
 
 // CUDAIPC is the CUDA backend with the ranks of a node writing into each
 // other's device memory over CUDA IPC (gpu.NodeComm), moving only the rows
 // the routing needs, and NCCL only between nodes: several ranks may share a
 // GPU, whatever NCCL's version.
-var CUDAIPC ep.Backend = NewCUDAWith(CUDAOptions{Device: -1, IPC: true})
+var CUDAIPC driver.Backend = NewCUDAWith(CUDAOptions{Device: -1, IPC: true})
 
 // EmulatedIPC is the Emulated backend with the IPC transport inside a node.
-var EmulatedIPC ep.Backend = NewEmulated(EmulatorOptions{IPC: true})
+var EmulatedIPC driver.Backend = NewEmulated(EmulatorOptions{IPC: true})
 
 // NewCUDA is the CUDA backend on device number device of each rank
 // (negative: gpu.DeviceForRank's choice).
-func NewCUDA(device int) ep.Backend { return NewCUDAWith(CUDAOptions{Device: device}) }
+func NewCUDA(device int) driver.Backend { return NewCUDAWith(CUDAOptions{Device: device}) }
 
 // CUDAOptions choose a CUDA backend's device and transport.
 type CUDAOptions struct {
@@ -47,7 +47,9 @@ type CUDAOptions struct {
 }
 
 // NewCUDAWith is the CUDA backend with options.
-func NewCUDAWith(o CUDAOptions) ep.Backend { return backend{cuda: true, device: o.Device, ipc: o.IPC} }
+func NewCUDAWith(o CUDAOptions) driver.Backend {
+	return backend{cuda: true, device: o.Device, ipc: o.IPC}
+}
 
 // EmulatorOptions adjust the emulated device.
 type EmulatorOptions struct {
@@ -62,7 +64,7 @@ type EmulatorOptions struct {
 }
 
 // NewEmulated is the Emulated backend with options.
-func NewEmulated(o EmulatorOptions) ep.Backend { return backend{emu: o, ipc: o.IPC} }
+func NewEmulated(o EmulatorOptions) driver.Backend { return backend{emu: o, ipc: o.IPC} }
 
 // backend opens engines on a CUDA or an emulated device; boot, when set
 // (Bootstrap), is the unique ID its first group's communicator is made
@@ -90,9 +92,9 @@ func (b backend) Name() string {
 // measures per-peer waits and names a stalled peer. It does not mask
 // stalled ranks (NCCL cannot finish a posted group without a peer), does
 // not dispatch in FP8, and allocates a little per call (transfer lists).
-func (backend) Supports(f ep.Feature) bool {
+func (backend) Supports(f driver.Feature) bool {
 	switch f {
-	case ep.FeatureRefusals, ep.FeatureMeter, ep.FeatureNamedTimeouts:
+	case driver.FeatureRefusals, driver.FeatureMeter, driver.FeatureNamedTimeouts:
 		return true
 	}
 	return false
@@ -100,15 +102,15 @@ func (backend) Supports(f ep.Feature) bool {
 
 // The GPU backend and its engine, a Refuser and a Meter.
 var (
-	_ ep.Capable       = backend{}
-	_ ep.Engine        = (*engine)(nil)
-	_ ep.Refuser       = (*engine)(nil)
-	_ ep.Meter         = (*engine)(nil)
-	_ ep.DeviceTimer   = (*engine)(nil)
-	_ ep.TransferMeter = (*engine)(nil)
+	_ driver.Capable       = backend{}
+	_ driver.Engine        = (*engine)(nil)
+	_ driver.Refuser       = (*engine)(nil)
+	_ driver.Meter         = (*engine)(nil)
+	_ driver.DeviceTimer   = (*engine)(nil)
+	_ driver.TransferMeter = (*engine)(nil)
 )
 
-func (b backend) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
+func (b backend) Open(comm *mpi.Comm, spec driver.Spec) (driver.Engine, error) {
 	id, err := b.takeID(comm)
 	if err != nil {
 		return nil, err

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/gpu"
 	"github.com/goep/goep/gpu/emulator"
 	"github.com/goep/goep/mpi"
@@ -21,7 +21,7 @@ type Bootstrapped struct {
 	// ID (gpu.NewNCCLCommWithID; emulator.NewComm) instead of making an ID
 	// of its own. An ID makes one communicator, as NCCL's does: a second
 	// group opened with Backend is refused on every rank.
-	Backend ep.Backend
+	Backend driver.Backend
 	ID      mpi.UniqueID // the same on every rank (mpi.CheckSameID checked it)
 	Ranks   int          // the ranks the ID was handed to
 	// Generator names what made the ID on rank 0: "ncclGetUniqueId" or
@@ -68,7 +68,7 @@ type boundID struct {
 // mpi.CheckSameID checks that every rank holds it. The result's Backend
 // makes the first group's communicator from that ID. Collective over
 // world.
-func Bootstrap(world *mpi.Comm, b ep.Backend) (*Bootstrapped, error) {
+func Bootstrap(world *mpi.Comm, b driver.Backend) (*Bootstrapped, error) {
 	be, ok := b.(backend)
 	if !ok {
 		return nil, fmt.Errorf("epgpu: Bootstrap: backend %q is not one of package epgpu's", nameOf(b))
@@ -104,7 +104,7 @@ func Bootstrap(world *mpi.Comm, b ep.Backend) (*Bootstrapped, error) {
 	return &Bootstrapped{Backend: be, ID: id, Ranks: world.Size(), Generator: genName, Device: info}, nil
 }
 
-func nameOf(b ep.Backend) string {
+func nameOf(b driver.Backend) string {
 	if b == nil {
 		return "<nil> (the CPU engine)"
 	}

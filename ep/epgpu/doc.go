@@ -5,7 +5,7 @@
 //
 //	g, err := ep.NewGroup[ep.BF16](world, ep.Config{Mode: ep.LowLatency, ..., Backend: epgpu.CUDA})
 //	x, _ := ep.Alloc[ep.BF16](g.Memory(), tokens*hidden) // device memory
-//	h, _ := g.Dispatch(x, topk, weights)                 // topk, weights: host slices
+//	h, _ := g.Dispatch(ep.Tokens(x, topk, weights))                 // topk, weights: host slices
 //
 // # Two devices, one engine
 //

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/gpu"
 	"github.com/goep/goep/mpi"
 )
@@ -24,9 +24,9 @@ import (
 // it aborts the communicator there and then. From then on every call
 // fails, and Close only drains and frees.
 type engine struct {
-	spec       ep.Spec
+	spec       driver.Spec
 	rank, size int
-	place      ep.Placement
+	place      driver.Placement
 	dev        gpu.Device
 	mem        memory
 	k          *gpu.Kernels
@@ -55,14 +55,14 @@ type engine struct {
 
 // mode is LowLatency or HighThroughput on the engine.
 type mode interface {
-	send(d *ep.Dispatch) error
-	wait(d *ep.Dispatch) error
-	combineSend(c *ep.Combine) error
-	combineWait(c *ep.Combine) error
+	send(d *driver.Dispatch) error
+	wait(d *driver.Dispatch) error
+	combineSend(c *driver.Combine) error
+	combineWait(c *driver.Combine) error
 	// refuse takes part in the transfers of a call this rank refused,
 	// its headers saying so, and waits for them; it returns the other
 	// ranks that refused the call too (ascending).
-	refuse(r *ep.Refusal) ([]int, error)
+	refuse(r *driver.Refusal) ([]int, error)
 	// end is the event a wait of kind (0 dispatch, 1 combine) on buffer
 	// set waits for: the end of the call's device work.
 	end(kind, set int) gpu.Event
@@ -75,7 +75,7 @@ type opNames struct{ dispatch, combine, open string }
 // exchanges a word with every peer, within the group's timeout, which also
 // makes NCCL connect them now. After the communicator exists, a failure returns the
 // engine too: the Group closes it on every rank.
-func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (gpu.Device, gpu.Comm, error)) (*engine, error) {
+func openEngine(comm *mpi.Comm, spec driver.Spec, open func() (gpu.Device, gpu.Comm, error)) (*engine, error) {
 	m := spec.Mode.String()
 	e := &engine{spec: spec, rank: comm.Rank(), size: comm.Size(),
 		names: opNames{dispatch: m + " dispatch", combine: m + " combine", open: "NewGroup"}}
@@ -83,7 +83,7 @@ func openEngine(comm *mpi.Comm, spec ep.Spec, open func() (gpu.Device, gpu.Comm,
 	if err != nil {
 		return nil, err
 	}
-	e.place = ep.Placement{Node: topo.Node, Nodes: topo.Nodes, NodeOf: topo.NodeOf}
+	e.place = driver.Placement{Node: topo.Node, Nodes: topo.Nodes, NodeOf: topo.NodeOf}
 	e.met, e.late = newMeter(topo.NodeOf, topo.Node), make([]int, 0, e.size)
 	if err := topo.Free(); err != nil {
 		return nil, err
@@ -128,7 +128,7 @@ func (e *engine) setUp() error {
 			}
 		}
 	}
-	if e.spec.Mode == ep.LowLatency {
+	if e.spec.Mode == driver.LowLatency {
 		e.mode, err = newLL(e)
 	} else {
 		e.mode, err = newHT(e)
@@ -200,18 +200,18 @@ func (e *engine) event() (gpu.Event, error) {
 	return ev, nil
 }
 
-func (e *engine) Placement() ep.Placement { return e.place }
-func (e *engine) Memory() ep.Memory       { return e.mem }
-func (e *engine) BufferBytes() int        { return e.bytes }
+func (e *engine) Placement() driver.Placement { return e.place }
+func (e *engine) Memory() driver.Memory       { return e.mem }
+func (e *engine) BufferBytes() int            { return e.bytes }
 
-func (e *engine) DispatchSend(d *ep.Dispatch) error {
+func (e *engine) DispatchSend(d *driver.Dispatch) error {
 	if err := e.ks.Record(e.starts[0][d.Set]); err != nil {
 		return fmt.Errorf("epgpu: %s: %w", e.names.dispatch, err)
 	}
 	return e.mode.send(d)
 }
 
-func (e *engine) DispatchWait(d *ep.Dispatch) error {
+func (e *engine) DispatchWait(d *driver.Dispatch) error {
 	if err := e.mode.wait(d); err != nil {
 		return err
 	}
@@ -219,14 +219,14 @@ func (e *engine) DispatchWait(d *ep.Dispatch) error {
 	return nil
 }
 
-func (e *engine) CombineSend(c *ep.Combine) error {
+func (e *engine) CombineSend(c *driver.Combine) error {
 	if err := e.ks.Record(e.starts[1][c.Dispatch.Set]); err != nil {
 		return fmt.Errorf("epgpu: %s: %w", e.names.combine, err)
 	}
 	return e.mode.combineSend(c)
 }
 
-func (e *engine) CombineWait(c *ep.Combine) error {
+func (e *engine) CombineWait(c *driver.Combine) error {
 	if err := e.mode.combineWait(c); err != nil {
 		return err
 	}
@@ -263,9 +263,9 @@ func (e *engine) DeviceTimes() (dispatch, combine time.Duration) { return e.devT
 // say the call is refused (so that every other rank's same call ends with
 // an *ep.RefusedError), waits for them, and receives the reasons of the
 // other ranks that refused the call too. See docs/gpu.md.
-func (e *engine) Refuse(r *ep.Refusal) error {
+func (e *engine) Refuse(r *driver.Refusal) error {
 	op := e.names.dispatch
-	if r.Kind == ep.CallCombine {
+	if r.Kind == driver.CallCombine {
 		op = e.names.combine
 	}
 	if err := e.notes.send(r.Reason); err != nil {
@@ -288,7 +288,7 @@ func (e *engine) refusedBy(op string, refusers []int) error {
 	if err != nil {
 		return err
 	}
-	return &ep.RefusedError{Op: op, Rank: refusers[0], Reason: reasons[0]}
+	return &driver.RefusedError{Op: op, Rank: refusers[0], Reason: reasons[0]}
 }
 
 // afterKernels makes the transfers queued next wait for the work queued on
@@ -438,7 +438,7 @@ func (e *engine) sendRecv(op string, s gpu.Stream, sends, recvs []gpu.Transfer) 
 			}
 			e.abort(errStalled)
 			if peer >= 0 {
-				return &ep.TimeoutError{Op: op, Peer: peer, What: "its part of the transfers", After: e.spec.Timeout}
+				return &driver.TimeoutError{Op: op, Peer: peer, What: "its part of the transfers", After: e.spec.Timeout}
 			}
 			return e.failure(op, "the peers to post the transfers", errStalled, headers{})
 		}
@@ -498,7 +498,7 @@ func (e *engine) wait(op, what string, ev gpu.Event, h headers) error {
 // failure is the error of a wait or a post that ended in an abort.
 func (e *engine) failure(op, what string, reason error, h headers) error {
 	if reason == errStalled {
-		return &ep.TimeoutError{Op: op, Peer: e.missing(h), What: what, After: e.spec.Timeout}
+		return &driver.TimeoutError{Op: op, Peer: e.missing(h), What: what, After: e.spec.Timeout}
 	}
 	return fmt.Errorf("epgpu: %s: waiting for %s: the transport failed: %w", op, what, reason)
 }
@@ -542,8 +542,8 @@ func (e *engine) others() []int {
 }
 
 // tensor is n bytes of device memory at p as a tensor of the group's memory.
-func tensor[T ep.Scalar](e *engine, p gpu.DevicePtr, n int) ep.Tensor[T] {
-	t, err := ep.FromBytes[T](ep.OnDevice[byte](e.mem, uint64(p), n))
+func tensor[T driver.Scalar](e *engine, p gpu.DevicePtr, n int) driver.Tensor[T] {
+	t, err := driver.FromBytes[T](driver.OnDevice[byte](e.mem, uint64(p), n))
 	if err != nil {
 		panic(err) // sizes are whole elements by construction
 	}
@@ -551,7 +551,7 @@ func tensor[T ep.Scalar](e *engine, p gpu.DevicePtr, n int) ep.Tensor[T] {
 }
 
 // ptrOf is the device address of a tensor of device memory.
-func ptrOf[T ep.Scalar](t ep.Tensor[T]) gpu.DevicePtr { return gpu.DevicePtr(t.Addr()) }
+func ptrOf[T driver.Scalar](t driver.Tensor[T]) gpu.DevicePtr { return gpu.DevicePtr(t.Addr()) }
 
 // allocator makes a mode's buffers and events, keeping the first error.
 type allocator struct {

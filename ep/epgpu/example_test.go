@@ -34,7 +34,7 @@ func ExampleEmulated() {
 	}
 	topk := []int32{0, 1, 1, -1}             // token 0 -> experts 0 and 1; token 1 -> expert 1
 	weights := []float32{0.75, 0.25, 0.5, 0} // on the host
-	h, err := g.Dispatch(x, topk, weights)
+	h, err := g.Dispatch(ep.Tokens(x, topk, weights))
 	if err != nil {
 		log.Fatal(err)
 	}

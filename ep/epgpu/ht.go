@@ -3,7 +3,7 @@ package epgpu
 import (
 	"fmt"
 
-	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/gpu"
 )
 
@@ -135,7 +135,7 @@ func (m *htMode) end(kind, _ int) gpu.Event {
 	return m.combd
 }
 
-func (m *htMode) state(d *ep.Dispatch) *htState {
+func (m *htMode) state(d *driver.Dispatch) *htState {
 	st, ok := d.State.(*htState)
 	if !ok {
 		R := m.R
@@ -213,7 +213,7 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint32, perRank []int3
 		if total > m.maxRecv {
 			// Every rank sees the same counts and refuses alike, before
 			// anything is written.
-			return nil, ep.InputErrorf(op, "rank %d would receive %d rows, more than MaxRecvTokensPerRank = %d", d, total, m.maxRecv)
+			return nil, driver.InputErrorf(op, "rank %d would receive %d rows, more than MaxRecvTokensPerRank = %d", d, total, m.maxRecv)
 		}
 	}
 	me := e.rank
@@ -333,7 +333,7 @@ func (m *htMode) refusers(op, what string, q uint32, words []int32) ([]int, erro
 	return out, nil
 }
 
-func (m *htMode) send(d *ep.Dispatch) error {
+func (m *htMode) send(d *driver.Dispatch) error {
 	e := m.e
 	op, rt, me := e.names.dispatch, d.Route, e.rank
 	T, K, R, q := rt.T, m.K, m.R, uint32(d.Op)
@@ -425,7 +425,7 @@ func (m *htMode) peers(st *htState, from bool) []int {
 	return out
 }
 
-func (m *htMode) wait(d *ep.Dispatch) error {
+func (m *htMode) wait(d *driver.Dispatch) error {
 	e := m.e
 	op, q, st := e.names.dispatch, uint32(d.Op), d.State.(*htState)
 	hdrAt := m.status + gpu.DevicePtr(4*m.L)
@@ -446,7 +446,7 @@ func (m *htMode) wait(d *ep.Dispatch) error {
 		st.source[s] = st.recvOff[s+1] - st.recvOff[s]
 	}
 	n, K := st.recvOff[m.R], m.K
-	d.Recv = ep.Received{
+	d.Recv = driver.Received{
 		Rows:         tensor[byte](e, m.recvRows, n*m.rb),
 		Outputs:      tensor[byte](e, m.outRows, n*m.rb),
 		Weights:      tensor[float32](e, m.w, 4*n*K),
@@ -459,7 +459,7 @@ func (m *htMode) wait(d *ep.Dispatch) error {
 	return nil
 }
 
-func (m *htMode) combineSend(c *ep.Combine) error {
+func (m *htMode) combineSend(c *driver.Combine) error {
 	e := m.e
 	d := c.Dispatch
 	op, rt, st := e.names.combine, d.Route, d.State.(*htState)
@@ -522,7 +522,7 @@ func (m *htMode) combineSend(c *ep.Combine) error {
 	return nil
 }
 
-func (m *htMode) combineWait(c *ep.Combine) error {
+func (m *htMode) combineWait(c *driver.Combine) error {
 	e := m.e
 	op, q, st := e.names.combine, uint32(c.Op), c.Dispatch.State.(*htState)
 	if err := e.wait(op, "its partial outputs", m.combd, headers{at: m.cbackHdr, stride: 4 * hdrWords, peers: e.others(), op: q}); err != nil {
@@ -539,7 +539,7 @@ func (m *htMode) combineWait(c *ep.Combine) error {
 	if !c.SlotValues.IsZero() {
 		for _, p := range m.peers(st, false) {
 			if hdr[hdrWords*p+1]&flagValues == 0 {
-				return ep.InputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", p)
+				return driver.InputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", p)
 			}
 		}
 	}
@@ -558,17 +558,17 @@ func (m *htMode) combineWait(c *ep.Combine) error {
 // received land in the buffers the others' same call fills (the receive
 // buffer, which a refused dispatch counts as overwritten; the combine's
 // return buffers), after the kernels queued before.
-func (m *htMode) refuse(r *ep.Refusal) ([]int, error) {
+func (m *htMode) refuse(r *driver.Refusal) ([]int, error) {
 	e := m.e
 	q := uint32(r.Op)
 	op := e.names.combine
-	if r.Kind == ep.CallDispatch {
+	if r.Kind == driver.CallDispatch {
 		op = e.names.dispatch
 		if !r.Cached {
 			return m.exchangeCounts(op, nil, q, nil)
 		}
 	}
-	combine := r.Kind == ep.CallCombine
+	combine := r.Kind == driver.CallCombine
 	known := r.Dispatch != nil
 	links := m.links
 	if known {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/gpu"
 )
 
@@ -132,7 +132,7 @@ func (m *llMode) end(kind, set int) gpu.Event {
 	return m.set[set].combined
 }
 
-func (m *llMode) state(d *ep.Dispatch) *llState {
+func (m *llMode) state(d *driver.Dispatch) *llState {
 	st, ok := d.State.(*llState)
 	if !ok {
 		st = &llState{expert: make([]int, m.L), source: make([]int, m.R*m.L)}
@@ -153,7 +153,7 @@ func (m *llMode) stagedPos(perExpert []int32) {
 	}
 }
 
-func (m *llMode) send(d *ep.Dispatch) error {
+func (m *llMode) send(d *driver.Dispatch) error {
 	e := m.e
 	op, s, rt := e.names.dispatch, &m.set[d.Set], d.Route
 	T, K, L, q := rt.T, m.K, m.L, uint32(d.Op)
@@ -243,7 +243,7 @@ func (m *llMode) dispatchTransfers(s *llSet, meta gpu.DevicePtr, stride int) (se
 	return sends, recvs
 }
 
-func (m *llMode) wait(d *ep.Dispatch) error {
+func (m *llMode) wait(d *driver.Dispatch) error {
 	e := m.e
 	op, s, q := e.names.dispatch, &m.set[d.Set], uint32(d.Op)
 	if err := e.wait(op, "its rows", s.dispatched, headers{at: s.stageMeta, stride: 4 * m.words, peers: e.others(), op: q}); err != nil {
@@ -262,7 +262,7 @@ func (m *llMode) wait(d *ep.Dispatch) error {
 		n += int(c)
 	}
 	rows := m.L * m.span
-	d.Recv = ep.Received{
+	d.Recv = driver.Received{
 		Rows:         tensor[byte](e, s.recvRows, rows*m.rb),
 		Outputs:      tensor[byte](e, s.outRows, rows*m.rb),
 		Weights:      tensor[float32](e, s.recvW, 4*rows),
@@ -274,7 +274,7 @@ func (m *llMode) wait(d *ep.Dispatch) error {
 	return nil
 }
 
-func (m *llMode) combineSend(c *ep.Combine) error {
+func (m *llMode) combineSend(c *driver.Combine) error {
 	e := m.e
 	d := c.Dispatch
 	op, s, rt := e.names.combine, &m.set[d.Set], d.Route
@@ -371,7 +371,7 @@ func (m *llMode) combineTransfers(s *llSet, hdr gpu.DevicePtr) (sends, recvs []g
 	return sends, recvs
 }
 
-func (m *llMode) combineWait(c *ep.Combine) error {
+func (m *llMode) combineWait(c *driver.Combine) error {
 	e := m.e
 	d := c.Dispatch
 	op, s, q := e.names.combine, &m.set[d.Set], uint32(c.Op)
@@ -379,7 +379,7 @@ func (m *llMode) combineWait(c *ep.Combine) error {
 		return err
 	}
 	hdr := i32s(s.hHdr, 0, 2*m.R)
-	refusers, err := m.refusers(op, ep.CallCombine, q, hdr)
+	refusers, err := m.refusers(op, driver.CallCombine, q, hdr)
 	if err != nil {
 		return err
 	}
@@ -389,7 +389,7 @@ func (m *llMode) combineWait(c *ep.Combine) error {
 	if !c.SlotValues.IsZero() {
 		for p := 0; p < m.R; p++ {
 			if hdr[2*p+1]&flagValues == 0 && owns(d.Route.PerExpert[p*m.L:(p+1)*m.L]) {
-				return ep.InputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", p)
+				return driver.InputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", p)
 			}
 		}
 	}
@@ -421,7 +421,7 @@ func (m *llMode) badBlock(op string, s *llSet, q uint32, bad uint64) error {
 		}
 		words[2*p], words[2*p+1] = int32(binary.LittleEndian.Uint32(b)), int32(binary.LittleEndian.Uint32(b[4:]))
 	}
-	refusers, err := m.refusers(op, ep.CallDispatch, q, words)
+	refusers, err := m.refusers(op, driver.CallDispatch, q, words)
 	if err != nil {
 		return err
 	}
@@ -437,7 +437,7 @@ func (m *llMode) badBlock(op string, s *llSet, q uint32, bad uint64) error {
 // refusing block has ^q in word 0 (so that LLPlace places none of it) and
 // flagRefused in word 1; a combine's has q and flagRefused. A header of
 // another call is a failure.
-func (m *llMode) refusers(op string, kind ep.CallKind, q uint32, words []int32) ([]int, error) {
+func (m *llMode) refusers(op string, kind driver.CallKind, q uint32, words []int32) ([]int, error) {
 	var out []int
 	for p := 0; p < m.R; p++ {
 		if p == m.e.rank {
@@ -445,12 +445,12 @@ func (m *llMode) refusers(op string, kind ep.CallKind, q uint32, words []int32) 
 		}
 		w0, flags := uint32(words[2*p]), words[2*p+1]
 		want := q
-		if flags&flagRefused != 0 && kind == ep.CallDispatch {
+		if flags&flagRefused != 0 && kind == driver.CallDispatch {
 			want = ^q
 		}
 		if w0 != want {
 			what := "block"
-			if kind == ep.CallCombine {
+			if kind == driver.CallCombine {
 				what = "outputs"
 			}
 			return nil, fmt.Errorf("epgpu: %s: the %s from rank %d are not of this call", op, what, p)
@@ -468,7 +468,7 @@ func (m *llMode) refusers(op string, kind ep.CallKind, q uint32, words []int32) 
 // whatever the buffers hold, and the rows received land where no later
 // call reads them (staging; the combine's return buffers), after the
 // kernels queued before.
-func (m *llMode) refuse(r *ep.Refusal) ([]int, error) {
+func (m *llMode) refuse(r *driver.Refusal) ([]int, error) {
 	e := m.e
 	q := uint32(r.Op)
 	s := &m.set[max(r.Set, 0)]
@@ -478,7 +478,7 @@ func (m *llMode) refuse(r *ep.Refusal) ([]int, error) {
 	var op string
 	var sends, recvs []gpu.Transfer
 	var h headers
-	if r.Kind == ep.CallDispatch {
+	if r.Kind == driver.CallDispatch {
 		op = e.names.dispatch
 		out[0], out[1] = int32(^q), flagRefused
 		qu.do(e.cs.MemcpyHtoDAsync(m.refMeta, m.hRef, 0, 8))

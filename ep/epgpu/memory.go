@@ -3,7 +3,7 @@ package epgpu
 import (
 	"fmt"
 
-	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/gpu"
 )
 
@@ -18,26 +18,26 @@ type memory struct{ dev gpu.Device }
 func (m memory) String() string { return m.dev.String() }
 
 // Alloc returns n zeroed bytes of device memory.
-func (m memory) Alloc(n int) (ep.Tensor[byte], error) {
+func (m memory) Alloc(n int) (driver.Tensor[byte], error) {
 	if n < 0 {
-		return ep.Tensor[byte]{}, fmt.Errorf("epgpu: %v: Alloc of %d bytes", m, n)
+		return driver.Tensor[byte]{}, fmt.Errorf("epgpu: %v: Alloc of %d bytes", m, n)
 	}
 	p, err := m.dev.MemAlloc(n)
 	if err != nil {
-		return ep.Tensor[byte]{}, err
+		return driver.Tensor[byte]{}, err
 	}
 	if err := m.dev.MemsetD8(p, 0, n); err != nil {
-		return ep.Tensor[byte]{}, err
+		return driver.Tensor[byte]{}, err
 	}
 	if err := m.dev.Synchronize(); err != nil {
-		return ep.Tensor[byte]{}, err
+		return driver.Tensor[byte]{}, err
 	}
-	return ep.OnDevice[byte](m, uint64(p), n), nil
+	return driver.OnDevice[byte](m, uint64(p), n), nil
 }
 
 // Free releases memory that Alloc returned, once the work queued on the
 // device has run.
-func (m memory) Free(t ep.Tensor[byte]) error {
+func (m memory) Free(t driver.Tensor[byte]) error {
 	if err := m.mine("Free", t); err != nil {
 		return err
 	}
@@ -49,7 +49,7 @@ func (m memory) Free(t ep.Tensor[byte]) error {
 
 // Upload copies src into dst once the work queued on the device has run,
 // and returns once the bytes are there.
-func (m memory) Upload(dst ep.Tensor[byte], src []byte) error {
+func (m memory) Upload(dst driver.Tensor[byte], src []byte) error {
 	if err := m.mine("Upload", dst); err != nil {
 		return err
 	}
@@ -66,7 +66,7 @@ func (m memory) Upload(dst ep.Tensor[byte], src []byte) error {
 }
 
 // Download copies src into dst once the work queued on the device has run.
-func (m memory) Download(dst []byte, src ep.Tensor[byte]) error {
+func (m memory) Download(dst []byte, src driver.Tensor[byte]) error {
 	if err := m.mine("Download", src); err != nil {
 		return err
 	}
@@ -79,8 +79,8 @@ func (m memory) Download(dst []byte, src ep.Tensor[byte]) error {
 	return m.dev.MemcpyDtoH(dst, ptrOf(src))
 }
 
-func (m memory) mine(op string, t ep.Tensor[byte]) error {
-	if t.Memory() != ep.Memory(m) {
+func (m memory) mine(op string, t driver.Tensor[byte]) error {
+	if t.Memory() != driver.Memory(m) {
 		return fmt.Errorf("epgpu: %v: %s of %v", m, op, t)
 	}
 	return nil
@@ -90,7 +90,7 @@ func (m memory) mine(op string, t ep.Tensor[byte]) error {
 // memory of a GPU group's device, once the work queued there has run, and
 // waits for the copy (cuMemcpyDtoD on a CUDA device): the reference that
 // ep-bench compares a GPU group's bandwidth with.
-func CopyOnDevice(dst, src ep.Tensor[byte]) error {
+func CopyOnDevice(dst, src driver.Tensor[byte]) error {
 	m, ok := dst.Memory().(memory)
 	if !ok || src.Memory() != dst.Memory() {
 		return fmt.Errorf("epgpu: CopyOnDevice: %v and %v are not in one GPU device's memory", dst, src)

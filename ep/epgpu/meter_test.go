@@ -37,7 +37,7 @@ func testStats(t *testing.T, b ep.Backend) {
 				if me == R-1 {
 					time.Sleep(late)
 				}
-				h, err := g.Dispatch(rg.x, rg.topk, rg.weights)
+				h, err := g.Dispatch(ep.Tokens(rg.x, rg.topk, rg.weights))
 				require.NoError(t, err)
 				require.NoError(t, g.Combine(h, h.Recv(), rg.out, nil))
 				rg.checkCombined(t, "a round")

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/goep/goep/ep"
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/gpu"
 	"github.com/goep/goep/mpi"
 )
@@ -119,7 +119,7 @@ func (n *notes) recv(op string, from []int) ([]string, error) {
 				peer = p[0]
 			}
 			x.Cancel()
-			return nil, &ep.TimeoutError{Op: op, Peer: peer, What: "the reason it refused the call", After: n.timeout}
+			return nil, &driver.TimeoutError{Op: op, Peer: peer, What: "the reason it refused the call", After: n.timeout}
 		}
 		gpu.Backoff(time.Since(start))
 	}

@@ -103,7 +103,7 @@ func (rg *rig) checkCombined(t *testing.T, what string) {
 // round is a normal dispatch and combine, checked.
 func (rg *rig) round(t *testing.T, what string) {
 	t.Helper()
-	h, err := rg.g.Dispatch(rg.x, rg.topk, rg.weights)
+	h, err := rg.g.Dispatch(ep.Tokens(rg.x, rg.topk, rg.weights))
 	require.NoError(t, err, what)
 	require.NoError(t, rg.g.Combine(h, h.Recv(), rg.out, nil), what)
 	rg.checkCombined(t, what)
@@ -113,7 +113,7 @@ func (rg *rig) round(t *testing.T, what string) {
 // first: in HT, a refused dispatch overwrites the receive buffer.)
 func (rg *rig) combined(t *testing.T) ep.Handle[float32] {
 	t.Helper()
-	h, err := rg.g.Dispatch(rg.x, rg.topk, rg.weights)
+	h, err := rg.g.Dispatch(ep.Tokens(rg.x, rg.topk, rg.weights))
 	require.NoError(t, err)
 	require.NoError(t, rg.g.Combine(h, h.Recv(), rg.out, nil))
 	rg.checkCombined(t, "the round before a refused cached dispatch")
@@ -185,7 +185,7 @@ func testRefusals(t *testing.T, b ep.Backend) {
 				if me == origin {
 					weights = weights[:1]
 				}
-				_, err := rg.g.DispatchCached(h, rg.x, weights)
+				_, err := rg.g.Dispatch(ep.Reuse(h, rg.x, weights))
 				return err
 			}},
 		{"cached dispatch, the handle unknown", both, map[int]string{origin: "nil handle"},
@@ -194,12 +194,12 @@ func testRefusals(t *testing.T, b ep.Backend) {
 				if me == origin {
 					prev = ep.Handle[float32]{}
 				}
-				_, err := rg.g.DispatchCached(prev, rg.x, nil)
+				_, err := rg.g.Dispatch(ep.Reuse(prev, rg.x, nil))
 				return err
 			}},
 		{"combine refused by two ranks, one without its handle", both, twoRefusers,
 			func(t *testing.T, rg *rig) error {
-				h, err := rg.g.Dispatch(rg.x, rg.topk, rg.weights)
+				h, err := rg.g.Dispatch(ep.Tokens(rg.x, rg.topk, rg.weights))
 				require.NoError(t, err)
 				hh, out := h, rg.out
 				switch me {
@@ -217,13 +217,13 @@ func testRefusals(t *testing.T, b ep.Backend) {
 			}},
 		{"LL dispatch refused, found in its Wait after a later combine", []ep.Mode{ep.LowLatency}, map[int]string{origin: "is out of range"},
 			func(t *testing.T, rg *rig) error {
-				first, err := rg.g.DispatchSend(rg.x, rg.topk, rg.weights)
+				first, err := rg.g.DispatchSend(ep.Tokens(rg.x, rg.topk, rg.weights))
 				require.NoError(t, err)
 				topk := rg.topk
 				if me == origin {
 					topk = append([]int32{int32(2 * R)}, topk[1:]...)
 				}
-				second, err := rg.g.DispatchSend(rg.x, topk, rg.weights)
+				second, err := rg.g.DispatchSend(ep.Tokens(rg.x, topk, rg.weights))
 				if me == origin {
 					require.Error(t, err)
 				}
@@ -254,7 +254,7 @@ func testRefusals(t *testing.T, b ep.Backend) {
 			// (the reasons travel in order, one per refusing rank).
 			for i := 0; i < 3; i++ {
 				who := i % R
-				h, err := rg.g.Dispatch(rg.x, rg.topk, rg.weights)
+				h, err := rg.g.Dispatch(ep.Tokens(rg.x, rg.topk, rg.weights))
 				require.NoError(t, err)
 				out := rg.out
 				n := tokensOf(who)*rg.H + 1 + i

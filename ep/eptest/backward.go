@@ -51,7 +51,7 @@ func checkTranspose(t *testing.T, s Suite, g *ep.Group[float32], mode ep.Mode, i
 	for i := range x {
 		x[i] = small(i, 1)
 	}
-	h, err := g.Dispatch(upload(t, g, x), in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, x), in.topk, in.weights))
 	require.NoError(t, err)
 	recv := host(t, h.Recv())
 	y := make([]float32, len(recv))
@@ -83,7 +83,7 @@ func checkTranspose(t *testing.T, s Suite, g *ep.Group[float32], mode ep.Mode, i
 		gradOut[i] = small(i, 3)
 		lhs2 += float64(out[i]) * float64(gradOut[i])
 	}
-	hb, err := g.DispatchCached(h, upload(t, g, gradOut), nil)
+	hb, err := g.Dispatch(ep.Reuse(h, upload(t, g, gradOut), nil))
 	require.NoError(t, err)
 	var rhs2 float64
 	grecv := host(t, hb.Recv())
@@ -110,7 +110,7 @@ func (s Suite) testRowValues(t *testing.T) {
 			H, K, L := sc.hidden, sc.topk, sc.experts/R
 			in := sc.input(me, R)
 			f := func(src, tok, expert int) float32 { return float32(src*10000 + tok*100 + expert) }
-			h, err := g.Dispatch(upload(t, g, payload[float32](me, in.T, H)), in.topk, in.weights)
+			h, err := g.Dispatch(ep.Tokens(upload(t, g, payload[float32](me, in.T, H)), in.topk, in.weights))
 			require.NoError(t, err)
 			var rowValues []float32
 			if mode == ep.LowLatency {

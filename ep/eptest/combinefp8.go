@@ -62,7 +62,7 @@ func checkFP8Combine2[E ep.Element](t *testing.T, s Suite, w ep.WireFormat, sc s
 		in.weights[i] = float32(0.05 + 0.9*float64((i*37+me*11)%101)/101)
 	}
 	x := payloadFP8[E](me, in.T, H)
-	h, err := g.Dispatch(upload(t, g, x), in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, x), in.topk, in.weights))
 	require.NoError(t, err)
 	recv := host(t, h.Recv())
 	L, span := g.LocalExperts(), R*sc.maxTok

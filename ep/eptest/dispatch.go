@@ -30,7 +30,7 @@ func checkDispatchCombine[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc 
 	xh := payload[E](me, in.T, H)
 	x := upload(t, g, xh)
 
-	h, err := g.Dispatch(x, in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 	require.NoError(t, err)
 	checkLayout(t, s, g, sc, ins, h.Layout())
 	if mode == ep.LowLatency {
@@ -49,7 +49,7 @@ func checkDispatchCombine[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc 
 	for i := range xh {
 		x2h[i] = ep.ElementOf[E](2 * ep.Float32Of(xh[i]))
 	}
-	h2, err := g.DispatchCached(h, upload(t, g, x2h), nil)
+	h2, err := g.Dispatch(ep.Reuse(h, upload(t, g, x2h), nil))
 	require.NoError(t, err)
 	if mode == ep.LowLatency {
 		assert.Equal(t, h.ExpertCounts(), h2.ExpertCounts())
@@ -67,13 +67,13 @@ func checkDispatchCombine[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc 
 
 	// Repeats are bit-identical: cached, through CombineBuffer, and a fresh
 	// dispatch with layout.
-	h3, err := g.DispatchCached(h, x, nil)
+	h3, err := g.Dispatch(ep.Reuse(h, x, nil))
 	require.NoError(t, err)
 	require.NoError(t, ep.Upload(h3.CombineBuffer(), host(t, h3.Recv())))
 	out3 := zeros[E](t, g, in.T*H)
 	require.NoError(t, g.Combine(h3, h3.CombineBuffer(), out3, nil))
 	assert.True(t, slices.Equal(o1, host(t, out3)), "cached repeat through CombineBuffer differs")
-	h4, err := g.Dispatch(x, in.topk, in.weights)
+	h4, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 	require.NoError(t, err)
 	out4 := zeros[E](t, g, in.T*H)
 	require.NoError(t, g.Combine(h4, h4.Recv(), out4, nil))
@@ -215,7 +215,7 @@ func checkScaledExperts[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc sc
 	R, me, H, K := s.Comm.Size(), s.Comm.Rank(), sc.hidden, sc.topk
 	L := sc.experts / R
 	in := sc.input(me, R)
-	h, err := g.Dispatch(upload(t, g, payload[E](me, in.T, H)), in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, payload[E](me, in.T, H)), in.topk, in.weights))
 	require.NoError(t, err)
 	recv := host(t, h.Recv())
 	y := make([]E, len(recv))
@@ -295,7 +295,7 @@ func (s Suite) testConsecutiveCalls(t *testing.T) {
 				sc.seed = uint64(100 + i)
 				c := &call{sc: sc, ins: allInputs(sc, R)}
 				in := c.ins[me]
-				req, err := g.DispatchSend(upload(t, g, payload[ep.BF16](me, in.T, sc.hidden)), in.topk, in.weights)
+				req, err := g.DispatchSend(ep.Tokens(upload(t, g, payload[ep.BF16](me, in.T, sc.hidden)), in.topk, in.weights))
 				require.NoError(t, err)
 				c.h, err = req.Wait()
 				require.NoError(t, err)
@@ -340,7 +340,7 @@ func (s Suite) testTwoDispatchesInFlight(t *testing.T) {
 			c := &call{sc: sc, ins: allInputs(sc, R)}
 			in := c.ins[me]
 			var err error
-			c.req, err = g.DispatchSend(upload(t, g, payload[ep.BF16](me, in.T, sc.hidden)), in.topk, in.weights)
+			c.req, err = g.DispatchSend(ep.Tokens(upload(t, g, payload[ep.BF16](me, in.T, sc.hidden)), in.topk, in.weights))
 			require.NoError(t, err, "round %d, dispatch %d", round, i)
 			calls[i] = c
 		}
@@ -389,9 +389,9 @@ func checkAgainstReference[E ep.Element](t *testing.T, s Suite, mode ep.Mode, sc
 	for i := range weights {
 		weights[i] = rng.Float32()
 	}
-	h, err := g.Dispatch(upload(t, g, xh), in.topk, weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, xh), in.topk, weights))
 	require.NoError(t, err)
-	rh, err := ref.Dispatch(upload(t, ref, xh), in.topk, weights)
+	rh, err := ref.Dispatch(ep.Tokens(upload(t, ref, xh), in.topk, weights))
 	require.NoError(t, err)
 	assert.Equal(t, rh.ExpertCounts(), h.ExpertCounts(), "rows per local expert")
 	rows := validRows(mode, h.ExpertCounts(), h.NumRecv(), R*sc.maxTok)

@@ -38,17 +38,21 @@ func (s Suite) testBadInput(t *testing.T) {
 				call func() error
 				want string
 			}{
-				{"expert id too large", func() error { _, err := g.Dispatch(x1, one(0, int32(E), -1)[:K], w1); return err }, "topk[0][1] = " + itoa(E) + " is out of range [-1, " + itoa(E) + ")"},
-				{"expert id below -1", func() error { _, err := g.Dispatch(x1, one(-2, 0, 1)[:K], w1); return err }, "topk[0][0] = -2 is out of range"},
-				{"expert repeated in a token", func() error { _, err := g.Dispatch(x1, dup, w1); return err }, "token 0 names expert 0 twice"},
+				{"expert id too large", func() error { _, err := g.Dispatch(ep.Tokens(x1, one(0, int32(E), -1)[:K], w1)); return err }, "topk[0][1] = " + itoa(E) + " is out of range [-1, " + itoa(E) + ")"},
+				{"expert id below -1", func() error { _, err := g.Dispatch(ep.Tokens(x1, one(-2, 0, 1)[:K], w1)); return err }, "topk[0][0] = -2 is out of range"},
+				{"expert repeated in a token", func() error { _, err := g.Dispatch(ep.Tokens(x1, dup, w1)); return err }, "token 0 names expert 0 twice"},
 				{"more tokens than MaxTokensPerRank", func() error {
-					_, err := g.Dispatch(zeros[float32](t, g, (M+1)*H), make([]int32, (M+1)*K), make([]float32, (M+1)*K))
+					_, err := g.Dispatch(ep.Tokens(zeros[float32](t, g, (M+1)*H), make([]int32, (M+1)*K), make([]float32, (M+1)*K)))
 					return err
 				}, "17 tokens exceed MaxTokensPerRank = 16"},
-				{"x too short", func() error { _, err := g.Dispatch(x1.Slice(0, H-1), one(0, 1, 2)[:K], w1); return err }, "len(x) = " + itoa(H-1)},
-				{"weights too short", func() error { _, err := g.Dispatch(x1, one(0, 1, 2)[:K], w1[:K-1]); return err }, "len(weights) = " + itoa(K-1)},
-				{"topk not a multiple of TopK", func() error { _, err := g.Dispatch(x1, one(0), w1); return err }, "len(topk) = 1 is not a multiple of TopK"},
+				{"x too short", func() error { _, err := g.Dispatch(ep.Tokens(x1.Slice(0, H-1), one(0, 1, 2)[:K], w1)); return err }, "len(x) = " + itoa(H-1)},
+				{"weights too short", func() error { _, err := g.Dispatch(ep.Tokens(x1, one(0, 1, 2)[:K], w1[:K-1])); return err }, "len(weights) = " + itoa(K-1)},
+				{"topk not a multiple of TopK", func() error { _, err := g.Dispatch(ep.Tokens(x1, one(0), w1)); return err }, "len(topk) = 1 is not a multiple of TopK"},
 				{"layout of a bad id", func() error { _, err := g.Layout(one(0, int32(E+5), 1)[:K]); return err }, "out of range"},
+				{"input with both tokens and codes", func() error {
+					_, err := g.Dispatch(ep.DispatchInput[float32]{Tokens: x1, Codes: ep.Host(make([]ep.E4M3, H)), TopK: one(0, 1, 2)[:K], Weights: w1})
+					return err
+				}, "both Tokens and Codes/Scales"},
 				{"zero handle", func() error { return g.Combine(ep.Handle[float32]{}, x1, x1, nil) }, "nil handle"},
 				{"zero request", func() error { _, err := ep.DispatchRequest[float32]{}.Wait(); return err }, "zero or stale"},
 			}
@@ -58,7 +62,7 @@ func (s Suite) testBadInput(t *testing.T) {
 					call func() error
 					want string
 				}{"x in another memory", func() error {
-					_, err := g.Dispatch(ep.OnDevice[float32](fakeDevice{}, 64, H), one(0, 1, 2)[:K], w1)
+					_, err := g.Dispatch(ep.Tokens(ep.OnDevice[float32](fakeDevice{}, 64, H), one(0, 1, 2)[:K], w1))
 					return err
 				}, "x is in fake memory"})
 			} else {
@@ -67,7 +71,7 @@ func (s Suite) testBadInput(t *testing.T) {
 					call func() error
 					want string
 				}{"x in host memory", func() error {
-					_, err := g.Dispatch(ep.Host(make([]float32, H)), one(0, 1, 2)[:K], w1)
+					_, err := g.Dispatch(ep.Tokens(ep.Host(make([]float32, H)), one(0, 1, 2)[:K], w1))
 					return err
 				}, "x is in host memory"})
 			}
@@ -81,7 +85,7 @@ func (s Suite) testBadInput(t *testing.T) {
 			checkHandleRefusals(t, s, g, other, mode, sc, in)
 
 			// The refused calls wrote nothing: a normal round is still right.
-			h, err := g.Dispatch(x, in.topk, in.weights)
+			h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 			require.NoError(t, err)
 			outg := zeros[float32](t, g, in.T*H)
 			require.NoError(t, g.Combine(h, h.Recv(), outg, nil))
@@ -98,7 +102,7 @@ func checkHandleRefusals(t *testing.T, s Suite, g, other *ep.Group[float32], mod
 	H, me := sc.hidden, s.Comm.Rank()
 	x2 := upload(t, other, payload[float32](me, in.T, H))
 	out := zeros[float32](t, other, in.T*H)
-	h2, err := other.Dispatch(x2, in.topk, in.weights)
+	h2, err := other.Dispatch(ep.Tokens(x2, in.topk, in.weights))
 	require.NoError(t, err)
 	err = g.Combine(h2, h2.Recv(), out, nil)
 	assert.ErrorContains(t, err, "belongs to another group")
@@ -117,17 +121,17 @@ func checkHandleRefusals(t *testing.T, s Suite, g, other *ep.Group[float32], mod
 		err = other.Combine(h2, h2.Recv(), out, nil)
 		assert.ErrorContains(t, err, "already been combined")
 		// Two dispatches may wait for their combine; a third is refused.
-		a, err := other.Dispatch(x2, in.topk, in.weights)
+		a, err := other.Dispatch(ep.Tokens(x2, in.topk, in.weights))
 		require.NoError(t, err)
-		b, err := other.Dispatch(x2, in.topk, in.weights)
+		b, err := other.Dispatch(ep.Tokens(x2, in.topk, in.weights))
 		require.NoError(t, err)
-		_, err = other.Dispatch(x2, in.topk, in.weights)
+		_, err = other.Dispatch(ep.Tokens(x2, in.topk, in.weights))
 		assert.ErrorContains(t, err, "two LL dispatches are already waiting")
 		require.NoError(t, other.Combine(a, a.Recv(), out, nil))
 		require.NoError(t, other.Combine(b, b.Recv(), out, nil))
 	} else {
 		// A later dispatch overwrote the receive buffer h2.Recv() points to.
-		h3, err := other.Dispatch(x2, in.topk, in.weights)
+		h3, err := other.Dispatch(ep.Tokens(x2, in.topk, in.weights))
 		require.NoError(t, err)
 		if h3.NumRecv() > 0 {
 			err = other.Combine(h2, h2.Recv(), out, nil)
@@ -137,12 +141,19 @@ func checkHandleRefusals(t *testing.T, s Suite, g, other *ep.Group[float32], mod
 	}
 	// A handle whose record was reused by later dispatches is stale.
 	for i := 0; i < 8; i++ {
-		h, err := other.Dispatch(x2, in.topk, in.weights)
+		h, err := other.Dispatch(ep.Tokens(x2, in.topk, in.weights))
 		require.NoError(t, err)
 		require.NoError(t, other.Combine(h, h.Recv(), out, nil))
 	}
-	_, err = other.DispatchCached(h2, x2, nil)
+	_, err = other.Dispatch(ep.Reuse(h2, x2, nil))
 	assert.ErrorContains(t, err, "the handle is stale")
+	// An input whose routing would come from both a handle and top-k ids
+	// (a token's worth on every rank, whatever its tokens).
+	both := ep.Reuse(h2, x2, nil)
+	both.TopK = make([]int32, sc.topk)
+	_, err = other.Dispatch(both)
+	assert.ErrorContains(t, err, "both TopK and Reuse")
+	assert.ErrorIs(t, err, ep.ErrBadInput)
 	assert.True(t, h2.Recv().IsZero(), "a stale handle's views are empty")
 }
 
@@ -218,11 +229,11 @@ func (s Suite) testUseAfterClose(t *testing.T) {
 	out, err := ep.Alloc[float32](g.Memory(), in.T*sc.hidden)
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, ep.Free(out)) }()
-	h, err := g.Dispatch(x, in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 	require.NoError(t, err)
 	require.NoError(t, g.Combine(h, h.Recv(), out, nil))
 	require.NoError(t, g.Close())
-	_, err = g.Dispatch(x, in.topk, in.weights)
+	_, err = g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 	assert.ErrorIs(t, err, ep.ErrClosed)
 	err = g.Combine(h, x, out, nil)
 	assert.ErrorIs(t, err, ep.ErrClosed)
@@ -260,7 +271,7 @@ func (s Suite) testStalledRank(t *testing.T) {
 			x := upload(t, g, payload[float32](me, in.T, sc.hidden))
 			if me != R-1 {
 				start := time.Now()
-				_, err := g.Dispatch(x, in.topk, in.weights)
+				_, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 				elapsed := time.Since(start)
 				require.Error(t, err)
 				assert.True(t, errors.Is(err, ep.ErrTimeout), "want a timeout, got %v", err)
@@ -275,7 +286,7 @@ func (s Suite) testStalledRank(t *testing.T) {
 					}
 				}
 				assert.GreaterOrEqual(t, elapsed, cfg.Timeout, "it waited for the stalled rank")
-				_, err = g.Dispatch(x, in.topk, in.weights)
+				_, err = g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 				assert.ErrorContains(t, err, "unusable after an earlier failure")
 			} else {
 				time.Sleep(cfg.Timeout + time.Second) // stalled, out of MPI, well past the others' timeout
@@ -331,7 +342,7 @@ func checkLatePeerAllocs(t *testing.T, s Suite, mode ep.Mode, sc scenario, me in
 	}
 	cycle := func() {
 		late()
-		h, err := g.Dispatch(x, in.topk, in.weights)
+		h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 		if err == nil {
 			late()
 			err = g.Combine(h, h.Recv(), out, nil)
@@ -367,7 +378,7 @@ func checkZeroAllocs(t *testing.T, s Suite, mode ep.Mode, wire ep.WireFormat, sc
 	out := zeros[ep.BF16](t, g, in.T*sc.hidden)
 	var failed error
 	cycle := func() {
-		h, err := g.Dispatch(x, in.topk, in.weights)
+		h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 		if err == nil {
 			y := h.Recv() // in place
 			if wire.FP8() {
@@ -376,7 +387,7 @@ func checkZeroAllocs(t *testing.T, s Suite, mode ep.Mode, wire ep.WireFormat, sc
 			err = g.Combine(h, y, out, nil)
 		}
 		if err == nil {
-			h, err = g.DispatchCached(h, x, nil)
+			h, err = g.Dispatch(ep.Reuse(h, x, nil))
 		}
 		if err == nil {
 			err = g.Combine(h, h.CombineBuffer(), out, nil)

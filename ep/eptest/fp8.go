@@ -127,7 +127,7 @@ func checkFP8[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.WireFormat
 	xh := payloadFP8[E](me, in.T, H)
 	x := upload(t, g, xh)
 	g.ResetStats()
-	h, err := g.Dispatch(x, in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 	require.NoError(t, err)
 	assert.True(t, h.Recv().IsZero(), "an FP8 group's Recv is empty")
 	codes, scales := checkFP8Recv(t, s, h, sc, ins, func(src, tok int) fp8Row { return ref(1, src, tok) })
@@ -141,7 +141,7 @@ func checkFP8[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.WireFormat
 	for i := range xh {
 		x2h[i] = ep.ElementOf[E](2 * ep.Float32Of(xh[i]))
 	}
-	h2, err := g.DispatchCached(h, upload(t, g, x2h), nil)
+	h2, err := g.Dispatch(ep.Reuse(h, upload(t, g, x2h), nil))
 	require.NoError(t, err)
 	checkFP8Recv(t, s, h2, sc, ins, func(src, tok int) fp8Row { return ref(2, src, tok) })
 	out2 := combineDequantized(t, s, g, h2, sc, in)
@@ -153,7 +153,7 @@ func checkFP8[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.WireFormat
 	}
 
 	// A repeated dispatch receives the same bytes.
-	h3, err := g.Dispatch(x, in.topk, in.weights)
+	h3, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 	require.NoError(t, err)
 	codes3, scales3 := checkFP8Recv(t, s, h3, sc, ins, func(src, tok int) fp8Row { return ref(1, src, tok) })
 	assert.Equal(t, codes, codes3, "a repeated FP8 dispatch's codes")

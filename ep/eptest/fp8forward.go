@@ -11,7 +11,7 @@ import (
 )
 
 // testFP8Forward checks the forwarding of rows the caller quantized
-// (Config.Wire WireFP8Forward, DispatchFP8) where the backend supports it
+// (Config.Wire WireFP8Forward, DispatchInput.Codes) where the backend supports it
 // (testFeatureRefusals checks its refusal where it does not).
 func (s Suite) testFP8Forward(t *testing.T) {
 	if !ep.Supports(s.Backend, ep.FeatureFP8Forward) {
@@ -61,7 +61,7 @@ func checkFP8Forward[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.Wir
 	}
 
 	codes, scales := quantized(1)
-	h, err := g.DispatchFP8(codes, scales, in.topk, in.weights)
+	h, err := g.Dispatch(ep.DispatchInput[E]{Codes: codes, Scales: scales, TopK: in.topk, Weights: in.weights})
 	require.NoError(t, err)
 	checkFP8Recv(t, s, h, sc, ins, ref(1))
 	out1 := combineDequantized(t, s, g, h, sc, in)
@@ -69,7 +69,7 @@ func checkFP8Forward[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.Wir
 
 	// A cached dispatch of the caller's quantization of 2x.
 	codes2, scales2 := quantized(2)
-	h2, err := g.DispatchCachedFP8(h, codes2, scales2, nil)
+	h2, err := g.Dispatch(ep.DispatchInput[E]{Codes: codes2, Scales: scales2, Reuse: h})
 	require.NoError(t, err)
 	checkFP8Recv(t, s, h2, sc, ins, ref(2))
 	out2 := combineDequantized(t, s, g, h2, sc, in)
@@ -81,14 +81,14 @@ func checkFP8Forward[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.Wir
 	}
 
 	// Bad input, on every rank alike: refused before anything is sent.
-	_, err = g.Dispatch(zeros[E](t, g, in.T*H), in.topk, in.weights)
+	_, err = g.Dispatch(ep.Tokens(zeros[E](t, g, in.T*H), in.topk, in.weights))
 	assert.ErrorIs(t, err, ep.ErrBadInput)
-	assert.ErrorContains(t, err, "pass e4m3 codes and scales to DispatchFP8")
-	_, err = g.DispatchFP8(codes, zeros[float32](t, g, in.T*G+1), in.topk, in.weights)
+	assert.ErrorContains(t, err, "pass e4m3 codes and scales (DispatchInput.Codes, Scales)")
+	_, err = g.Dispatch(ep.DispatchInput[E]{Codes: codes, Scales: zeros[float32](t, g, in.T*G+1), TopK: in.topk, Weights: in.weights})
 	assert.ErrorIs(t, err, ep.ErrBadInput)
 	assert.ErrorContains(t, err, fmt.Sprintf("len(scales) = %d", in.T*G+1))
 	// The group goes on.
-	h3, err := g.DispatchFP8(codes, scales, in.topk, in.weights)
+	h3, err := g.Dispatch(ep.DispatchInput[E]{Codes: codes, Scales: scales, TopK: in.topk, Weights: in.weights})
 	require.NoError(t, err)
 	require.NoError(t, g.Combine(h3, h3.CombineBuffer(), zeros[E](t, g, in.T*H), nil))
 }

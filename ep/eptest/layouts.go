@@ -265,7 +265,7 @@ func checkLayoutRound[E ep.Element](t *testing.T, s Suite, c layoutCase, sc scen
 	ins := allInputs(sc, R)
 	in := ins[me]
 	x := upload(t, g, payload[E](me, in.T, H))
-	h, err := g.Dispatch(x, in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 	require.NoError(t, err)
 	checkLayoutRecv(t, s, c, h, sc, ins)
 	valid := validLayoutRows(c, h, sc.maxTok)
@@ -306,7 +306,7 @@ func checkLayoutRound[E ep.Element](t *testing.T, s Suite, c layoutCase, sc scen
 
 	// Dispatch again (an LL handle combines once; HT's repeated combines
 	// are HTCombineRepeats').
-	h, err = g.Dispatch(x, in.topk, in.weights)
+	h, err = g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 	require.NoError(t, err)
 	out1 := zeros[E](t, g, in.T*H)
 	require.NoError(t, g.Combine(h, h.Recv(), out1, nil))
@@ -322,7 +322,7 @@ func checkLayoutRound[E ep.Element](t *testing.T, s Suite, c layoutCase, sc scen
 	for i, v := range payload[E](me, in.T, H) {
 		x2[i] = ep.ElementOf[E](2 * ep.Float32Of(v))
 	}
-	h2, err := g.DispatchCached(h, upload(t, g, x2), nil)
+	h2, err := g.Dispatch(ep.Reuse(h, upload(t, g, x2), nil))
 	require.NoError(t, err)
 	assert.Equal(t, h.ExpertCounts(), h2.ExpertCounts())
 	assert.Equal(t, h.ExpertOffsets(), h2.ExpertOffsets())
@@ -335,7 +335,7 @@ func checkLayoutRound[E ep.Element](t *testing.T, s Suite, c layoutCase, sc scen
 			t.Fatalf("cached dispatch of 2x: out[%d] = %v, want 2 * %v", i, ep.Float32Of(v), ep.Float32Of(o1[i]))
 		}
 	}
-	h3, err := g.Dispatch(x, in.topk, in.weights)
+	h3, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 	require.NoError(t, err)
 	checkLayoutRecv(t, s, c, h3, sc, ins) // the padding written over by the 2x round is zero again
 	out3 := zeros[E](t, g, in.T*H)
@@ -363,7 +363,7 @@ func checkLayoutRowValues(t *testing.T, s Suite, c layoutCase, sc scenario) {
 	R, me, H, K, L := s.Comm.Size(), s.Comm.Rank(), sc.hidden, sc.topk, sc.experts/s.Comm.Size()
 	in := sc.input(me, R)
 	f := func(src, tok, expert int) float32 { return float32(src*10000 + tok*100 + expert) }
-	h, err := g.Dispatch(upload(t, g, payload[float32](me, in.T, H)), in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, payload[float32](me, in.T, H)), in.topk, in.weights))
 	require.NoError(t, err)
 	rowValues := make([]float32, h.RecvWeights().Len())
 	if c.expertMajor() {
@@ -436,7 +436,7 @@ func checkLayoutConsecutive(t *testing.T, s Suite, c layoutCase, base scenario) 
 		cl := &call{sc: sc, ins: allInputs(sc, R)}
 		in := cl.ins[me]
 		var err error
-		cl.h, err = g.Dispatch(upload(t, g, payload[ep.BF16](me, in.T, sc.hidden)), in.topk, in.weights)
+		cl.h, err = g.Dispatch(ep.Tokens(upload(t, g, payload[ep.BF16](me, in.T, sc.hidden)), in.topk, in.weights))
 		require.NoError(t, err)
 		if c.mode == ep.HighThroughput {
 			finish(cl)
@@ -462,9 +462,9 @@ func checkLayoutAgainstReference(t *testing.T, s Suite, c layoutCase, sc scenari
 	R, me, H := s.Comm.Size(), s.Comm.Rank(), sc.hidden
 	in := sc.input(me, R)
 	xh := randomRows[ep.BF16](me, in.T*H)
-	h, err := g.Dispatch(upload(t, g, xh), in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, xh), in.topk, in.weights))
 	require.NoError(t, err)
-	rh, err := ref.Dispatch(upload(t, ref, xh), in.topk, in.weights)
+	rh, err := ref.Dispatch(ep.Tokens(upload(t, ref, xh), in.topk, in.weights))
 	require.NoError(t, err)
 	assert.Equal(t, rh.ExpertCounts(), h.ExpertCounts(), "ExpertCounts")
 	assert.Equal(t, rh.ExpertOffsets(), h.ExpertOffsets(), "ExpertOffsets")
@@ -528,7 +528,7 @@ func checkLayoutFP8(t *testing.T, s Suite, c layoutCase, sc scenario) {
 	G := ep.ScaleGroups(H)
 	ins := allInputs(sc, R)
 	in := ins[me]
-	h, err := g.Dispatch(upload(t, g, payloadFP8[ep.BF16](me, in.T, H)), in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, payloadFP8[ep.BF16](me, in.T, H)), in.topk, in.weights))
 	require.NoError(t, err)
 	require.True(t, h.Recv().IsZero(), "Recv of an FP8 group")
 	codes, scales := host(t, h.RecvFP8()), host(t, h.RecvScales())
@@ -580,7 +580,7 @@ func checkLayoutStats(t *testing.T, s Suite, c layoutCase, sc scenario) {
 	}
 	rows := rowsBetween(sc, ins, counting, R)
 	g.ResetStats()
-	h, err := g.Dispatch(upload(t, g, payload[float32](me, in.T, H)), in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, payload[float32](me, in.T, H)), in.topk, in.weights))
 	require.NoError(t, err)
 	require.NoError(t, g.Combine(h, h.Recv(), zeros[float32](t, g, in.T*H), nil))
 	st := g.Stats()

@@ -43,7 +43,7 @@ func (s Suite) testMaskStalledRank(t *testing.T) {
 	// every token against x times the weights of its slots whose expert is
 	// on a rank not in masked, and the dropped pairs against those that are.
 	round := func(name string, masked []int) {
-		h, err := g.Dispatch(x, in.topk, in.weights)
+		h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 		require.NoError(t, err, name)
 		require.NoError(t, g.Combine(h, h.Recv(), out, nil), name)
 		var wantDropped []int32
@@ -80,9 +80,9 @@ func (s Suite) testMaskStalledRank(t *testing.T) {
 		require.NoError(t, cont.Start())
 		require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGSTOP))
 		require.NoError(t, cont.Wait())
-		_, err := g.Dispatch(x, in.topk, in.weights)
+		_, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 		assert.ErrorIs(t, err, ep.ErrMasked, "the others went on without this rank")
-		_, err = g.Dispatch(x, in.topk, in.weights)
+		_, err = g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 		assert.ErrorIs(t, err, ep.ErrMasked, "and calls are refused until SetMask")
 		require.NoError(t, s.Comm.Barrier(), "back: the others learn it")
 	} else {

@@ -84,7 +84,7 @@ func checkOverflow[E ep.Element](t *testing.T, s Suite, sc scenario, policy ep.O
 	cfg.MaxRecvTokensPerRank, cfg.Overflow = cap, policy
 	g := newGroup[E](t, s, s.Backend, cfg)
 	xh := payload[E](me, in.T, H)
-	h, err := g.Dispatch(upload(t, g, xh), in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, xh), in.topk, in.weights))
 	if policy == ep.OverflowFail {
 		require.Error(t, err)
 		assert.ErrorIs(t, err, ep.ErrBadInput)
@@ -138,7 +138,7 @@ func checkOverflow[E ep.Element](t *testing.T, s Suite, sc scenario, policy ep.O
 	for i := range xh {
 		x2[i] = ep.ElementOf[E](2 * ep.Float32Of(xh[i]))
 	}
-	h2, err := g.DispatchCached(h, upload(t, g, x2), nil)
+	h2, err := g.Dispatch(ep.Reuse(h, upload(t, g, x2), nil))
 	require.NoError(t, err)
 	assert.Equal(t, dropped, slices.Clone(h2.Dropped()), "a cached dispatch's drops")
 	out2 := zeros[E](t, g, in.T*H)

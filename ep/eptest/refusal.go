@@ -34,14 +34,14 @@ func (s Suite) testRefusalFailsEveryRank(t *testing.T) {
 					if me == origin {
 						topk = bad
 					}
-					h, err := g.Dispatch(x, topk, in.weights)
+					h, err := g.Dispatch(ep.Tokens(x, topk, in.weights))
 					if err == nil {
 						err = g.Combine(h, h.Recv(), out, nil)
 					}
 					return err
 				}, "is out of range"},
 				{"wrong output length in combine", func() error {
-					h, err := g.Dispatch(x, in.topk, in.weights)
+					h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 					require.NoError(t, err)
 					o := out
 					if me == origin {
@@ -54,7 +54,7 @@ func (s Suite) testRefusalFailsEveryRank(t *testing.T) {
 					return err
 				}, "len(out) = "},
 				{"zero handle in combine", func() error {
-					h, err := g.Dispatch(x, in.topk, in.weights)
+					h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 					require.NoError(t, err)
 					hh := h
 					if me == origin {
@@ -85,7 +85,7 @@ func (s Suite) testRefusalFailsEveryRank(t *testing.T) {
 					}
 				}
 				// The group is still usable: a normal round is right.
-				h, err := g.Dispatch(x, in.topk, in.weights)
+				h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 				require.NoError(t, err, c.name)
 				require.NoError(t, g.Combine(h, h.Recv(), out, nil), c.name)
 				checkIdentityCombine(t, s, mode, sc, in, host(t, out))

@@ -23,7 +23,7 @@ func (s Suite) testCombineRepeats(t *testing.T) {
 	g := newGroup[float32](t, s, s.Backend, sc.config(ep.HighThroughput))
 	in := sc.input(me, R)
 	H := sc.hidden
-	h, err := g.Dispatch(upload(t, g, payload[float32](me, in.T, H)), in.topk, in.weights)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, payload[float32](me, in.T, H)), in.topk, in.weights))
 	require.NoError(t, err)
 	recv := host(t, h.Recv())
 	const repeats = 12

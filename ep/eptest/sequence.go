@@ -96,7 +96,7 @@ func (s Suite) testMismatchedCalls(t *testing.T) {
 				me := s.Comm.Rank()
 				r := s.newRound(t, mode, func(c *ep.Config) { c.Timeout = time.Minute })
 				sc, in, g, x, out := r.sc, r.in, r.g, r.x, r.out
-				dispatch := func() (ep.Handle[float32], error) { return g.Dispatch(x, in.topk, in.weights) }
+				dispatch := func() (ep.Handle[float32], error) { return g.Dispatch(ep.Tokens(x, in.topk, in.weights)) }
 				combine := func(h ep.Handle[float32]) error { return g.Combine(h, h.Recv(), out, nil) }
 				h, err := dispatch() // one good round first: the calls match up to here
 				require.NoError(t, err)
@@ -148,7 +148,7 @@ func (s Suite) testRelease(t *testing.T) {
 			r := s.newRound(t, mode, func(c *ep.Config) { c.Timeout = time.Minute })
 			sc, in, g, x, out := r.sc, r.in, r.g, r.x, r.out
 			for i := 0; i < 5; i++ { // more than the two buffer sets, each released in turn
-				h, err := g.Dispatch(x, in.topk, in.weights)
+				h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 				require.NoError(t, err, "dispatch %d", i)
 				require.NoError(t, g.Release(h), "release %d", i)
 				assert.True(t, h.Recv().IsZero(), "a released handle has no views")
@@ -159,7 +159,7 @@ func (s Suite) testRelease(t *testing.T) {
 			// A combine every rank refused (one rank's output is too long),
 			// then the handle released on every rank.
 			for i := 0; i < 3; i++ {
-				h, err := g.Dispatch(x, in.topk, in.weights)
+				h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 				require.NoError(t, err)
 				o := out
 				if me == R-1 {
@@ -168,7 +168,7 @@ func (s Suite) testRelease(t *testing.T) {
 				require.ErrorIs(t, g.Combine(h, h.Recv(), o, nil), ep.ErrBadInput)
 				require.NoError(t, g.Release(h))
 			}
-			h, err := g.Dispatch(x, in.topk, in.weights)
+			h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 			require.NoError(t, err)
 			require.NoError(t, g.Combine(h, h.Recv(), out, nil))
 			checkRound(t, mode, sc, in, me, R, host(t, out))

@@ -32,7 +32,7 @@ func (s Suite) testStats(t *testing.T) {
 			out := zeros[float32](t, g, in.T*H)
 			g.ResetStats()
 			for i := 0; i < 2; i++ {
-				h, err := g.Dispatch(x, in.topk, in.weights)
+				h, err := g.Dispatch(ep.Tokens(x, in.topk, in.weights))
 				require.NoError(t, err)
 				require.NoError(t, g.Combine(h, h.Recv(), out, nil))
 			}

@@ -75,12 +75,12 @@ func checkRoutingChanges(t *testing.T, s Suite, c layoutCase, warm scenario, cha
 	}
 	var failed error
 	round := func(st step) {
-		h, err := g.Dispatch(st.x, st.in.topk, st.in.weights)
+		h, err := g.Dispatch(ep.Tokens(st.x, st.in.topk, st.in.weights))
 		if err == nil {
 			err = g.Combine(h, h.Recv(), st.out, nil)
 		}
 		if err == nil {
-			h, err = g.DispatchCached(h, st.x, nil)
+			h, err = g.Dispatch(ep.Reuse(h, st.x, nil))
 		}
 		if err == nil {
 			err = g.Combine(h, h.CombineBuffer(), st.out, nil)
@@ -112,7 +112,7 @@ func checkRoutingChanges(t *testing.T, s Suite, c layoutCase, warm scenario, cha
 		3*len(steps), where)
 	// And the group still gives the right result.
 	sc, st := changes[len(changes)-1], steps[len(steps)-1]
-	h, err := g.Dispatch(st.x, st.in.topk, st.in.weights)
+	h, err := g.Dispatch(ep.Tokens(st.x, st.in.topk, st.in.weights))
 	require.NoError(t, err)
 	require.NoError(t, g.Combine(h, h.Recv(), st.out, nil))
 	if c.layout == ep.LayoutDefault {

@@ -101,7 +101,7 @@ var traceTables = []struct {
 	{"loss", h5.Float64, "", "task loss: mean squared error over all ranks' tokens, before the step's update", 1},
 	{"aux_loss", h5.Float64, "", "load-balancing loss E * sum_e f_e * P_e, before the update", 1},
 	{"tokens_per_expert", h5.Int64, "experts", "(token, slot) pairs routed to each expert, all ranks", 1},
-	{"dispatch_us", h5.Float64, "ranks", "microseconds each rank spent in the step's dispatches (forward Dispatch, backward DispatchCached); NaN past the step's world size", 1},
+	{"dispatch_us", h5.Float64, "ranks", "microseconds each rank spent in the step's dispatches (forward Dispatch, backward ep.Reuse); NaN past the step's world size", 1},
 	{"combine_us", h5.Float64, "ranks", "microseconds each rank spent in the step's combines (forward and backward); NaN past the step's world size", 1},
 	{"bytes_sent", h5.Int64, "ranks", "payload bytes each rank addressed to other ranks in the step's four ep calls; -1 past the step's world size", 1},
 	{"wall_time", h5.Float64, "", "seconds from the start of the step's segment to the end of the step (rank 0's clock)", 1},

@@ -253,7 +253,7 @@ func (e *engine[E]) front(step int64, l int, mb *mbatch[E]) error {
 	e.m.route(l, mb.uf, mb.topk, mb.w)
 	e.record(step, l, mb, PhaseAttention, t)
 	t = e.now()
-	req, err := mb.g.DispatchSend(ep.Host(mb.u), mb.topk, mb.w)
+	req, err := mb.g.DispatchSend(ep.Tokens(ep.Host(mb.u), mb.topk, mb.w))
 	e.record(step, l, mb, PhaseDispatchSend, t)
 	if err != nil {
 		return fmt.Errorf("serve: step %d layer %d: %w", step, l, err)

@@ -42,11 +42,11 @@ def test_round_matches_reference(comm, algorithm, send, dtype):
     ll = algorithm == LL
     np_dtype = np.uint16 if dtype == nccl_ep.BFLOAT16 else np.float32
     with group_for(comm, s, algorithm, dtype) as group:
-        assert group.buffer_bytes > 0
         x = encode(ref.values(me, T, H), dtype)
         w = ref.weights(T, K)
         handle = group.create_handle(nccl_ep.Layout.EXPERT_MAJOR if ll else nccl_ep.Layout.FLAT,
                                      ref.experts(s, me).astype(np.int32))
+        assert group.buffer_bytes > 0  # allocated by the group's first handle
         counts = np.full(L, -1, dtype=np.int64)
         total = np.full(1, -1, dtype=np.int64)
         if ll:
@@ -174,9 +174,36 @@ def test_memory_queries(comm):
     assert one.per_node == 4 * one.shared_per_rank
     with group_for(comm, s, LL) as group:
         assert group.handle_mem_size(nccl_ep.Layout.EXPERT_MAJOR, s.topk) == s.max_tokens * s.topk * 4
+        with pytest.raises(nccl_ep.NcclInvalid, match="no handle has been made yet"):
+            group.buffer_bytes
+        group.create_handle(nccl_ep.Layout.EXPERT_MAJOR, ref.experts(s, comm.Get_rank()).astype(np.int32)).destroy()
         assert group.buffer_bytes >= nccl_ep.buffer_plan(group.config, comm.Get_size(), 1).shared_per_rank // 2
 
 
 def test_version_and_path():
     assert nccl_ep.get_lib_version() == (0, 1, 0)
     assert nccl_ep.get_lib_path().name == "libgoep_ep.so"
+
+
+def test_ll_num_topk_from_first_handle(comm):
+    """num_topk 0, as nccl.ep allows: the group's first handle opens it with
+    that handle's top-k, and the round gives the reference values."""
+    s = shape(comm)
+    me, R = comm.Get_rank(), comm.Get_size()
+    T, H, K, L = s.tokens_of(me), s.hidden, s.topk, s.local_experts
+    cfg = nccl_ep.GroupConfig(algorithm=LL, num_experts=s.num_experts, max_dispatch_tokens_per_rank=s.max_tokens,
+                              max_token_bytes=H * 2, timeout_ns=30 * 10**9)
+    with nccl_ep.Group.create(comm, cfg) as group:
+        assert group.handle_mem_size(nccl_ep.Layout.EXPERT_MAJOR, num_topk=K) == s.max_tokens * K * 4
+        handle = group.create_handle(nccl_ep.Layout.EXPERT_MAJOR, ref.experts(s, me).astype(np.int32))
+        assert group.buffer_bytes > 0
+        w = ref.weights(T, K)
+        recv = np.zeros((L, R * s.max_tokens, H), dtype=np.uint16)
+        counts = np.zeros(L, dtype=np.int64)
+        handle.dispatch(nccl_ep.DispatchInputs(tokens=ref.to_bf16(ref.values(me, T, H)), topk_weights=w),
+                        nccl_ep.DispatchOutputs(tokens=recv), layout_info=nccl_ep.LayoutInfo(expert_counters=counts))
+        assert list(counts) == [len(r) for r in ref.received_ll(s, me)]
+        out = np.zeros((T, H), dtype=np.uint16)
+        handle.combine(nccl_ep.CombineInputs(tokens=recv), nccl_ep.CombineOutputs(tokens=out, topk_weights=w))
+        np.testing.assert_array_equal(ref.from_bf16(out), ref.combined(s, me))
+        handle.destroy()

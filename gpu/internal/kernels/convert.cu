@@ -1,4 +1,4 @@
-// convert.cu: bfloat16 conversion on the device, as ep/convert.c does it.
+// convert.cu: bfloat16 conversion on the device, as ep/internal/hostrows/convert.c does it.
 // Compiled after prelude.cuh.
 //
 // goep_f32_to_bf16 rounds each float32 to the nearest bfloat16, ties to

@@ -1,4 +1,4 @@
-// layout.cu: the dispatch layout of ep_layout (ep/layout.c) on the device.
+// layout.cu: the dispatch layout of ep_layout (ep/internal/hostrows/layout.c) on the device.
 // Compiled after prelude.cuh.
 //
 // Input: topk[t*K+k], the top-k expert ids of T tokens (-1 = none), for E

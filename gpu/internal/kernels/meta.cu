@@ -1,7 +1,7 @@
 // meta.cu: the metadata kernels of a dispatch on the device. Compiled after
 // prelude.cuh.
 //
-// goep_ht_meta is ep_ht_meta (ep/layout.c): for n received rows, the
+// goep_ht_meta is ep_ht_meta (ep/internal/hostrows/layout.c): for n received rows, the
 // metadata a rank d keeps with each row i: its source token
 // (src_tok[row], or row itself when src_tok is NULL), its top-k ids made
 // local to rank d (id - d*L when d owns the expert, that is when the id is in

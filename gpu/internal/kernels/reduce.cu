@@ -1,4 +1,4 @@
-// reduce.cu: the weighted combine of ep_reduce_rows (ep/rows.c) on the
+// reduce.cu: the weighted combine of ep_reduce_rows (ep/internal/hostrows/rows.c) on the
 // device. Compiled after prelude.cuh.
 //
 // goep_reduce_rows computes, for each output row i < n,

@@ -56,7 +56,7 @@ func run(stdout, stderr io.Writer, args []string) int {
 			}
 			panic(fmt.Sprintf("deadrank: rank %d dies", world.Rank()))
 		}
-		h, err := g.Dispatch(ep.Host(x), topk, weights)
+		h, err := g.Dispatch(ep.Tokens(ep.Host(x), topk, weights))
 		if err == nil {
 			err = g.Combine(h, h.Recv(), ep.Host(out), nil)
 		}

@@ -1,6 +1,7 @@
 """goep.ep: expert-parallel dispatch and combine over MPI, shaped after NCCL
 EP's ``nccl.ep`` so that a program written for it ports by changing its
-imports and its device buffers to numpy arrays::
+imports and its device buffers to host ones (numpy arrays, PyTorch CPU
+tensors, DLPack or array-interface objects: :class:`Tensor`)::
 
     from mpi4py import MPI
     import goep.ep as nccl_ep
@@ -30,7 +31,10 @@ others, which wait for it in their calls until their timeout, and then in
 import os as _os
 import sys as _sys
 
+from typing import NamedTuple as _NamedTuple
+
 from goep.ep._lib import path as _lib_path
+from goep.ep.allocator import AllocConfig, AllocFn, FreeFn
 from goep.ep.enums import (
     Algorithm,
     Call,
@@ -38,11 +42,14 @@ from goep.ep.enums import (
     DataType,
     DispatchQuantizationRecipe,
     ExpertIdKind,
+    Feature,
     Layout,
+    OverflowPolicy,
     PassDir,
     Result,
+    ZeroCopyMode,
 )
-from goep.ep.errors import NCCLError, NcclInvalid, NcclMasked, NcclMismatch, NcclRemoteError, NcclTimeout
+from goep.ep.errors import NCCLEpError, NCCLError, NcclInvalid, NcclMasked, NcclMismatch, NcclRemoteError, NcclTimeout
 from goep.ep.group import Group, GroupConfig, MemInfo, buffer_plan
 from goep.ep.handle import (
     CombineConfig,
@@ -63,23 +70,80 @@ INT32 = DataType.INT32
 INT64 = DataType.INT64
 
 __all__ = [
-    "Algorithm", "BFLOAT16", "Call", "CombineConfig", "CombineInputs", "CombineOutputs", "CombineQuantizationRecipe",
-    "DataType", "DispatchConfig", "DispatchInputs", "DispatchOutputs", "DispatchQuantizationRecipe", "ExpertIdKind",
-    "FLOAT32", "Group", "GroupConfig", "Handle", "HandleConfig", "INT32", "INT64", "Layout", "LayoutInfo", "MemInfo",
-    "NCCLError", "NcclInvalid", "NcclMasked", "NcclMismatch", "NcclRemoteError", "NcclTimeout", "PassDir", "Result", "Tensor",
-    "buffer_plan", "get_lib_path", "get_lib_version",
+    "Algorithm", "AllocConfig", "AllocFn", "BFLOAT16", "Call", "CombineConfig", "CombineInputs", "CombineOutputs",
+    "CombineQuantizationRecipe", "DataType", "DispatchConfig", "DispatchInputs", "DispatchOutputs",
+    "DispatchQuantizationRecipe", "ExpertIdKind", "FLOAT32", "Feature", "BackendInfo", "FreeFn", "Group", "GroupConfig", "Handle", "HandleConfig",
+    "INT32", "INT64", "Layout", "LayoutInfo", "LibVersion", "MemInfo", "NCCLEpError", "NCCLError", "NcclInvalid",
+    "NcclMasked", "NcclMismatch", "NcclRemoteError", "NcclTimeout", "OverflowPolicy", "PassDir", "Result", "Tensor",
+    "ZeroCopyMode", "backend_supports", "backends", "buffer_plan", "get_lib_path", "get_lib_version",
 ]
 
 
-def get_lib_version() -> tuple[int, int, int]:
-    """The loaded library's version (major, minor, patch)."""
+class LibVersion(_NamedTuple):
+    """A version, read as nccl.ep's ``packaging.version.Version`` reads:
+    ``major``, ``minor``, ``micro``, ``release``, and ``str()`` "0.1.0"; it is
+    also the tuple ``(major, minor, micro)``."""
+
+    major: int
+    minor: int
+    micro: int
+
+    @property
+    def release(self) -> tuple[int, int, int]:
+        return (self.major, self.minor, self.micro)
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}.{self.micro}"
+
+
+def get_lib_version() -> LibVersion:
+    """The loaded library's version (its GOEP_EP_VERSION_CODE decoded)."""
     import ctypes
 
     from goep.ep import _lib
 
     v = ctypes.c_int()
     _lib.call("goepEpGetVersion", ctypes.byref(v))
-    return v.value // 10000, v.value // 100 % 100, v.value % 100
+    return LibVersion(v.value // 10000, v.value // 100 % 100, v.value % 100)
+
+
+class BackendInfo(_NamedTuple):
+    """goep extension: a backend a group can run on (``GroupConfig.backend``)
+    and the names of the :class:`Feature` members it declares."""
+
+    name: str
+    features: tuple[str, ...]
+
+
+def backend_supports(backend: str, feature: Feature) -> bool:
+    """goep extension: whether the backend named ``backend`` (a name or an
+    alias) declares ``feature`` (goepEpBackendSupports); an unknown backend
+    or feature raises :class:`NcclInvalid` naming it."""
+    import ctypes
+
+    from goep.ep import _lib
+
+    v = ctypes.c_int()
+    _lib.call("goepEpBackendSupports", str(backend).encode(), int(feature), ctypes.byref(v))
+    return bool(v.value)
+
+
+def backends() -> list[BackendInfo]:
+    """goep extension: every backend the library can run a group on, by name,
+    with the features it declares, as the library reports them."""
+    import ctypes
+
+    from goep.ep import _lib
+
+    n = ctypes.c_int()
+    _lib.call("goepEpBackendCount", ctypes.byref(n))
+    out = []
+    for i in range(n.value):
+        buf = ctypes.create_string_buffer(256)
+        _lib.call("goepEpBackendName", i, buf, len(buf))
+        name = buf.value.decode()
+        out.append(BackendInfo(name, tuple(f.name for f in Feature if backend_supports(name, f))))
+    return out
 
 
 def get_lib_path():

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import POINTER, Structure, c_char_p, c_double, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from ctypes import POINTER, Structure, c_char_p, c_double, c_int, c_size_t, c_uint, c_uint64, c_ulong, c_void_p
 from pathlib import Path
 
 from goep.ep.errors import NCCLError, raise_for
 
 MAGIC = 0x60E9E9A1
 TENSOR_MAGIC = 0x60E97E50
-API_VERSION = 1
+API_VERSION = 2
 LIB_NAME = "libgoep_ep.so"
 
 
@@ -45,7 +45,15 @@ def find_library() -> Path:
 
 class Tensor_c(Structure):
     _fields_ = [("size", c_uint), ("magic", c_uint), ("ndim", c_uint), ("datatype", c_int),
-                ("data", c_void_p), ("sizes", POINTER(c_size_t))]
+                ("data", c_void_p), ("win_hdl", c_void_p), ("win_offset", c_uint64), ("sizes", POINTER(c_size_t))]
+
+
+class TensorAllocConfig_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint)]
+
+
+class AllocConfig_c(Structure):
+    _fields_ = [("alloc_fn", c_void_p), ("free_fn", c_void_p), ("context", c_void_p)]
 
 
 _TP = POINTER(Tensor_c)
@@ -54,14 +62,21 @@ _TP = POINTER(Tensor_c)
 class GroupConfig_c(Structure):
     _fields_ = [("size", c_uint), ("magic", c_uint), ("version", c_uint), ("algorithm", c_int),
                 ("num_experts", c_uint), ("max_dispatch_tokens_per_rank", c_uint),
-                ("max_recv_tokens_per_rank", c_uint), ("max_token_bytes", c_uint), ("num_topk", c_uint),
-                ("datatype", c_int), ("enable_mask", c_uint), ("padding_v1", c_uint), ("timeout_ns", c_uint64)]
+                ("max_recv_tokens_per_rank", c_uint), ("max_token_bytes", c_uint), ("rdma_buffer_size", c_ulong),
+                ("num_qp_per_rank", c_uint), ("num_channels", c_uint), ("max_num_sms", c_uint),
+                ("alloc", AllocConfig_c), ("enable_mask", c_uint), ("timeout_ns", c_uint64), ("zero_copy", c_int),
+                ("overflow_policy", c_int), ("num_topk", c_uint), ("padding_v2", ctypes.c_ubyte * 4)]
+
+
+class GroupOptions_c(Structure):
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("token_datatype", c_int), ("combine_quant", c_int),
+                ("backend", c_char_p)]
 
 
 class LayoutInfo_c(Structure):
     _fields_ = [("size", c_uint), ("magic", c_uint), ("expert_counters", _TP), ("src_rank_counters", _TP),
                 ("expert_offsets", _TP), ("recv_total_counter", _TP), ("recv_topk_idx_kind", c_int),
-                ("padding_v1", ctypes.c_ubyte * 4)]
+                ("padding_v2", ctypes.c_ubyte * 4)]
 
 
 class DispatchInputs_c(Structure):
@@ -74,7 +89,7 @@ class DispatchOutputs_c(Structure):
 
 
 class CombineInputs_c(Structure):
-    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP)]
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP), ("scales", _TP)]
 
 
 class CombineOutputs_c(Structure):
@@ -85,14 +100,26 @@ class HandleConfig_c(Structure):
     _fields_ = [("size", c_uint), ("magic", c_uint), ("dispatch_output_per_expert_alignment", c_size_t)]
 
 
-class DispatchConfig_c(Structure):
+class _QuantRecipe:
+    """``quantization_recipe``, nccl.ep's name of the C field ``quant_recipe``."""
+
+    @property
+    def quantization_recipe(self) -> int:
+        return self.quant_recipe
+
+    @quantization_recipe.setter
+    def quantization_recipe(self, v: int) -> None:
+        self.quant_recipe = v
+
+
+class DispatchConfig_c(Structure, _QuantRecipe):
     _fields_ = [("size", c_uint), ("magic", c_uint), ("send_only", c_uint), ("round_scales", c_uint),
-                ("pass_direction", c_int), ("quantization_recipe", c_int)]
+                ("pass_direction", c_int), ("quant_recipe", c_int)]
 
 
-class CombineConfig_c(Structure):
+class CombineConfig_c(Structure, _QuantRecipe):
     _fields_ = [("size", c_uint), ("magic", c_uint), ("send_only", c_uint), ("pass_direction", c_int),
-                ("quantization_recipe", c_int)]
+                ("quant_recipe", c_int)]
 
 
 class CompleteConfig_c(Structure):
@@ -111,6 +138,8 @@ _STRUCTS = {
     "goepEpCombineInputs_t": CombineInputs_c, "goepEpCombineOutputs_t": CombineOutputs_c,
     "goepEpHandleConfig_t": HandleConfig_c, "goepEpDispatchConfig_t": DispatchConfig_c,
     "goepEpCombineConfig_t": CombineConfig_c, "goepEpCompleteConfig_t": CompleteConfig_c, "goepEpMemInfo_t": MemInfo_c,
+    "goepEpGroupOptions_t": GroupOptions_c, "goepEpTensorAllocConfig_t": TensorAllocConfig_c,
+    "goepEpAllocConfig_t": AllocConfig_c,
 }
 
 
@@ -150,26 +179,36 @@ lib.goepEpGetErrorString.restype = c_char_p
 lib.goepEpGetErrorString.argtypes = [c_int]
 
 _G = c_void_p  # goepEpGroup_t, goepEpHandle_t: numbers, carried as pointers
+_S = c_void_p  # goepEpStream_t: never read by the library
 _PROTOTYPES = {
     "goepEpGetVersion": [POINTER(c_int)],
     "goepEpBufferPlan": [POINTER(GroupConfig_c), c_int, c_int, POINTER(MemInfo_c)],
+    "goepEpBufferPlanWithOptions": [POINTER(GroupConfig_c), POINTER(GroupOptions_c), c_int, c_int, POINTER(MemInfo_c)],
     "goepEpCreateGroup": [POINTER(_G), comm_type(), POINTER(GroupConfig_c)],
+    "goepEpCreateGroupWithOptions": [POINTER(_G), comm_type(), POINTER(GroupConfig_c), POINTER(GroupOptions_c)],
     "goepEpGroupDestroy": [_G],
     "goepEpGroupBufferBytes": [_G, POINTER(c_size_t)],
     "goepEpHandleMemSize": [_G, c_int, POINTER(HandleConfig_c), POINTER(c_size_t), c_int],
-    "goepEpCreateHandle": [POINTER(_G), _G, c_int, _TP, POINTER(LayoutInfo_c), POINTER(HandleConfig_c)],
+    "goepEpTensorAlloc": [POINTER(_TP), c_uint, c_int, POINTER(c_size_t), POINTER(TensorAllocConfig_c)],
+    "goepEpTensorDestroy": [_TP],
+    "goepEpCreateHandle": [POINTER(_G), _G, c_int, _TP, POINTER(LayoutInfo_c), POINTER(HandleConfig_c), _S],
+    "goepEpInitHandle": [POINTER(_G), _G, c_int, POINTER(HandleConfig_c), c_int, _TP],
+    "goepEpUpdateHandle": [_G, _TP, POINTER(LayoutInfo_c), _S],
     "goepEpHandleDestroy": [_G],
     "goepEpDispatch": [_G, POINTER(DispatchInputs_c), POINTER(DispatchOutputs_c), POINTER(LayoutInfo_c),
-                       POINTER(DispatchConfig_c)],
-    "goepEpCombine": [_G, POINTER(CombineInputs_c), POINTER(CombineOutputs_c), POINTER(CombineConfig_c)],
-    "goepEpComplete": [_G, POINTER(CompleteConfig_c)],
+                       POINTER(DispatchConfig_c), _S],
+    "goepEpCombine": [_G, POINTER(CombineInputs_c), POINTER(CombineOutputs_c), POINTER(CombineConfig_c), _S],
+    "goepEpComplete": [_G, POINTER(CompleteConfig_c), _S],
     "goepEpHandleRecvTokens": [_G, POINTER(Tensor_c)],
-    "goepEpMaskQuery": [_G, POINTER(c_int)],
-    "goepEpMaskUpdate": [_G, POINTER(c_int)],
-    "goepEpMaskClean": [_G],
+    "goepEpMaskQuery": [_G, POINTER(c_int), _S],
+    "goepEpMaskUpdate": [_G, POINTER(c_int), _S],
+    "goepEpMaskClean": [_G, _S],
     "goepEpGetAsyncError": [_G, POINTER(c_int)],
     "goepEpErrorClear": [_G],
     "goepEpRefuse": [_G, _G, c_int, c_char_p],
+    "goepEpBackendCount": [POINTER(c_int)],
+    "goepEpBackendName": [c_int, c_char_p, c_size_t],
+    "goepEpBackendSupports": [c_char_p, c_int, POINTER(c_int)],
     "goepEpBenchGoRounds": [_G, c_void_p, c_void_p, c_void_p, c_int, c_int, POINTER(c_double)],
 }
 for _name, _args in _PROTOTYPES.items():
@@ -177,10 +216,18 @@ for _name, _args in _PROTOTYPES.items():
     _fn.restype = c_int
     _fn.argtypes = _args
 
+# The functions whose last parameter is a stream: call passes NULL where the caller gives none.
+_STREAMED = {name for name, args in _PROTOTYPES.items() if args and args[-1] is _S}
+
 
 def call(name: str, *args) -> None:
-    """Call a function of the library; raise its error class on failure."""
-    rc = getattr(lib, name)(*args)
+    """Call a function of the library; raise its error class on failure. A
+    function's trailing stream may be left out: it is NULL then (the
+    library never reads it)."""
+    fn = getattr(lib, name)
+    if name in _STREAMED and len(args) == len(fn.argtypes) - 1:
+        args += (None,)
+    rc = fn(*args)
     if rc != 0:
         raise_for(rc, lib.goepEpGetLastError().decode(errors="replace"))
 

@@ -10,8 +10,10 @@ __all__ = [
     "DispatchQuantizationRecipe",
     "ExpertIdKind",
     "Layout",
+    "OverflowPolicy",
     "PassDir",
     "Result",
+    "ZeroCopyMode",
 ]
 
 
@@ -67,6 +69,41 @@ class CombineQuantizationRecipe(IntEnum):
     NONE = 0
 
 
+class OverflowPolicy(IntEnum):
+    """What an HT dispatch does with rows beyond ``max_recv_tokens_per_rank``
+    (``GroupConfig.overflow_policy``), numbered as NCCL's
+    ``ncclEpOverflowPolicy_t`` (the long names are its generated bindings').
+
+    DROP drops those rows, the same on every rank (they add nothing to the
+    combine); AUTO and TRAP fail such a dispatch on every rank (an error, as
+    TRAP's abort is in NCCL EP)."""
+
+    AUTO = 0
+    """TRAP."""
+    TRAP = 1
+    DROP = 2
+    OVERFLOW_AUTO = 0
+    OVERFLOW_TRAP = 1
+    OVERFLOW_DROP = 2
+
+
+class ZeroCopyMode(IntEnum):
+    """Whether NCCL EP bypasses its staging buffers for window-backed tensors
+    (``GroupConfig.zero_copy``), numbered as ``ncclEpZeroCopyMode_t``.
+
+    AUTO and OFF are accepted; ON is refused: goep has no registered windows
+    (a Tensor with ``window=`` is refused), and its own way without copies is
+    ``DispatchOutputs(tokens=None)`` with :meth:`Handle.recv_tokens`."""
+
+    AUTO = 0
+    """OFF."""
+    OFF = 1
+    ON = 2
+    ZERO_COPY_AUTO = 0
+    ZERO_COPY_OFF = 1
+    ZERO_COPY_ON = 2
+
+
 class DataType(IntEnum):
     """Element types (``goepEpDataType_t``), numbered as NCCL's ``ncclDataType_t``."""
 
@@ -102,3 +139,23 @@ class Call(IntEnum):
     CREATE_HANDLE = 1
     DISPATCH = 2
     COMBINE = 3
+
+
+class Feature(IntEnum):
+    """goep extension: an optional behaviour a backend declares
+    (``goepEpFeature_t``; Go's ``ep.Feature``, same numbers and names):
+    :func:`goep.ep.backends` lists each backend's."""
+
+    FP8_WIRE = 1
+    MASK_STALLED_RANKS = 2
+    FP8_FORWARD = 3
+    FP8_COMBINE = 4
+    OVERFLOW_DROP = 5
+    REFUSALS = 6
+    METER = 7
+    NAMED_TIMEOUTS = 8
+    ZERO_ALLOCS = 9
+    HT_EXPERT_MAJOR = 10
+    LL_RANK_MAJOR = 11
+    GLOBAL_EXPERT_IDS = 12
+    CALL_SEQUENCE = 13

@@ -12,13 +12,14 @@ import builtins
 
 from goep.ep.enums import Result
 
-__all__ = ["NCCLError", "NcclInvalid", "NcclMasked", "NcclMismatch", "NcclRemoteError", "NcclTimeout"]
+__all__ = ["NCCLEpError", "NCCLError", "NcclInvalid", "NcclMasked", "NcclMismatch", "NcclRemoteError", "NcclTimeout"]
 
 
 class NCCLError(Exception):
-    """A call of the library failed: ``status`` is its :class:`Result`."""
+    """A call of the library failed: ``status`` is its :class:`Result`.
+    ``NCCLEpError`` is the same class, under ``nccl.ep``'s name."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str = "") -> None:
         try:
             self.status = Result(status)
             name = self.status.name
@@ -26,7 +27,10 @@ class NCCLError(Exception):
             self.status = status
             name = f"result {status}"
         self.message = message
-        super().__init__(f"{name}: {message}")
+        super().__init__(f"{name}: {message}" if message else name)
+
+
+NCCLEpError = NCCLError
 
 
 class NcclInvalid(NCCLError, ValueError):

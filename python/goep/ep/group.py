@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from goep.ep import _lib
-from goep.ep.enums import Algorithm, Call, DataType, Layout
+from goep.ep.allocator import AllocConfig
+from goep.ep.enums import Algorithm, Call, DataType, Layout, OverflowPolicy, ZeroCopyMode
 from goep.ep.errors import NcclInvalid
 from goep.ep.handle import Handle, HandleConfig, LayoutInfo
 from goep.ep.tensor import as_tensor
@@ -18,7 +20,8 @@ __all__ = ["Group", "GroupConfig", "MemInfo", "buffer_plan"]
 
 @dataclass
 class GroupConfig:
-    """``goepEpGroupConfig_t``: the same on every rank (checked).
+    """``goepEpGroupConfig_t``: the same on every rank (checked). The fields
+    are nccl.ep's, in its order, then goep's own (``datatype``).
 
     Attributes:
         algorithm: LOW_LATENCY (default) or HIGH_THROUGHPUT.
@@ -28,13 +31,33 @@ class GroupConfig:
         max_recv_tokens_per_rank: HT, the most rows one rank receives (0: nranks
             * max_dispatch_tokens_per_rank); LL ignores it.
         max_token_bytes: bytes of one token row: hidden * element size.
-        num_topk: experts per token; required (``nccl.ep`` takes it from each
-            handle's topk_idx).
-        datatype: the tokens' element type, BFLOAT16 (numpy uint16 bits) or
-            FLOAT32.
+        rdma_buffer_size, num_qp_per_rank, num_channels, max_num_sms: how
+            NCCL EP sizes its GPU resources. Accepted, range-checked and kept;
+            no effect on the CPU engine, which sizes its buffers from the
+            fields above (:func:`buffer_plan`).
+        alloc: allocator hooks (:class:`AllocConfig`). Accepted, checked and
+            kept; never called: goep's buffers are host memory it maps itself.
         enable_mask: LL only: mask a rank that stalls past the timeout instead
             of failing (:meth:`Group.mask_query`, :meth:`Group.get_async_error`).
         timeout_ns: bound on every wait for a peer; 0 is 60 s.
+        zero_copy: (:class:`ZeroCopyMode`) AUTO and OFF are accepted, ON is
+            refused (goep has no windows; its own way without copies is
+            ``DispatchOutputs(tokens=None)`` and :meth:`Handle.recv_tokens`).
+        overflow_policy: (:class:`OverflowPolicy`) HT: DROP drops the rows
+            beyond ``max_recv_tokens_per_rank`` (they add nothing to the
+            combine), the same on every rank; AUTO and TRAP fail the dispatch
+            on every rank.
+        num_topk: experts per token, an upper bound on each handle's; 0 (as
+            in nccl.ep): the group's first handle sets it. The group's buffers
+            are allocated, collectively, by its first handle, with this top-k
+            (or that handle's); a later handle with fewer is padded (LL only),
+            one with more is refused.
+        datatype: (goep) the tokens' element type, BFLOAT16 (numpy uint16
+            bits, torch.bfloat16) or FLOAT32.
+        backend: (goep) the ep backend that moves the rows, by its registered
+            name and options ("cpu", "cpu-onesided"; ``ep-bench -device
+            list`` lists them); "" is "cpu". The C interface takes those that declare
+            refusals and call checks, and refuses the others by name.
     """
 
     algorithm: Algorithm = Algorithm.LOW_LATENCY
@@ -42,25 +65,67 @@ class GroupConfig:
     max_dispatch_tokens_per_rank: int = 0
     max_recv_tokens_per_rank: int = 0
     max_token_bytes: int = 0
-    num_topk: int = 0
-    datatype: DataType = DataType.BFLOAT16
+    rdma_buffer_size: int = 0
+    num_qp_per_rank: int = 0
+    num_channels: int = 0
+    max_num_sms: int = 0
+    alloc: AllocConfig = field(default_factory=AllocConfig)
     enable_mask: bool = False
     timeout_ns: int = 0
+    zero_copy: ZeroCopyMode = ZeroCopyMode.AUTO
+    overflow_policy: OverflowPolicy = OverflowPolicy.AUTO
+    num_topk: int = 0
+    datatype: DataType = DataType.BFLOAT16
+    backend: str = ""
+
+    def check(self) -> None:
+        """Raise NcclInvalid naming the first field out of its C type's range."""
+        for name, bits in (("num_experts", 32), ("max_dispatch_tokens_per_rank", 32), ("max_recv_tokens_per_rank", 32),
+                           ("max_token_bytes", 32), ("rdma_buffer_size", 64), ("num_qp_per_rank", 32),
+                           ("num_channels", 32), ("max_num_sms", 32), ("num_topk", 32), ("timeout_ns", 64)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= int(v) < 1 << bits:
+                raise NcclInvalid(f"GroupConfig.{name} = {v!r}: want an integer from 0 to 2**{bits}-1")
+        for name, enum in (("algorithm", Algorithm), ("zero_copy", ZeroCopyMode), ("overflow_policy", OverflowPolicy),
+                           ("datatype", DataType)):
+            try:
+                enum(getattr(self, name))
+            except (TypeError, ValueError):
+                raise NcclInvalid(f"GroupConfig.{name} = {getattr(self, name)!r}: want one of "
+                                  f"{', '.join(m.name for m in enum)}") from None
+        if not isinstance(self.alloc, AllocConfig):
+            raise NcclInvalid(f"GroupConfig.alloc is a {type(self.alloc).__name__}; want an AllocConfig")
+        self.alloc.check("GroupConfig.alloc")
 
     def _c(self):
-        for name in ("num_experts", "max_dispatch_tokens_per_rank", "max_recv_tokens_per_rank", "max_token_bytes",
-                     "num_topk"):
-            v = getattr(self, name)
-            if not 0 <= int(v) < 1 << 32:
-                raise NcclInvalid(f"GroupConfig.{name} = {v!r}: want 0 to 2**32-1")
-        if not 0 <= int(self.timeout_ns) < 1 << 64:
-            raise NcclInvalid(f"GroupConfig.timeout_ns = {self.timeout_ns!r}: want a non-negative number of nanoseconds")
-        return _lib.new(_lib.GroupConfig_c, version=_lib.API_VERSION, algorithm=int(self.algorithm),
-                        num_experts=int(self.num_experts), max_dispatch_tokens_per_rank=int(self.max_dispatch_tokens_per_rank),
-                        max_recv_tokens_per_rank=int(self.max_recv_tokens_per_rank),
-                        max_token_bytes=int(self.max_token_bytes), num_topk=int(self.num_topk),
-                        datatype=int(self.datatype), enable_mask=int(bool(self.enable_mask)),
-                        timeout_ns=int(self.timeout_ns))
+        """The goepEpGroupConfig_t (NCCL EP's layout) of a checked config."""
+        self.check()
+        return _config_c(self)
+
+    def _options(self):
+        """The goepEpGroupOptions_t of goep's own settings: the token type and the backend."""
+        dt = DataType(self.datatype)
+        if dt not in (DataType.BFLOAT16, DataType.FLOAT32):
+            raise NcclInvalid(f"config.datatype = {dt.name.lower()} ({int(dt)}): want BFLOAT16 or FLOAT32, the token "
+                              "element types")
+        if not isinstance(self.backend, str):
+            raise NcclInvalid(f"GroupConfig.backend = {self.backend!r}: want a backend's name (a str), or \"\"")
+        return _lib.new(_lib.GroupOptions_c, token_datatype=int(dt), backend=self.backend.encode() or None)
+
+
+def _config_c(cfg: GroupConfig):
+    """The C struct of a checked GroupConfig, field for field (the token type
+    goes in the options struct, _options)."""
+    alloc = _lib.AllocConfig_c(alloc_fn=cfg.alloc.alloc_fn or None, free_fn=cfg.alloc.free_fn or None,
+                               context=cfg.alloc.context or None)
+    return _lib.new(_lib.GroupConfig_c, version=_lib.API_VERSION, algorithm=int(cfg.algorithm),
+                    num_experts=int(cfg.num_experts), max_dispatch_tokens_per_rank=int(cfg.max_dispatch_tokens_per_rank),
+                    max_recv_tokens_per_rank=int(cfg.max_recv_tokens_per_rank),
+                    max_token_bytes=int(cfg.max_token_bytes), rdma_buffer_size=int(cfg.rdma_buffer_size),
+                    num_qp_per_rank=int(cfg.num_qp_per_rank), num_channels=int(cfg.num_channels),
+                    max_num_sms=int(cfg.max_num_sms), alloc=alloc, enable_mask=int(bool(cfg.enable_mask)),
+                    timeout_ns=int(cfg.timeout_ns), zero_copy=int(cfg.zero_copy),
+                    overflow_policy=int(cfg.overflow_policy), num_topk=int(cfg.num_topk))
 
 
 @dataclass
@@ -78,7 +143,8 @@ def buffer_plan(config: GroupConfig, nranks: int, nnodes: int = 1) -> MemInfo:
     """The memory a group of ``config`` would hold over ``nranks`` ranks on
     ``nnodes`` nodes, computed without allocating anything. Not collective."""
     info = _lib.new(_lib.MemInfo_c)
-    _lib.call("goepEpBufferPlan", ctypes.byref(config._c()), int(nranks), int(nnodes), ctypes.byref(info))
+    _lib.call("goepEpBufferPlanWithOptions", ctypes.byref(config._c()), ctypes.byref(config._options()), int(nranks),
+              int(nnodes), ctypes.byref(info))
     return MemInfo(info.shared_per_rank, info.window_per_rank, info.copies_per_rank, info.per_node, info.ranks_per_node)
 
 
@@ -91,7 +157,8 @@ def _comm_handle(comm) -> int:
     except ImportError as e:
         raise NcclInvalid("comm: pass an mpi4py communicator (mpi4py is not importable) or an MPI_Comm handle") from e
     if not isinstance(comm, MPI.Comm):
-        raise NcclInvalid(f"comm is a {type(comm).__name__}; want an mpi4py communicator (e.g. MPI.COMM_WORLD)")
+        raise NcclInvalid(f"comm is a {type(comm).__name__}; want a goep.core.Communicator or an mpi4py communicator "
+                          "(e.g. MPI.COMM_WORLD)")
     return MPI._handleof(comm)
 
 
@@ -108,17 +175,24 @@ class Group:
 
     @classmethod
     def create(cls, comm, config: GroupConfig) -> Group:
-        """Create a group over the ranks of ``comm`` (an mpi4py communicator;
-        MPI is initialised by mpi4py, never by goep). Collective, with the
-        same config on every rank. The group works on a duplicate of comm."""
+        """Create a group over the ranks of ``comm`` (a
+        :class:`goep.core.Communicator`, as nccl.ep takes nccl.core's, or an
+        mpi4py communicator; MPI is initialised by mpi4py, never by goep).
+        Collective, with the same config on every rank. The group works on a
+        duplicate of comm."""
         from mpi4py import MPI
 
+        from goep.core import Communicator
+
+        if isinstance(comm, Communicator):
+            comm = comm.mpi
         if isinstance(comm, MPI.Comm):
             nranks, rank = comm.Get_size(), comm.Get_rank()
         else:
             nranks, rank = -1, -1
         ptr = ctypes.c_void_p()
-        _lib.call("goepEpCreateGroup", ctypes.byref(ptr), _comm_handle(comm), ctypes.byref(config._c()))
+        _lib.call("goepEpCreateGroupWithOptions", ctypes.byref(ptr), _comm_handle(comm), ctypes.byref(config._c()),
+                  ctypes.byref(config._options()))
         return cls(ptr.value, config, nranks, rank)
 
     def _check_valid(self, operation: str) -> None:
@@ -159,6 +233,25 @@ class Group:
                   None, ctypes.pointer(config._c()) if config is not None else None)
         return Handle(ptr.value, self)
 
+    def init_handle(self, layout: Layout, num_topk: int, config: HandleConfig | None = None,
+                    handle_mem=None) -> Handle:
+        """A handle of ``layout`` without routing: :meth:`Handle.update` gives it
+        each step's (one handle for a loop of steps, instead of one per step).
+        ``num_topk``: the group's ``num_topk``, or 0. ``handle_mem``: None (the
+        library's memory), or a 1-D uint8 array of at least
+        :meth:`handle_mem_size` bytes, 4-byte aligned, where the handle keeps
+        its routing; the handle holds a reference to it. Local and not
+        numbered."""
+        self._check_valid("init_handle")
+        mem = as_tensor(handle_mem, "handle_mem", True)
+        ptr = ctypes.c_void_p()
+        _lib.call("goepEpInitHandle", ctypes.byref(ptr), self._ptr, int(layout),
+                  ctypes.pointer(config._c()) if config is not None else None, int(num_topk),
+                  mem.ptr if mem is not None else None)
+        h = Handle(ptr.value, self)
+        h._mem = mem
+        return h
+
     def handle_mem_size(self, layout: Layout, num_topk: int = 0, config: HandleConfig | None = None) -> int:
         """The host bytes a handle holds at most."""
         self._check_valid("handle_mem_size")
@@ -169,7 +262,8 @@ class Group:
 
     @property
     def buffer_bytes(self) -> int:
-        """The bytes of buffers the group holds on this rank."""
+        """The bytes of buffers the group holds on this rank; NcclInvalid
+        before its first handle, which allocates them."""
         self._check_valid("read buffer_bytes")
         n = ctypes.c_size_t()
         _lib.call("goepEpGroupBufferBytes", self._ptr, ctypes.byref(n))

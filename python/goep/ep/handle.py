@@ -2,7 +2,8 @@
 ``nccl.ep``'s: HandleConfig, DispatchConfig, CombineConfig, LayoutInfo,
 DispatchInputs, DispatchOutputs, CombineInputs, CombineOutputs.
 
-Tensors are numpy arrays (or :class:`Tensor`) in host memory; calls are
+Tensors are host memory, described in place: numpy arrays, PyTorch CPU
+tensors, DLPack or array-interface objects, or :class:`Tensor`; calls are
 synchronous, so the ``stream`` arguments ``nccl.ep`` takes are accepted and
 ignored.
 """
@@ -32,7 +33,7 @@ __all__ = [
     "LayoutInfo",
 ]
 
-TensorLike = Any  # a numpy array, a Tensor, or None
+TensorLike = Any  # a Tensor, anything Tensor describes (a numpy array, a torch tensor, ...), or None
 
 
 @dataclass
@@ -146,6 +147,8 @@ class Handle:
         self._dead = 0  # the goepEpHandle_t once destroyed: its calls are refused on every rank
         self._group = group  # keeps the group object alive while the handle is
         self._pending = None  # the tensors a send-only call still uses
+        self._mem = None  # the handle_mem tensor (Group.init_handle): the library keeps the routing in it
+        self._no_routing = None  # why the handle has no routing, where this layer refused its last update
 
     def _check_valid(self, operation: str) -> None:
         if not self._ptr:
@@ -163,6 +166,33 @@ class Handle:
         self._check_valid("read ptr")
         return self._ptr
 
+    def update(self, topk_idx, *, layout_info: LayoutInfo | None = None, stream=None) -> None:
+        """Give the handle the next step's routing: ``topk_idx`` ``[num_tokens,
+        num_topk]`` int32 or int64 expert ids (-1 = none), copied and checked,
+        as :meth:`Group.create_handle` does for a new handle. Local, but
+        numbered as a ``create_handle``: every rank updates in the same order.
+        A refused update (:class:`NcclInvalid`) leaves the handle without
+        routing: the dispatch it stood for, and every later one until an update
+        succeeds, fails on every rank, naming this rank. An LL handle must have
+        combined its dispatch first.
+        ``layout_info`` must be None (goep writes the counters at dispatch);
+        ``stream`` is ignored."""
+        self._check_valid("update")
+        try:
+            t = as_tensor(topk_idx, "topk_idx")
+            if layout_info is not None:
+                raise NcclInvalid("update: layout_info must be None: goep writes the layout counters at dispatch "
+                                  "(pass layout_info to Handle.dispatch)", status=5)
+        except Exception as e:
+            # The step's number is taken and its dispatch fails on every rank, as when the library refuses
+            # topk_idx itself; the library keeps the old routing, so this layer refuses the handle's
+            # dispatches until an update succeeds.
+            self._no_routing = f"its last update was refused: {e}"
+            _lib.refuse(e, group=self._group._ptr, call=Call.CREATE_HANDLE)
+        self._no_routing = "its last update was refused by the library"
+        _lib.call("goepEpUpdateHandle", self._ptr, t.ptr if t is not None else None, None, None)
+        self._no_routing = None
+
     def dispatch(self, inputs: DispatchInputs, outputs: DispatchOutputs, *, layout_info: LayoutInfo | None = None,
                  config: DispatchConfig | None = None, stream=None) -> None:
         """Send each token to the ranks owning its experts and write what this
@@ -177,6 +207,9 @@ class Handle:
 
         try:
             self._check_valid("dispatch")
+            if self._no_routing is not None:
+                raise NcclInvalid(f"dispatch: the handle has no routing: {self._no_routing}; update it first",
+                                  status=5)
             cin = _lib.new(_lib.DispatchInputs_c, tokens=_ptr(t(inputs.tokens, "inputs.tokens")),
                            topk_weights=_ptr(t(inputs.topk_weights, "inputs.topk_weights")),
                            scales=_ptr(t(inputs.scales, "inputs.scales")))

@@ -1,0 +1,118 @@
+//go:build mpi
+
+package main
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/goep/goep/ep"
+)
+
+// goFeatureNames reads the names of ep.Feature's constants from their
+// declaration (ep/driver/feature.go), by value: the first is iota + 1, the
+// others follow it.
+func goFeatureNames(t *testing.T) map[ep.Feature]string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "../ep/driver/feature.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[ep.Feature]string{}
+	for _, d := range f.Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+		for i, s := range gd.Specs {
+			vs := s.(*ast.ValueSpec)
+			if i == 0 {
+				id, ok := vs.Type.(*ast.Ident)
+				if !ok || id.Name != "Feature" {
+					break
+				}
+				be, ok := vs.Values[0].(*ast.BinaryExpr)
+				if !ok || be.Op != token.ADD || be.X.(*ast.Ident).Name != "iota" || be.Y.(*ast.BasicLit).Value != "1" {
+					t.Fatalf("the first Feature is no longer iota + 1: update this test's reading of feature.go")
+				}
+			} else if len(vs.Values) != 0 {
+				t.Fatalf("Feature %s has a value of its own: update this test's reading of feature.go", vs.Names[0].Name)
+			}
+			if ast.IsExported(vs.Names[0].Name) { // not featureEnd, one past the last
+				names[ep.Feature(i+1)] = vs.Names[0].Name
+			}
+		}
+	}
+	return names
+}
+
+// TestFeatureEnum checks goep_ep.h's goepEpFeature_t against ep.Feature:
+// every Feature has an enum value of the same number and name
+// (FeatureFP8Wire is GOEP_EP_FEATURE_FP8_WIRE), and the enum has no other.
+func TestFeatureEnum(t *testing.T) {
+	goNames := goFeatureNames(t)
+	hdr, err := os.ReadFile("goep_ep.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enum := map[string]int{}
+	for _, m := range regexp.MustCompile(`\b(GOEP_EP_FEATURE_\w+)\s*=\s*(\d+)`).FindAllStringSubmatch(string(hdr), -1) {
+		n, _ := strconv.Atoi(m[2])
+		enum[m[1]] = n
+	}
+	squash := func(s string) string { return strings.ToUpper(strings.ReplaceAll(s, "_", "")) }
+	all := ep.Features()
+	if len(all) != len(goNames) || len(all) != len(features) || len(all) != len(enum) {
+		t.Fatalf("ep.Features() has %d, feature.go declares %d, capi's table %d, goep_ep.h's enum %d",
+			len(all), len(goNames), len(features), len(enum))
+	}
+	for _, f := range all {
+		goName := goNames[f]
+		cName := "GOEP_EP_FEATURE_" + strings.TrimPrefix(goName, "Feature")
+		found := false
+		for _, e := range features {
+			if e.f != f {
+				continue
+			}
+			found = true
+			if e.goName != goName {
+				t.Errorf("ep.Feature %d is %s in feature.go, %s in capi's table", int(f), goName, e.goName)
+			}
+			if squash(e.cName) != squash(cName) {
+				t.Errorf("ep.%s: capi's table names it %s", goName, e.cName)
+			}
+			if int(e.c) != int(f) {
+				t.Errorf("ep.%s = %d: %s = %d", goName, int(f), e.cName, int(e.c))
+			}
+			if v, ok := enum[e.cName]; !ok || v != int(f) {
+				t.Errorf("ep.%s = %d: goep_ep.h has %s = %d (declared: %v)", goName, int(f), e.cName, v, ok)
+			}
+		}
+		if !found {
+			t.Errorf("ep.%s (%d) has no goepEpFeature_t", goName, int(f))
+		}
+	}
+}
+
+// TestBackendSupportsCPU checks goepEpBackendSupports against ep.Supports on
+// the CPU engine, feature by feature.
+func TestBackendSupportsCPU(t *testing.T) {
+	for _, e := range features {
+		got, err := backendSupports("cpu", e.c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := ep.Supports(ep.CPU, e.f); got != want {
+			t.Errorf("goepEpBackendSupports(\"cpu\", %s) = %v, ep.Supports(ep.CPU, ep.%s) = %v", e.cName, got, e.goName, want)
+		}
+	}
+	if _, err := backendSupports("no-such-backend", features[0].c); err == nil || !strings.Contains(err.Error(), `"no-such-backend"`) {
+		t.Errorf("an unknown backend: %v, want an error naming it", err)
+	}
+}

@@ -1,0 +1,57 @@
+"""The element types and the error of ``goep.core``, where ``nccl.core.typing``
+has NCCL's: ``NcclDataType`` numbered as ``ncclDataType_t``, its module
+constants, and ``NcclInvalid`` (``goep.ep``'s own)."""
+
+from enum import IntEnum
+
+from goep.ep.errors import NcclInvalid
+
+__all__ = [
+    "NcclDataType", "NcclInvalid",
+    "INT8", "CHAR", "UINT8", "INT32", "INT", "UINT32", "INT64", "UINT64", "FLOAT16", "HALF", "FLOAT32", "FLOAT",
+    "FLOAT64", "DOUBLE", "BFLOAT16", "FLOAT8E4M3", "FLOAT8E5M2",
+]
+
+
+class NcclDataType(IntEnum):
+    """NCCL's element types (``ncclDataType_t``), with its numbers: a member
+    equals the ``goep.ep.DataType`` of the same number and may be passed
+    wherever one is. FLOAT8E4M3 and FLOAT8E5M2 have no goep element type in
+    this library yet: a tensor of them is refused naming the type."""
+
+    INT8 = 0
+    CHAR = 0
+    UINT8 = 1
+    INT32 = 2
+    INT = 2
+    UINT32 = 3
+    INT64 = 4
+    UINT64 = 5
+    FLOAT16 = 6
+    HALF = 6
+    FLOAT32 = 7
+    FLOAT = 7
+    FLOAT64 = 8
+    DOUBLE = 8
+    BFLOAT16 = 9
+    FLOAT8E4M3 = 10
+    FLOAT8E5M2 = 11
+
+
+INT8 = NcclDataType.INT8
+CHAR = NcclDataType.CHAR
+UINT8 = NcclDataType.UINT8
+INT32 = NcclDataType.INT32
+INT = NcclDataType.INT
+UINT32 = NcclDataType.UINT32
+INT64 = NcclDataType.INT64
+UINT64 = NcclDataType.UINT64
+FLOAT16 = NcclDataType.FLOAT16
+HALF = NcclDataType.HALF
+FLOAT32 = NcclDataType.FLOAT32
+FLOAT = NcclDataType.FLOAT
+FLOAT64 = NcclDataType.FLOAT64
+DOUBLE = NcclDataType.DOUBLE
+BFLOAT16 = NcclDataType.BFLOAT16
+FLOAT8E4M3 = NcclDataType.FLOAT8E4M3
+FLOAT8E5M2 = NcclDataType.FLOAT8E5M2
