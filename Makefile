@@ -50,7 +50,7 @@ FUZZTIME ?= 10s
 
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps deps-nvrtc deps-python build run hello test test-unit test-mpi test-race test-cgocheck test-capi test-fuzz test-long capi bench-capi test-gpu test-slurm test-cluster lint clean
+.PHONY: all deps deps-nvrtc deps-python deps-python-test build run hello test test-unit test-mpi test-race test-cgocheck test-capi test-fuzz test-long capi bench-capi test-gpu test-slurm test-cluster lint clean
 
 all: build
 
@@ -62,10 +62,13 @@ deps:
 deps-nvrtc:
 	@scripts/install-deps.sh --nvrtc
 
-# Debian's python3 (numpy, mpi4py, pytest, torch from apt) for the Python interface's tests: not the first
-# python3 on PATH, which may be another (pyenv's) without them.
+# Debian's python3 with numpy, mpi4py and venv from apt, for the Python interface (make capi): not the
+# first python3 on PATH, which may be another (pyenv's) without them; its tests add pytest and torch.
 deps-python:
 	@scripts/install-deps.sh --python
+
+deps-python-test:
+	@scripts/install-deps.sh --python --python-test
 
 bin/ep-plot: deps FORCE
 	$(GO) build -o $@ ./cmd/ep-plot
@@ -107,7 +110,7 @@ hello: bin/mpi-hello
 ## ends. The system packages are installed first, one apt-get at a time.
 TEST_JOBS ?= 2
 TEST_PARTS = test-mpi lint test-race test-unit test-cgocheck test-capi test-fuzz
-test: deps deps-nvrtc deps-python
+test: deps deps-nvrtc deps-python-test
 	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target $(TEST_PARTS)
 
 # Builds without the checkout's path (-trimpath), so that a fresh clone reuses the build cache instead
@@ -163,12 +166,13 @@ test-long: deps
 	$(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 ## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
-## capi/goep_ep.h, and the C example, tests and benchmark linked with them.
+## capi/goep_ep.h, and the C example, tests and benchmark linked with them; first what C and Python
+## need (Open MPI; numpy, mpi4py, venv).
 PYTHON      ?= /usr/bin/python3
 MPICC       ?= mpicc
 CAPI_CFLAGS ?= -std=c11 -O2 -Wall -Wextra -Werror -Icapi
 CAPI_LINK   := -Lbin/capi -lgoep_ep -Wl,-rpath,'$$ORIGIN'
-capi: deps
+capi: deps deps-python
 	$(GO) build -tags mpi -buildmode=c-shared -o bin/capi/libgoep_ep.so ./capi
 	$(GO) build -tags mpi -buildmode=c-archive -o bin/capi/libgoep_ep.a ./capi
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test capi/examples/ep_test.c $(CAPI_LINK)
@@ -180,7 +184,7 @@ capi: deps
 
 ## test-capi: the C and Python interfaces under mpirun at 1, 2, 4 ranks and simulated nodes, and an
 ## offline pip install of the Python package (scripts/capi/test-capi.sh); about a minute.
-test-capi: deps-python capi
+test-capi: deps-python-test capi
 	$(GO) test -count=1 -tags mpi ./capi
 	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) GO=$(GO) scripts/capi/test-capi.sh
 
