@@ -166,15 +166,24 @@ test-long: deps
 	$(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 ## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
-## capi/goep_ep.h, and the C example, tests and benchmark linked with them; first what C and Python
-## need (Open MPI; numpy, mpi4py, venv).
+## capi/goep_ep.h, bin/capi/goep_ep.pc (pkg-config's flags for a program linked with them), and the C
+## example, tests and benchmark; first what C and Python need (Open MPI; numpy, mpi4py, venv).
 PYTHON      ?= /usr/bin/python3
 MPICC       ?= mpicc
 CAPI_CFLAGS ?= -std=c11 -O2 -Wall -Wextra -Werror -Icapi
 CAPI_LINK   := -Lbin/capi -lgoep_ep -Wl,-rpath,'$$ORIGIN'
+# The library's SONAME, which programs linked with it record (python/_build/goep_build.py builds the same).
+CAPI_LDFLAGS := -extldflags=-Wl,-soname,libgoep_ep.so
+CAPI_VERSION = $(shell awk '/^\#define GOEP_EP_(MAJOR|MINOR|PATCH) / { v = v s $$3; s = "." } END { print v }' capi/goep_ep.h)
 capi: deps deps-python
-	$(GO) build -tags mpi -buildmode=c-shared -o bin/capi/libgoep_ep.so ./capi
+	$(GO) build -tags mpi -buildmode=c-shared -ldflags='$(CAPI_LDFLAGS)' -o bin/capi/libgoep_ep.so ./capi
 	$(GO) build -tags mpi -buildmode=c-archive -o bin/capi/libgoep_ep.a ./capi
+	@# a program built with $$(pkg-config --cflags --libs goep_ep) finds the library from any directory
+	@# (its run path is the library's directory), with no LD_LIBRARY_PATH
+	printf '%s\n' 'libdir=$(CURDIR)/bin/capi' 'includedir=$(CURDIR)/capi' '' 'Name: goep_ep' \
+	  'Description: goep expert-parallel dispatch and combine, C interface (compile with mpicc)' \
+	  'Version: $(CAPI_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lgoep_ep -Wl,-rpath,$${libdir}' \
+	  > bin/capi/goep_ep.pc
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test capi/examples/ep_test.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test_static capi/examples/ep_test.c bin/capi/libgoep_ep.a -lpthread -ldl -lm
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_errors capi/tests/ep_errors.c $(CAPI_LINK)
