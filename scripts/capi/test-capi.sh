@@ -20,7 +20,8 @@
 #   - the Python example (python/examples/ep_test.py) and the pytest tests (python/tests), the
 #     same matrix, with MPI initialised by mpi4py (the stalled-rank tests at 2 ranks, the sequence
 #     tests at 2 and 4); a rank with an uncaught exception ends the job (python/tests/dead_rank.py)
-#   - pip install ./python into a throw-away venv, offline, and a round with the installed package
+#   - the Python quick start of README.md as written: its venv and pip install ./python line exactly,
+#     with no package index (a download would fail it), and a round with the installed package
 #   - the C quick start of docs/capi.md as written: a program compiled with its exact lines
 #     (pkg-config's flags from bin/capi/goep_ep.pc), run from / with no LD_LIBRARY_PATH
 #
@@ -124,12 +125,25 @@ if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "uncaught RuntimeError: abortin
 fi
 rm -f "$dead_log"
 
-step "Python: pip install ./python, offline, into a throw-away venv"
-venv=$work/venv
-"$PYTHON" -m venv --system-site-packages "$venv"
-# The library is the one just built (GOEP_EP_LIB is copied, not rebuilt); --no-index: no network.
-GOEP_EP_LIB="$PWD/bin/capi/libgoep_ep.so" "$venv/bin/pip" install --quiet --no-index --no-build-isolation ./python
-rm -rf python/build python/goep.egg-info
+step "Python: the quick start of README.md as written (a venv, pip install ./python), with no package index"
+# The README's line exactly, in a directory of its own whose python/ is the checkout's: with no index
+# any download (a build tool in pip's isolated build environment, a missing dependency) fails it. The
+# wheel's library is built by the package's backend (go build), as a user's is.
+pip_line=$(doc_cmd README.md '-m venv --system-site-packages \.venv && \.venv/bin/pip install \./python')
+if [ "$(doc_cmd docs/capi.md '^[^ ]+ -m venv --system-site-packages')" != "$pip_line" ]; then
+  echo "test-capi: docs/capi.md does not give README.md's install line: $pip_line" >&2
+  exit 1
+fi
+mkdir "$work/py"
+ln -s "$PWD/python" "$work/py/python"
+(
+  cd "$work/py"
+  unset PYTHONPATH
+  export PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null
+  echo "+ $pip_line"
+  eval "$pip_line"
+)
+venv=$work/py/.venv
 (cd /tmp && unset PYTHONPATH && "$venv/bin/python" -c 'import goep.ep as e, goep.core as c, sys; p = str(e.get_lib_path()); print("installed:", p, c.__file__); sys.exit(not (p.startswith(sys.argv[1]) and c.__file__.startswith(sys.argv[1])))' "$venv")
 PYTHONPATH= mpi 2 - "$venv/bin/python" python/examples/ep_test.py -a ll,ht
 
