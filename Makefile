@@ -191,8 +191,9 @@ capi: deps deps-python
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/abi capi/tests/abi.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_bench_capi capi/bench/ep_bench_capi.c $(CAPI_LINK)
 
-## test-capi: the C and Python interfaces under mpirun at 1, 2, 4 ranks and simulated nodes, and an
-## offline pip install of the Python package (scripts/capi/test-capi.sh); about a minute.
+## test-capi: the C and Python interfaces under mpirun at 1, 2, 4 ranks and simulated nodes, and the
+## quick start of README.md and docs/capi.md as written: the offline pip install of the Python package,
+## a C program compiled with the documented line (scripts/capi/test-capi.sh); about 6 minutes here.
 test-capi: deps-python-test capi
 	$(GO) test -count=1 -tags mpi ./capi
 	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) GO=$(GO) scripts/capi/test-capi.sh
