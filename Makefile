@@ -50,7 +50,7 @@ FUZZTIME ?= 10s
 
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps deps-nvrtc deps-python deps-python-test build run hello test test-unit test-mpi test-race test-cgocheck test-capi test-fuzz test-long capi bench-capi test-gpu test-slurm test-cluster lint clean
+.PHONY: all deps deps-nvrtc deps-python deps-python-test build run hello test test-unit test-mpi test-race test-cgocheck test-capi test-snippets test-fuzz test-long capi bench-capi test-gpu test-slurm test-cluster lint clean
 
 all: build
 
@@ -109,7 +109,7 @@ hello: bin/mpi-hello
 ## their time waiting (for stalled ranks, timeouts, launches), each one's output printed whole when it
 ## ends. The system packages are installed first, one apt-get at a time.
 TEST_JOBS ?= 2
-TEST_PARTS = test-mpi lint test-race test-unit test-cgocheck test-capi test-fuzz
+TEST_PARTS = test-mpi lint test-race test-unit test-cgocheck test-capi test-snippets test-fuzz
 test: deps deps-nvrtc deps-python-test
 	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target $(TEST_PARTS)
 
@@ -197,6 +197,12 @@ capi: deps deps-python
 test-capi: deps-python-test capi
 	$(GO) test -count=1 -tags mpi ./capi
 	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) GO=$(GO) scripts/capi/test-capi.sh
+
+## test-snippets: every Go, C and Python snippet of README.md and docs/capi.md is lines of the complete
+## program its marker names, and those programs build and give the values of their own reference at 2
+## ranks (scripts/check-snippets.sh; about half a minute).
+test-snippets: deps-python capi
+	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) MPICC=$(MPICC) GO=$(GO) scripts/check-snippets.sh
 
 ## bench-capi: the cost of the C and Python boundaries against the same round in Go (JSON lines).
 bench-capi: deps-python capi

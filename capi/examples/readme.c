@@ -2,7 +2,8 @@
  * readme.c: the round of docs/capi.md ("A round from C") as a complete program. One LL dispatch
  * and combine of bfloat16 tokens; each expert scales its rows by a power of two, so that every
  * combined value is checked against out[t] = sum over k of w[t][k] * scale(expert) * x[t],
- * computed on this rank from its own inputs alone.
+ * computed on this rank from its own inputs alone. scripts/check-snippets.sh checks that the lines
+ * docs/capi.md shows are this file's, and runs it.
  *
  *   mpicc -o readme capi/examples/readme.c $(pkg-config --cflags --libs bin/capi/goep_ep.pc)
  *   mpirun -np 2 ./readme
