@@ -130,6 +130,8 @@ def _build_library(out):
     if not (ROOT / "capi" / "goep_ep.h").is_file():
         raise RuntimeError(f"goep_build: build from a goep checkout (no capi/ in {ROOT}), or set GOEP_EP_LIB")
     go = os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
+    if not Path(go).is_file():
+        raise RuntimeError(f"goep_build: no Go at {go}: put go on PATH, set GO to it, or set GOEP_EP_LIB")
     subprocess.check_call([go, *GO_BUILD, "-o", str(out), "./capi"], cwd=ROOT)
 
 
