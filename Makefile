@@ -193,7 +193,7 @@ capi: deps deps-python
 
 ## test-capi: the C and Python interfaces under mpirun at 1, 2, 4 ranks and simulated nodes, and the
 ## quick start of README.md and docs/capi.md as written: the offline pip install of the Python package,
-## a C program compiled with the documented line (scripts/capi/test-capi.sh); about 6 minutes here.
+## a C program compiled with the documented line (scripts/capi/test-capi.sh); 2 to 7 minutes here.
 test-capi: deps-python-test capi
 	$(GO) test -count=1 -tags mpi ./capi
 	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) GO=$(GO) scripts/capi/test-capi.sh

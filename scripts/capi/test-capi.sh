@@ -139,6 +139,8 @@ ln -s "$PWD/python" "$work/py/python"
 (
   cd "$work/py"
   unset PYTHONPATH
+  # pip's settings from the environment (find-links, say) and config files left out, as on a fresh machine
+  for v in $(compgen -e | grep '^PIP_' || true); do unset "$v"; done
   export PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null
   echo "+ $pip_line"
   eval "$pip_line"
