@@ -50,7 +50,7 @@ FUZZTIME ?= 10s
 
 export GOEP_REQUIRE_TOOLS = 1
 
-.PHONY: all deps deps-nvrtc deps-python build run hello test test-unit test-mpi test-race test-cgocheck test-capi test-fuzz test-long capi bench-capi test-gpu test-slurm test-cluster lint clean
+.PHONY: all deps deps-nvrtc deps-python deps-python-test build run hello test test-unit test-mpi test-race test-cgocheck test-capi test-snippets test-fuzz test-long capi bench-capi test-gpu test-slurm test-cluster lint clean
 
 all: build
 
@@ -62,10 +62,13 @@ deps:
 deps-nvrtc:
 	@scripts/install-deps.sh --nvrtc
 
-# Debian's python3 (numpy, mpi4py, pytest, torch from apt) for the Python interface's tests: not the first
-# python3 on PATH, which may be another (pyenv's) without them.
+# Debian's python3 with numpy, mpi4py and venv from apt, for the Python interface (make capi): not the
+# first python3 on PATH, which may be another (pyenv's) without them; its tests add pytest and torch.
 deps-python:
 	@scripts/install-deps.sh --python
+
+deps-python-test:
+	@scripts/install-deps.sh --python --python-test
 
 bin/ep-plot: deps FORCE
 	$(GO) build -o $@ ./cmd/ep-plot
@@ -106,8 +109,8 @@ hello: bin/mpi-hello
 ## their time waiting (for stalled ranks, timeouts, launches), each one's output printed whole when it
 ## ends. The system packages are installed first, one apt-get at a time.
 TEST_JOBS ?= 2
-TEST_PARTS = test-mpi lint test-race test-unit test-cgocheck test-capi test-fuzz
-test: deps deps-nvrtc deps-python
+TEST_PARTS = test-mpi lint test-race test-unit test-cgocheck test-capi test-snippets test-fuzz
+test: deps deps-nvrtc deps-python-test
 	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target $(TEST_PARTS)
 
 # Builds without the checkout's path (-trimpath), so that a fresh clone reuses the build cache instead
@@ -163,14 +166,24 @@ test-long: deps
 	$(GO) run ./internal/cmd/mpitest -race -np "" -sim 4/2 -skip '$(RACE_TEST_SKIP)' $(RACE_TEST_PKGS)
 
 ## capi: the C interface (docs/capi.md): bin/capi/libgoep_ep.so and libgoep_ep.a, whose API is
-## capi/goep_ep.h, and the C example, tests and benchmark linked with them.
+## capi/goep_ep.h, bin/capi/goep_ep.pc (pkg-config's flags for a program linked with them), and the C
+## example, tests and benchmark; first what C and Python need (Open MPI; numpy, mpi4py, venv).
 PYTHON      ?= /usr/bin/python3
 MPICC       ?= mpicc
 CAPI_CFLAGS ?= -std=c11 -O2 -Wall -Wextra -Werror -Icapi
 CAPI_LINK   := -Lbin/capi -lgoep_ep -Wl,-rpath,'$$ORIGIN'
-capi: deps
-	$(GO) build -tags mpi -buildmode=c-shared -o bin/capi/libgoep_ep.so ./capi
+# The library's SONAME, which programs linked with it record (python/_build/goep_build.py builds the same).
+CAPI_LDFLAGS := -extldflags=-Wl,-soname,libgoep_ep.so
+CAPI_VERSION = $(shell awk '/^\#define GOEP_EP_(MAJOR|MINOR|PATCH) / { v = v s $$3; s = "." } END { print v }' capi/goep_ep.h)
+capi: deps deps-python
+	$(GO) build -tags mpi -buildmode=c-shared -ldflags='$(CAPI_LDFLAGS)' -o bin/capi/libgoep_ep.so ./capi
 	$(GO) build -tags mpi -buildmode=c-archive -o bin/capi/libgoep_ep.a ./capi
+	@# a program built with $$(pkg-config --cflags --libs goep_ep) finds the library from any directory
+	@# (its run path is the library's directory), with no LD_LIBRARY_PATH
+	printf '%s\n' 'libdir=$(CURDIR)/bin/capi' 'includedir=$(CURDIR)/capi' '' 'Name: goep_ep' \
+	  'Description: goep expert-parallel dispatch and combine, C interface (compile with mpicc)' \
+	  'Version: $(CAPI_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lgoep_ep -Wl,-rpath,$${libdir}' \
+	  > bin/capi/goep_ep.pc
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test capi/examples/ep_test.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test_static capi/examples/ep_test.c bin/capi/libgoep_ep.a -lpthread -ldl -lm
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_errors capi/tests/ep_errors.c $(CAPI_LINK)
@@ -178,11 +191,18 @@ capi: deps
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/abi capi/tests/abi.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_bench_capi capi/bench/ep_bench_capi.c $(CAPI_LINK)
 
-## test-capi: the C and Python interfaces under mpirun at 1, 2, 4 ranks and simulated nodes, and an
-## offline pip install of the Python package (scripts/capi/test-capi.sh); about a minute.
-test-capi: deps-python capi
+## test-capi: the C and Python interfaces under mpirun at 1, 2, 4 ranks and simulated nodes, and the
+## quick start of README.md and docs/capi.md as written: the offline pip install of the Python package,
+## a C program compiled with the documented line (scripts/capi/test-capi.sh); 2 to 7 minutes here.
+test-capi: deps-python-test capi
 	$(GO) test -count=1 -tags mpi ./capi
 	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) GO=$(GO) scripts/capi/test-capi.sh
+
+## test-snippets: every Go, C and Python snippet of README.md and docs/capi.md is lines of the complete
+## program its marker names, and those programs build and give the values of their own reference at 2
+## ranks (scripts/check-snippets.sh; about half a minute).
+test-snippets: deps-python capi
+	PYTHON=$(PYTHON) MPIRUN=$(MPIRUN) MPICC=$(MPICC) GO=$(GO) scripts/check-snippets.sh
 
 ## bench-capi: the cost of the C and Python boundaries against the same round in Go (JSON lines).
 bench-capi: deps-python capi

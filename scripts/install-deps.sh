@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # install-deps.sh: install what goep needs to build and test, only if missing.
 #
-#   scripts/install-deps.sh [--slurm] [--nvrtc] [--cluster] [--python] [--check]
+#   scripts/install-deps.sh [--slurm] [--nvrtc] [--cluster] [--python] [--python-test] [--check]
 #
 # Base set: Open MPI (mpirun, headers, pkg-config "ompi"), HDF5 (headers,
 # pkg-config "hdf5", h5dump/h5ls), pkg-config. --slurm adds Slurm and munge
 # for the one-machine test cluster; --nvrtc adds NVIDIA's NVRTC library from
 # Debian's non-free component (it compiles the CUDA kernels to PTX; no GPU
 # needed); --cluster adds iproute2, util-linux and ping for the emulated cluster
-# (scripts/cluster); --python adds numpy, mpi4py, pytest and PyTorch (CPU) for Debian's python3
-# (/usr/bin/python3: the Python interface's tests, make test-capi, which pass it torch tensors).
+# (scripts/cluster); --python adds what the Python interface needs with Debian's python3
+# (/usr/bin/python3): numpy, mpi4py, venv and pip (make capi); --python-test adds pytest and
+# PyTorch (CPU), which its tests use (make test-capi passes it torch tensors; a large download).
 # --check only reports what is missing.
 #
 # On Debian/Ubuntu as root, missing packages are installed with apt-get. Elsewhere
@@ -26,8 +27,9 @@ for a in "$@"; do
     --nvrtc) groups+=(nvrtc) ;;
     --cluster) groups+=(cluster) ;;
     --python) groups+=(python) ;;
+    --python-test) groups+=(python_test) ;;
     --check) check_only=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -36,18 +38,23 @@ pkgs_base=(openmpi-bin libopenmpi-dev libhdf5-dev hdf5-tools pkg-config)
 pkgs_slurm=(slurmctld slurmd slurm-client munge)
 pkgs_nvrtc=(libnvrtc11.2)
 pkgs_cluster=(iproute2 util-linux iputils-ping)
-pkgs_python=(python3-numpy python3-mpi4py python3-pytest python3-setuptools python3-wheel python3-venv python3-torch)
+pkgs_python=(python3-numpy python3-mpi4py python3-venv python3-pip)
+pkgs_python_test=(python3-pytest python3-torch)
 # What each group provides, checked on any system (commands or pkg-config names).
 need_base() { command -v mpirun >/dev/null && pkg-config --exists ompi && pkg-config --exists hdf5 && command -v h5dump >/dev/null; }
 need_slurm() { command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && command -v sbatch >/dev/null; }
 need_cluster() { command -v ip >/dev/null && command -v tc >/dev/null && command -v nsenter >/dev/null && command -v unshare >/dev/null && command -v ping >/dev/null; }
 need_nvrtc() { ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.11\.2'; }
+# A venv's pip comes from ensurepip (python3-venv), python3 -m pip from python3-pip; the package
+# builds with the standard library alone (python/pyproject.toml).
+need_python() { /usr/bin/python3 -c 'import numpy, mpi4py, venv, ensurepip, pip' 2>/dev/null; }
 # torch is found, not imported: importing it takes seconds, and this check runs before every test-capi.
-need_python() { /usr/bin/python3 -c 'import numpy, mpi4py, pytest, setuptools, wheel, venv, ensurepip, importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null; }
+need_python_test() { /usr/bin/python3 -c 'import pytest, importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null; }
 advice_base="module load openmpi hdf5   (any MPI with pkg-config 'ompi' and HDF5 >= 1.10 with pkg-config 'hdf5')"
 advice_slurm="Slurm is the site's: submit with the site's sbatch/srun"
 advice_cluster="the emulated cluster needs root and iproute2 (ip, tc), util-linux (nsenter, unshare) and ping"
-advice_python="module load python (numpy, mpi4py built against this MPI, pytest, setuptools, wheel, torch); set PYTHON=that python3"
+advice_python="module load python (numpy, mpi4py built against this MPI, venv, pip); set PYTHON=that python3"
+advice_python_test="module load python (pytest, torch: the Python interface's tests); set PYTHON=that python3"
 advice_nvrtc="module load cuda   (NVRTC from the CUDA toolkit; set GOEP_NVRTC_LIB to its libnvrtc.so)"
 
 missing=()

@@ -6,7 +6,7 @@ numpy arrays gives (and the reference's values): each kind's outputs are read
 back from the memory the caller owns, so a copy made on the way would show as
 zeros. Device memory and non-contiguous tensors are refused on every rank.
 
-torch is imported, never skipped: ``scripts/install-deps.sh --python``
+torch is imported, never skipped: ``scripts/install-deps.sh --python-test``
 installs Debian's python3-torch, and without it these tests fail.
 """
 

@@ -20,7 +20,10 @@
 #   - the Python example (python/examples/ep_test.py) and the pytest tests (python/tests), the
 #     same matrix, with MPI initialised by mpi4py (the stalled-rank tests at 2 ranks, the sequence
 #     tests at 2 and 4); a rank with an uncaught exception ends the job (python/tests/dead_rank.py)
-#   - pip install ./python into a throw-away venv, offline, and a round with the installed package
+#   - the Python quick start of README.md as written: its venv and pip install ./python line exactly,
+#     with no package index (a download would fail it), and a round with the installed package
+#   - the C quick start of docs/capi.md as written: a program compiled with its exact lines
+#     (pkg-config's flags from bin/capi/goep_ep.pc), run from / with no LD_LIBRARY_PATH
 #
 # PYTHON is Debian's /usr/bin/python3 (python3-numpy, python3-mpi4py, python3-pytest, python3-torch), not the
 # first python3 on PATH. Each mpirun is bounded by `timeout`, so a hang fails the run.
@@ -35,7 +38,22 @@ flags=(--oversubscribe)
 export PYTHONPATH="$PWD/python" PYTHONDONTWRITEBYTECODE=1
 unset GOEP_EP_LIB
 
+work=$(mktemp -d /tmp/goep-capi.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
 step() { echo "== $*"; }
+# doc_cmd FILE REGEX: the one line of FILE matching REGEX (a command its quick start gives), without its
+# trailing comment; fails unless exactly one line matches.
+doc_cmd() {
+  local lines
+  lines=$(grep -E -- "$2" "$1" | sed -E 's/[[:space:]]+#[[:space:]].*$//')
+  if [ "$(printf '%s' "$lines" | grep -c '')" != 1 ]; then
+    echo "test-capi: want one line of $1 matching $2, got:" >&2
+    printf '%s\n' "$lines" >&2
+    return 1
+  fi
+  printf '%s\n' "$lines"
+}
 mpi() { # mpi NP [sim] CMD...: NP ranks, or with sim 2 ranks per simulated node
   local np=$1 sim=$2
   shift 2
@@ -107,13 +125,46 @@ if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "uncaught RuntimeError: abortin
 fi
 rm -f "$dead_log"
 
-step "Python: pip install ./python, offline, into a throw-away venv"
-venv=$(mktemp -d /tmp/goep-venv.XXXXXX)
-trap 'rm -rf "$venv"' EXIT
-"$PYTHON" -m venv --system-site-packages "$venv"
-# The library is the one just built (GOEP_EP_LIB is copied, not rebuilt); --no-index: no network.
-GOEP_EP_LIB="$PWD/bin/capi/libgoep_ep.so" "$venv/bin/pip" install --quiet --no-index --no-build-isolation ./python
-rm -rf python/build python/goep.egg-info
+step "Python: the quick start of README.md as written (a venv, pip install ./python), with no package index"
+# The README's line exactly, in a directory of its own whose python/ is the checkout's: with no index
+# any download (a build tool in pip's isolated build environment, a missing dependency) fails it. The
+# wheel's library is built by the package's backend (go build), as a user's is.
+pip_line=$(doc_cmd README.md '-m venv --system-site-packages \.venv && \.venv/bin/pip install \./python')
+if [ "$(doc_cmd docs/capi.md '^[^ ]+ -m venv --system-site-packages')" != "$pip_line" ]; then
+  echo "test-capi: docs/capi.md does not give README.md's install line: $pip_line" >&2
+  exit 1
+fi
+mkdir "$work/py"
+ln -s "$PWD/python" "$work/py/python"
+(
+  cd "$work/py"
+  unset PYTHONPATH
+  # pip's settings from the environment (find-links, say) and config files left out, as on a fresh machine
+  for v in $(compgen -e | grep '^PIP_' || true); do unset "$v"; done
+  export PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null
+  echo "+ $pip_line"
+  eval "$pip_line"
+)
+venv=$work/py/.venv
 (cd /tmp && unset PYTHONPATH && "$venv/bin/python" -c 'import goep.ep as e, goep.core as c, sys; p = str(e.get_lib_path()); print("installed:", p, c.__file__); sys.exit(not (p.startswith(sys.argv[1]) and c.__file__.startswith(sys.argv[1])))' "$venv")
 PYTHONPATH= mpi 2 - "$venv/bin/python" python/examples/ep_test.py -a ll,ht
+
+step "C: the quick start of docs/capi.md as written, the program run from / with no LD_LIBRARY_PATH"
+if ! readelf -d bin/capi/libgoep_ep.so | grep -q 'SONAME.*\[libgoep_ep\.so\]'; then
+  echo "test-capi: bin/capi/libgoep_ep.so has no SONAME libgoep_ep.so" >&2
+  exit 1
+fi
+export_line=$(doc_cmd docs/capi.md '^export PKG_CONFIG_PATH=')
+cc_line=$(doc_cmd docs/capi.md '^mpicc .*pkg-config')
+doc_cmd docs/capi.md '^mpirun -np 2 \./my_ep$' >/dev/null
+mkdir "$work/c"
+cp capi/examples/readme.c "$work/c/my_ep.c"
+(
+  echo "+ $export_line"
+  eval "$export_line"
+  cd "$work/c"
+  echo "+ $cc_line"
+  eval "$cc_line"
+)
+(cd / && unset LD_LIBRARY_PATH && mpi 2 - "$work/c/my_ep")
 echo "test-capi: ok"
