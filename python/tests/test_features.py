@@ -440,3 +440,40 @@ def test_ll_rank_major(comm, kind):
         handle.combine(nccl_ep.CombineInputs(tokens=y), nccl_ep.CombineOutputs(tokens=out))
         np.testing.assert_array_equal(ref.from_bf16(out), ref.combined(s, me))
         handle.destroy()
+
+
+# --- dropping what does not fit ----------------------------------------------------------------------------------
+
+def test_ht_overflow_drop(comm):
+    """overflow_policy DROP: each rank keeps its first max_recv_tokens_per_rank rows (source by source, each in
+    token order) and the dropped rows add nothing to the combine."""
+    s = shape(comm, hidden=40)
+    me, R = comm.Get_rank(), comm.Get_size()
+    T, H, K, L = s.tokens_of(me), s.hidden, s.topk, s.local_experts
+    bound = max(min(len(ref.received_ht(s, r)) for r in range(R)) - 3, 1)
+    with group_for(comm, s, HT, max_recv_tokens_per_rank=bound, overflow_policy=nccl_ep.OverflowPolicy.DROP) as group:
+        handle = group.create_handle(nccl_ep.Layout.FLAT, ref.experts(s, me))
+        recv = np.zeros((bound, H), dtype=np.uint16)
+        recv_w = np.zeros((bound, K), dtype=np.float32)
+        total = np.zeros(1, dtype=np.int32)
+        w = ref.weights(T, K)
+        handle.dispatch(nccl_ep.DispatchInputs(tokens=ref.to_bf16(ref.values(me, T, H)), topk_weights=w),
+                        nccl_ep.DispatchOutputs(tokens=recv, topk_weights=recv_w),
+                        layout_info=nccl_ep.LayoutInfo(recv_total_counter=total))
+        kept = ref.received_ht(s, me)[:bound]
+        assert total[0] == len(kept)
+        for j, (src, t, _, wt) in enumerate(kept):
+            np.testing.assert_array_equal(ref.from_bf16(recv[j]), ref.values(src, t + 1, H)[t])
+            np.testing.assert_array_equal(recv_w[j], wt)
+        y = ref.to_bf16(ref.from_bf16(recv) * recv_w.sum(axis=1, keepdims=True))
+        out = np.zeros((T, H), dtype=np.uint16)
+        handle.combine(nccl_ep.CombineInputs(tokens=y), nccl_ep.CombineOutputs(tokens=out))
+        want = np.zeros((T, H), dtype=np.float32)
+        x = ref.values(me, T, H)
+        for r in range(R):  # rank r returns token t's row, times its weights there, where it kept it
+            rows = ref.received_ht(s, r)[:bound]
+            for src, t, _, wt in rows:
+                if src == me:
+                    want[t] += x[t] * wt.sum()
+        np.testing.assert_array_equal(ref.from_bf16(out), want)
+        handle.destroy()
