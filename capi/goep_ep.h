@@ -166,7 +166,8 @@ typedef enum {
     goepEpInvalidArgument = 4,  /* a bad value: NULL, a struct of the wrong size or magic, a tensor of the wrong
                                    type or shape, an expert id out of range, a destroyed group or handle */
     goepEpInvalidUsage = 5,     /* a call out of order or not offered: goepEpComplete with nothing to
-                                   complete, masking on a group without enable_mask, a layout goep lacks */
+                                   complete, masking on a group without enable_mask, a feature the backend
+                                   does not declare, a layout or recipe other than the group's */
     goepEpRemoteError = 6,      /* another rank refused the same collective call (its input was bad): this
                                    call wrote nothing and the group stays usable */
     goepEpTimeout = 64,         /* goep: a peer did not arrive within timeout_ns: the group is unusable */
