@@ -439,6 +439,13 @@ def test_ll_rank_major(comm, kind):
             handle.combine(nccl_ep.CombineInputs(tokens=y), nccl_ep.CombineOutputs(tokens=out, topk_weights=w))
         handle.combine(nccl_ep.CombineInputs(tokens=y), nccl_ep.CombineOutputs(tokens=out))
         np.testing.assert_array_equal(ref.from_bf16(out), ref.combined(s, me))
+        # Without copies: a cached dispatch leaves the rows in the group's buffer, laid out the same.
+        handle.dispatch(nccl_ep.DispatchInputs(tokens=ref.to_bf16(ref.values(me, T, H))), nccl_ep.DispatchOutputs())
+        rows = handle.recv_tokens()
+        assert rows.shape == (R, maxT, H)
+        for r, n in enumerate(src_counts):
+            np.testing.assert_array_equal(rows[r, :n], recv[r, :n])
+        handle.combine(nccl_ep.CombineInputs(tokens=y), nccl_ep.CombineOutputs(tokens=out))
         handle.destroy()
 
 
