@@ -188,6 +188,7 @@ capi: deps deps-python
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_test_static capi/examples/ep_test.c bin/capi/libgoep_ep.a -lpthread -ldl -lm
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_errors capi/tests/ep_errors.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_sequences capi/tests/ep_sequences.c $(CAPI_LINK)
+	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_features capi/tests/ep_features.c $(CAPI_LINK) -lm
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/abi capi/tests/abi.c $(CAPI_LINK)
 	$(MPICC) $(CAPI_CFLAGS) -o bin/capi/ep_bench_capi capi/bench/ep_bench_capi.c $(CAPI_LINK)
 

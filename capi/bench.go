@@ -44,7 +44,7 @@ func (gi *groupImpl[E]) bench(x, topk, weights unsafe.Pointer, tokens int, round
 		return err
 	}
 	defer gi.mu.Unlock()
-	if err := gi.open(0, "goepEpBenchGoRounds"); err != nil {
+	if err := gi.open(0, gi.defaultLayout(), 0, "goepEpBenchGoRounds"); err != nil {
 		return err
 	}
 	H, K := gi.gc.cfg.Hidden, gi.gc.cfg.TopK

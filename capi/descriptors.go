@@ -9,7 +9,11 @@ package main
 */
 import "C"
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/goep/goep/ep"
+)
 
 // Descriptors in C memory, as a C caller passes them: the fuzz targets of
 // the checks (descriptors_test.go) fill them from their inputs (a test file
@@ -137,7 +141,8 @@ func (d *descStruct) check(kind, nranks, nnodes int) (C.goepEpResult_t, error) {
 		info.size, info.magic = C.sizeof_goepEpMemInfo_t, C.GOEP_EP_MAGIC
 		return goepEpBufferPlanWithOptions(cfg, opts, C.int(nranks), C.int(nnodes), info), nil
 	case descHandleConfig:
-		return 0, readHandleConfig((*C.goepEpHandleConfig_t)(d.mem.p))
+		_, err := readHandleConfig((*C.goepEpHandleConfig_t)(d.mem.p), ep.HighThroughput, C.GOEP_EP_LAYOUT_EXPERT_MAJOR)
+		return 0, err
 	case descDispatchConfig:
 		_, err := readDispatchConfig((*C.goepEpDispatchConfig_t)(d.mem.p))
 		return 0, err

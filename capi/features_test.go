@@ -8,6 +8,7 @@ import (
 	"go/token"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -114,5 +115,35 @@ func TestBackendSupportsCPU(t *testing.T) {
 	}
 	if _, err := backendSupports("no-such-backend", features[0].c); err == nil || !strings.Contains(err.Error(), `"no-such-backend"`) {
 		t.Errorf("an unknown backend: %v, want an error naming it", err)
+	}
+}
+
+// partialBackend declares only the features in has: what the C layer asks
+// a backend for is then refused by name.
+type partialBackend struct {
+	ep.Backend
+	has []ep.Feature
+}
+
+func (b partialBackend) Name() string { return "partial" }
+func (b partialBackend) Supports(f ep.Feature) bool {
+	return slices.Contains(b.has, f)
+}
+
+// TestNeedNamesBackendAndFeature checks that a setting asking for a feature
+// the group's backend does not declare is refused naming both, and that one
+// it declares passes: the C layer's offers follow the backend's declarations.
+func TestNeedNamesBackendAndFeature(t *testing.T) {
+	gc := groupConfig{be: partialBackend{has: []ep.Feature{ep.FeatureFP8Wire}}, backend: "partial"}
+	if err := gc.need(ep.FeatureFP8Wire, "options.dispatch_quant"); err != nil {
+		t.Errorf("a declared feature: %v", err)
+	}
+	for _, f := range []ep.Feature{ep.FeatureFP8Forward, ep.FeatureFP8Combine, ep.FeatureHTExpertMajor, ep.FeatureLLRankMajor,
+		ep.FeatureOverflowDrop, ep.FeatureMaskStalledRanks} {
+		err := gc.need(f, "the setting")
+		if err == nil || !strings.Contains(err.Error(), `backend "partial"`) || !strings.Contains(err.Error(), f.String()) ||
+			!strings.Contains(err.Error(), "the setting") {
+			t.Errorf("need(%v) = %v, want an error naming the setting, the feature and the backend", f, err)
+		}
 	}
 }

@@ -166,7 +166,8 @@ typedef enum {
     goepEpInvalidArgument = 4,  /* a bad value: NULL, a struct of the wrong size or magic, a tensor of the wrong
                                    type or shape, an expert id out of range, a destroyed group or handle */
     goepEpInvalidUsage = 5,     /* a call out of order or not offered: goepEpComplete with nothing to
-                                   complete, masking on a group without enable_mask, a layout goep lacks */
+                                   complete, masking on a group without enable_mask, a feature the backend
+                                   does not declare, a layout or recipe other than the group's */
     goepEpRemoteError = 6,      /* another rank refused the same collective call (its input was bad): this
                                    call wrote nothing and the group stays usable */
     goepEpTimeout = 64,         /* goep: a peer did not arrive within timeout_ns: the group is unusable */
@@ -177,9 +178,9 @@ typedef enum {
                                    the group is unusable on every rank */
 } goepEpResult_t;
 
-/* Element types, numbered as NCCL's ncclDataType_t. goepEpFloat8e4m3, goepEpFloat8e5m2 and
- * goepEpFloat4x2 (two packed 4-bit floats a byte, the number NCCL reserves for it) are described but
- * not yet taken by any call. */
+/* Element types, numbered as NCCL's ncclDataType_t. goepEpFloat8e4m3 holds the e4m3 codes of FP8
+ * dispatches (goepEpDispQuant_t); goepEpFloat8e5m2 and goepEpFloat4x2 (two packed 4-bit floats a byte,
+ * the number NCCL reserves for it) are described but not taken by any call. */
 typedef enum {
     goepEpInt8 = 0,
     goepEpUint8 = 1,
@@ -212,16 +213,27 @@ typedef enum {
                                              nothing to the combine. HT groups only. */
 } goepEpOverflowPolicy_t;
 
-/* Receive layouts. goep offers LL EXPERT_MAJOR and HT FLAT; the others are refused with
- * goepEpInvalidUsage. */
+/* Receive layouts: LL EXPERT_MAJOR or RANK_MAJOR, HT FLAT or EXPERT_MAJOR, where the group's backend
+ * declares them (goepEpBackendSupports: GOEP_EP_FEATURE_LL_RANK_MAJOR, GOEP_EP_FEATURE_HT_EXPERT_MAJOR).
+ * The group's first handle sets the layout (and HT EXPERT_MAJOR's zone alignment) for the group, whose
+ * buffers are laid out for it; a later handle with another is refused with goepEpInvalidUsage naming both. */
 typedef enum {
     GOEP_EP_LAYOUT_UNSET = GOEP_EP_AUTO,
     /* LL: dispatch writes tokens [local_experts, nranks * max_dispatch_tokens_per_rank, hidden]; the first
      * expert_counters[l] rows of expert l are valid, grouped by source rank in rank order, each group in
      * token order. Combine takes the expert outputs in the same shape and returns
      * out[t] = sum over k of topk_weights[t][k] * (expert output of the row of (t, k)). */
+    /* HT: tokens [slots, hidden] in zones, one per local expert: zone l starts at expert_offsets[l] and
+     * holds one row per (token, expert l) pair, by source rank then token, then zero rows up to a
+     * multiple of dispatch_output_per_expert_alignment; topk_weights [slots] (one per row, 0 on padding),
+     * no topk_idx; expert_counters are the padded counts and recv_total_counter their sum. The experts
+     * apply the weights; combine sums a token's rows. */
     GOEP_EP_LAYOUT_EXPERT_MAJOR = 1,
-    GOEP_EP_LAYOUT_RANK_MAJOR = 2, /* not offered */
+    /* LL: tokens [nranks, max_dispatch_tokens_per_rank, hidden], a token once per rank that owns one of
+     * its experts: rank r's first src_rank_counters[r] rows are valid, in token order, with topk_weights
+     * and topk_idx [nranks, max_dispatch_tokens_per_rank, num_topk] (0 and -1 where the expert is
+     * elsewhere). The experts apply the weights; combine sums the ranks' rows (no weights). */
+    GOEP_EP_LAYOUT_RANK_MAJOR = 2,
     /* HT: dispatch writes the received tokens [num_recv, hidden], grouped by source rank then token, with
      * their top-k weights [num_recv, num_topk] (zero where the expert is elsewhere) and expert ids
      * [num_recv, num_topk] (-1 where the expert is elsewhere). The experts apply the weights; combine sums
@@ -239,19 +251,28 @@ typedef enum {
     GOEP_EP_ZERO_COPY_ON = 2               /* refused: it needs window-backed tensors */
 } goepEpZeroCopyMode_t;
 
-/* How dispatch numbers the received expert ids (HT FLAT's topk_idx output). */
+/* How dispatch numbers the received expert ids (HT FLAT's and LL RANK_MAJOR's topk_idx output). */
 typedef enum {
     GOEP_EP_EXPERT_ID_AUTO = GOEP_EP_AUTO, /* LOCAL */
     GOEP_EP_EXPERT_ID_LOCAL = 1,           /* 0 .. local_experts-1, -1 = elsewhere */
     GOEP_EP_EXPERT_ID_GLOBAL = 2           /* rank * local_experts + local id, -1 = elsewhere */
 } goepEpExpertIdKind_t;
 
-/* Dispatch quantisation recipes. Only NONE is offered through C yet (goep's Go API has FP8 dispatch as a
- * group setting); FWD and DS_FP8E3M4 are refused with goepEpInvalidUsage. */
+/* Dispatch quantisation recipes. goep lays out a group's buffers for one row format, so the recipe is a
+ * group setting (goepEpGroupOptions_t.dispatch_quant, a goep extension); a dispatch's quant_recipe is NONE
+ * (the group's) or the group's own, and another is refused with goepEpInvalidUsage naming both. An FP8
+ * dispatch writes outputs->tokens as goepEpFloat8e4m3 codes and outputs->scales as float32, one per 128
+ * elements of a row ([..., ceil(hidden / 128)], the layout's leading dimensions), in both modes and any
+ * hidden (the last group of a row may be shorter). */
 typedef enum {
     GOEP_EP_DISP_QUANT_NONE = 0,
-    GOEP_EP_DISP_QUANT_FWD = 1,       /* the caller's quantised rows and scales, forwarded */
-    GOEP_EP_DISP_QUANT_DS_FP8E3M4 = 2 /* bfloat16 rows cast to e4m3 with a float32 scale per 128 elements */
+    GOEP_EP_DISP_QUANT_FWD = 1,       /* the caller's e4m3 codes (inputs->tokens [num_tokens, hidden]
+                                         goepEpFloat8e4m3) and float32 scales (inputs->scales [num_tokens,
+                                         ceil(hidden / 128)]) forwarded as they are; NCCL EP's other forwarded
+                                         payloads (16- or 32-bit rows, float4x2, uint8 scales, other scale
+                                         counts) are refused naming them */
+    GOEP_EP_DISP_QUANT_DS_FP8E3M4 = 2 /* the rows (bfloat16 or float32) cast to e4m3 with a float32 scale per 128
+                                         elements, amax / 448 (round_scales: rounded up to a power of two) */
 } goepEpDispQuant_t;
 
 /* Combine quantisation recipes. NVFP4 is refused. goep's FP8 combine is a group setting
@@ -383,10 +404,12 @@ typedef struct {
     unsigned int magic;
     goepEpTensor_t* expert_counters;    /* [local_experts] int32 or int64: rows received per local expert.
                                            Required by an LL EXPERT_MAJOR dispatch. */
-    goepEpTensor_t* src_rank_counters;  /* RANK_MAJOR only: not offered, must be NULL */
-    goepEpTensor_t* expert_offsets;     /* HT EXPERT_MAJOR only: not offered, must be NULL */
+    goepEpTensor_t* src_rank_counters;  /* LL RANK_MAJOR only: [nranks] int32 or int64, rows from each rank */
+    goepEpTensor_t* expert_offsets;     /* HT EXPERT_MAJOR only: [local_experts] int32 or int64, where each
+                                           expert's zone starts */
     goepEpTensor_t* recv_total_counter; /* [1] int32 or int64: rows received (HT FLAT; with
-                                           GOEP_EP_OVERFLOW_DROP the rows kept) or their sum (LL) */
+                                           GOEP_EP_OVERFLOW_DROP the rows kept; HT EXPERT_MAJOR: padding
+                                           included) or their sum (LL) */
     /* Version 2. */
     goepEpExpertIdKind_t recv_topk_idx_kind;
     unsigned char padding_v2[4];
@@ -410,7 +433,8 @@ typedef struct {
                                      handle's first dispatch. LL: optional here (combine's
                                      outputs->topk_weights may give them instead). A later dispatch of the
                                      same handle without them keeps the earlier ones. */
-    goepEpTensor_t* scales;       /* must be NULL (no quantisation recipe) */
+    goepEpTensor_t* scales;       /* GOEP_EP_DISP_QUANT_FWD: [num_tokens, ceil(hidden / 128)] float32, the
+                                     scales of tokens' e4m3 codes; otherwise NULL */
 } goepEpDispatchInputs_t;
 #define GOEP_EP_DISPATCH_INPUTS_INIT GOEP_EP_STRUCT_INIT(goepEpDispatchInputs_t, GOEP_EP_MAGIC)
 #define GOEP_EP_DISPATCH_INPUTS_SIZE ((unsigned int)sizeof(goepEpDispatchInputs_t))
@@ -425,13 +449,21 @@ typedef struct {
     unsigned int magic;
     goepEpTensor_t* tokens;       /* LL EXPERT_MAJOR: [local_experts, nranks * max_dispatch_tokens_per_rank,
                                      hidden]; only each expert's first expert_counters[l] rows are written.
-                                     HT FLAT: [slots, hidden] with slots at least the rows received
+                                     LL RANK_MAJOR: [nranks, max_dispatch_tokens_per_rank, hidden], rank r's
+                                     first src_rank_counters[r] rows written.
+                                     HT FLAT and EXPERT_MAJOR: [slots, hidden] with slots at least the rows received
                                      (max_recv_tokens_per_rank always is); only the first num_recv rows are
                                      written. NULL (a goep extension): nothing is copied; the rows stay in the
                                      group's buffer, read in place with goepEpHandleRecvTokens. */
-    goepEpTensor_t* topk_weights; /* HT FLAT: [slots, num_topk] float32, optional. LL: must be NULL. */
-    goepEpTensor_t* scales;       /* must be NULL */
-    goepEpTensor_t* topk_idx;     /* HT FLAT: [slots, num_topk] int32 or int64, optional. LL: must be NULL. */
+    goepEpTensor_t* topk_weights; /* HT FLAT: [slots, num_topk] float32, optional; HT EXPERT_MAJOR: [slots];
+                                     LL RANK_MAJOR: [nranks, max_dispatch_tokens_per_rank, num_topk];
+                                     LL EXPERT_MAJOR: must be NULL. */
+    goepEpTensor_t* scales;       /* an FP8 dispatch (dispatch_quant DS_FP8E3M4 or FWD): required, float32,
+                                     the layout's leading dimensions then ceil(hidden / 128); otherwise NULL.
+                                     outputs->tokens is then goepEpFloat8e4m3 and may not be NULL. */
+    goepEpTensor_t* topk_idx;     /* HT FLAT: [slots, num_topk], LL RANK_MAJOR: [nranks,
+                                     max_dispatch_tokens_per_rank, num_topk]; int32 or int64, optional.
+                                     Otherwise NULL. */
 } goepEpDispatchOutputs_t;
 #define GOEP_EP_DISPATCH_OUTPUTS_INIT GOEP_EP_STRUCT_INIT(goepEpDispatchOutputs_t, GOEP_EP_MAGIC)
 #define GOEP_EP_DISPATCH_OUTPUTS_SIZE ((unsigned int)sizeof(goepEpDispatchOutputs_t))
@@ -482,7 +514,8 @@ GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpCombineOutputs_t, GOEP_EP_COMBIN
 typedef struct {
     unsigned int size;
     unsigned int magic;
-    size_t dispatch_output_per_expert_alignment; /* HT EXPERT_MAJOR only: must be 0 or 1 */
+    size_t dispatch_output_per_expert_alignment; /* HT EXPERT_MAJOR: pads each zone to a multiple of this many
+                                                    rows (a power of two; 0 or 1: none); other layouts: 0 or 1 */
 } goepEpHandleConfig_t;
 #define GOEP_EP_HANDLE_CONFIG_INIT GOEP_EP_STRUCT_INIT(goepEpHandleConfig_t, GOEP_EP_MAGIC)
 #define GOEP_EP_HANDLE_CONFIG_SIZE ((unsigned int)sizeof(goepEpHandleConfig_t))
@@ -496,10 +529,10 @@ typedef struct {
     unsigned int size;
     unsigned int magic;
     unsigned int send_only;          /* 1: send, and let goepEpComplete receive (compute may run between) */
-    unsigned int round_scales;       /* must be 0 */
+    unsigned int round_scales;       /* 0, or the group's dispatch_round_scales */
     goepEpPassDir_t pass_direction;  /* HT BWD: a later dispatch of the handle's routing, without weights */
     /* Version 2. */
-    goepEpDispQuant_t quant_recipe;  /* must be NONE */
+    goepEpDispQuant_t quant_recipe;  /* NONE (the group's recipe), or the group's dispatch_quant */
 } goepEpDispatchConfig_t;
 #define GOEP_EP_DISPATCH_CONFIG_INIT GOEP_EP_STRUCT_INIT(goepEpDispatchConfig_t, GOEP_EP_MAGIC)
 #define GOEP_EP_DISPATCH_CONFIG_SIZE ((unsigned int)sizeof(goepEpDispatchConfig_t))
@@ -588,14 +621,26 @@ typedef struct {
     const char* backend;              /* the ep backend that moves the rows, by its registered name ("cpu",
                                          "cpu-onesided"; `ep-bench -device list` lists them); NULL or "":
                                          "cpu". Read during the call only. */
+    /* Version 2. */
+    goepEpDispQuant_t dispatch_quant; /* how every dispatch of the group moves its rows: NONE (the token type),
+                                         DS_FP8E3M4 (cast to e4m3 with a float32 scale per 128 elements, LL and
+                                         HT, any hidden) or FWD (the caller's e4m3 codes and float32 scales, per
+                                         128 elements, forwarded). goep lays the group's buffers out for one
+                                         format, so it is a group setting: a dispatch's config.quant_recipe is
+                                         NONE (the group's) or the group's own */
+    unsigned int dispatch_round_scales; /* DS_FP8E3M4: 1 rounds each scale up to a power of two (UE8M0), as
+                                           NCCL EP's round_scales; a dispatch's round_scales is 0 or the same */
 } goepEpGroupOptions_t;
 #define GOEP_EP_GROUP_OPTIONS_INIT GOEP_EP_STRUCT_INIT(goepEpGroupOptions_t, GOEP_EP_MAGIC)
 #define GOEP_EP_GROUP_OPTIONS_SIZE ((unsigned int)sizeof(goepEpGroupOptions_t))
 #define GOEP_EP_GROUP_OPTIONS_V1_LAST_FIELD backend
 #define GOEP_EP_GROUP_OPTIONS_V1_SIZE 24u
-#define GOEP_EP_GROUP_OPTIONS_CURRENT_VERSION 1
+#define GOEP_EP_GROUP_OPTIONS_V2_LAST_FIELD dispatch_round_scales
+#define GOEP_EP_GROUP_OPTIONS_V2_SIZE 32u
+#define GOEP_EP_GROUP_OPTIONS_CURRENT_VERSION 2
 GOEP_EP_STATIC_ASSERT_STRUCT_ABI(goepEpGroupOptions_t, GOEP_EP_GROUP_OPTIONS);
 GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpGroupOptions_t, GOEP_EP_GROUP_OPTIONS, 1);
+GOEP_EP_STATIC_ASSERT_STRUCT_ABI_BOUNDARY(goepEpGroupOptions_t, GOEP_EP_GROUP_OPTIONS, 2);
 
 /* goep: the memory a group holds, per rank and per node (goepEpBufferPlan). */
 typedef struct {

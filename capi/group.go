@@ -27,7 +27,22 @@ type groupConfig struct {
 	cfg       ep.Config
 	elem      dataType
 	combQuant C.goepEpCombQuant_t
-	backend   string
+	// dispQuant and roundScales are options.dispatch_quant and
+	// dispatch_round_scales: the recipe of every dispatch of the group
+	// (cfg.Wire), which a dispatch's config may name again.
+	dispQuant   C.goepEpDispQuant_t
+	roundScales bool
+	backend     string
+	be          ep.Backend // the backend named backend, for the features it declares
+}
+
+// need refuses what setting asks of the group's backend where the backend
+// does not declare feature f.
+func (gc *groupConfig) need(f ep.Feature, setting string) error {
+	if ep.Supports(gc.be, f) {
+		return nil
+	}
+	return invalidUsagef("%s needs %v, which backend %q does not declare (goepEpBackendSupports)", setting, f, gc.backend)
 }
 
 // readGroupConfig checks p and o (NULL: the default options) and maps them
@@ -85,6 +100,9 @@ func readGroupConfig(p *C.goepEpGroupConfig_t, o *C.goepEpGroupOptions_t) (group
 			gc.cfg.Overflow = ep.OverflowFail
 		case C.GOEP_EP_OVERFLOW_DROP:
 			gc.cfg.Overflow = ep.OverflowDrop
+			if err := gc.need(ep.FeatureOverflowDrop, "config.overflow_policy = GOEP_EP_OVERFLOW_DROP"); err != nil {
+				return gc, err
+			}
 		default:
 			return gc, invalidArgf("config.overflow_policy = %d: want GOEP_EP_OVERFLOW_AUTO (0), TRAP (1) or DROP (2)", int(p.overflow_policy))
 		}
@@ -104,6 +122,11 @@ func readGroupConfig(p *C.goepEpGroupConfig_t, o *C.goepEpGroupOptions_t) (group
 	gc.cfg.Hidden = int(p.max_token_bytes) / es
 	gc.cfg.TopK = topk
 	gc.cfg.MaskStalledRanks = p.enable_mask != 0
+	if gc.cfg.MaskStalledRanks {
+		if err := gc.need(ep.FeatureMaskStalledRanks, "config.enable_mask = 1"); err != nil {
+			return gc, err
+		}
+	}
 	if uint64(p.timeout_ns) > 1<<62 {
 		return gc, invalidArgf("config.timeout_ns = %d: too large", uint64(p.timeout_ns))
 	}
@@ -120,9 +143,15 @@ func readGroupConfig(p *C.goepEpGroupConfig_t, o *C.goepEpGroupOptions_t) (group
 var cpuEngines = []string{"cpu", "cpu-onesided"}
 
 // readGroupOptions checks o (nil: every option its default) into gc: the
-// element type, the combine's wire format and the backend.
+// element type, the backend, and the wire formats of the dispatch and the
+// combine, each refused by name where the backend does not declare it.
 func readGroupOptions(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
 	gc.elem, gc.backend = dtBfloat16, ep.DefaultBackend
+	be, err := ep.OpenBackend(ep.DefaultBackend)
+	if err != nil {
+		return err
+	}
+	gc.be = be
 	if o == nil {
 		return nil
 	}
@@ -137,6 +166,21 @@ func readGroupOptions(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
 		return invalidArgf("options.token_datatype = %v (%d): want goepEpBfloat16 (%d) or goepEpFloat32 (%d), the token element types",
 			gc.elem, int(o.token_datatype), int(dtBfloat16), int(dtFloat32))
 	}
+	if o.backend != nil && C.GoString(o.backend) != "" {
+		name := C.GoString(o.backend)
+		b, err := ep.OpenBackend(name)
+		if err != nil {
+			return invalidArgf("options.backend = %q: %v", name, err)
+		}
+		// The C interface's contract: a refused call fails on every rank, and
+		// ranks whose calls no longer match fail naming the call.
+		for _, f := range []ep.Feature{ep.FeatureRefusals, ep.FeatureCallSequence} {
+			if !ep.Supports(b, f) {
+				return invalidUsagef("options.backend = %q: goep's C interface needs a backend with %v, which %s does not declare", name, f, b.Name())
+			}
+		}
+		gc.cfg.Backend, gc.backend, gc.be = b, b.Name(), b
+	}
 	gc.combQuant = o.combine_quant
 	switch o.combine_quant {
 	case C.GOEP_EP_COMB_QUANT_NONE:
@@ -149,23 +193,57 @@ func readGroupOptions(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
 	default:
 		return invalidArgf("options.combine_quant = %#x: want GOEP_EP_COMB_QUANT_NONE (0), FP8 (0x100) or FP8_UE8M0 (0x101)", int(o.combine_quant))
 	}
-	if o.backend == nil || C.GoString(o.backend) == "" {
-		return nil
-	}
-	name := C.GoString(o.backend)
-	b, err := ep.OpenBackend(name)
-	if err != nil {
-		return invalidArgf("options.backend = %q: %v", name, err)
-	}
-	// The C interface's contract: a refused call fails on every rank, and
-	// ranks whose calls no longer match fail naming the call.
-	for _, f := range []ep.Feature{ep.FeatureRefusals, ep.FeatureCallSequence} {
-		if !ep.Supports(b, f) {
-			return invalidUsagef("options.backend = %q: goep's C interface needs a backend with %v, which %s does not declare", name, f, b.Name())
+	if gc.cfg.CombineWire.FP8() {
+		if err := gc.need(ep.FeatureFP8Combine, fmt.Sprintf("options.combine_quant = %#x", int(o.combine_quant))); err != nil {
+			return err
 		}
 	}
-	gc.cfg.Backend, gc.backend = b, b.Name()
-	return nil
+	return readDispatchQuant(o, gc)
+}
+
+// readDispatchQuant reads options.dispatch_quant and dispatch_round_scales
+// (version 2) into gc.cfg.Wire.
+func readDispatchQuant(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
+	if !covers(o.size, unsafe.Offsetof(o.dispatch_round_scales), unsafe.Sizeof(o.dispatch_round_scales)) {
+		return nil
+	}
+	gc.dispQuant, gc.roundScales = o.dispatch_quant, o.dispatch_round_scales != 0
+	if o.dispatch_round_scales > 1 {
+		return invalidArgf("options.dispatch_round_scales = %d: want 0 or 1", uint(o.dispatch_round_scales))
+	}
+	var f ep.Feature
+	switch o.dispatch_quant {
+	case C.GOEP_EP_DISP_QUANT_NONE:
+		if gc.roundScales {
+			return invalidArgf("options.dispatch_round_scales = 1 rounds the scales of a quantised dispatch, and options.dispatch_quant is GOEP_EP_DISP_QUANT_NONE")
+		}
+		return nil
+	case C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
+		gc.cfg.Wire, f = ep.WireFP8, ep.FeatureFP8Wire
+		if gc.roundScales {
+			gc.cfg.Wire = ep.WireFP8UE8M0
+		}
+	case C.GOEP_EP_DISP_QUANT_FWD:
+		if gc.roundScales {
+			return invalidArgf("options.dispatch_round_scales = 1 with GOEP_EP_DISP_QUANT_FWD: forwarded scales travel as they are (want 0)")
+		}
+		gc.cfg.Wire, f = ep.WireFP8Forward, ep.FeatureFP8Forward
+	default:
+		return invalidArgf("options.dispatch_quant = %d: want GOEP_EP_DISP_QUANT_NONE (0), FWD (1) or DS_FP8E3M4 (2)", int(o.dispatch_quant))
+	}
+	return gc.need(f, "options.dispatch_quant = "+dispQuantName(o.dispatch_quant))
+}
+
+func dispQuantName(q C.goepEpDispQuant_t) string {
+	switch q {
+	case C.GOEP_EP_DISP_QUANT_NONE:
+		return "GOEP_EP_DISP_QUANT_NONE"
+	case C.GOEP_EP_DISP_QUANT_FWD:
+		return "GOEP_EP_DISP_QUANT_FWD"
+	case C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
+		return "GOEP_EP_DISP_QUANT_DS_FP8E3M4"
+	}
+	return fmt.Sprintf("goepEpDispQuant_t(%d)", int(q))
 }
 
 // newGroup creates the group over a duplicate of comm (collective).
@@ -212,7 +290,10 @@ type groupImpl[E ep.Element] struct {
 	comm *mpi.Comm // the duplicate of the caller's communicator
 	// gc.cfg.TopK is config.num_topk (0: each handle's) until g opens, then
 	// g's.
-	gc     groupConfig
+	gc groupConfig
+	// layout is the C layout of the group's first handle, which opened g
+	// with it (gc.cfg.Layout); every later handle's must be the same.
+	layout C.goepEpLayout_t
 	nranks int
 	fixedK int // config.num_topk: an upper bound on every handle's top-k; 0: the first handle's
 	// marks counts handle numbers taken before g opened, given to g.Mark
@@ -241,11 +322,12 @@ func newGroupImpl[E ep.Element](c *mpi.Comm, gc groupConfig) *groupImpl[E] {
 // open opens the ep.Group at the group's first handle, collectively: with
 // config.num_topk when it was set, else with K, the handle's top-k (0 when
 // this rank's handle has none to give, so that the other ranks' NewGroup
-// fails naming this rank). Every rank's first handle must agree: NewGroup
-// compares the configs and fails on every rank, naming the ranks that
-// differ. The numbers taken before are then given to the group. The caller
-// holds gi.mu.
-func (gi *groupImpl[E]) open(K int, call string) error {
+// fails naming this rank), and with the handle's layout and zone alignment,
+// which hold for the group's buffers from then on. Every rank's first
+// handle must agree: NewGroup compares the configs and fails on every rank,
+// naming the ranks that differ. The numbers taken before are then given to
+// the group. The caller holds gi.mu.
+func (gi *groupImpl[E]) open(K int, layout C.goepEpLayout_t, align int, call string) error {
 	if gi.g != nil {
 		return nil
 	}
@@ -253,11 +335,16 @@ func (gi *groupImpl[E]) open(K int, call string) error {
 	if cfg.TopK == 0 {
 		cfg.TopK = K
 	}
+	cfg.Layout = epLayout(cfg.Mode, layout)
+	if cfg.Layout == ep.LayoutExpertMajor && cfg.Mode == ep.HighThroughput {
+		cfg.ExpertAlignment = align
+	}
 	g, err := ep.NewGroup[E](gi.comm, cfg)
 	if err != nil {
-		return groupError(fmt.Errorf("%s opens the group (num_topk %d) as every rank's first handle: %w", call, cfg.TopK, err))
+		return groupError(fmt.Errorf("%s opens the group (num_topk %d, layout %s) as every rank's first handle: %w",
+			call, cfg.TopK, layoutName(layout), err))
 	}
-	gi.g, gi.gc.cfg.TopK = g, cfg.TopK
+	gi.g, gi.gc.cfg, gi.layout = g, cfg, layout
 	gi.ones = make([]float32, cfg.MaxTokensPerRank*cfg.TopK)
 	for i := range gi.ones {
 		gi.ones[i] = 1
@@ -288,6 +375,14 @@ func (gi *groupImpl[E]) lock() error {
 }
 
 func (gi *groupImpl[E]) size() int { return gi.nranks }
+
+// defaultLayout is the C layout of the mode's own ep layout.
+func (gi *groupImpl[E]) defaultLayout() C.goepEpLayout_t {
+	if gi.gc.cfg.Mode == ep.LowLatency {
+		return C.GOEP_EP_LAYOUT_EXPERT_MAJOR
+	}
+	return C.GOEP_EP_LAYOUT_FLAT
+}
 
 // deliver takes part, as a refusal, in the dispatch that the handle of a
 // refused goepEpCreateHandle stood for: the other ranks made it at once,
@@ -341,21 +436,46 @@ func (gi *groupImpl[E]) bufferBytes() (int, error) {
 	return gi.g.BufferBytes(), nil
 }
 
-// layoutFor checks that layout is one goep offers in the group's mode.
+// epLayout is ep's layout of a C layout in mode, LayoutDefault for one
+// that is not the mode's (layoutFor refuses it).
+func epLayout(mode ep.Mode, layout C.goepEpLayout_t) ep.RecvLayout {
+	switch {
+	case mode == ep.LowLatency && layout == C.GOEP_EP_LAYOUT_RANK_MAJOR:
+		return ep.LayoutRankMajor
+	case mode == ep.HighThroughput && layout == C.GOEP_EP_LAYOUT_EXPERT_MAJOR:
+		return ep.LayoutExpertMajor
+	}
+	return ep.LayoutDefault
+}
+
+// layoutFor checks that layout is one of the group's mode that its backend
+// implements, and, once a handle has opened the group, the group's.
 func (gi *groupImpl[E]) layoutFor(layout C.goepEpLayout_t) error {
 	mode := gi.gc.cfg.Mode
+	ll := mode == ep.LowLatency
 	switch {
-	case layout == C.GOEP_EP_LAYOUT_EXPERT_MAJOR && mode == ep.LowLatency, layout == C.GOEP_EP_LAYOUT_FLAT && mode == ep.HighThroughput:
-		return nil
 	case layout == C.GOEP_EP_LAYOUT_UNSET:
-		return invalidArgf("layout is GOEP_EP_LAYOUT_UNSET: choose GOEP_EP_LAYOUT_EXPERT_MAJOR (LL) or GOEP_EP_LAYOUT_FLAT (HT)")
-	case layout == C.GOEP_EP_LAYOUT_RANK_MAJOR, layout == C.GOEP_EP_LAYOUT_EXPERT_MAJOR:
-		return invalidUsagef("layout %s in %v mode is not offered by goep: LL groups take GOEP_EP_LAYOUT_EXPERT_MAJOR, HT groups GOEP_EP_LAYOUT_FLAT",
-			layoutName(layout), mode)
-	case layout == C.GOEP_EP_LAYOUT_FLAT:
-		return invalidUsagef("layout GOEP_EP_LAYOUT_FLAT is for HT groups; this is an LL group: use GOEP_EP_LAYOUT_EXPERT_MAJOR")
+		return invalidArgf("layout is GOEP_EP_LAYOUT_UNSET: choose GOEP_EP_LAYOUT_EXPERT_MAJOR or RANK_MAJOR (LL), FLAT or EXPERT_MAJOR (HT)")
+	case layout == C.GOEP_EP_LAYOUT_RANK_MAJOR && !ll:
+		return invalidUsagef("layout GOEP_EP_LAYOUT_RANK_MAJOR is for LL groups; this is an HT group: use GOEP_EP_LAYOUT_FLAT or EXPERT_MAJOR")
+	case layout == C.GOEP_EP_LAYOUT_FLAT && ll:
+		return invalidUsagef("layout GOEP_EP_LAYOUT_FLAT is for HT groups; this is an LL group: use GOEP_EP_LAYOUT_EXPERT_MAJOR or RANK_MAJOR")
+	case layout == C.GOEP_EP_LAYOUT_RANK_MAJOR:
+		if err := gi.gc.need(ep.FeatureLLRankMajor, "layout GOEP_EP_LAYOUT_RANK_MAJOR"); err != nil {
+			return err
+		}
+	case layout == C.GOEP_EP_LAYOUT_EXPERT_MAJOR && !ll:
+		if err := gi.gc.need(ep.FeatureHTExpertMajor, "layout GOEP_EP_LAYOUT_EXPERT_MAJOR in an HT group"); err != nil {
+			return err
+		}
+	case layout != C.GOEP_EP_LAYOUT_EXPERT_MAJOR && layout != C.GOEP_EP_LAYOUT_FLAT:
+		return invalidArgf("layout %d is not a goepEpLayout_t", int(layout))
 	}
-	return invalidArgf("layout %d is not a goepEpLayout_t", int(layout))
+	if gi.g != nil && layout != gi.layout {
+		return invalidUsagef("layout %s: the group's layout is %s, set by its first handle; goep lays out a group's buffers for one layout "+
+			"and does not re-open the group for another: make another group for this one", layoutName(layout), layoutName(gi.layout))
+	}
+	return nil
 }
 
 func layoutName(l C.goepEpLayout_t) string {
@@ -370,18 +490,42 @@ func layoutName(l C.goepEpLayout_t) string {
 	return fmt.Sprintf("goepEpLayout_t(%d)", int(l))
 }
 
-func readHandleConfig(p *C.goepEpHandleConfig_t) error {
+// readHandleConfig checks p (NULL: the defaults) for a handle of layout in
+// mode and returns its zone alignment: HT EXPERT_MAJOR's
+// dispatch_output_per_expert_alignment, 0 for no padding.
+func readHandleConfig(p *C.goepEpHandleConfig_t, mode ep.Mode, layout C.goepEpLayout_t) (int, error) {
 	if p == nil {
-		return nil
+		return 0, nil
 	}
 	if err := checkHeader("config", "goepEpHandleConfig_t", uint32(p.size), uint32(p.magic), C.GOEP_EP_HANDLE_CONFIG_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_HANDLE_CONFIG_INIT"); err != nil {
-		return err
+		return 0, err
 	}
-	if a := uint64(p.dispatch_output_per_expert_alignment); a > 1 {
-		return invalidUsagef("config.dispatch_output_per_expert_alignment = %d: it pads HT EXPERT_MAJOR zones, a layout goep does not offer (want 0 or 1)", a)
+	a := uint64(p.dispatch_output_per_expert_alignment)
+	switch {
+	case a <= 1:
+		return 0, nil
+	case epLayout(mode, layout) != ep.LayoutExpertMajor || mode != ep.HighThroughput:
+		return 0, invalidUsagef("config.dispatch_output_per_expert_alignment = %d: it pads the zones of the HT EXPERT_MAJOR layout, "+
+			"and this handle's is %s in %v mode (want 0 or 1)", a, layoutName(layout), mode)
+	case a&(a-1) != 0 || a > 1<<20:
+		return 0, invalidArgf("config.dispatch_output_per_expert_alignment = %d: want a power of two (up to 2^20), or 0 or 1 for no padding", a)
 	}
-	return nil
+	return int(a), nil
+}
+
+// handleAlignment checks a handle's config against the group's zone
+// alignment, once a handle has opened the group.
+func (gi *groupImpl[E]) handleAlignment(cfg *C.goepEpHandleConfig_t, layout C.goepEpLayout_t) (int, error) {
+	a, err := readHandleConfig(cfg, gi.gc.cfg.Mode, layout)
+	if err != nil || gi.g == nil || !gi.gc.cfg.HTExpertMajor() {
+		return a, err
+	}
+	if have := max(gi.gc.cfg.ExpertAlignment, 1); max(a, 1) != have {
+		return 0, invalidUsagef("config.dispatch_output_per_expert_alignment = %d: the group's zones are padded to %d rows, set by its first handle; "+
+			"goep does not re-open a group for another alignment: make another group for it", a, have)
+	}
+	return a, nil
 }
 
 func (gi *groupImpl[E]) handleMemSize(layout C.goepEpLayout_t, cfg *C.goepEpHandleConfig_t, topk int) (int, error) {
@@ -392,7 +536,7 @@ func (gi *groupImpl[E]) handleMemSize(layout C.goepEpLayout_t, cfg *C.goepEpHand
 	if err := gi.layoutFor(layout); err != nil {
 		return 0, err
 	}
-	if err := readHandleConfig(cfg); err != nil {
+	if _, err := gi.handleAlignment(cfg, layout); err != nil {
 		return 0, err
 	}
 	K, err := gi.handleTopK(topk)
@@ -413,7 +557,8 @@ func (gi *groupImpl[E]) createHandle(layout C.goepEpLayout_t, topkDesc *C.goepEp
 		if t, err := readTensor("topk_idx", topkDesc); err == nil && t != nil && len(t.shape) == 2 {
 			K = t.shape[1]
 		}
-		if err := gi.open(K, "goepEpCreateHandle"); err != nil {
+		align, _ := readHandleConfig(cfg, gi.gc.cfg.Mode, layout) // a bad one: makeHandle refuses it, after the open
+		if err := gi.open(K, layout, align, "goepEpCreateHandle"); err != nil {
 			return nil, err
 		}
 	}
@@ -434,7 +579,7 @@ func (gi *groupImpl[E]) refuse(reason string) error {
 		return err
 	}
 	defer gi.mu.Unlock()
-	if err := gi.open(0, "goepEpRefuse of a goepEpCreateHandle"); err != nil {
+	if err := gi.open(0, gi.defaultLayout(), 0, "goepEpRefuse of a goepEpCreateHandle"); err != nil {
 		return errors.Join(invalidArgf("%s", reason), err)
 	}
 	if err := gi.deliver(); err != nil {
@@ -483,7 +628,8 @@ func (gi *groupImpl[E]) initHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleC
 	if k < 0 || k > driver.MaxTopK {
 		k = 0 // makeHandle refuses it, after the open every rank takes part in
 	}
-	if err := gi.open(k, "goepEpInitHandle"); err != nil {
+	align, _ := readHandleConfig(cfg, gi.gc.cfg.Mode, layout) // a bad one: makeHandle refuses it, after the open
+	if err := gi.open(k, layout, align, "goepEpInitHandle"); err != nil {
 		return nil, err
 	}
 	h, err := gi.makeHandle(layout, cfg, numTopK, mem)
@@ -499,7 +645,7 @@ func (gi *groupImpl[E]) makeHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleC
 	if err := gi.layoutFor(layout); err != nil {
 		return nil, err
 	}
-	if err := readHandleConfig(cfg); err != nil {
+	if _, err := gi.handleAlignment(cfg, layout); err != nil {
 		return nil, err
 	}
 	maxT := gi.gc.cfg.MaxTokensPerRank

@@ -51,9 +51,20 @@ type sentDispatch[E ep.Element] struct {
 
 // dispatchOut is a dispatch's checked outputs.
 type dispatchOut struct {
-	tokens, weights, topkIdx *tensor
-	expertCounts, total      *tensor
-	global                   bool // recv_topk_idx_kind GLOBAL
+	tokens, weights, topkIdx, scales *tensor
+	expertCounts, total              *tensor
+	srcCounts, offsets               *tensor // LL RANK_MAJOR's src_rank_counters, HT EXPERT_MAJOR's expert_offsets
+	global                           bool    // recv_topk_idx_kind GLOBAL
+}
+
+// dispatchIn is a dispatch's checked inputs: the rows in the element type
+// (x), or e4m3 codes with their scales in a group forwarding them, and the
+// weights.
+type dispatchIn[E ep.Element] struct {
+	x       ep.Tensor[E]
+	codes   ep.Tensor[ep.E4M3]
+	scales  ep.Tensor[float32]
+	weights []float32
 }
 
 // lock takes the handle's group for a call.
@@ -76,6 +87,8 @@ func (h *handleImpl[E]) idle(op string) error {
 
 type dispatchConfig struct {
 	sendOnly, backward bool
+	recipe             C.goepEpDispQuant_t
+	roundScales        bool
 }
 
 func readDispatchConfig(p *C.goepEpDispatchConfig_t) (dispatchConfig, error) {
@@ -87,23 +100,44 @@ func readDispatchConfig(p *C.goepEpDispatchConfig_t) (dispatchConfig, error) {
 		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_CONFIG_INIT"); err != nil {
 		return c, err
 	}
-	recipe := C.goepEpDispQuant_t(C.GOEP_EP_DISP_QUANT_NONE)
 	if covers(p.size, unsafe.Offsetof(p.quant_recipe), unsafe.Sizeof(p.quant_recipe)) {
-		recipe = p.quant_recipe
+		c.recipe = p.quant_recipe
 	}
 	switch {
-	case p.round_scales != 0:
-		return c, invalidUsagef("config.round_scales = %d: it rounds quantisation scales, and goep's C interface offers no dispatch quantisation recipe (want 0)", uint(p.round_scales))
-	case recipe == C.GOEP_EP_DISP_QUANT_FWD || recipe == C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
-		return c, invalidUsagef("config.quant_recipe = %d: goep's C interface offers only GOEP_EP_DISP_QUANT_NONE", int(recipe))
-	case recipe != C.GOEP_EP_DISP_QUANT_NONE:
-		return c, invalidArgf("config.quant_recipe = %d: want GOEP_EP_DISP_QUANT_NONE (0), FWD (1) or DS_FP8E3M4 (2)", int(recipe))
+	case c.recipe != C.GOEP_EP_DISP_QUANT_NONE && c.recipe != C.GOEP_EP_DISP_QUANT_FWD && c.recipe != C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
+		return c, invalidArgf("config.quant_recipe = %d: want GOEP_EP_DISP_QUANT_NONE (0), FWD (1) or DS_FP8E3M4 (2)", int(c.recipe))
+	case p.round_scales > 1:
+		return c, invalidArgf("config.round_scales = %d: want 0 or 1", uint(p.round_scales))
 	case p.pass_direction != C.GOEP_EP_FWD_PASS && p.pass_direction != C.GOEP_EP_BWD_PASS:
 		return c, invalidArgf("config.pass_direction = %d: want GOEP_EP_FWD_PASS (0) or GOEP_EP_BWD_PASS (1)", int(p.pass_direction))
 	}
 	c.sendOnly = p.send_only != 0
 	c.backward = p.pass_direction == C.GOEP_EP_BWD_PASS
+	c.roundScales = p.round_scales != 0
 	return c, nil
+}
+
+// checkRecipe checks a dispatch's recipe against the group's: NONE (with
+// round_scales 0) takes the group's; any other must be the group's own,
+// since the group's buffers hold its rows in that one format.
+func (gc *groupConfig) checkRecipe(c dispatchConfig) error {
+	if c.recipe == C.GOEP_EP_DISP_QUANT_NONE && !c.roundScales {
+		return nil
+	}
+	if c.recipe == gc.dispQuant && c.roundScales == gc.roundScales {
+		return nil
+	}
+	return invalidUsagef("config.quant_recipe = %s and config.round_scales = %d, but this group's dispatches are %s with round_scales %d "+
+		"(goepEpGroupOptions_t.dispatch_quant and dispatch_round_scales): goep lays out a group's buffers for one format, so the recipe is "+
+		"the group's; pass GOEP_EP_DISP_QUANT_NONE or the group's recipe, or make a group with this one",
+		dispQuantName(c.recipe), b2i(c.roundScales), dispQuantName(gc.dispQuant), b2i(gc.roundScales))
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (h *handleImpl[E]) setID(id, gid uint64) { h.id, h.gid = id, gid }
@@ -299,22 +333,24 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		return h.refuseDispatch(invalidUsagef("two LL dispatches of the group wait for their combine: combine or destroy "+
 			"handle %#x, the earlier of them, first (it holds the buffers this dispatch needs)", id))
 	}
-	cfg, x, weights, o, err := h.dispatchArgs(in, out, info, cfgp)
+	cfg, din, o, err := h.dispatchArgs(in, out, info, cfgp)
 	if err != nil {
 		return h.refuseDispatch(err)
 	}
 	var req ep.DispatchRequest[E]
 	h.g.dispatches++ // even one that fails may have reused the receive buffer
 	number := h.g.dispatches
+	var input ep.DispatchInput[E]
 	if h.dispatched {
-		req, err = h.g.g.DispatchSend(ep.Reuse(h.eh, x, weights))
+		input = ep.Reuse(h.eh, din.x, din.weights)
 	} else {
-		req, err = h.g.g.DispatchSend(ep.Tokens(x, h.topk, weights))
+		input = ep.Tokens(din.x, h.topk, din.weights)
 	}
-	if err != nil {
+	input.Codes, input.Scales = din.codes, din.scales
+	if req, err = h.g.g.DispatchSend(input); err != nil {
 		return err
 	}
-	h.hasWeights = h.hasWeights || (weights != nil && in.topk_weights != nil)
+	h.hasWeights = h.hasWeights || (din.weights != nil && in.topk_weights != nil)
 	if cfg.sendOnly {
 		h.sentDispatch = &sentDispatch[E]{req: req, out: o, number: number}
 		return nil
@@ -325,11 +361,14 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 // dispatchArgs checks a dispatch's structs and tensors and makes ep's
 // arguments of them.
 func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t,
-	cfgp *C.goepEpDispatchConfig_t) (cfg dispatchConfig, x ep.Tensor[E], weights []float32, o dispatchOut, err error) {
+	cfgp *C.goepEpDispatchConfig_t) (cfg dispatchConfig, din dispatchIn[E], o dispatchOut, err error) {
 	if cfg, err = readDispatchConfig(cfgp); err != nil {
 		return
 	}
-	if x, weights, err = h.dispatchInputs(in); err != nil {
+	if err = h.g.gc.checkRecipe(cfg); err != nil {
+		return
+	}
+	if din, err = h.dispatchInputs(in); err != nil {
 		return
 	}
 	if o, err = h.dispatchOutputs(out, info); err != nil {
@@ -340,7 +379,7 @@ func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEp
 		switch {
 		case !h.dispatched:
 			err = invalidUsagef("a backward (GOEP_EP_BWD_PASS) dispatch reuses the routing of an earlier dispatch of the handle, and this handle has none")
-		case weights != nil:
+		case din.weights != nil:
 			err = invalidArgf("inputs->topk_weights must be NULL in a backward dispatch")
 		case o.weights != nil || o.topkIdx != nil:
 			err = invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in a backward dispatch")
@@ -349,12 +388,12 @@ func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEp
 			return
 		}
 	}
-	if !h.dispatched && weights == nil {
+	if !h.dispatched && din.weights == nil {
 		if !ll {
 			err = invalidArgf("inputs->topk_weights is required by an HT handle's first dispatch ([num_tokens, num_topk] float32)")
 			return
 		}
-		weights = h.g.ones[:h.T*h.g.gc.cfg.TopK]
+		din.weights = h.g.ones[:h.T*h.g.gc.cfg.TopK]
 	}
 	return
 }
@@ -368,41 +407,101 @@ func (h *handleImpl[E]) finishDispatch(req ep.DispatchRequest[E], o dispatchOut,
 	return h.writeOutputs(o)
 }
 
-// dispatchInputs checks the inputs: the tokens and the optional weights.
-func (h *handleImpl[E]) dispatchInputs(in *C.goepEpDispatchInputs_t) (ep.Tensor[E], []float32, error) {
-	var x ep.Tensor[E]
+// dispatchInputs checks the inputs: the tokens (or, in a group forwarding
+// FP8 rows, their e4m3 codes and scales) and the optional weights.
+func (h *handleImpl[E]) dispatchInputs(in *C.goepEpDispatchInputs_t) (dispatchIn[E], error) {
+	var d dispatchIn[E]
 	if in == nil {
-		return x, nil, invalidArgf("inputs is NULL")
+		return d, invalidArgf("inputs is NULL")
 	}
 	if err := checkHeader("inputs", "goepEpDispatchInputs_t", uint32(in.size), uint32(in.magic), C.GOEP_EP_DISPATCH_INPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_INPUTS_INIT"); err != nil {
-		return x, nil, err
+		return d, err
 	}
-	cfg := h.g.gc
-	H, K := cfg.cfg.Hidden, cfg.cfg.TopK
+	gc := h.g.gc
+	H, K, G := gc.cfg.Hidden, gc.cfg.TopK, ep.ScaleGroups(gc.cfg.Hidden)
+	forward := gc.cfg.Wire == ep.WireFP8Forward
 	tok, err := need("inputs->tokens", in.tokens)
-	if err == nil {
-		err = tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{cfg.elem}, h.T, H)
+	if err != nil {
+		return d, err
+	}
+	if forward {
+		if tok.dtype != dtFloat8e4 {
+			return d, invalidUsagef("inputs->tokens has datatype %s: this group forwards FP8 rows (GOEP_EP_DISP_QUANT_FWD), and goep forwards "+
+				"e4m3 codes (goepEpFloat8e4m3) with float32 scales, one per 128 elements; NCCL EP's other forwarded payloads "+
+				"(bfloat16, float16, float32 or float4x2 rows) are not offered", tok.dtype)
+		}
+		err = tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{dtFloat8e4}, h.T, H)
+	} else {
+		err = tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{gc.elem}, h.T, H)
 	}
 	if err != nil {
-		return x, nil, err
+		return d, err
 	}
-	if in.scales != nil {
-		return x, nil, invalidUsagef("inputs->scales must be NULL: goep's C interface offers no quantisation recipe")
+	sc, err := readTensor("inputs->scales", in.scales)
+	if err != nil {
+		return d, err
+	}
+	switch {
+	case forward && sc == nil:
+		return d, invalidArgf("inputs->scales is required by GOEP_EP_DISP_QUANT_FWD: [num_tokens, %d] float32, one scale per 128 elements of a row", G)
+	case forward && sc.dtype != dtFloat32:
+		return d, invalidUsagef("inputs->scales has datatype %s: goep forwards float32 scales (one per 128 elements); NCCL EP's other "+
+			"forwarded scales (uint8 exponents, bfloat16, float16) are not offered (ep.ScalesFromUE8M0 widens UE8M0 exponents exactly)", sc.dtype)
+	case forward && len(sc.shape) == 2 && sc.shape[0] == h.T && sc.shape[1] != G:
+		return d, invalidUsagef("inputs->scales has %d scales a row (shape %s): goep forwards one float32 scale per 128 elements, "+
+			"%d for hidden %d; other scale counts are not offered", sc.shape[1], shapeString(sc.shape), G, H)
+	case forward:
+		if err := sc.want("[num_tokens, scale groups of hidden]", []dataType{dtFloat32}, h.T, G); err != nil {
+			return d, err
+		}
+		d.codes, d.scales = ep.Host(view[ep.E4M3](tok, h.T*H)), ep.Host(view[float32](sc, h.T*G))
+	case sc != nil:
+		return d, invalidArgf("inputs->scales must be NULL: it carries forwarded scales (GOEP_EP_DISP_QUANT_FWD), and this group's dispatches are %s",
+			dispQuantName(gc.dispQuant))
+	default:
+		d.x = ep.Host(view[E](tok, h.T*H))
 	}
 	w, err := readTensor("inputs->topk_weights", in.topk_weights)
 	if err == nil && w != nil {
 		err = w.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, h.kh)
 	}
 	if err != nil {
-		return x, nil, err
+		return d, err
 	}
-	var weights []float32
 	if w != nil {
-		weights = h.widen(view[float32](w, h.T*h.kh), K)
+		d.weights = h.widen(view[float32](w, h.T*h.kh), K)
 	}
-	return ep.Host(view[E](tok, h.T*H)), weights, nil
+	return d, nil
 }
+
+// outShape is how a dispatch of the group lays out its outputs: the
+// leading dimensions of a row (rowDims), named by what, and the layout's.
+type outShape struct {
+	rowDims []int  // the dimensions before hidden, num_topk or the scale groups (-1: any)
+	what    string // their names, e.g. "[local_experts, nranks * max_dispatch_tokens_per_rank"
+	ll, rm  bool   // LowLatency; its RANK_MAJOR layout
+	em      bool   // HighThroughput's EXPERT_MAJOR layout
+	fp8     bool   // rows arrive as e4m3 codes with float32 scales
+}
+
+func (h *handleImpl[E]) outShape() outShape {
+	gc := h.g.gc
+	R, L, maxT := h.g.g.Size(), h.g.g.LocalExperts(), gc.cfg.MaxTokensPerRank
+	s := outShape{ll: gc.cfg.Mode == ep.LowLatency, rm: gc.cfg.LLRankMajor(), em: gc.cfg.HTExpertMajor(), fp8: gc.cfg.Wire.FP8()}
+	switch {
+	case s.rm:
+		s.rowDims, s.what = []int{R, maxT}, "[nranks, max_dispatch_tokens_per_rank"
+	case s.ll:
+		s.rowDims, s.what = []int{L, R * maxT}, "[local_experts, nranks * max_dispatch_tokens_per_rank"
+	default:
+		s.rowDims, s.what = []int{-1}, "[slots"
+	}
+	return s
+}
+
+// dims is rowDims then last.
+func (s outShape) dims(last ...int) []int { return append(slices.Clone(s.rowDims), last...) }
 
 // dispatchOutputs checks the outputs and the layout info against the layout.
 func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t) (dispatchOut, error) {
@@ -416,47 +515,68 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 	}
 	gc := h.g.gc
 	R, L := h.g.g.Size(), h.g.g.LocalExperts()
-	H, K, maxT := gc.cfg.Hidden, gc.cfg.TopK, gc.cfg.MaxTokensPerRank
-	ll := gc.cfg.Mode == ep.LowLatency
+	H, K, G := gc.cfg.Hidden, gc.cfg.TopK, ep.ScaleGroups(gc.cfg.Hidden)
+	s := h.outShape()
+	layout := layoutName(h.g.layout)
 	var err error
 	// outputs->tokens NULL: the rows stay in the group's buffer, read in
 	// place through goepEpHandleRecvTokens.
-	if o.tokens, err = readTensor("outputs->tokens", out.tokens); err != nil {
+	if o.tokens, err = readTensor("outputs->tokens", out.tokens); err == nil && o.tokens != nil {
+		types := []dataType{gc.elem}
+		if s.fp8 {
+			types = []dataType{dtFloat8e4} // the codes of an FP8 dispatch
+		}
+		err = o.tokens.want(s.what+", hidden]", types, s.dims(H)...)
+	}
+	if err != nil {
 		return o, err
 	}
-	if out.scales != nil {
-		return o, invalidUsagef("outputs->scales must be NULL: goep's C interface offers no quantisation recipe")
-	}
-	if ll {
-		if o.tokens != nil {
-			if err := o.tokens.want("[local_experts, nranks * max_dispatch_tokens_per_rank, hidden]", []dataType{gc.elem}, L, R*maxT, H); err != nil {
-				return o, err
-			}
+	if o.scales, err = readTensor("outputs->scales", out.scales); err == nil && o.scales != nil {
+		if !s.fp8 {
+			return o, invalidArgf("outputs->scales must be NULL: this group's dispatches move the rows in %v (options.dispatch_quant NONE), without scales", gc.elem)
 		}
+		err = o.scales.want(s.what+", scale groups of hidden] (one float32 scale per 128 elements)", []dataType{dtFloat32}, s.dims(G)...)
+	}
+	if err != nil {
+		return o, err
+	}
+	if s.fp8 && o.scales == nil && o.tokens != nil {
+		return o, invalidArgf("outputs->scales is required by an FP8 dispatch (%s): %s, %d] float32, the scales of outputs->tokens' codes",
+			dispQuantName(gc.dispQuant), s.what, G)
+	}
+	if s.fp8 && o.tokens == nil {
+		return o, invalidUsagef("outputs->tokens is NULL, and an FP8 dispatch's rows (e4m3 codes and their scales) are not read in place: " +
+			"pass outputs->tokens and outputs->scales")
+	}
+	switch {
+	case s.ll && !s.rm:
 		if out.topk_weights != nil || out.topk_idx != nil {
 			return o, invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in the LL EXPERT_MAJOR layout (a row's expert is its block; combine applies the weights)")
 		}
-	} else {
-		if o.tokens != nil {
-			if err := o.tokens.want("[slots, hidden]", []dataType{gc.elem}, -1, H); err != nil {
-				return o, err
-			}
+	case s.em:
+		if out.topk_idx != nil {
+			return o, invalidArgf("outputs->topk_idx must be NULL in the HT EXPERT_MAJOR layout (a row's expert is its zone)")
 		}
 		if o.weights, err = readTensor("outputs->topk_weights", out.topk_weights); err == nil && o.weights != nil {
-			err = o.weights.want("[slots, num_topk]", []dataType{dtFloat32}, -1, K)
+			err = o.weights.want("[slots] (one weight per row of the HT EXPERT_MAJOR layout)", []dataType{dtFloat32}, -1)
+		}
+	default:
+		if o.weights, err = readTensor("outputs->topk_weights", out.topk_weights); err == nil && o.weights != nil {
+			err = o.weights.want(s.what+", num_topk]", []dataType{dtFloat32}, s.dims(K)...)
 		}
 		if err != nil {
 			return o, err
 		}
 		if o.topkIdx, err = readTensor("outputs->topk_idx", out.topk_idx); err == nil && o.topkIdx != nil {
-			err = o.topkIdx.want("[slots, num_topk]", []dataType{dtInt32, dtInt64}, -1, K)
-		}
-		if err != nil {
-			return o, err
+			err = o.topkIdx.want(s.what+", num_topk]", []dataType{dtInt32, dtInt64}, s.dims(K)...)
 		}
 	}
+	if err != nil {
+		return o, err
+	}
+	needCounters := s.ll && !s.rm
 	if info == nil {
-		if ll {
+		if needCounters {
 			return o, invalidArgf("layout_info is required by an LL EXPERT_MAJOR dispatch: its expert_counters say how many rows of each expert are valid")
 		}
 		return o, nil
@@ -470,10 +590,10 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 		kind = info.recv_topk_idx_kind
 	}
 	switch {
-	case info.src_rank_counters != nil:
-		return o, invalidUsagef("layout_info->src_rank_counters is for the RANK_MAJOR layout, which goep does not offer: leave it NULL")
-	case info.expert_offsets != nil:
-		return o, invalidUsagef("layout_info->expert_offsets is for the HT EXPERT_MAJOR layout, which goep does not offer: leave it NULL")
+	case info.src_rank_counters != nil && !s.rm:
+		return o, invalidArgf("layout_info->src_rank_counters is for the LL RANK_MAJOR layout; this group's is %s: leave it NULL", layout)
+	case info.expert_offsets != nil && !s.em:
+		return o, invalidArgf("layout_info->expert_offsets is for the HT EXPERT_MAJOR layout; this group's is %s: leave it NULL", layout)
 	}
 	switch kind {
 	case C.GOEP_EP_EXPERT_ID_AUTO, C.GOEP_EP_EXPERT_ID_LOCAL:
@@ -488,8 +608,20 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 	if err != nil {
 		return o, err
 	}
-	if ll && o.expertCounts == nil {
+	if needCounters && o.expertCounts == nil {
 		return o, invalidArgf("layout_info->expert_counters is required by an LL EXPERT_MAJOR dispatch ([local_experts] int32)")
+	}
+	if o.srcCounts, err = readTensor("layout_info->src_rank_counters", info.src_rank_counters); err == nil && o.srcCounts != nil {
+		err = o.srcCounts.want("[nranks]", []dataType{dtInt32, dtInt64}, R)
+	}
+	if err != nil {
+		return o, err
+	}
+	if o.offsets, err = readTensor("layout_info->expert_offsets", info.expert_offsets); err == nil && o.offsets != nil {
+		err = o.offsets.want("[local_experts]", []dataType{dtInt32, dtInt64}, L)
+	}
+	if err != nil {
+		return o, err
 	}
 	if o.total, err = readTensor("layout_info->recv_total_counter", info.recv_total_counter); err == nil && o.total != nil {
 		err = o.total.want("[1]", []dataType{dtInt32, dtInt64}, 1)
@@ -497,55 +629,125 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 	return o, err
 }
 
+// rowCopier copies received rows, by row index of the layout, into a
+// dispatch's outputs: the rows (or their e4m3 codes and scales), their
+// top-k weights and ids.
+type rowCopier[E ep.Element] struct {
+	h      *handleImpl[E]
+	o      dispatchOut
+	H, K   int
+	G      int
+	wPer   int   // weights a row: K, or 1 in HT EXPERT_MAJOR
+	base   int32 // added to the local expert ids (GLOBAL)
+	rows   []E
+	codes  []ep.E4M3
+	scales []float32
+	w      []float32
+	ids    []int32
+}
+
+func (h *handleImpl[E]) rowCopier(o dispatchOut, s outShape) *rowCopier[E] {
+	gc := h.g.gc
+	c := &rowCopier[E]{h: h, o: o, H: gc.cfg.Hidden, K: gc.cfg.TopK, G: ep.ScaleGroups(gc.cfg.Hidden), wPer: gc.cfg.TopK}
+	if s.em {
+		c.wPer = 1
+	}
+	if s.fp8 {
+		c.codes, c.scales = h.eh.RecvFP8().Host(), h.eh.RecvScales().Host()
+	} else {
+		c.rows = h.eh.Recv().Host()
+	}
+	if o.weights != nil {
+		c.w = h.eh.RecvWeights().Host()
+	}
+	if o.topkIdx != nil {
+		c.ids = h.eh.RecvTopK().Host()
+		if o.global {
+			c.base = int32(h.g.g.Rank() * h.g.g.LocalExperts())
+		}
+	}
+	return c
+}
+
+// copy copies n rows from row r of the layout.
+func (c *rowCopier[E]) copy(r, n int) {
+	o, H, K, G := c.o, c.H, c.K, c.G
+	if o.tokens != nil {
+		if c.codes != nil {
+			copy(view[ep.E4M3](o.tokens, (r+n)*H)[r*H:], c.codes[r*H:(r+n)*H])
+		} else {
+			copy(view[E](o.tokens, (r+n)*H)[r*H:], c.rows[r*H:(r+n)*H])
+		}
+	}
+	if o.scales != nil {
+		copy(view[float32](o.scales, (r+n)*G)[r*G:], c.scales[r*G:(r+n)*G])
+	}
+	if o.weights != nil {
+		copy(view[float32](o.weights, (r+n)*c.wPer)[r*c.wPer:], c.w[r*c.wPer:(r+n)*c.wPer])
+	}
+	if o.topkIdx != nil {
+		ids := c.ids[r*K : (r+n)*K]
+		if o.topkIdx.dtype == dtInt32 {
+			dst := view[int32](o.topkIdx, (r+n)*K)[r*K:]
+			for i, e := range ids {
+				dst[i] = shift(e, c.base)
+			}
+		} else {
+			dst := view[int64](o.topkIdx, (r+n)*K)[r*K:]
+			for i, e := range ids {
+				dst[i] = int64(shift(e, c.base))
+			}
+		}
+	}
+}
+
 // writeOutputs copies what the dispatch received into the caller's outputs,
 // after checking that they hold it: nothing is written otherwise.
 func (h *handleImpl[E]) writeOutputs(o dispatchOut) error {
 	gc := h.g.gc
-	H, K := gc.cfg.Hidden, gc.cfg.TopK
+	s := h.outShape()
 	counts := h.eh.ExpertCounts()
 	n := h.eh.NumRecv()
-	// With o.tokens nil the rows stay where they are (goepEpHandleRecvTokens).
-	if gc.cfg.Mode == ep.LowLatency {
-		span := h.g.g.Size() * gc.cfg.MaxTokensPerRank * H
-		if o.tokens != nil {
-			recv, dst := h.eh.Recv().Host(), view[E](o.tokens, o.tokens.elems)
-			for l, c := range counts {
-				copy(dst[l*span:l*span+c*H], recv[l*span:l*span+c*H])
-			}
-		}
-	} else {
+	if s.em {
+		counts = h.paddedCounts()
+		n = h.eh.ExpertOffsets()[len(counts)]
+	}
+	if !s.ll {
 		max := "config.max_recv_tokens_per_rank rows always do"
-		for _, t := range []*tensor{o.tokens, o.weights, o.topkIdx} {
+		for _, t := range []*tensor{o.tokens, o.scales, o.weights, o.topkIdx} {
 			if t != nil {
 				if err := t.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows: "+max); err != nil {
 					return err
 				}
 			}
 		}
-		if o.tokens != nil {
-			copy(view[E](o.tokens, n*H), h.eh.Recv().Host()[:n*H])
+	}
+	// With o.tokens nil the rows stay where they are (goepEpHandleRecvTokens).
+	c := h.rowCopier(o, s)
+	switch {
+	case s.rm:
+		maxT := gc.cfg.MaxTokensPerRank
+		src := h.eh.SourceCounts()
+		for r, k := range src {
+			c.copy(r*maxT, k)
 		}
-		if o.weights != nil {
-			copy(view[float32](o.weights, n*K), h.eh.RecvWeights().Host()[:n*K])
+		n = 0
+		for _, k := range src {
+			n += k
 		}
-		if o.topkIdx != nil {
-			base := int32(0)
-			if o.global {
-				base = int32(h.g.g.Rank() * h.g.g.LocalExperts())
-			}
-			ids := h.eh.RecvTopK().Host()[:n*K]
-			if o.topkIdx.dtype == dtInt32 {
-				dst := view[int32](o.topkIdx, n*K)
-				for i, e := range ids {
-					dst[i] = shift(e, base)
-				}
-			} else {
-				dst := view[int64](o.topkIdx, n*K)
-				for i, e := range ids {
-					dst[i] = int64(shift(e, base))
-				}
-			}
+		if o.srcCounts != nil {
+			writeInts(o.srcCounts, src)
 		}
+	case s.ll:
+		span := h.g.g.Size() * gc.cfg.MaxTokensPerRank
+		for l, k := range counts {
+			c.copy(l*span, k)
+		}
+	default:
+		c.copy(0, n)
+	}
+	if o.offsets != nil {
+		writeInts(o.offsets, h.eh.ExpertOffsets()[:len(counts)])
 	}
 	if o.expertCounts != nil {
 		writeInts(o.expertCounts, counts)
@@ -554,6 +756,17 @@ func (h *handleImpl[E]) writeOutputs(o dispatchOut) error {
 		writeInts(o.total, []int{n})
 	}
 	return nil
+}
+
+// paddedCounts are the rows of each zone of an HT EXPERT_MAJOR dispatch,
+// padding included, as NCCL EP's expert_counters of that layout count them.
+func (h *handleImpl[E]) paddedCounts() []int {
+	off := h.eh.ExpertOffsets()
+	c := make([]int, len(off)-1)
+	for l := range c {
+		c[l] = off[l+1] - off[l]
+	}
+	return c
 }
 
 func shift(e, base int32) int32 {
@@ -672,19 +885,22 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 		return y, outTok, nil, err
 	}
 	gc := h.g.gc
-	R, L := h.g.g.Size(), h.g.g.LocalExperts()
-	H, K, maxT := gc.cfg.Hidden, gc.cfg.TopK, gc.cfg.MaxTokensPerRank
-	ll := gc.cfg.Mode == ep.LowLatency
+	H, K := gc.cfg.Hidden, gc.cfg.TopK
+	s := h.outShape()
+	ll := s.ll
 	n := h.eh.NumRecv()
+	if s.em {
+		n = h.eh.ExpertOffsets()[h.g.g.LocalExperts()]
+	}
 	tok, err := need("inputs->tokens", in.tokens)
 	if err != nil {
 		return y, outTok, nil, err
 	}
 	rows := n
 	if ll {
-		rows = L * R * maxT
-		err = tok.want("[local_experts, nranks * max_dispatch_tokens_per_rank, hidden] (as the dispatch's outputs->tokens)", []dataType{gc.elem}, L, R*maxT, H)
-	} else if err = tok.want("[slots, hidden] (as the dispatch's outputs->tokens)", []dataType{gc.elem}, -1, H); err == nil {
+		rows = s.rowDims[0] * s.rowDims[1]
+		err = tok.want(s.what+", hidden] (the dispatch's outputs->tokens, in the token type)", []dataType{gc.elem}, s.dims(H)...)
+	} else if err = tok.want("[slots, hidden] (the dispatch's outputs->tokens, in the token type)", []dataType{gc.elem}, -1, H); err == nil {
 		err = tok.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows in the dispatch")
 	}
 	if err != nil {
@@ -709,7 +925,13 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 		return y, outTok, nil, err
 	}
 	opts = &ep.CombineOptions{}
-	if ll {
+	switch {
+	case s.rm:
+		if inW != nil || outW != nil {
+			return y, outTok, nil, invalidArgf("inputs->topk_weights and outputs->topk_weights must be NULL in the LL RANK_MAJOR layout: " +
+				"the expert side applies the weights (outputs->topk_weights of the dispatch), and combine sums the ranks' rows")
+		}
+	case ll:
 		if inW != nil {
 			return y, outTok, nil, invalidArgf("inputs->topk_weights is for HT combines; an LL combine takes the weights it applies in outputs->topk_weights")
 		}
@@ -718,11 +940,18 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 		} else if !h.hasWeights {
 			return y, outTok, nil, invalidArgf("an LL combine applies the gate weights: give them in outputs->topk_weights ([num_tokens, num_topk] float32), or in the dispatch's inputs->topk_weights")
 		}
-	} else {
+	default:
+		perRow := K
+		if inW != nil && s.em {
+			perRow = 1
+			err = inW.want("[slots] (one value per row of the HT EXPERT_MAJOR layout)", []dataType{dtFloat32}, -1)
+		} else if inW != nil {
+			err = inW.want("[slots, num_topk]", []dataType{dtFloat32}, -1, K)
+		}
+		if err != nil {
+			return y, outTok, nil, err
+		}
 		if inW != nil {
-			if err := inW.want("[slots, num_topk]", []dataType{dtFloat32}, -1, K); err != nil {
-				return y, outTok, nil, err
-			}
 			if err := inW.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows in the dispatch"); err != nil {
 				return y, outTok, nil, err
 			}
@@ -733,7 +962,7 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 		case cfg.backward && inW == nil:
 			return y, outTok, nil, invalidArgf("a backward (GOEP_EP_BWD_PASS) HT combine needs inputs->topk_weights and outputs->topk_weights")
 		case inW != nil:
-			opts.RowValues = ep.Host(view[float32](inW, n*K))
+			opts.RowValues = ep.Host(view[float32](inW, n*perRow))
 			opts.SlotValues = ep.Host(view[float32](outW, h.T*K))
 		}
 	}
@@ -792,6 +1021,10 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 	if err := h.idle("goepEpHandleRecvTokens"); err != nil {
 		return err
 	}
+	if h.g.gc.cfg.Wire.FP8() {
+		return invalidUsagef("goepEpHandleRecvTokens: this group's dispatches are %s, whose rows arrive as e4m3 codes with their scales: "+
+			"pass outputs->tokens and outputs->scales to goepEpDispatch instead", dispQuantName(h.g.gc.dispQuant))
+	}
 	if !h.dispatched {
 		return invalidUsagef("the handle has not been dispatched")
 	}
@@ -808,7 +1041,7 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 	H := gc.cfg.Hidden
 	dims := []int{len(rows) / H, H}
 	if ll {
-		dims = []int{h.g.g.LocalExperts(), h.g.g.Size() * gc.cfg.MaxTokensPerRank, H}
+		dims = h.outShape().dims(H)
 	}
 	sizes := unsafe.Slice(v.sizes, len(dims))
 	for i, d := range dims {

@@ -163,6 +163,17 @@ static void test_group_config(void) {
     c = config(GOEP_EP_ALGO_HIGH_THROUGHPUT);
     EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument, "is for LowLatency groups");
     c = config(GOEP_EP_ALGO_LOW_LATENCY);
+    o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.dispatch_quant = 3;
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument, "options.dispatch_quant = 3");
+    o.dispatch_quant = GOEP_EP_DISP_QUANT_FWD, o.dispatch_round_scales = 1;
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument,
+              "options.dispatch_round_scales = 1 with GOEP_EP_DISP_QUANT_FWD");
+    o.dispatch_quant = GOEP_EP_DISP_QUANT_NONE;
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument, "options.dispatch_round_scales = 1");
+    /* A version-1 options struct (24 bytes) is read without the fields it lacks: its dispatches are NONE. */
+    o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.size = GOEP_EP_GROUP_OPTIONS_V1_SIZE, o.dispatch_quant = 3;
+    OK(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o));
+    OK(goepEpGroupDestroy(g));
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.num_topk = 65;
     EXPECT_RC(goepEpCreateGroup(&g, MPI_COMM_WORLD, &c), goepEpInvalidArgument, "config.num_topk = 65: want 0 (each handle's) or 1..64");
     c = config(GOEP_EP_ALGO_LOW_LATENCY), c.max_token_bytes = 2 * H + 1;
@@ -191,6 +202,12 @@ static void test_group_config(void) {
            "goepEpBufferPlan(4 ranks, 2 nodes): shared %llu, window %llu, ranks per node %u, per node %llu",
            (unsigned long long)info.shared_per_rank, (unsigned long long)info.window_per_rank, info.ranks_per_node,
            (unsigned long long)info.per_node);
+    /* FP8 rows: each row's codes and scales take less than its bfloat16 elements. */
+    goepEpMemInfo_t info8 = GOEP_EP_MEM_INFO_INIT;
+    o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.dispatch_quant = GOEP_EP_DISP_QUANT_DS_FP8E3M4;
+    OK(goepEpBufferPlanWithOptions(&c, &o, 4, 2, &info8));
+    EXPECT(info8.shared_per_rank < info.shared_per_rank, "FP8 rows: shared %llu, bfloat16 rows: %llu",
+           (unsigned long long)info8.shared_per_rank, (unsigned long long)info.shared_per_rank);
     EXPECT_RC(goepEpBufferPlan(&c, 4, 5, &info), goepEpInvalidArgument, "5 nodes for 4 ranks");
     info.magic = 0;
     EXPECT_RC(goepEpBufferPlan(&c, 4, 2, &info), goepEpInvalidArgument, "GOEP_EP_MEM_INFO_INIT");
@@ -248,7 +265,7 @@ static void test_handles_and_ll_dispatch(void) {
     EXPECT_RC(goepEpCreateHandle(&h, g, GOEP_EP_LAYOUT_FLAT, &in.topk_t, NULL, NULL, NULL), goepEpInvalidUsage,
               "GOEP_EP_LAYOUT_FLAT is for HT groups");
     EXPECT_RC(goepEpCreateHandle(&h, g, GOEP_EP_LAYOUT_RANK_MAJOR, &in.topk_t, NULL, NULL, NULL), goepEpInvalidUsage,
-              "not offered by goep");
+              "the group's layout is GOEP_EP_LAYOUT_EXPERT_MAJOR, set by its first handle");
     EXPECT_RC(goepEpCreateHandle(&h, g, GOEP_EP_LAYOUT_UNSET, &in.topk_t, NULL, NULL, NULL), goepEpInvalidArgument,
               "GOEP_EP_LAYOUT_UNSET");
     goepEpLayoutInfo_t li = GOEP_EP_LAYOUT_INFO_INIT;
@@ -311,7 +328,9 @@ static void test_handles_and_ll_dispatch(void) {
     dc.round_scales = 1;
     EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, &dc, NULL), goepEpInvalidUsage, "round_scales");
     dc = (goepEpDispatchConfig_t)GOEP_EP_DISPATCH_CONFIG_INIT, dc.quant_recipe = GOEP_EP_DISP_QUANT_DS_FP8E3M4;
-    EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, &dc, NULL), goepEpInvalidUsage, "config.quant_recipe = 2");
+    EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, &dc, NULL), goepEpInvalidUsage,
+              "config.quant_recipe = GOEP_EP_DISP_QUANT_DS_FP8E3M4 and config.round_scales = 0, but this group's dispatches are "
+              "GOEP_EP_DISP_QUANT_NONE");
     /* A version-1 config (20 bytes, no quant_recipe) is read without the field it lacks. */
     dc.size = GOEP_EP_DISPATCH_CONFIG_V1_SIZE, dc.round_scales = 1;
     EXPECT_RC(goepEpDispatch(h, &din, &dout, &li, &dc, NULL), goepEpInvalidUsage, "config.round_scales = 1");

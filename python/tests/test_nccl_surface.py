@@ -51,8 +51,10 @@ def test_nccl_core_types_describe_tensors():
     t = nccl_ep.Tensor(a.ctypes.data, dtype=nccl_core.BFLOAT16, shape=(2, 3))
     assert t.datatype == nccl_core.BFLOAT16 and t.data == a.ctypes.data
     assert {nccl_core.INT64: 8}[nccl_ep.Tensor(np.zeros(4, np.int64)).datatype] == 8
-    with pytest.raises(nccl_ep.NcclInvalid, match="dtype=FLOAT8E4M3 .* has no goep element type"):
-        nccl_ep.Tensor(np.zeros(4, np.uint8), dtype=nccl_core.FLOAT8E4M3)
+    # e4m3 codes (an FP8 dispatch's) are bytes described as FLOAT8E4M3; other element sizes are refused.
+    assert nccl_ep.Tensor(np.zeros(4, np.uint8), dtype=nccl_core.FLOAT8E4M3).datatype == nccl_core.FLOAT8E4M3
+    with pytest.raises(nccl_ep.NcclInvalid, match="dtype=FLOAT8E4M3 has 1-byte elements but the memory's are 2 bytes"):
+        nccl_ep.Tensor(np.zeros(4, np.uint16), dtype=nccl_core.FLOAT8E4M3)
 
 
 def test_unique_id():
@@ -193,11 +195,15 @@ def test_enums_have_nccls_numbers():
     assert [(m.name, int(m)) for m in nccl_ep.ZeroCopyMode] == [("AUTO", 0), ("OFF", 1), ("ON", 2)]
     assert nccl_ep.OverflowPolicy.OVERFLOW_DROP is nccl_ep.OverflowPolicy.DROP
     assert nccl_ep.ZeroCopyMode.ZERO_COPY_ON is nccl_ep.ZeroCopyMode.ON
+    # ncclEpDispQuant_t, ncclEpCombQuant_t; goep's FP8 combine numbered apart from NCCL's recipes.
+    assert [(m.name, int(m)) for m in nccl_ep.DispatchQuantizationRecipe] == [("NONE", 0), ("FWD", 1), ("DS_FP8E3M4", 2)]
+    assert [(m.name, int(m)) for m in nccl_ep.CombineQuantizationRecipe] == [("NONE", 0), ("NVFP4", 1), ("FP8", 0x100),
+                                                                           ("FP8_UE8M0", 0x101)]
 
 
 def test_group_config_fields_in_nccls_order():
     names = [f.name for f in dataclasses.fields(nccl_ep.GroupConfig)]
-    assert names == NCCL_GROUP_FIELDS + ["datatype", "backend"]
+    assert names == NCCL_GROUP_FIELDS + ["datatype", "backend", "combine_quant", "dispatch_quant", "dispatch_round_scales"]
     d = nccl_ep.GroupConfig()
     assert (d.num_topk, d.zero_copy, d.overflow_policy, d.alloc) == (0, 0, 0, nccl_ep.AllocConfig(0, 0, 0))
     p = nccl_ep.GroupConfig(HT, 8, 16, 64, 256, 1 << 20)
@@ -227,7 +233,11 @@ def test_gpu_only_fields_leave_the_plan_as_it_is():
     (dict(num_topk=-1), "GroupConfig.num_topk = -1"),
     (dict(zero_copy=3), "GroupConfig.zero_copy = 3: want one of AUTO, OFF, ON"),
     (dict(overflow_policy=7), "GroupConfig.overflow_policy = 7: want one of AUTO, TRAP, DROP"),
-    (dict(datatype=nccl_core.FLOAT8E4M3), "GroupConfig.datatype = <NcclDataType.FLOAT8E4M3: 10>: want one of"),
+    (dict(datatype=nccl_core.FLOAT8E4M3), r"config.datatype = float8e4m3 \(10\): want BFLOAT16 or FLOAT32"),
+    (dict(datatype=nccl_core.UINT64), r"config.datatype = uint64 \(5\): want BFLOAT16 or FLOAT32"),
+    (dict(combine_quant=2), "GroupConfig.combine_quant = 2: want one of NONE, NVFP4, FP8, FP8_UE8M0"),
+    (dict(dispatch_quant=3), "GroupConfig.dispatch_quant = 3: want one of NONE, FWD, DS_FP8E3M4"),
+    (dict(dispatch_round_scales=2), "GroupConfig.dispatch_round_scales = 2: want 0 or 1"),
     (dict(alloc="cudaMalloc"), "GroupConfig.alloc is a str; want an AllocConfig"),
     (dict(alloc=nccl_ep.AllocConfig(alloc_fn=nccl_ep.AllocFn(lambda p, n, c: 0))),
      r"GroupConfig.alloc.alloc_fn is a ctypes function; want its address: ctypes.cast\(fn, ctypes.c_void_p\).value"),

@@ -8,6 +8,9 @@
 #     cached rounds and zero-copy rounds (goepEpHandleRecvTokens), against its own reference, at 1, 2 and 4 ranks and 4 ranks on 2 simulated
 #     nodes, in bfloat16 and float32; and once linked with the static archive; with goep's options
 #     (a backend by name, the FP8 combine) and HT's overflow policy DROP
+#   - the engine's optional features from C (capi/tests/ep_features.c): LL RANK_MAJOR, HT EXPERT_MAJOR with
+#     padded zones, FP8 dispatch (with and without round_scales) and forwarded FP8 rows, every received value
+#     checked against the reference, at 1, 2 and 4 ranks on 2 simulated nodes
 #   - the C error tests (capi/tests/ep_errors.c): bad input and destroyed objects at 1, 2 and 4
 #     ranks on 2 simulated nodes; a stalled peer (goepEpTimeout) and a masked rank at 2 ranks
 #   - the C sequence tests (capi/tests/ep_sequences.c) at 2 and 4 ranks and 2 simulated nodes: one
@@ -81,6 +84,11 @@ mpi 4 sim bin/capi/ep_test -c -b cpu-onesided
 mpi 2 - bin/capi/ep_test -a ll -c -z -Q
 mpi 2 - bin/capi/ep_test -a ht -c -D 12
 mpi 4 sim bin/capi/ep_test -a ht -c -z -D 20 -f f32
+
+step "C: ep_features (LL rank-major, HT expert-major, FP8 dispatch and forwarded FP8 rows against the reference)"
+mpi 1 - bin/capi/ep_features
+mpi 2 - bin/capi/ep_features
+mpi 4 sim bin/capi/ep_features
 
 step "C: ep_errors (bad input, destroyed objects, stalled and masked peers)"
 mpi 1 - bin/capi/ep_errors

@@ -44,12 +44,13 @@ echo "test-rename: $src: $renamed lines renamed, $comm lines of communicator set
 "$MPICXX" -std=c++17 -O1 -Wall -Wextra -Wno-missing-field-initializers -Werror -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX -Icapi -Icapi/tests/hoststubs -Icapi/examples \
   -o "$tmp/ep_round" "$tmp/ep_round.cpp" -Lbin/capi -lgoep_ep -Wl,-rpath,"$PWD/bin/capi"
 
-for algo in ll ht; do
+# Each mode's layouts: LL expert-major and rank-major, HT flat and expert-major.
+for algo in "ll -" "ll rm" "ht -" "ht em"; do
   for run in "2 -" "4 -" "4 sim"; do
-    set -- $run
+    set -- $run $algo
     env=()
     [ "$2" = sim ] && env=(-x GOEP_RANKS_PER_NODE=2)
-    echo "+ mpirun -np $1 ${env[*]} ep_round -a $algo"
-    timeout "$LIMIT" "$MPIRUN" "${flags[@]}" "${env[@]}" -np "$1" "$tmp/ep_round" -a "$algo"
+    echo "+ mpirun -np $1 ${env[*]} ep_round -a $3 -L $4"
+    timeout "$LIMIT" "$MPIRUN" "${flags[@]}" "${env[@]}" -np "$1" "$tmp/ep_round" -a "$3" -L "$4"
   done
 done

@@ -10,9 +10,10 @@
  * a step's tokens on a stream, runs the experts on the host copy of what arrived (each step scales by
  * its own factor, so that a combine paired with another step's routing shows), combines, and checks
  * the result against ep_reference.h. The steps use one handle (ncclEpInitHandle, ncclEpUpdateHandle
- * per step) and then a handle of its own (ncclEpCreateHandle), in LL (expert-major) or HT (flat).
+ * per step) and then a handle of its own (ncclEpCreateHandle), in LL (expert-major, or rank-major with
+ * -L rm) or HT (flat, or expert-major with zones padded to 4 rows with -L em).
  *
- *   mpirun -np 4 ep_round [-a ll|ht]
+ *   mpirun -np 4 ep_round [-a ll|ht] [-L em|rm]
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -29,6 +30,7 @@
 #include "nccl_ep.h"
 
 static int rank, nranks, failures;
+static const size_t ZONE_ALIGN = 4; /* HT expert-major zones */
 
 #define NCCLCHECK(cmd)                                                                                      \
     do {                                                                                                    \
@@ -100,9 +102,12 @@ static void expect(bool ok, const char* what, int step, int t, int h, float got,
 }
 
 /* One step on handle h (its routing already given): dispatch, experts scaling by factor, combine, check. */
-static void runStep(ncclEpHandle_t h, bool ll, const ref_shape_t& s, float factor, int step, cudaStream_t stream) {
+static void runStep(ncclEpHandle_t h, bool ll, ncclEpLayout_t layout, const ref_shape_t& s, float factor, int step,
+                    cudaStream_t stream) {
     int T = num_tokens_of(&s, rank), L = s.local_experts;
-    size_t slots = (size_t)nranks * MAX_TOKENS;
+    bool rm = layout == NCCL_EP_LAYOUT_RANK_MAJOR, em = !ll && layout == NCCL_EP_LAYOUT_EXPERT_MAJOR;
+    /* HT expert-major: a row per (token, local expert) pair, and each zone's padding. */
+    size_t slots = em ? (size_t)nranks * MAX_TOKENS * TOPK + (size_t)L * (ZONE_ALIGN - 1) : (size_t)nranks * MAX_TOKENS;
     std::vector<uint16_t> x((size_t)T * HIDDEN);
     std::vector<float> w((size_t)T * TOPK);
     for (int t = 0; t < T; t++) {
@@ -113,21 +118,31 @@ static void runStep(ncclEpHandle_t h, bool ll, const ref_shape_t& s, float facto
     CUDACHECK(cudaMemcpyAsync(dx.t->data, x.data(), dx.bytes, cudaMemcpyHostToDevice, stream));
     CUDACHECK(cudaMemcpyAsync(dw.t->data, w.data(), dw.bytes, cudaMemcpyHostToDevice, stream));
 
-    DeviceTensor recv = ll ? makeTensor(ncclBfloat16, 3, L, slots, HIDDEN) : makeTensor(ncclBfloat16, 2, slots, HIDDEN);
-    DeviceTensor recvW = makeTensor(ncclFloat32, 2, slots, TOPK), recvIdx = makeTensor(ncclInt64, 2, slots, TOPK);
+    DeviceTensor recv = rm   ? makeTensor(ncclBfloat16, 3, nranks, MAX_TOKENS, HIDDEN)
+                        : ll ? makeTensor(ncclBfloat16, 3, L, slots, HIDDEN)
+                             : makeTensor(ncclBfloat16, 2, slots, HIDDEN);
+    DeviceTensor recvW = rm   ? makeTensor(ncclFloat32, 3, nranks, MAX_TOKENS, TOPK)
+                         : em ? makeTensor(ncclFloat32, 1, slots)
+                              : makeTensor(ncclFloat32, 2, slots, TOPK);
+    DeviceTensor recvIdx = rm ? makeTensor(ncclInt64, 3, nranks, MAX_TOKENS, TOPK) : makeTensor(ncclInt64, 2, slots, TOPK);
     DeviceTensor counters = makeTensor(ncclInt32, 1, L), total = makeTensor(ncclInt32, 1, 1);
+    DeviceTensor srcCounters = makeTensor(ncclInt32, 1, nranks), offsets = makeTensor(ncclInt64, 1, L);
 
     ncclEpDispatchInputs_t in = NCCL_EP_DISPATCH_INPUTS_INIT;
     in.tokens = dx.t;
     in.topk_weights = dw.t;
     ncclEpDispatchOutputs_t out = NCCL_EP_DISPATCH_OUTPUTS_INIT;
     out.tokens = recv.t;
-    if (!ll) {
+    if (!ll || rm) {
         out.topk_weights = recvW.t;
-        out.topk_idx = recvIdx.t;
+        if (!em) out.topk_idx = recvIdx.t;
     }
     ncclEpLayoutInfo_t info = NCCL_EP_LAYOUT_INFO_INIT;
-    info.expert_counters = counters.t;
+    if (rm)
+        info.src_rank_counters = srcCounters.t;
+    else
+        info.expert_counters = counters.t;
+    if (em) info.expert_offsets = offsets.t;
     info.recv_total_counter = total.t;
     info.recv_topk_idx_kind = NCCL_EP_EXPERT_ID_LOCAL;
     ncclEpDispatchConfig_t dcfg = NCCL_EP_DISPATCH_CONFIG_INIT;
@@ -139,13 +154,31 @@ static void runStep(ncclEpHandle_t h, bool ll, const ref_shape_t& s, float facto
     /* The experts, on the host: LL scales each valid row of each expert; HT scales each row by the sum
      * of its weights (HT experts apply them) and the factor. */
     std::vector<uint16_t> rows(recv.bytes / 2);
-    std::vector<float> rowW((size_t)slots * TOPK);
-    std::vector<int32_t> cnt(L), tot(1);
+    std::vector<float> rowW(recvW.bytes / 4);
+    std::vector<int32_t> cnt(L), tot(1), src(nranks);
     CUDACHECK(cudaMemcpy(rows.data(), recv.t->data, recv.bytes, cudaMemcpyDeviceToHost));
     CUDACHECK(cudaMemcpy(rowW.data(), recvW.t->data, recvW.bytes, cudaMemcpyDeviceToHost));
     CUDACHECK(cudaMemcpy(cnt.data(), counters.t->data, counters.bytes, cudaMemcpyDeviceToHost));
     CUDACHECK(cudaMemcpy(tot.data(), total.t->data, total.bytes, cudaMemcpyDeviceToHost));
-    if (ll) {
+    CUDACHECK(cudaMemcpy(src.data(), srcCounters.t->data, srcCounters.bytes, cudaMemcpyDeviceToHost));
+    if (rm) { /* rank-major: the experts apply the weights of each row's slots */
+        for (int r = 0; r < nranks; r++)
+            for (int i = 0; i < src[r]; i++) {
+                size_t row = (size_t)r * MAX_TOKENS + i;
+                float ws = 0;
+                for (int k = 0; k < TOPK; k++) ws += rowW[row * TOPK + k];
+                for (int j = 0; j < HIDDEN; j++) {
+                    uint16_t& v = rows[row * HIDDEN + j];
+                    v = bf16_of(float_of_bf16(v) * ws * factor);
+                }
+            }
+    } else if (em) { /* expert-major zones: one weight per row (0 on the padding) */
+        for (int r = 0; r < tot[0]; r++)
+            for (int j = 0; j < HIDDEN; j++) {
+                uint16_t& v = rows[(size_t)r * HIDDEN + j];
+                v = bf16_of(float_of_bf16(v) * rowW[r] * factor);
+            }
+    } else if (ll) {
         for (int l = 0; l < L; l++)
             for (int r = 0; r < cnt[l]; r++)
                 for (int j = 0; j < HIDDEN; j++) {
@@ -162,7 +195,9 @@ static void runStep(ncclEpHandle_t h, bool ll, const ref_shape_t& s, float facto
             }
         }
     }
-    DeviceTensor y = ll ? makeTensor(ncclBfloat16, 3, L, slots, HIDDEN) : makeTensor(ncclBfloat16, 2, slots, HIDDEN);
+    DeviceTensor y = rm   ? makeTensor(ncclBfloat16, 3, nranks, MAX_TOKENS, HIDDEN)
+                     : ll ? makeTensor(ncclBfloat16, 3, L, slots, HIDDEN)
+                          : makeTensor(ncclBfloat16, 2, slots, HIDDEN);
     CUDACHECK(cudaMemcpy(y.t->data, rows.data(), y.bytes, cudaMemcpyHostToDevice));
     DeviceTensor combined = makeTensor(ncclBfloat16, 2, T, HIDDEN);
     ncclEpCombineInputs_t cin = NCCL_EP_COMBINE_INPUTS_INIT;
@@ -181,7 +216,7 @@ static void runStep(ncclEpHandle_t h, bool ll, const ref_shape_t& s, float facto
             float g = float_of_bf16(got[(size_t)t * HIDDEN + j]), want = ref_combined(&s, nullptr, rank, t, j) * factor;
             expect(g == want, "combined", step, t, j, g, want);
         }
-    DeviceTensor* all[] = {&dx, &dw, &recv, &recvW, &recvIdx, &counters, &total, &y, &combined};
+    DeviceTensor* all[] = {&dx, &dw, &recv, &recvW, &recvIdx, &counters, &total, &srcCounters, &offsets, &y, &combined};
     for (DeviceTensor* d : all) freeTensor(*d);
 }
 
@@ -189,9 +224,11 @@ int main(int argc, char** argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-    bool ll = true;
-    for (int opt; (opt = getopt(argc, argv, "a:")) != -1;)
+    bool ll = true, other = false;
+    for (int opt; (opt = getopt(argc, argv, "a:L:")) != -1;) {
         if (opt == 'a') ll = strcmp(optarg, "ht") != 0;
+        if (opt == 'L') other = strcmp(optarg, "em") == 0 || strcmp(optarg, "rm") == 0; /* the mode's other layout */
+    }
 
     // communicator set-up: begin
     ncclUniqueId id;
@@ -209,7 +246,7 @@ int main(int argc, char** argv) {
     config.algorithm = ll ? NCCL_EP_ALGO_LOW_LATENCY : NCCL_EP_ALGO_HIGH_THROUGHPUT;
     config.num_experts = s.num_experts;
     config.max_dispatch_tokens_per_rank = MAX_TOKENS;
-    config.max_recv_tokens_per_rank = ll ? NCCL_EP_AUTO : nranks * MAX_TOKENS;
+    config.max_recv_tokens_per_rank = ll || other ? NCCL_EP_AUTO : nranks * MAX_TOKENS;
     config.max_token_bytes = HIDDEN * 2;
     config.rdma_buffer_size = NCCL_EP_AUTO;
     config.num_qp_per_rank = NCCL_EP_AUTO;
@@ -225,8 +262,10 @@ int main(int argc, char** argv) {
     NCCLCHECK(ncclEpCreateGroup(&group, comm, &config));
 
     /* One handle for the steps, its routing in memory of the program's. */
-    ncclEpLayout_t layout = ll ? NCCL_EP_LAYOUT_EXPERT_MAJOR : NCCL_EP_LAYOUT_FLAT;
+    ncclEpLayout_t layout = ll ? (other ? NCCL_EP_LAYOUT_RANK_MAJOR : NCCL_EP_LAYOUT_EXPERT_MAJOR)
+                               : (other ? NCCL_EP_LAYOUT_EXPERT_MAJOR : NCCL_EP_LAYOUT_FLAT);
     ncclEpHandleConfig_t hcfg = NCCL_EP_HANDLE_CONFIG_INIT;
+    if (!ll && other) hcfg.dispatch_output_per_expert_alignment = ZONE_ALIGN;
     size_t memBytes = 0;
     NCCLCHECK(ncclEpHandleMemSize(group, layout, &hcfg, &memBytes, TOPK));
     DeviceTensor handleMem = makeTensor(ncclUint8, 1, memBytes);
@@ -241,14 +280,14 @@ int main(int argc, char** argv) {
     int step = 0;
     for (float factor = 1; factor <= 4; factor *= 2, step++) {
         NCCLCHECK(ncclEpUpdateHandle(handle, dTopk.t, nullptr, stream));
-        runStep(handle, ll, s, factor, step, stream);
+        runStep(handle, ll, layout, s, factor, step, stream);
     }
     NCCLCHECK(ncclEpHandleDestroy(handle));
 
     /* A handle of its own for a step. */
     ncclEpHandle_t once;
-    NCCLCHECK(ncclEpCreateHandle(&once, group, layout, dTopk.t, nullptr, nullptr, stream));
-    runStep(once, ll, s, 8, step, stream);
+    NCCLCHECK(ncclEpCreateHandle(&once, group, layout, dTopk.t, nullptr, &hcfg, stream));
+    runStep(once, ll, layout, s, 8, step, stream);
     NCCLCHECK(ncclEpHandleDestroy(once));
 
     freeTensor(dTopk);
@@ -260,7 +299,9 @@ int main(int argc, char** argv) {
     // communicator tear-down: end
     int bad = failures > 0, any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (rank == 0) printf("ep_round: %s, %d ranks, %d steps: %s\n", ll ? "ll" : "ht", nranks, step + 1, any ? "FAILED" : "ok");
+    if (rank == 0) printf("ep_round: %s %s, %d ranks, %d steps: %s\n", ll ? "ll" : "ht",
+                          other ? (ll ? "rank-major" : "expert-major") : (ll ? "expert-major" : "flat"), nranks, step + 1,
+                          any ? "FAILED" : "ok");
     MPI_Finalize();
     return any ? 1 : 0;
 }

@@ -16,8 +16,8 @@ __all__ = [
 class NcclDataType(IntEnum):
     """NCCL's element types (``ncclDataType_t``), with its numbers: a member
     equals the ``goep.ep.DataType`` of the same number and may be passed
-    wherever one is. FLOAT8E4M3 and FLOAT8E5M2 have no goep element type in
-    this library yet: a tensor of them is refused naming the type."""
+    wherever one is. FLOAT8E4M3 is the type of an FP8 dispatch's e4m3 codes
+    (``GroupConfig.dispatch_quant``); FLOAT8E5M2 is taken by no call."""
 
     INT8 = 0
     CHAR = 0

@@ -70,7 +70,7 @@ class GroupConfig_c(Structure):
 
 class GroupOptions_c(Structure):
     _fields_ = [("size", c_uint), ("magic", c_uint), ("token_datatype", c_int), ("combine_quant", c_int),
-                ("backend", c_char_p)]
+                ("backend", c_char_p), ("dispatch_quant", c_int), ("dispatch_round_scales", c_uint)]
 
 
 class LayoutInfo_c(Structure):

@@ -28,18 +28,27 @@ class Algorithm(IntEnum):
 
 
 class Layout(IntEnum):
-    """The receive layout of a handle (``goepEpLayout_t``).
-
-    goep offers ``EXPERT_MAJOR`` in LL groups and ``FLAT`` in HT groups.
+    """The receive layout of a handle (``goepEpLayout_t``): LL groups take
+    ``EXPERT_MAJOR`` or ``RANK_MAJOR``, HT groups ``FLAT`` or ``EXPERT_MAJOR``,
+    where the backend declares them (:func:`goep.ep.backend_supports`). The
+    group's first handle sets it for the group (its buffers are laid out for
+    it): a later handle with another is refused.
     """
 
     UNSET = 0
     EXPERT_MAJOR = 1
     """LL: tokens ``[local_experts, nranks * max_dispatch_tokens_per_rank, hidden]``;
-    the first ``expert_counters[l]`` rows of expert ``l`` are valid."""
+    the first ``expert_counters[l]`` rows of expert ``l`` are valid. HT: tokens
+    ``[slots, hidden]`` in zones, one per local expert, starting at
+    ``expert_offsets[l]`` and padded (zero rows) to
+    ``HandleConfig.dispatch_output_per_expert_alignment``; ``topk_weights``
+    ``[slots]``, one per row."""
 
     RANK_MAJOR = 2
-    """Not offered by goep."""
+    """LL: tokens ``[nranks, max_dispatch_tokens_per_rank, hidden]``, the first
+    ``src_rank_counters[r]`` rows of rank ``r`` valid, with their ``topk_weights``
+    and ``topk_idx`` ``[nranks, max_dispatch_tokens_per_rank, num_topk]``; the
+    experts apply the weights and combine sums."""
 
     FLAT = 3
     """HT: tokens ``[num_recv, hidden]`` with their ``topk_weights`` and
@@ -62,11 +71,29 @@ class ExpertIdKind(IntEnum):
 
 
 class DispatchQuantizationRecipe(IntEnum):
+    """How a dispatch moves its rows (``goepEpDispQuant_t``). goep fixes it
+    per group (``GroupConfig.dispatch_quant``): a dispatch's
+    ``DispatchConfig.quantization_recipe`` is NONE (the group's) or the
+    group's own."""
+
     NONE = 0
+    FWD = 1
+    """The caller's e4m3 codes (``FLOAT8E4M3``) and float32 scales, one per
+    128 elements, forwarded as they are."""
+    DS_FP8E3M4 = 2
+    """The rows cast to e4m3 with a float32 scale per 128 elements
+    (``round_scales``: powers of two); received as codes and scales."""
 
 
 class CombineQuantizationRecipe(IntEnum):
+    """How a combine moves the expert outputs (``goepEpCombQuant_t``). goep's
+    low-precision combine is FP8 (LL groups), a group setting
+    (``GroupConfig.combine_quant``); NVFP4 is refused."""
+
     NONE = 0
+    NVFP4 = 1
+    FP8 = 0x100
+    FP8_UE8M0 = 0x101
 
 
 class OverflowPolicy(IntEnum):
@@ -117,6 +144,9 @@ class DataType(IntEnum):
     FLOAT32 = 7
     FLOAT64 = 8
     BFLOAT16 = 9
+    FLOAT8E4M3 = 10
+    """e4m3 codes: an FP8 dispatch's tokens (a uint8 array with dtype=FLOAT8E4M3)."""
+    FLOAT8E5M2 = 11
 
 
 class Result(IntEnum):

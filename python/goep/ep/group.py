@@ -10,7 +10,8 @@ import numpy as np
 
 from goep.ep import _lib
 from goep.ep.allocator import AllocConfig
-from goep.ep.enums import Algorithm, Call, DataType, Layout, OverflowPolicy, ZeroCopyMode
+from goep.ep.enums import (Algorithm, Call, CombineQuantizationRecipe, DataType, DispatchQuantizationRecipe, Layout,
+                           OverflowPolicy, ZeroCopyMode)
 from goep.ep.errors import NcclInvalid
 from goep.ep.handle import Handle, HandleConfig, LayoutInfo
 from goep.ep.tensor import as_tensor
@@ -58,6 +59,18 @@ class GroupConfig:
             name and options ("cpu", "cpu-onesided"; ``ep-bench -device
             list`` lists them); "" is "cpu". The C interface takes those that declare
             refusals and call checks, and refuses the others by name.
+        combine_quant: (goep) :class:`CombineQuantizationRecipe` of every
+            combine: NONE, or FP8 / FP8_UE8M0 (LL groups: the expert outputs
+            travel as e4m3 codes and scales).
+        dispatch_quant: (goep) :class:`DispatchQuantizationRecipe` of every
+            dispatch: NONE, DS_FP8E3M4 (the rows cast to e4m3 with a float32
+            scale per 128 elements, received as ``DispatchOutputs(tokens=codes,
+            scales=scales)``) or FWD (the caller's e4m3 codes and scales,
+            ``DispatchInputs(tokens=codes, scales=scales)``). goep lays out a
+            group's buffers for one format, so it is the group's: a dispatch's
+            ``quantization_recipe`` is NONE or this one.
+        dispatch_round_scales: (goep) with DS_FP8E3M4, round each scale up
+            to a power of two (NCCL EP's ``round_scales``).
     """
 
     algorithm: Algorithm = Algorithm.LOW_LATENCY
@@ -77,6 +90,9 @@ class GroupConfig:
     num_topk: int = 0
     datatype: DataType = DataType.BFLOAT16
     backend: str = ""
+    combine_quant: CombineQuantizationRecipe = CombineQuantizationRecipe.NONE
+    dispatch_quant: DispatchQuantizationRecipe = DispatchQuantizationRecipe.NONE
+    dispatch_round_scales: int = 0
 
     def check(self) -> None:
         """Raise NcclInvalid naming the first field out of its C type's range."""
@@ -87,7 +103,8 @@ class GroupConfig:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= int(v) < 1 << bits:
                 raise NcclInvalid(f"GroupConfig.{name} = {v!r}: want an integer from 0 to 2**{bits}-1")
         for name, enum in (("algorithm", Algorithm), ("zero_copy", ZeroCopyMode), ("overflow_policy", OverflowPolicy),
-                           ("datatype", DataType)):
+                           ("datatype", DataType), ("combine_quant", CombineQuantizationRecipe),
+                           ("dispatch_quant", DispatchQuantizationRecipe)):
             try:
                 enum(getattr(self, name))
             except (TypeError, ValueError):
@@ -110,7 +127,11 @@ class GroupConfig:
                               "element types")
         if not isinstance(self.backend, str):
             raise NcclInvalid(f"GroupConfig.backend = {self.backend!r}: want a backend's name (a str), or \"\"")
-        return _lib.new(_lib.GroupOptions_c, token_datatype=int(dt), backend=self.backend.encode() or None)
+        if self.dispatch_round_scales not in (0, 1, False, True):
+            raise NcclInvalid(f"GroupConfig.dispatch_round_scales = {self.dispatch_round_scales!r}: want 0 or 1")
+        return _lib.new(_lib.GroupOptions_c, token_datatype=int(dt), backend=self.backend.encode() or None,
+                        combine_quant=int(self.combine_quant), dispatch_quant=int(self.dispatch_quant),
+                        dispatch_round_scales=int(self.dispatch_round_scales))
 
 
 def _config_c(cfg: GroupConfig):

@@ -38,8 +38,10 @@ TensorLike = Any  # a Tensor, anything Tensor describes (a numpy array, a torch 
 
 @dataclass
 class HandleConfig:
-    """``goepEpHandleConfig_t``: ``dispatch_output_per_expert_alignment`` must be 0 or 1
-    (it pads the HT EXPERT_MAJOR layout, which goep does not offer)."""
+    """``goepEpHandleConfig_t``: ``dispatch_output_per_expert_alignment`` pads each
+    zone of the HT EXPERT_MAJOR layout to a multiple of this many rows (a power
+    of two; 0 or 1: none); 0 or 1 in other layouts. The group's first handle
+    sets it for the group."""
 
     dispatch_output_per_expert_alignment: int = 0
 
@@ -78,8 +80,10 @@ class CombineConfig:
 @dataclass
 class LayoutInfo:
     """``goepEpLayoutInfo_t``: counters a dispatch writes. ``expert_counters``
-    ``[local_experts]`` int32/int64 (required in LL); ``recv_total_counter``
-    ``[1]``: the rows received."""
+    ``[local_experts]`` int32/int64 (required in LL EXPERT_MAJOR; HT
+    EXPERT_MAJOR: padded); ``src_rank_counters`` ``[nranks]`` (LL RANK_MAJOR);
+    ``expert_offsets`` ``[local_experts]`` (HT EXPERT_MAJOR: where each zone
+    starts); ``recv_total_counter`` ``[1]``: the rows received."""
 
     expert_counters: TensorLike = None
     src_rank_counters: TensorLike = None
@@ -91,7 +95,10 @@ class LayoutInfo:
 @dataclass
 class DispatchInputs:
     """``tokens`` ``[num_tokens, hidden]`` (required), ``topk_weights``
-    ``[num_tokens, num_topk]`` float32, ``scales`` (must be None)."""
+    ``[num_tokens, num_topk]`` float32. A group with ``dispatch_quant=FWD``
+    takes ``tokens`` as e4m3 codes (a uint8 array with ``dtype=FLOAT8E4M3``)
+    and ``scales`` ``[num_tokens, ceil(hidden / 128)]`` float32; otherwise
+    ``scales`` is None."""
 
     tokens: TensorLike = None
     topk_weights: TensorLike = None
@@ -100,10 +107,14 @@ class DispatchInputs:
 
 @dataclass
 class DispatchOutputs:
-    """``tokens``: LL ``[local_experts, nranks*max_tokens, hidden]``, HT
-    ``[slots, hidden]``; None leaves the rows in the group's buffer
-    (:meth:`Handle.recv_tokens`). HT's ``topk_weights`` and ``topk_idx``
-    ``[slots, num_topk]``."""
+    """``tokens``: LL EXPERT_MAJOR ``[local_experts, nranks*max_tokens, hidden]``,
+    LL RANK_MAJOR ``[nranks, max_tokens, hidden]``, HT ``[slots, hidden]``;
+    None leaves the rows in the group's buffer (:meth:`Handle.recv_tokens`).
+    ``topk_weights`` and ``topk_idx``: HT FLAT ``[slots, num_topk]``, LL
+    RANK_MAJOR ``[nranks, max_tokens, num_topk]``, HT EXPERT_MAJOR weights
+    ``[slots]``. An FP8 dispatch (``GroupConfig.dispatch_quant``) writes
+    ``tokens`` as e4m3 codes (``dtype=FLOAT8E4M3``) and ``scales`` float32,
+    the layout's leading dimensions then ``ceil(hidden / 128)``."""
 
     tokens: TensorLike = None
     topk_weights: TensorLike = None
