@@ -53,6 +53,7 @@ type (
 	TransferMeter    = driver.TransferMeter
 	UnusableError    = driver.UnusableError
 	WireFormat       = driver.WireFormat
+	WireInfo         = driver.WireInfo
 	YPlace           = driver.YPlace
 )
 
@@ -145,8 +146,11 @@ func ParseMode(s string) (Mode, error) { return driver.ParseMode(s) }
 // ParseRecvLayout reads "default", "expert-major", "rank-major" or "flat".
 func ParseRecvLayout(s string) (RecvLayout, error) { return driver.ParseRecvLayout(s) }
 
-// ParseWire reads "native", "fp8", "fp8-ue8m0" or "fp8-forward".
+// ParseWire reads a wire format's name ("native", "fp8", ...).
 func ParseWire(s string) (WireFormat, error) { return driver.ParseWire(s) }
+
+// Wires lists every wire format; WireFormat.Info says what each is.
+func Wires() []WireFormat { return driver.Wires() }
 
 // ScaleGroups is the number of FP8 scales of a row of hidden elements.
 func ScaleGroups(hidden int) int { return driver.ScaleGroups(hidden) }

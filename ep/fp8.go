@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 )
 
@@ -19,22 +20,7 @@ type E4M3 uint8
 const MaxE4M3 = 448
 
 // Float32 widens q exactly (NaN for the NaN codes).
-func (q E4M3) Float32() float32 {
-	a := uint32(q & 0x7f)
-	var f float32
-	switch {
-	case a == 0x7f:
-		f = float32(math.NaN())
-	case a < 8:
-		f = float32(a) / 512
-	default:
-		f = math.Float32frombits(a<<20 + 120<<23)
-	}
-	if q&0x80 != 0 {
-		f = -f
-	}
-	return f
-}
+func (q E4M3) Float32() float32 { return driver.DecodeE4M3(uint8(q)) }
 
 // E4M3From rounds f to the nearest E4M3, ties to even, saturating at ±448;
 // a NaN or an infinity becomes NaN of its sign (e4m3 has no infinity).

@@ -161,20 +161,17 @@ func (c Config) Validate(size int) error {
 		return bad("MaxRecvTokensPerRank = %d is negative", c.MaxRecvTokensPerRank)
 	case c.Timeout < 0:
 		return bad("Timeout = %v is negative", c.Timeout)
-	case c.Wire != WireNative && !c.Wire.FP8():
-		return bad("Wire = %v: choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0", c.Wire)
 	case c.Overflow != OverflowFail && c.Overflow != OverflowDrop:
 		return bad("Overflow = %v: choose ep.OverflowFail or ep.OverflowDrop", c.Overflow)
 	case c.Overflow == OverflowDrop && c.Mode != HighThroughput:
 		return bad("Overflow %v is for HighThroughput groups (LowLatency buffers hold the worst case), not %v", c.Overflow, c.Mode)
-	case c.CombineWire != WireNative && c.CombineWire != WireFP8 && c.CombineWire != WireFP8UE8M0:
-		return bad("CombineWire = %v: choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0", c.CombineWire)
-	case c.CombineWire != WireNative && c.Mode != LowLatency:
-		return bad("CombineWire %v (a low-precision combine) is for LowLatency groups, not %v", c.CombineWire, c.Mode)
 	case c.MaskStalledRanks && c.Mode != LowLatency:
 		return bad("MaskStalledRanks is for LowLatency (inference) groups, not %v", c.Mode)
 	case int64(c.MaxTokensPerRank)*int64(size) > 1<<31-1:
 		return bad("MaxTokensPerRank*ranks = %d*%d overflows the 32-bit row indices", c.MaxTokensPerRank, size)
+	}
+	if err := c.checkWires(bad); err != nil {
+		return err
 	}
 	if err := c.validateLayout(bad); err != nil {
 		return err

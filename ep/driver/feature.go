@@ -133,17 +133,14 @@ var ErrUnsupported = errors.New("ep: not supported by the backend")
 // features lists the optional features c asks for.
 func (c Config) Needs() []Feature {
 	var fs []Feature
-	switch {
-	case c.Wire == WireFP8Forward:
-		fs = append(fs, FeatureFP8Forward)
-	case c.Wire.FP8():
-		fs = append(fs, FeatureFP8Wire)
+	if f := wires[c.Wire].DispatchFeature; f != 0 {
+		fs = append(fs, f)
 	}
 	if c.MaskStalledRanks {
 		fs = append(fs, FeatureMaskStalledRanks)
 	}
-	if c.CombineWire.FP8() {
-		fs = append(fs, FeatureFP8Combine)
+	if f := wires[c.CombineWire].Combine[c.Mode]; f != 0 {
+		fs = append(fs, f)
 	}
 	if c.Overflow == OverflowDrop {
 		fs = append(fs, FeatureOverflowDrop)

@@ -593,7 +593,7 @@ func (m *htMode) wait(d *driver.Dispatch) error {
 		Dropped:      st.dropped,
 	}
 	if side := m.recv.Side; side.Stride > 0 {
-		d.Recv.Scales = hostTensor[float32](e, side.Off, side.Len(n)/4)
+		d.Recv.Side = hostTensor[byte](e, side.Off, side.Len(n))
 	}
 	return nil
 }

@@ -184,7 +184,7 @@ func (m *htMode) zoneViews(d *driver.Dispatch, st *htState) {
 		NumRecv:       n,
 	}
 	if side := m.recv.Side; side.Stride > 0 {
-		d.Recv.Scales = hostTensor[float32](e, side.Off, side.Len(n)/4)
+		d.Recv.Side = hostTensor[byte](e, side.Off, side.Len(n))
 	}
 }
 

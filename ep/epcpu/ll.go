@@ -447,7 +447,7 @@ func (m *llMode) views(b int) *driver.Received {
 	v.Weights = hostTensor[float32](e, m.w[b].Off, rows)
 	v.Tokens = hostTensor[int32](e, m.tok[b].Off, rows)
 	if side := m.recv[b].Side; side.Stride > 0 {
-		v.Scales = hostTensor[float32](e, side.Off, side.Len(rows)/4)
+		v.Side = hostTensor[byte](e, side.Off, side.Len(rows))
 	}
 	return v
 }

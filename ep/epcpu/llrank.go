@@ -272,7 +272,7 @@ func (m *llRankMode) viewsOf(b int) *driver.Received {
 	v.TopK = hostTensor[int32](e, m.topk[b].Off, rows*K)
 	v.Tokens = hostTensor[int32](e, m.tok[b].Off, rows)
 	if side := m.recv[b].Side; side.Stride > 0 {
-		v.Scales = hostTensor[float32](e, side.Off, side.Len(rows)/4)
+		v.Side = hostTensor[byte](e, side.Off, side.Len(rows))
 	}
 	return v
 }

@@ -25,7 +25,7 @@ func (s Suite) testFP8Combine(t *testing.T) {
 		cfg.CombineWire, cfg.Backend, cfg.Timeout = ep.WireFP8, s.Backend, testTimeout
 		_, err := ep.NewGroup[ep.BF16](s.Comm, cfg)
 		require.Error(t, err)
-		assert.ErrorContains(t, err, "is for LowLatency groups")
+		assert.ErrorContains(t, err, "CombineWire fp8 is not a combine format of HighThroughput groups (it is one of LowLatency groups)")
 	})
 	for _, w := range fp8Wires {
 		for i, sc := range fp8Scenarios(s.Comm.Size()) {
