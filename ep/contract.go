@@ -66,6 +66,7 @@ const (
 	FeatureFP8Combine       = driver.FeatureFP8Combine
 	FeatureFP8Forward       = driver.FeatureFP8Forward
 	FeatureFP8Wire          = driver.FeatureFP8Wire
+	FeatureNVFP4Forward     = driver.FeatureNVFP4Forward
 	FeatureGlobalExpertIDs  = driver.FeatureGlobalExpertIDs
 	FeatureHTExpertMajor    = driver.FeatureHTExpertMajor
 	FeatureLLRankMajor      = driver.FeatureLLRankMajor
@@ -92,6 +93,7 @@ const (
 	WireFP8                 = driver.WireFP8
 	WireFP8Forward          = driver.WireFP8Forward
 	WireFP8UE8M0            = driver.WireFP8UE8M0
+	WireNVFP4Forward        = driver.WireNVFP4Forward
 	WireNative              = driver.WireNative
 	YElsewhere              = driver.YElsewhere
 	YInOutputs              = driver.YInOutputs

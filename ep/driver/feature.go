@@ -68,6 +68,9 @@ const (
 	// and a group found unusable (a peer that did not arrive) being said
 	// so to every rank at once: the engines are Sequencers.
 	FeatureCallSequence
+	// FeatureNVFP4Forward is Config.Wire WireNVFP4Forward: the engine
+	// moves the caller's NVFP4 codes and scales as they are.
+	FeatureNVFP4Forward
 
 	featureEnd // one past the last
 )
@@ -89,6 +92,8 @@ func (f Feature) String() string {
 		return "masking stalled ranks (Config.MaskStalledRanks)"
 	case FeatureFP8Forward:
 		return "forwarding FP8 rows the caller quantized (Config.Wire fp8-forward)"
+	case FeatureNVFP4Forward:
+		return "forwarding NVFP4 rows the caller quantized (Config.Wire nvfp4-forward)"
 	case FeatureFP8Combine:
 		return "a low-precision combine (Config.CombineWire)"
 	case FeatureOverflowDrop:

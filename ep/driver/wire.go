@@ -36,6 +36,16 @@ const (
 	// ScalesFromUE8M0 widens exactly); they arrive as RecvFP8 and
 	// RecvScales, as with WireFP8.
 	WireFP8Forward
+	// WireNVFP4Forward forwards rows the caller quantized to NVFP4 (NCCL
+	// EP's scales-forward recipe with ncclFloat4x2 tokens): each row is
+	// Hidden/2 bytes of FP4 e2m1 codes, two per byte (element 2i in the low
+	// nibble, 2i+1 in the high one), with one e4m3 scale byte per 16
+	// elements, Hidden/16 bytes of side data; element i is e2m1 code i
+	// times scale i/16 (a per-tensor global scale, where the recipe has
+	// one, stays the caller's). Hidden must be a multiple of 32 (rows of
+	// whole 16-byte pieces). They move as they are (DispatchInput.Packed
+	// and PackedScales) and arrive as RecvWire.
+	WireNVFP4Forward
 
 	wireEnd // one past the last
 )
@@ -92,6 +102,17 @@ var wires = [wireEnd]WireInfo{
 	WireFP8Forward: {
 		Name: "fp8-forward", Const: "WireFP8Forward", Dispatch: true, DispatchFeature: FeatureFP8Forward, Forward: true,
 		RowBytes: fp8RowBytes, SideBytes: fp8SideBytes, Decode: decodeFP8,
+	},
+	WireNVFP4Forward: {
+		Name: "nvfp4-forward", Const: "WireNVFP4Forward", Dispatch: true, DispatchFeature: FeatureNVFP4Forward, Forward: true,
+		RowBytes: func(hidden, _ int) int { return hidden / 2 }, SideBytes: func(hidden int) int { return hidden / 16 },
+		CheckHidden: func(hidden int) error {
+			if hidden%32 != 0 {
+				return fmt.Errorf("Hidden = %d is not a multiple of 32 (NVFP4 rows are whole 16-byte pieces)", hidden)
+			}
+			return nil
+		},
+		Decode: decodeNVFP4,
 	},
 }
 
@@ -243,4 +264,25 @@ func DecodeE4M3(q uint8) float32 {
 		f = -f
 	}
 	return f
+}
+
+// e2m1Values are the magnitudes of the FP4 e2m1 codes 0-7 (a sign bit
+// above them): 2 exponent bits of bias 1, 1 mantissa bit, a subnormal 0.5.
+var e2m1Values = [8]float32{0, 0.5, 1, 1.5, 2, 3, 4, 6}
+
+// DecodeE2M1 is the value of FP4 e2m1 code q (its low 4 bits), exactly.
+func DecodeE2M1(q uint8) float32 {
+	v := e2m1Values[q&7]
+	if q&8 != 0 {
+		return -v
+	}
+	return v
+}
+
+// decodeNVFP4 is each e2m1 code times the e4m3 scale of its 16 elements.
+func decodeNVFP4(dst []float32, row, side []byte) {
+	for i := range dst {
+		q := row[i/2] >> (4 * (i % 2))
+		dst[i] = DecodeE2M1(q) * DecodeE4M3(side[i/16])
+	}
 }
