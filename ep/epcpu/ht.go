@@ -78,6 +78,7 @@ type htMode struct {
 	start      []int32
 	src, vals2 hostrows.AddrTable
 	area       []int
+	addPartial func(r, row int) // adds row of node rank r's partials to src and vals2, from area
 	counts     []int32
 	nodeFirst  []int  // per other node: its first row in the outbox
 	alone      []bool // per node: it has one rank, its rail peer (rows may land in place)
@@ -817,17 +818,23 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 	start, src, vals := growTo(m.start, rt.T+1), &m.src, &m.vals2
 	src.Reset()
 	vals.Reset()
+	add := m.addPartial
+	if add == nil { // once: a method value allocates
+		m.addPartial = func(r, row int) {
+			m.src.Add(m.e.t.lsa(r, m.area[r]+row*m.rowBytes))
+			m.vals2.Add(m.e.t.lsa(r, m.vals.At(row)))
+		}
+		add = m.addPartial
+	}
 	for tk := 0; tk < rt.T; tk++ {
 		start[tk] = int32(src.Len())
 		for b := 0; b < m.nodes; b++ {
 			if b == m.myNode && m.em {
-				m.zoneSources(d, st, tk, area)
+				m.zoneSources(d, st, tk, add)
 			} else if b == m.myNode {
 				for _, r := range t.nodeRanks {
 					if o := rt.TokRankOrd[tk*R+r]; o >= 0 {
-						row := st.sendOff[r] + int(o)
-						src.Add(t.lsa(r, area[r]+row*m.rowBytes))
-						vals.Add(t.lsa(r, m.vals.At(row)))
+						add(r, st.sendOff[r]+int(o))
 					}
 				}
 			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 {

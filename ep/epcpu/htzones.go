@@ -205,10 +205,9 @@ func (m *htMode) expandValues(c *driver.Combine, st *htState) {
 	}
 }
 
-// zoneSources adds the rows of own token tk on this node's ranks, in rank
-// then slot order, to the combine's sources (area[r]: where rank r keeps
-// its outputs).
-func (m *htMode) zoneSources(d *driver.Dispatch, st *htState, tk int, area []int) {
+// zoneSources gives add the rows of own token tk on this node's ranks, in
+// rank then slot order: the combine's sources.
+func (m *htMode) zoneSources(d *driver.Dispatch, st *htState, tk int, add func(r, row int)) {
 	t, rt := &m.e.t, d.Route
 	K, L, E, me := m.K, m.L, m.R*m.L, t.me
 	for _, r := range t.nodeRanks {
@@ -217,9 +216,7 @@ func (m *htMode) zoneSources(d *driver.Dispatch, st *htState, tk int, area []int
 		}
 		for k := 0; k < K; k++ {
 			if x := int(d.TopK[tk*K+k]); x >= 0 && x/L == r {
-				row := int(st.at[me*E+x] + rt.PairOrd[tk*K+k])
-				m.src.Add(t.lsa(r, area[r]+row*m.rowBytes))
-				m.vals2.Add(t.lsa(r, m.vals.At(row)))
+				add(r, int(st.at[me*E+x]+rt.PairOrd[tk*K+k]))
 			}
 		}
 	}
