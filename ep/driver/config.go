@@ -112,13 +112,18 @@ type Config struct {
 	// scale.
 	Wire WireFormat
 	// CombineWire is how a combine's expert outputs travel: WireNative
-	// (the zero value: in the element type), or, in LowLatency groups, a
-	// low-precision combine (as DeepEP's LogFMT and NCCL EP's NVFP4
-	// combine): WireFP8 or WireFP8UE8M0 quantizes every output row a
-	// combine reads exactly as Quantize does, moves its e4m3 codes and
-	// scales, and sums their float32 values (code times scale, times the
-	// weight) in float32 in top-k order, rounded once to the element type
-	// (docs/ep.md defines it and bounds its error).
+	// (the zero value: in the element type), or a low-precision combine
+	// (as DeepEP's LogFMT and NCCL EP's NVFP4 combine): WireFP8 or
+	// WireFP8UE8M0 quantizes every output row a combine reads exactly as
+	// Quantize does and moves its e4m3 codes and scales. LowLatency sums
+	// their float32 values (code times scale, times the weight) in float32
+	// in top-k order, rounded once to the element type. HighThroughput
+	// sums the float32 values of a token's partial outputs on each node
+	// (ranks in local order), rounds each other node's sum to the element
+	// type and quantizes it again before it crosses, and sums the token's
+	// own node's partials and the other nodes' sums, node by node, in
+	// float32, rounded once (docs/ep.md defines both and bounds their
+	// error). The WireInfo of the format says where it may be used.
 	CombineWire WireFormat
 	// Layout is how the received rows are laid out (RecvLayout): the
 	// mode's own by default (LowLatency expert-major blocks,

@@ -29,7 +29,7 @@ const (
 	// the caller's e4m3 codes and scales (Dispatch.Scales) as they are.
 	FeatureFP8Forward
 	// FeatureFP8Combine is Config.CombineWire FP8: a low-precision
-	// combine.
+	// combine, in both modes.
 	FeatureFP8Combine
 	// FeatureOverflowDrop is Config.Overflow OverflowDrop: an HT dispatch
 	// drops what does not fit, the same on every rank.

@@ -91,12 +91,12 @@ var wires = [wireEnd]WireInfo{
 	},
 	WireFP8: {
 		Name: "fp8", Const: "WireFP8", Dispatch: true, DispatchFeature: FeatureFP8Wire,
-		Combine:  map[Mode]Feature{LowLatency: FeatureFP8Combine},
+		Combine:  map[Mode]Feature{LowLatency: FeatureFP8Combine, HighThroughput: FeatureFP8Combine},
 		RowBytes: fp8RowBytes, SideBytes: fp8SideBytes, Decode: decodeFP8,
 	},
 	WireFP8UE8M0: {
 		Name: "fp8-ue8m0", Const: "WireFP8UE8M0", Dispatch: true, DispatchFeature: FeatureFP8Wire,
-		Combine:  map[Mode]Feature{LowLatency: FeatureFP8Combine},
+		Combine:  map[Mode]Feature{LowLatency: FeatureFP8Combine, HighThroughput: FeatureFP8Combine},
 		RowBytes: fp8RowBytes, SideBytes: fp8SideBytes, Decode: decodeFP8,
 	},
 	WireFP8Forward: {

@@ -46,12 +46,13 @@ type htMode struct {
 	em                             bool // expert-major zones (htzones.go)
 	align                          int  // their alignment, in rows
 	wire                           hostrows.RowFormat
-	forwarder                      []int        // per rank: the rank of this node that forwards its tokens here
-	rails                          []int        // per node: this rank's rail peer there (itself on its own node)
-	slots                          []int        // per node: this rank's staging slot at its rail peer there
-	myRails                        []int        // the rail peers on other nodes, in node order
-	senders                        []railSender // the ranks of other nodes whose rail peer on this node is this rank
-	senderRanks                    []int        // their ranks
+	fp8                            *htFP8Combine // an FP8 CombineWire (nil: the combine moves the element type)
+	forwarder                      []int         // per rank: the rank of this node that forwards its tokens here
+	rails                          []int         // per node: this rank's rail peer there (itself on its own node)
+	slots                          []int         // per node: this rank's staging slot at its rail peer there
+	myRails                        []int         // the rail peers on other nodes, in node order
+	senders                        []railSender  // the ranks of other nodes whose rail peer on this node is this rank
+	senderRanks                    []int         // their ranks
 
 	// Segment: received rows [maxRecv], each with its token, local top-k
 	// ids and weights; the combine buffer and row values laid out the
@@ -146,7 +147,7 @@ func (m *htMode) inPlace(n int, st *htState) bool {
 func htDims(s driver.Spec, R, nodes int, tune tuning) *htMode {
 	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
 		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.MaxRecv(R), wire: hostrows.NewRowFormat(s), global: s.RecvIDs == driver.GlobalExpertIDs,
-		em: s.HTExpertMajor(), align: s.Alignment()}
+		em: s.HTExpertMajor(), align: s.Alignment(), fp8: newHTFP8Combine(s)}
 }
 
 // takeAreas places HT's areas, with slots staging slots (placeRails).
@@ -176,6 +177,13 @@ func (m *htMode) takeAreas(slots int, seg, win *hostrows.Arena) {
 	m.sw = win.Take("HT weights from other nodes", slots*M, 4*K)
 	m.sums = win.Take("HT sums from other nodes", m.nodes*M, m.rowBytes)
 	m.svals = win.Take("HT row values from other nodes", m.nodes*M, 4*K)
+	if m.fp8 != nil {
+		sumsOut := 0
+		if m.nodes > 1 {
+			sumsOut = (slots - slots/m.nodes) * M
+		}
+		m.fp8.takeAreas(m, seg, win, n, sumsOut, m.nodes*M)
+	}
 }
 
 // sumsSlot is where the sums for sender r start in sumsOut, in rows of M:
@@ -775,6 +783,13 @@ func (m *htMode) combineSend(c *driver.Combine) error {
 	case driver.YElsewhere:
 		copy(hostBytes(d.Recv.Outputs), hostBytes(c.Y))
 	}
+	if m.fp8 != nil { // cast once, read by this node's ranks
+		off := m.comb.Off
+		if ysrc == ySrcRecv {
+			off = m.recv.Rows.Off
+		}
+		m.fp8.castPartials(m, off, d.Recv.Outputs.Len()/m.rowBytes)
+	}
 	if !c.RowValues.IsZero() {
 		if m.em {
 			m.expandValues(c, d.State.(*htState))
@@ -819,6 +834,10 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 	src.Reset()
 	vals.Reset()
 	add := m.addPartial
+	if m.fp8 != nil {
+		m.fp8.scl.Reset()
+		add = m.fp8.add
+	}
 	if add == nil { // once: a method value allocates
 		m.addPartial = func(r, row int) {
 			m.src.Add(m.e.t.lsa(r, m.area[r]+row*m.rowBytes))
@@ -837,7 +856,9 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 						add(r, st.sendOff[r]+int(o))
 					}
 				}
-			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 {
+			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 && m.fp8 != nil {
+				m.fp8.addStaged(m, b, int(o))
+			} else if o >= 0 {
 				src.Add(t.staged(m.sums.At(b*M + int(o))))
 				vals.Add(t.staged(m.svals.At(b*M + int(o))))
 			}
@@ -846,7 +867,11 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 	start[rt.T] = int32(src.Len())
 	m.start = start
 	t0 = t.clock()
-	hostrows.ReduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
+	if out := unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))); m.fp8 != nil {
+		hostrows.ReduceFP8RowsFrom(out, e.spec.Elem, src.Frozen(), m.fp8.scl.Frozen(), start, rt.T, m.H)
+	} else {
+		hostrows.ReduceRows(out, e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
+	}
 	if withValues {
 		hostrows.SumValues(c.SlotValues.Host(), vals, start, rt.T, K)
 	}
@@ -892,14 +917,23 @@ func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []in
 		src, vals := &m.src, &m.vals2
 		src.Reset()
 		vals.Reset()
+		if m.fp8 != nil {
+			m.fp8.scl.Reset()
+		}
 		for i := range p.dst {
 			r, row := int(p.dst[i]), int(p.row[i])
+			if m.fp8 != nil {
+				m.fp8.add(r, row)
+				continue
+			}
 			src.Add(t.lsa(r, area[r]+row*m.rowBytes))
 			vals.Add(t.lsa(r, m.vals.At(row)))
 		}
 		// Alone on its node, this rank's partials are the sums: its rows from
-		// the sender, in the staged order, one block.
-		if m.alone[m.myNode] && t.inPlace && !m.em {
+		// the sender, in the staged order, one block (an FP8 combine casts
+		// every node's sums alike).
+		whole := m.alone[m.myNode] && t.inPlace && !m.em && m.fp8 == nil
+		if whole {
 			t.expose(p.src, area[t.me]+int(p.row[0])*m.rowBytes, m.sums.At(m.myNode*M), m.sumsOut.Len(p.rows))
 			var err error
 			if m.sentSums, err = t.flushInPlace(); err != nil {
@@ -910,10 +944,20 @@ func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []in
 		// while the next are summed.
 		sums := m.sumsOut.At(m.sumsSlot(m.senders[i]) * M)
 		tab := src.Frozen()
-		for lo := 0; lo < p.rows && !(m.alone[m.myNode] && t.inPlace && !m.em); lo += htChunk {
+		var scl hostrows.CTable
+		if m.fp8 != nil {
+			scl = m.fp8.scl.Frozen()
+		}
+		for lo := 0; lo < p.rows && !whole; lo += htChunk {
 			hi := min(lo+htChunk, p.rows)
-			hostrows.ReduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.Len(lo)), m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
-			t.expose(p.src, sums+m.sumsOut.Len(lo), m.sums.At(m.myNode*M+lo), m.sumsOut.Len(hi-lo))
+			out := t.lsa(t.me, sums+m.sumsOut.Len(lo))
+			if m.fp8 != nil {
+				hostrows.ReduceFP8RowsFrom(out, m.e.spec.Elem, tab, scl, p.start[lo:hi+1], hi-lo, m.H)
+				m.fp8.sendSums(m, p.src, m.sumsSlot(m.senders[i])*M, sums, lo, hi)
+			} else {
+				hostrows.ReduceRowsFrom(out, m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
+				t.expose(p.src, sums+m.sumsOut.Len(lo), m.sums.At(m.myNode*M+lo), m.sumsOut.Len(hi-lo))
+			}
 			var err error
 			if m.sentSums, err = t.flushInPlace(); err != nil {
 				return err

@@ -13,25 +13,128 @@ import (
 )
 
 // testFP8Combine checks the low-precision combine (Config.CombineWire FP8)
-// where the backend supports it (testFeatureRefusals checks its refusal
-// where it does not), and that HighThroughput groups refuse it.
+// in both modes where the backend supports it (testFeatureRefusals checks
+// its refusal where it does not).
 func (s Suite) testFP8Combine(t *testing.T) {
 	if !ep.Supports(s.Backend, ep.FeatureFP8Combine) {
 		return
 	}
-	t.Run("HighThroughputRefused", func(t *testing.T) {
-		defer s.agree(t)
-		cfg := fp8Scenarios(s.Comm.Size())[0].config(ep.HighThroughput)
-		cfg.CombineWire, cfg.Backend, cfg.Timeout = ep.WireFP8, s.Backend, testTimeout
-		_, err := ep.NewGroup[ep.BF16](s.Comm, cfg)
-		require.Error(t, err)
-		assert.ErrorContains(t, err, "CombineWire fp8 is not a combine format of HighThroughput groups (it is one of LowLatency groups)")
-	})
 	for _, w := range fp8Wires {
 		for i, sc := range fp8Scenarios(s.Comm.Size()) {
-			t.Run(fmt.Sprintf("%v/%s/bf16", w, sc.name), func(t *testing.T) { checkFP8Combine2[ep.BF16](t, s, w, sc) })
+			t.Run(fmt.Sprintf("ll/%v/%s/bf16", w, sc.name), func(t *testing.T) { checkFP8Combine2[ep.BF16](t, s, w, sc) })
+			t.Run(fmt.Sprintf("ht/%v/%s/bf16", w, sc.name), func(t *testing.T) { checkHTFP8Combine[ep.BF16](t, s, w, sc) })
 			if i == 0 {
-				t.Run(fmt.Sprintf("%v/%s/f32", w, sc.name), func(t *testing.T) { checkFP8Combine2[float32](t, s, w, sc) })
+				t.Run(fmt.Sprintf("ll/%v/%s/f32", w, sc.name), func(t *testing.T) { checkFP8Combine2[float32](t, s, w, sc) })
+				t.Run(fmt.Sprintf("ht/%v/%s/f32", w, sc.name), func(t *testing.T) { checkHTFP8Combine[float32](t, s, w, sc) })
+			}
+		}
+	}
+}
+
+// An HT low-precision combine is exactly its definition: each rank's
+// partial output of a token (here its received row times a factor of the
+// rank) is quantized as Quantize does; a token's result is the float32
+// sum, node by node, of the float32 values (code times scale) of its own
+// node's partials, ranks in local order, and of each other node's sum: the
+// float32 sum of that node's partial values in local order, rounded to the
+// element type and quantized again; rounded once to the element type. It
+// is also within the bound of that definition of the exact combine: per
+// partial, 3/16 of it relative and 2^-8 of its scale absolute (two
+// quantizations, and the node sum's rounding), plus the final rounding.
+func checkHTFP8Combine[E ep.Element](t *testing.T, s Suite, w ep.WireFormat, sc scenario) {
+	defer s.agree(t)
+	topo, err := s.Comm.Topology()
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, topo.Free()) }()
+	cfg := sc.config(ep.HighThroughput)
+	cfg.CombineWire = w
+	g := newGroup[E](t, s, s.Backend, cfg)
+	R, me, H, K := s.Comm.Size(), s.Comm.Rank(), sc.hidden, sc.topk
+	L := sc.experts / R
+	ins := allInputs(sc, R)
+	in := ins[me]
+	x := payloadFP8[E](me, in.T, H)
+	h, err := g.Dispatch(ep.Tokens(upload(t, g, x), in.topk, in.weights))
+	require.NoError(t, err)
+	recv := host(t, h.Recv())
+	y := make([]E, len(recv))
+	for i := range y {
+		y[i] = ep.ElementOf[E](expertFactor(int32(me)) * ep.Float32Of(recv[i]))
+	}
+	require.NoError(t, ep.Upload(h.CombineBuffer(), y))
+	outT := zeros[E](t, g, in.T*H)
+	require.NoError(t, g.Combine(h, h.CombineBuffer(), outT, nil))
+	out := host(t, outT)
+
+	pow2 := w == ep.WireFP8UE8M0
+	values := func(q fp8Row) []float32 { // code times scale, as the reducers compute it
+		v := make([]float32, H)
+		for c := range v {
+			v[c] = float32(float32(fp8ref.Decode(q.codes[c])) * q.scales[c/ep.ScaleGroup])
+		}
+		return v
+	}
+	yd := make([]E, H)
+	for tok := 0; tok < in.T; tok++ {
+		var terms [][]float32
+		exact, bound := make([]float64, H), make([]float64, H)
+		for b := 0; b < topo.Nodes; b++ {
+			var node []float32 // the node's sum of its partial values
+			for _, d := range topo.RanksOnNode(b) {
+				got := false
+				for k := 0; k < K; k++ {
+					got = got || (in.topk[tok*K+k] >= 0 && int(in.topk[tok*K+k])/L == d)
+				}
+				if !got {
+					continue
+				}
+				for c := range yd {
+					yd[c] = ep.ElementOf[E](expertFactor(int32(d)) * ep.Float32Of(x[tok*H+c]))
+				}
+				q := quantizeRef(yd, pow2)
+				v := values(q)
+				for c := range yd {
+					yv := float64(ep.Float32Of(yd[c]))
+					exact[c] += yv
+					bound[c] += math.Abs(yv)*3/16 + float64(q.scales[c/ep.ScaleGroup])/256
+				}
+				switch {
+				case b == topo.Node:
+					terms = append(terms, v)
+				case node == nil:
+					node = v
+				default:
+					for c := range node {
+						node[c] = float32(node[c] + v[c])
+					}
+				}
+			}
+			if node != nil {
+				for c := range yd {
+					yd[c] = ep.ElementOf[E](node[c])
+				}
+				terms = append(terms, values(quantizeRef(yd, pow2)))
+			}
+		}
+		for c := 0; c < H; c++ {
+			var acc float32
+			for i, v := range terms {
+				if i == 0 {
+					acc = v[c]
+				} else {
+					acc = float32(acc + v[c])
+				}
+			}
+			got := out[tok*H+c]
+			if want := ep.ElementOf[E](acc); got != want {
+				t.Errorf("token %d element %d: %v, want %v by the definition", tok, c, ep.Float32Of(got), ep.Float32Of(want))
+				return
+			}
+			lim := bound[c] + math.Abs(exact[c])/256 + 1e-30
+			if d := math.Abs(float64(ep.Float32Of(got)) - exact[c]); d > lim {
+				t.Errorf("token %d element %d: %v is %g from the exact combine %v, beyond the bound %g", tok, c,
+					ep.Float32Of(got), d, exact[c], lim)
+				return
 			}
 		}
 	}
