@@ -67,6 +67,7 @@ const (
 	FeatureFP8Forward       = driver.FeatureFP8Forward
 	FeatureFP8Wire          = driver.FeatureFP8Wire
 	FeatureNVFP4Forward     = driver.FeatureNVFP4Forward
+	FeatureNVFP4Combine     = driver.FeatureNVFP4Combine
 	FeatureGlobalExpertIDs  = driver.FeatureGlobalExpertIDs
 	FeatureHTExpertMajor    = driver.FeatureHTExpertMajor
 	FeatureLLRankMajor      = driver.FeatureLLRankMajor
@@ -94,6 +95,7 @@ const (
 	WireFP8Forward          = driver.WireFP8Forward
 	WireFP8UE8M0            = driver.WireFP8UE8M0
 	WireNVFP4Forward        = driver.WireNVFP4Forward
+	WireNVFP4               = driver.WireNVFP4
 	WireNative              = driver.WireNative
 	YElsewhere              = driver.YElsewhere
 	YInOutputs              = driver.YInOutputs

@@ -71,6 +71,8 @@ const (
 	// FeatureNVFP4Forward is Config.Wire WireNVFP4Forward: the engine
 	// moves the caller's NVFP4 codes and scales as they are.
 	FeatureNVFP4Forward
+	// FeatureNVFP4Combine is Config.CombineWire WireNVFP4 in LowLatency.
+	FeatureNVFP4Combine
 
 	featureEnd // one past the last
 )
@@ -92,6 +94,8 @@ func (f Feature) String() string {
 		return "masking stalled ranks (Config.MaskStalledRanks)"
 	case FeatureFP8Forward:
 		return "forwarding FP8 rows the caller quantized (Config.Wire fp8-forward)"
+	case FeatureNVFP4Combine:
+		return "an NVFP4 combine (Config.CombineWire nvfp4)"
 	case FeatureNVFP4Forward:
 		return "forwarding NVFP4 rows the caller quantized (Config.Wire nvfp4-forward)"
 	case FeatureFP8Combine:

@@ -46,6 +46,13 @@ const (
 	// whole 16-byte pieces). They move as they are (DispatchInput.Packed
 	// and PackedScales) and arrive as RecvWire.
 	WireNVFP4Forward
+	// WireNVFP4 is a LowLatency combine format (Config.CombineWire; NCCL
+	// EP's NVFP4 combine): each output row is cast to FP4 e2m1 codes, two
+	// per byte as in WireNVFP4Forward, with one e4m3 scale per 16 elements
+	// and one float32 scale for the row; side data of 4 + Hidden/16 bytes,
+	// the row scale first. EncodeNVFP4 defines the cast, the format's
+	// Decode the values. Hidden must be a multiple of 32.
+	WireNVFP4
 
 	wireEnd // one past the last
 )
@@ -106,13 +113,13 @@ var wires = [wireEnd]WireInfo{
 	WireNVFP4Forward: {
 		Name: "nvfp4-forward", Const: "WireNVFP4Forward", Dispatch: true, DispatchFeature: FeatureNVFP4Forward, Forward: true,
 		RowBytes: func(hidden, _ int) int { return hidden / 2 }, SideBytes: func(hidden int) int { return hidden / 16 },
-		CheckHidden: func(hidden int) error {
-			if hidden%32 != 0 {
-				return fmt.Errorf("Hidden = %d is not a multiple of 32 (NVFP4 rows are whole 16-byte pieces)", hidden)
-			}
-			return nil
-		},
-		Decode: decodeNVFP4,
+		CheckHidden: checkNVFP4Hidden, Decode: decodeNVFP4,
+	},
+	WireNVFP4: {
+		Name: "nvfp4", Const: "WireNVFP4",
+		Combine:  map[Mode]Feature{LowLatency: FeatureNVFP4Combine},
+		RowBytes: func(hidden, _ int) int { return hidden / 2 }, SideBytes: func(hidden int) int { return 4 + hidden/16 },
+		CheckHidden: checkNVFP4Hidden, Decode: decodeNVFP4Scaled,
 	},
 }
 
@@ -285,4 +292,121 @@ func decodeNVFP4(dst []float32, row, side []byte) {
 		q := row[i/2] >> (4 * (i % 2))
 		dst[i] = DecodeE2M1(q) * DecodeE4M3(side[i/16])
 	}
+}
+
+// checkNVFP4Hidden refuses a Hidden that is not a whole number of 16-byte
+// pieces of NVFP4 codes.
+func checkNVFP4Hidden(hidden int) error {
+	if hidden%32 != 0 {
+		return fmt.Errorf("Hidden = %d is not a multiple of 32 (NVFP4 rows are whole 16-byte pieces)", hidden)
+	}
+	return nil
+}
+
+// decodeNVFP4Scaled is WireNVFP4's values: element i is e2m1 code i times
+// its block's scale, float32(e4m3(block scale) * row scale), in float32.
+func decodeNVFP4Scaled(dst []float32, row, side []byte) {
+	g := math.Float32frombits(binary.LittleEndian.Uint32(side))
+	for b := 0; b*16 < len(dst); b++ {
+		es := DecodeE4M3(side[4+b]) * g
+		for i := b * 16; i < (b+1)*16 && i < len(dst); i++ {
+			dst[i] = DecodeE2M1(row[i/2]>>(4*(i%2))) * es
+		}
+	}
+}
+
+// EncodeNVFP4 casts a row of float32 values to WireNVFP4 (row: len(src)/2
+// bytes of codes, side: 4 + len(src)/16 bytes), the definition the
+// engines follow:
+//
+//   - the row scale is g = amax/2688 in float32 (2688 = 6*448: the largest
+//     e2m1 times the largest e4m3), amax the largest |value|; 0 for a row of
+//     zeros, whose codes and block scales are then 0;
+//   - block b's scale is e4m3 of amax_b/6/g (both divisions in float32),
+//     rounded to nearest even, saturating at 448; its effective scale is
+//     es = float32(e4m3(scale) * g);
+//   - each code is the e2m1 value nearest to value/es (float32), ties to the
+//     even code, saturating at ±6; 0 where es is 0.
+//
+// NaN values are not defined.
+func EncodeNVFP4(row, side []byte, src []float32) {
+	var amax float32
+	for _, v := range src {
+		amax = max(amax, float32(math.Abs(float64(v))))
+	}
+	g := amax / 2688
+	binary.LittleEndian.PutUint32(side, math.Float32bits(g))
+	clear(row[:len(src)/2])
+	for b := 0; b*16 < len(src); b++ {
+		blk := src[b*16 : min((b+1)*16, len(src))]
+		var bmax float32
+		for _, v := range blk {
+			bmax = max(bmax, float32(math.Abs(float64(v))))
+		}
+		var sc uint8
+		if g > 0 {
+			sc = EncodeE4M3(bmax / 6 / g)
+		}
+		side[4+b] = sc
+		es := DecodeE4M3(sc) * g
+		for j, v := range blk {
+			var q uint8
+			if es > 0 {
+				q = encodeE2M1(v / es)
+			}
+			i := b*16 + j
+			row[i/2] |= q << (4 * (i % 2))
+		}
+	}
+}
+
+// encodeE2M1 is the e2m1 code nearest to v, ties to the even code (the one
+// whose mantissa bit is 0), saturating at ±6.
+func encodeE2M1(v float32) uint8 {
+	var sign uint8
+	if math.Signbit(float64(v)) {
+		sign, v = 8, -v
+	}
+	// Midpoints between consecutive magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6;
+	// at a midpoint the even code (0, 1, 2 = 1.0, 4 = 2.0, 6 = 4.0) wins.
+	var q uint8
+	switch {
+	case v < 0.25 || v == 0.25:
+		q = 0
+	case v < 0.75:
+		q = 1
+	case v <= 1.25:
+		q = 2
+	case v < 1.75:
+		q = 3
+	case v <= 2.5:
+		q = 4
+	case v < 3.5:
+		q = 5
+	case v <= 5:
+		q = 6
+	default:
+		q = 7
+	}
+	return sign | q
+}
+
+// EncodeE4M3 rounds f to the nearest e4m3 code, ties to even, saturating
+// at ±448; a NaN or an infinity becomes NaN of its sign (e4m3 has no
+// infinity). It is the kernels' ep_e4m3_bits.
+func EncodeE4M3(f float32) uint8 {
+	u := math.Float32bits(f)
+	a := u & 0x7fffffff
+	var code int32
+	if a < 0x3c800000 { // below 2^-6: a multiple of 2^-9, rounded as the float sum does
+		code = int32(math.Float32bits(math.Float32frombits(a)*512+8388608) - 0x4b000000)
+	} else {
+		r := a + 0x7ffff + (a>>20)&1
+		code = int32(r>>20) - 120<<3
+	}
+	code = min(code, 0x7e)
+	if a >= 0x7f800000 {
+		code = 0x7f
+	}
+	return uint8((u>>24)&0x80 | uint32(code))
 }

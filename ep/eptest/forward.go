@@ -35,6 +35,11 @@ func checkName(f ep.Feature) (string, bool) {
 			return "ForwardedRows", true
 		}
 	}
+	for _, cf := range combineFormats() {
+		if cf == f {
+			return "CombineFormats", true
+		}
+	}
 	return "", false
 }
 

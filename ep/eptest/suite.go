@@ -95,6 +95,7 @@ func Run(t *testing.T, s Suite) {
 	optional(ep.FeatureFP8Wire, s.testFP8)
 	optional(ep.FeatureFP8Forward, s.testFP8Forward)
 	t.Run("ForwardedRows", func(t *testing.T) { s.testForwardedRows(t) })
+	t.Run("CombineFormats", func(t *testing.T) { s.testCombineFormats(t) })
 	optional(ep.FeatureFP8Combine, s.testFP8Combine)
 	t.Run("OverflowFail", func(t *testing.T) { s.testOverflow(t, ep.OverflowFail) })
 	optional(ep.FeatureOverflowDrop, func(t *testing.T) { s.testOverflow(t, ep.OverflowDrop) })

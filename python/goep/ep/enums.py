@@ -160,3 +160,4 @@ class Feature(IntEnum):
     GLOBAL_EXPERT_IDS = 12
     CALL_SEQUENCE = 13
     NVFP4_FORWARD = 14
+    NVFP4_COMBINE = 15
