@@ -101,28 +101,7 @@ func checkCombineFormat[E ep.Element](t *testing.T, s Suite, w ep.WireFormat, sc
 	cfg.CombineWire = w
 	g := newGroup[E](t, s, s.Backend, cfg)
 	R, me, H, K := s.Comm.Size(), s.Comm.Rank(), sc.hidden, sc.topk
-	in := allInputs(sc, R)[me]
-	for i := range in.weights { // not dyadic, so that the order of the products shows
-		in.weights[i] = float32(0.05 + 0.9*float64((i*37+me*11)%101)/101)
-	}
-	x := payloadFP8[E](me, in.T, H)
-	h, err := g.Dispatch(ep.Tokens(upload(t, g, x), in.topk, in.weights))
-	require.NoError(t, err)
-	recv := host(t, h.Recv())
-	L, span := g.LocalExperts(), R*sc.maxTok
-	y := make([]E, len(recv))
-	for l, n := range h.ExpertCounts() {
-		f := expertFactor(int32(me*L + l))
-		for r := l * span; r < l*span+n; r++ {
-			for c := 0; c < H; c++ {
-				y[r*H+c] = ep.ElementOf[E](f * ep.Float32Of(recv[r*H+c]))
-			}
-		}
-	}
-	require.NoError(t, ep.Upload(h.CombineBuffer(), y))
-	outT := zeros[E](t, g, in.T*H)
-	require.NoError(t, g.Combine(h, h.CombineBuffer(), outT, nil))
-	out := host(t, outT)
+	in, x, out := llExpertRound(t, s, g, sc)
 
 	ref := combineRefs[w]
 	yk := make([]float32, H)

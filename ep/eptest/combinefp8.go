@@ -125,15 +125,8 @@ func checkHTFP8Combine[E ep.Element](t *testing.T, s Suite, w ep.WireFormat, sc 
 					acc = float32(acc + v[c])
 				}
 			}
-			got := out[tok*H+c]
-			if want := ep.ElementOf[E](acc); got != want {
-				t.Errorf("token %d element %d: %v, want %v by the definition", tok, c, ep.Float32Of(got), ep.Float32Of(want))
-				return
-			}
-			lim := bound[c] + math.Abs(exact[c])/256 + 1e-30
-			if d := math.Abs(float64(ep.Float32Of(got)) - exact[c]); d > lim {
-				t.Errorf("token %d element %d: %v is %g from the exact combine %v, beyond the bound %g", tok, c,
-					ep.Float32Of(got), d, exact[c], lim)
+			if err := checkElement(tok, c, out[tok*H+c], acc, exact[c], bound[c]); err != nil {
+				t.Error(err)
 				return
 			}
 		}
@@ -147,24 +140,35 @@ func expertFactor(e int32) float32 {
 	return float32(1+int(e)%3) * float32(math.Ldexp(1, int(e)%5-2)) * (1 + float32(int(e)%7)/10)
 }
 
-// A low-precision combine is exactly its definition: each token's result is
-// the float32 sum, in top-k order, of weight times the float32 value of its
-// expert outputs quantized as Quantize does (code times scale), rounded once
-// to the element type; and it is within the bound of that definition of the
-// exact combine: per slot, |weight| times half an e4m3 step of the output
-// (2^-4 of it relative, 2^-10 of the scale absolute), plus the final
-// rounding.
-func checkFP8Combine2[E ep.Element](t *testing.T, s Suite, w ep.WireFormat, sc scenario) {
-	defer s.agree(t)
-	cfg := sc.config(ep.LowLatency)
-	cfg.CombineWire = w
-	g := newGroup[E](t, s, s.Backend, cfg)
-	R, me, H, K := s.Comm.Size(), s.Comm.Rank(), sc.hidden, sc.topk
-	in := allInputs(sc, R)[me]
-	for i := range in.weights { // not dyadic either (the suite's are, for exact sums elsewhere)
+// checkElement says how element c of token tok of a low-precision
+// combine, got, differs from the definition's float32 sum acc rounded to
+// E, or lies beyond bound of the exact combine exact, plus the final
+// rounding to E (half an ulp of the result: bfloat16's 2^-8 relative;
+// float32's is far below the rest).
+func checkElement[E ep.Element](tok, c int, got E, acc float32, exact, bound float64) error {
+	if want := ep.ElementOf[E](acc); got != want {
+		return fmt.Errorf("token %d element %d: %v, want %v by the definition", tok, c, ep.Float32Of(got), ep.Float32Of(want))
+	}
+	lim := bound + math.Abs(exact)/256 + 1e-30
+	if d := math.Abs(float64(ep.Float32Of(got)) - exact); d > lim {
+		return fmt.Errorf("token %d element %d: %v is %g from the exact combine %v, beyond the bound %g", tok, c, ep.Float32Of(got), d, exact, lim)
+	}
+	return nil
+}
+
+// llExpertRound dispatches this rank's payload (payloadFP8) in LowLatency
+// group g with weights that are not dyadic (the suite's are, for exact
+// sums elsewhere), so that the order of the products shows; has expert e
+// multiply its rows by expertFactor(e); and combines. It returns this
+// rank's input, its tokens and the combined tokens.
+func llExpertRound[E ep.Element](t *testing.T, s Suite, g *ep.Group[E], sc scenario) (in input, x, out []E) {
+	t.Helper()
+	R, me, H := s.Comm.Size(), s.Comm.Rank(), sc.hidden
+	in = allInputs(sc, R)[me]
+	for i := range in.weights {
 		in.weights[i] = float32(0.05 + 0.9*float64((i*37+me*11)%101)/101)
 	}
-	x := payloadFP8[E](me, in.T, H)
+	x = payloadFP8[E](me, in.T, H)
 	h, err := g.Dispatch(ep.Tokens(upload(t, g, x), in.topk, in.weights))
 	require.NoError(t, err)
 	recv := host(t, h.Recv())
@@ -181,7 +185,23 @@ func checkFP8Combine2[E ep.Element](t *testing.T, s Suite, w ep.WireFormat, sc s
 	require.NoError(t, ep.Upload(h.CombineBuffer(), y))
 	outT := zeros[E](t, g, in.T*H)
 	require.NoError(t, g.Combine(h, h.CombineBuffer(), outT, nil))
-	out := host(t, outT)
+	return in, x, host(t, outT)
+}
+
+// A low-precision combine is exactly its definition: each token's result is
+// the float32 sum, in top-k order, of weight times the float32 value of its
+// expert outputs quantized as Quantize does (code times scale), rounded once
+// to the element type; and it is within the bound of that definition of the
+// exact combine: per slot, |weight| times half an e4m3 step of the output
+// (2^-4 of it relative, 2^-10 of the scale absolute), plus the final
+// rounding.
+func checkFP8Combine2[E ep.Element](t *testing.T, s Suite, w ep.WireFormat, sc scenario) {
+	defer s.agree(t)
+	cfg := sc.config(ep.LowLatency)
+	cfg.CombineWire = w
+	g := newGroup[E](t, s, s.Backend, cfg)
+	R, me, H, K := s.Comm.Size(), s.Comm.Rank(), sc.hidden, sc.topk
+	in, x, out := llExpertRound(t, s, g, sc)
 
 	pow2 := w == ep.WireFP8UE8M0
 	yk := make([]E, H)
@@ -216,17 +236,8 @@ func checkFP8Combine2[E ep.Element](t *testing.T, s Suite, w ep.WireFormat, sc s
 			first = false
 		}
 		for c := 0; c < H; c++ {
-			got := out[tok*H+c]
-			if want := ep.ElementOf[E](acc[c]); got != want {
-				t.Errorf("token %d element %d: %v, want %v by the definition", tok, c, ep.Float32Of(got), ep.Float32Of(want))
-				return
-			}
-			// The final rounding to E: half an ulp of the result (bfloat16:
-			// 2^-8 relative; float32's is far below the rest).
-			lim := bound[c] + math.Abs(exact[c])/256 + 1e-30
-			if d := math.Abs(float64(ep.Float32Of(got)) - exact[c]); d > lim {
-				t.Errorf("token %d element %d: %v is %g from the exact combine %v, beyond the bound %g", tok, c,
-					ep.Float32Of(got), d, exact[c], lim)
+			if err := checkElement(tok, c, out[tok*H+c], acc[c], exact[c], bound[c]); err != nil {
+				t.Error(err)
 				return
 			}
 		}
