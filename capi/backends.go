@@ -31,6 +31,8 @@ var features = []featureEntry{
 	{C.GOEP_EP_FEATURE_LL_RANK_MAJOR, "GOEP_EP_FEATURE_LL_RANK_MAJOR", ep.FeatureLLRankMajor, "FeatureLLRankMajor"},
 	{C.GOEP_EP_FEATURE_GLOBAL_EXPERT_IDS, "GOEP_EP_FEATURE_GLOBAL_EXPERT_IDS", ep.FeatureGlobalExpertIDs, "FeatureGlobalExpertIDs"},
 	{C.GOEP_EP_FEATURE_CALL_SEQUENCE, "GOEP_EP_FEATURE_CALL_SEQUENCE", ep.FeatureCallSequence, "FeatureCallSequence"},
+	{C.GOEP_EP_FEATURE_NVFP4_FORWARD, "GOEP_EP_FEATURE_NVFP4_FORWARD", ep.FeatureNVFP4Forward, "FeatureNVFP4Forward"},
+	{C.GOEP_EP_FEATURE_NVFP4_COMBINE, "GOEP_EP_FEATURE_NVFP4_COMBINE", ep.FeatureNVFP4Combine, "FeatureNVFP4Combine"},
 }
 
 type featureEntry struct {

@@ -606,7 +606,9 @@ typedef enum {
     GOEP_EP_FEATURE_HT_EXPERT_MAJOR = 10,   /* the HT expert-major receive layout */
     GOEP_EP_FEATURE_LL_RANK_MAJOR = 11,     /* the LL rank-major receive layout */
     GOEP_EP_FEATURE_GLOBAL_EXPERT_IDS = 12, /* received top-k ids as global expert ids */
-    GOEP_EP_FEATURE_CALL_SEQUENCE = 13      /* calls checked to match across ranks */
+    GOEP_EP_FEATURE_CALL_SEQUENCE = 13,     /* calls checked to match across ranks */
+    GOEP_EP_FEATURE_NVFP4_FORWARD = 14,     /* forwarding the caller's NVFP4 codes and scales as they are */
+    GOEP_EP_FEATURE_NVFP4_COMBINE = 15      /* an NVFP4 combine (LL) */
 } goepEpFeature_t;
 
 /* goep: a group's settings that NCCL EP's config has no field for (goepEpCreateGroupWithOptions). Kept

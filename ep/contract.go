@@ -53,6 +53,7 @@ type (
 	TransferMeter    = driver.TransferMeter
 	UnusableError    = driver.UnusableError
 	WireFormat       = driver.WireFormat
+	WireInfo         = driver.WireInfo
 	YPlace           = driver.YPlace
 )
 
@@ -65,6 +66,8 @@ const (
 	FeatureFP8Combine       = driver.FeatureFP8Combine
 	FeatureFP8Forward       = driver.FeatureFP8Forward
 	FeatureFP8Wire          = driver.FeatureFP8Wire
+	FeatureNVFP4Forward     = driver.FeatureNVFP4Forward
+	FeatureNVFP4Combine     = driver.FeatureNVFP4Combine
 	FeatureGlobalExpertIDs  = driver.FeatureGlobalExpertIDs
 	FeatureHTExpertMajor    = driver.FeatureHTExpertMajor
 	FeatureLLRankMajor      = driver.FeatureLLRankMajor
@@ -91,6 +94,8 @@ const (
 	WireFP8                 = driver.WireFP8
 	WireFP8Forward          = driver.WireFP8Forward
 	WireFP8UE8M0            = driver.WireFP8UE8M0
+	WireNVFP4Forward        = driver.WireNVFP4Forward
+	WireNVFP4               = driver.WireNVFP4
 	WireNative              = driver.WireNative
 	YElsewhere              = driver.YElsewhere
 	YInOutputs              = driver.YInOutputs
@@ -145,8 +150,11 @@ func ParseMode(s string) (Mode, error) { return driver.ParseMode(s) }
 // ParseRecvLayout reads "default", "expert-major", "rank-major" or "flat".
 func ParseRecvLayout(s string) (RecvLayout, error) { return driver.ParseRecvLayout(s) }
 
-// ParseWire reads "native", "fp8", "fp8-ue8m0" or "fp8-forward".
+// ParseWire reads a wire format's name ("native", "fp8", ...).
 func ParseWire(s string) (WireFormat, error) { return driver.ParseWire(s) }
+
+// Wires lists every wire format; WireFormat.Info says what each is.
+func Wires() []WireFormat { return driver.Wires() }
 
 // ScaleGroups is the number of FP8 scales of a row of hidden elements.
 func ScaleGroups(hidden int) int { return driver.ScaleGroups(hidden) }

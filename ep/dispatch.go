@@ -11,12 +11,15 @@ type DispatchRequest[E Element] struct {
 // takes them: the tokens, and where their routing comes from.
 //
 // The tokens are Tokens, [T][Hidden] in the element type, or, in a group
-// that forwards rows the caller quantized (Config.Wire WireFP8Forward, NCCL
-// EP's scales-forward recipe: an FP8 GEMM's output goes out without a round
-// trip through the element type), Codes, [T][Hidden] e4m3, with Scales,
-// [T][ScaleGroups(Hidden)] float32 (row r's elements [g*ScaleGroup,
-// (g+1)*ScaleGroup) are codes times scale g), which travel as they are and
-// arrive as RecvFP8 and RecvScales. They are in Memory().
+// that forwards rows the caller quantized (a Config.Wire whose
+// WireInfo.Forward is set, NCCL EP's scales-forward recipe: a low-precision
+// GEMM's output goes out without a round trip through the element type),
+// the rows in that format: for WireFP8Forward, Codes, [T][Hidden] e4m3,
+// with Scales, [T][ScaleGroups(Hidden)] float32 (row r's elements
+// [g*ScaleGroup, (g+1)*ScaleGroup) are codes times scale g), which arrive
+// as RecvFP8 and RecvScales; for any forwarded format, Packed, T rows of
+// the format's RowBytes, with PackedScales, T rows of its SideBytes, which
+// arrive as RecvWire. They travel as they are and are in Memory().
 //
 // The routing is TopK, [T][TopK] expert ids on the host (-1 = none; nil
 // for no tokens), with Weights, [T][TopK]; or Reuse, an earlier handle of
@@ -26,13 +29,15 @@ type DispatchRequest[E Element] struct {
 // Weights is nil. Reuse is how the gradient of a combine reaches the expert
 // rows.
 type DispatchInput[E Element] struct {
-	Tokens  Tensor[E]
-	Codes   Tensor[E4M3]
-	Scales  Tensor[float32]
-	TopK    []int32
-	Weights []float32
-	Reuse   Handle[E]
-	reuse   bool // made by ep.Reuse: a cached dispatch even where Reuse is the zero Handle (refused by name)
+	Tokens       Tensor[E]
+	Codes        Tensor[E4M3]
+	Scales       Tensor[float32]
+	Packed       Tensor[byte]
+	PackedScales Tensor[byte]
+	TopK         []int32
+	Weights      []float32
+	Reuse        Handle[E]
+	reuse        bool // made by ep.Reuse: a cached dispatch even where Reuse is the zero Handle (refused by name)
 }
 
 // Tokens is the input of a dispatch of x routed by topk with weights.
@@ -87,20 +92,26 @@ func (g *Group[E]) DispatchSend(in DispatchInput[E]) (DispatchRequest[E], error)
 // inputTokens are in's rows as the engine takes them.
 func inputTokens[E Element](op string, in DispatchInput[E]) (tokens, error) {
 	fp8 := !in.Codes.IsZero() || !in.Scales.IsZero()
+	packed := !in.Packed.IsZero() || !in.PackedScales.IsZero()
 	switch {
-	case fp8 && !in.Tokens.IsZero():
-		return tokens{}, inputErrorf(op, "DispatchInput has both Tokens and Codes/Scales: the rows are one or the other")
+	case (fp8 || packed) && !in.Tokens.IsZero():
+		return tokens{}, inputErrorf(op, "DispatchInput has both Tokens and quantized rows (Codes/Scales or Packed/PackedScales): the rows are one or the other")
+	case fp8 && packed:
+		return tokens{}, inputErrorf(op, "DispatchInput has both Codes/Scales and Packed/PackedScales: the rows are one or the other")
 	case fp8:
-		return tokens{rows: AsBytes(in.Codes), scales: AsBytes(in.Scales), fp8: true}, nil
+		return tokens{rows: AsBytes(in.Codes), scales: AsBytes(in.Scales), quantized: "codes"}, nil
+	case packed:
+		return tokens{rows: in.Packed, scales: in.PackedScales, quantized: "packed"}, nil
 	}
 	return tokens{rows: AsBytes(in.Tokens)}, nil
 }
 
 // tokens are a dispatch's rows as the engine takes them, in bytes: in the
-// element type, or as e4m3 codes with their scales (fp8).
+// element type, or quantized by the caller, given as e4m3 Codes ("codes")
+// or as Packed rows ("packed"), with their scales.
 type tokens struct {
 	rows, scales Tensor[byte]
-	fp8          bool
+	quantized    string
 }
 
 func (g *Group[E]) dispatchSend(op string, x tokens, topk []int32, weights []float32) (DispatchRequest[E], error) {
@@ -218,12 +229,14 @@ func (r DispatchRequest[E]) Wait() (Handle[E], error) {
 // checkTokens validates the inputs of a dispatch on this rank.
 func (g *Group[E]) checkTokens(op string, x tokens, topk []int32, weights []float32) (int, error) {
 	H, K := g.spec.Hidden, g.spec.TopK
-	forward := g.spec.Wire == WireFP8Forward
+	forward := g.spec.Wire.Forward()
 	switch {
-	case forward && !x.fp8:
-		return 0, inputErrorf(op, "the group forwards FP8 rows the caller quantized (Config.Wire %v): pass e4m3 codes and scales (DispatchInput.Codes, Scales)", g.spec.Wire)
-	case !forward && x.fp8:
-		return 0, inputErrorf(op, "e4m3 codes and scales are for a group with Config.Wire %v, not %v: pass the rows in the element type", WireFP8Forward, g.spec.Wire)
+	case forward && x.quantized == "":
+		return 0, inputErrorf(op, "the group forwards rows the caller quantized (Config.Wire %v): pass them in that format (%s)", g.spec.Wire, quantizedFields(g.spec.Wire))
+	case !forward && x.quantized != "":
+		return 0, inputErrorf(op, "quantized rows are for a group with a forwarding Config.Wire, not %v: pass the rows in the element type", g.spec.Wire)
+	case x.quantized == "codes" && !g.spec.Wire.FP8():
+		return 0, inputErrorf(op, "e4m3 codes are not rows of Config.Wire %v: pass them as DispatchInput.Packed and PackedScales", g.spec.Wire)
 	}
 	if len(topk)%K != 0 {
 		return 0, inputErrorf(op, "len(topk) = %d is not a multiple of TopK = %d", len(topk), K)
@@ -235,7 +248,7 @@ func (g *Group[E]) checkTokens(op string, x tokens, topk []int32, weights []floa
 	if len(weights) != T*K {
 		return 0, inputErrorf(op, "len(weights) = %d, want tokens*TopK = %d*%d = %d", len(weights), T, K, T*K)
 	}
-	if x.fp8 {
+	if x.quantized == "codes" {
 		G := ScaleGroups(H)
 		if x.rows.Len() != T*H {
 			return 0, inputErrorf(op, "len(codes) = %d, want tokens*Hidden = %d*%d = %d", x.rows.Len(), T, H, T*H)
@@ -243,15 +256,36 @@ func (g *Group[E]) checkTokens(op string, x tokens, topk []int32, weights []floa
 		if x.scales.Len() != 4*T*G {
 			return 0, inputErrorf(op, "len(scales) = %d, want tokens*ScaleGroups(Hidden) = %d*%d = %d", x.scales.Len()/4, T, G, T*G)
 		}
-		if err := g.checkMemory(op, "codes", x.rows.Memory()); err != nil {
+	}
+	if x.quantized != "" {
+		rb, sb := g.spec.WireRowBytes, g.spec.WireSideBytes
+		if x.rows.Len() != T*rb {
+			return 0, inputErrorf(op, "len(Packed) = %d bytes, want tokens*RowBytes = %d*%d = %d for Config.Wire %v", x.rows.Len(), T, rb, T*rb, g.spec.Wire)
+		}
+		if x.scales.Len() != T*sb {
+			return 0, inputErrorf(op, "len(PackedScales) = %d bytes, want tokens*SideBytes = %d*%d = %d for Config.Wire %v", x.scales.Len(), T, sb, T*sb, g.spec.Wire)
+		}
+		if err := g.checkMemory(op, "the quantized rows", x.rows.Memory()); err != nil {
 			return 0, err
 		}
-		return T, g.checkMemory(op, "scales", x.scales.Memory())
+		if x.scales.Len() == 0 {
+			return T, nil
+		}
+		return T, g.checkMemory(op, "their scales", x.scales.Memory())
 	}
 	if es := g.spec.Elem.Size(); x.rows.Len() != T*H*es {
 		return 0, inputErrorf(op, "len(x) = %d, want tokens*Hidden = %d*%d = %d", x.rows.Len()/es, T, H, T*H)
 	}
 	return T, g.checkMemory(op, "x", x.rows.Memory())
+}
+
+// quantizedFields names the DispatchInput fields that carry rows already
+// in format w.
+func quantizedFields(w WireFormat) string {
+	if w.FP8() {
+		return "e4m3 codes and scales, DispatchInput.Codes and Scales, or their bytes as Packed and PackedScales"
+	}
+	return "DispatchInput.Packed and PackedScales"
 }
 
 // checkMemory refuses a tensor outside the engine's memory.

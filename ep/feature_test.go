@@ -21,7 +21,7 @@ func TestFeaturesAreNamed(t *testing.T) {
 		assert.False(t, seen[name], "%q twice", name)
 		seen[name] = true
 	}
-	assert.Len(t, seen, 13)
+	assert.Len(t, seen, 15)
 }
 
 // claimsAll declares every feature, with engines that hide the optional

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"unsafe"
 
+	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 )
 
@@ -19,47 +20,11 @@ type E4M3 uint8
 const MaxE4M3 = 448
 
 // Float32 widens q exactly (NaN for the NaN codes).
-func (q E4M3) Float32() float32 {
-	a := uint32(q & 0x7f)
-	var f float32
-	switch {
-	case a == 0x7f:
-		f = float32(math.NaN())
-	case a < 8:
-		f = float32(a) / 512
-	default:
-		f = math.Float32frombits(a<<20 + 120<<23)
-	}
-	if q&0x80 != 0 {
-		f = -f
-	}
-	return f
-}
+func (q E4M3) Float32() float32 { return driver.DecodeE4M3(uint8(q)) }
 
 // E4M3From rounds f to the nearest E4M3, ties to even, saturating at ±448;
 // a NaN or an infinity becomes NaN of its sign (e4m3 has no infinity).
-func E4M3From(f float32) E4M3 {
-	u := math.Float32bits(f)
-	return E4M3(e4m3Bits(u, u))
-}
-
-// e4m3Bits is kernels.h's ep_e4m3_bits: v's bits rounded to e4m3, with the
-// sign and the NaN/infinity test taken from x's bits.
-func e4m3Bits(v, x uint32) uint8 {
-	a := v & 0x7fffffff
-	var code int32
-	if a < 0x3c800000 { // below 2^-6: a multiple of 2^-9, rounded as the float sum does
-		code = int32(math.Float32bits(math.Float32frombits(a)*512+8388608) - 0x4b000000)
-	} else {
-		r := a + 0x7ffff + (a>>20)&1
-		code = int32(r>>20) - 120<<3
-	}
-	code = min(code, 0x7e)
-	if x&0x7fffffff >= 0x7f800000 {
-		code = 0x7f
-	}
-	return uint8((x>>24)&0x80 | uint32(code))
-}
+func E4M3From(f float32) E4M3 { return E4M3(driver.EncodeE4M3(f)) }
 
 // ScalesFromUE8M0 widens UE8M0 scales (one 8-bit exponent e per scale group,
 // the scale 2^(e-127), as DeepEP's and NCCL EP's packed scales hold them) to

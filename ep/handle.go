@@ -53,10 +53,10 @@ func (h Handle[E]) NumTokens() int {
 //     [ExpertOffsets()[l], ExpertOffsets()[l+1]): its ExpertCounts()[l]
 //     rows by source rank then token, then zero rows up to the alignment.
 //
-// A group with an FP8 Wire receives RecvFP8 and RecvScales instead: its
-// Recv is the zero Tensor. Not collective.
+// A group with a Packed Wire receives RecvWire instead (an FP8 one also
+// RecvFP8 and RecvScales): its Recv is the zero Tensor. Not collective.
 func (h Handle[E]) Recv() Tensor[E] {
-	if !h.valid() || h.s.g.spec.Wire.FP8() {
+	if !h.valid() || h.s.g.spec.Wire.Packed() {
 		return Tensor[E]{}
 	}
 	return driver.MustFromBytes[E](h.s.d.Recv.Rows)
@@ -81,7 +81,19 @@ func (h Handle[E]) RecvScales() Tensor[float32] {
 	if !h.valid() || !h.s.g.spec.Wire.FP8() {
 		return Tensor[float32]{}
 	}
-	return h.s.d.Recv.Scales
+	return driver.MustFromBytes[float32](h.s.d.Recv.Side)
+}
+
+// RecvWire is, in a group with a Packed Wire, the rows this rank received
+// as they travelled, laid out as Recv would be: rows, [rows][RowBytes] of
+// the format (Spec.WireRowBytes), and their scales, [rows][SideBytes]
+// (the zero Tensor for a format without side data). DecodeRows turns a
+// row into numbers. The zero Tensors otherwise. Not collective.
+func (h Handle[E]) RecvWire() (rows, scales Tensor[byte]) {
+	if !h.valid() || !h.s.g.spec.Wire.Packed() {
+		return Tensor[byte]{}, Tensor[byte]{}
+	}
+	return h.s.d.Recv.Rows, h.s.d.Recv.Side
 }
 
 // CombineBuffer is memory of the group laid out like Recv (in the element

@@ -112,22 +112,15 @@ func (g *Group[E]) traffic(s *handleState[E]) {
 	}
 }
 
-// dispatchRowBytes is the payload of one dispatched row: its elements, or
-// its e4m3 codes and float32 scales.
-func dispatchRowBytes(s Spec) int {
-	if s.Wire.FP8() {
-		return s.Hidden + 4*ScaleGroups(s.Hidden)
-	}
-	return s.RowBytes
-}
+// dispatchRowBytes is the payload of one dispatched row in the group's
+// Wire format, its side data included.
+func dispatchRowBytes(s Spec) int { return s.WireRowBytes + s.WireSideBytes }
 
-// combineRowBytes is the payload of one combined row: its elements, or,
-// with a low-precision combine, its e4m3 codes and float32 scales.
+// combineRowBytes is the payload of one combined row in the group's
+// CombineWire format, its side data included.
 func combineRowBytes(s Spec) int {
-	if s.CombineWire.FP8() {
-		return s.Hidden + 4*ScaleGroups(s.Hidden)
-	}
-	return s.RowBytes
+	w, _ := s.CombineWire.Info()
+	return w.RowBytes(s.Hidden, s.Elem.Size()) + w.SideBytes(s.Hidden)
 }
 
 // count adds a completed dispatch (or, combine true, its combine) to the

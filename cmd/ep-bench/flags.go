@@ -20,7 +20,7 @@ type options struct {
 	modes                           []ep.Mode
 	tokens, hidden, topk, experts   []int
 	dtypes                          []string
-	combineFP8                      bool // -combine fp8: LL's low-precision combine, timed beside bf16
+	combineFP8                      bool // -combine fp8: the low-precision combine, timed beside bf16
 	iters, warmup                   int
 	seed                            uint64
 	jsonOut, validate, skipBaseline bool
@@ -53,7 +53,7 @@ func parseFlags(stderr io.Writer, args []string) (*options, error) {
 	experts := fs.String("experts", "64", "experts in all (a multiple of the ranks)")
 	dtypes := fs.String("dtype", "bf16", "bf16, f32, fp8 (bf16 tokens dispatched in FP8 e4m3 with per-128 scales, "+
 		"timed beside the same dispatch in bf16), or a list")
-	combine := fs.String("combine", "bf16", "how LL's combine moves the expert outputs: bf16 (the element type) or fp8 (e4m3 with per-128 scales, "+
+	combine := fs.String("combine", "bf16", "how the combine moves the expert outputs: bf16 (the element type) or fp8 (e4m3 with per-128 scales, "+
 		"Config.CombineWire; timed beside the same combine in the element type)")
 	iters := fs.Int("iters", 30, "timed iterations")
 	warmup := fs.Int("warmup", 5, "untimed iterations first")
@@ -172,7 +172,7 @@ func (o *options) configs() []config {
 					for _, h := range o.hidden {
 						for _, t := range o.tokens {
 							out = append(out, config{mode: m, tokens: t, hidden: h, topk: k, experts: e, dtype: d,
-								combineFP8: o.combineFP8 && m == ep.LowLatency})
+								combineFP8: o.combineFP8})
 						}
 					}
 				}

@@ -285,6 +285,9 @@ func (b *bench[E]) validate() error {
 	tol := 1e-2 // bfloat16 rounding of partial sums taken per node
 	if b.c.combineFP8 {
 		tol = 0.1 // the combine's e4m3 rounding: at most 2^-4 of each output, plus its scale's 2^-10 (docs/ep.md)
+		if b.c.mode == ep.HighThroughput {
+			tol = 0.2 // HT quantizes a node's sum again before it crosses: 3/16 of each partial (docs/ep.md)
+		}
 	}
 	for i := range want {
 		x, y := float64(ep.Float32Of(got[i])), float64(ep.Float32Of(want[i]))

@@ -447,7 +447,7 @@ func (a *alltoallvEngine) DispatchWait(d *driver.Dispatch) error {
 			TopK: driver.Host(set.topk[:n*K]), Tokens: driver.Host(set.tokens[:n]), ExpertCounts: st.expert, SourceCounts: st.source[:a.R],
 			NumRecv: n}
 		if G > 0 {
-			d.Recv.Scales = driver.Host(set.scales[:n*G])
+			d.Recv.Side = driver.AsBytes(driver.Host(set.scales[:n*G]))
 		}
 		return nil
 	}
@@ -471,7 +471,7 @@ func (a *alltoallvEngine) DispatchWait(d *driver.Dispatch) error {
 	d.Recv = driver.Received{Rows: driver.Host(set.rows), Outputs: driver.Host(set.outputs), Weights: driver.Host(set.weights),
 		Tokens: driver.Host(set.tokens), ExpertCounts: st.expert, SourceCounts: st.source, NumRecv: n}
 	if G > 0 {
-		d.Recv.Scales = driver.Host(set.scales)
+		d.Recv.Side = driver.AsBytes(driver.Host(set.scales))
 	}
 	return nil
 }

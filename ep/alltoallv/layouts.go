@@ -106,7 +106,7 @@ func (a *alltoallvEngine) unpackZones(d *driver.Dispatch, st *a2aState, n int) {
 		Weights: driver.Host(set.weights[:total]), Tokens: driver.Host(set.tokens[:total]), ExpertCounts: st.expert,
 		ExpertOffsets: st.zoneOff, SourceCounts: st.source, NumRecv: total}
 	if G > 0 {
-		d.Recv.Scales = driver.Host(set.scales[:total*G])
+		d.Recv.Side = driver.AsBytes(driver.Host(set.scales[:total*G]))
 	}
 }
 
@@ -144,7 +144,7 @@ func (a *alltoallvEngine) unpackRankMajor(d *driver.Dispatch, st *a2aState, n in
 		TopK: driver.Host(set.topk), Tokens: driver.Host(set.tokens), ExpertCounts: st.expert, SourceCounts: st.source[:a.R],
 		NumRecv: n}
 	if G > 0 {
-		d.Recv.Scales = driver.Host(set.scales)
+		d.Recv.Side = driver.AsBytes(driver.Host(set.scales))
 	}
 }
 

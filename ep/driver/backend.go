@@ -27,22 +27,21 @@ type Spec struct {
 	Elem     DType // the element type of the rows
 	RowBytes int   // bytes of one row: Hidden elements of Elem
 	// WireRowBytes is the bytes of one dispatched row as it arrives in
-	// Received.Rows: RowBytes, or, with an FP8 Wire, Hidden e4m3 codes
-	// (the row's ScaleGroups(Hidden) float32 scales arrive apart, in
-	// Received.Scales).
-	WireRowBytes int
-	Name         string // the group's name in messages, e.g. "ep.Group[bfloat16]"
+	// Received.Rows, in the group's Wire format (RowBytes for WireNative;
+	// Hidden e4m3 codes for an FP8 one); WireSideBytes is the bytes of its
+	// side data, which arrive apart, in Received.Side (the FP8 formats'
+	// ScaleGroups(Hidden) float32 scales; 0: none).
+	WireRowBytes, WireSideBytes int
+	Name                        string // the group's name in messages, e.g. "ep.Group[bfloat16]"
 }
 
 // newSpec is the Spec of a validated cfg with rows of elem.
 func NewSpec(cfg Config, elem DType) Spec {
 	cfg.Layout = cfg.ResolvedLayout()
-	s := Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(), WireRowBytes: cfg.Hidden * elem.Size(),
+	w := wires[cfg.Wire]
+	return Spec{Config: cfg, Elem: elem, RowBytes: cfg.Hidden * elem.Size(),
+		WireRowBytes: w.RowBytes(cfg.Hidden, elem.Size()), WireSideBytes: w.SideBytes(cfg.Hidden),
 		Name: fmt.Sprintf("ep.Group[%s]", elem)}
-	if cfg.Wire.FP8() {
-		s.WireRowBytes = cfg.Hidden
-	}
-	return s
 }
 
 // LocalExperts is the number of experts each rank owns.
@@ -179,8 +178,8 @@ type Dispatch struct {
 	// State); nil for a fresh dispatch. Every rank passes a cached
 	// dispatch at the same call.
 
-	X       Tensor[byte] // the tokens: T rows of RowBytes (WireFP8Forward: T rows of Hidden e4m3 codes), in Memory()
-	Scales  Tensor[byte] // WireFP8Forward: the caller's scales, T rows of ScaleGroups(Hidden) float32; zero otherwise
+	X       Tensor[byte] // the tokens: T rows of RowBytes (a Forward Wire: T rows of Spec.WireRowBytes), in Memory()
+	Scales  Tensor[byte] // a Forward Wire: the rows' side data, T rows of Spec.WireSideBytes; zero otherwise
 	TopK    []int32      // [T][TopK] expert ids, -1 = none (host)
 	Weights []float32    // [T][TopK] (host)
 	Route   *Routing     // TopK's routing, computed on the host
@@ -203,12 +202,13 @@ type Received struct {
 	// flat [NumRecv] rows (by source rank then token); HighThroughput
 	// expert-major [NumRecv] rows, zone l at [ExpertOffsets[l],
 	// ExpertOffsets[l+1]) (its first ExpertCounts[l] rows valid, by source
-	// rank then token, the rest zero). Each row is Spec.WireRowBytes: with
-	// an FP8 Wire, e4m3 codes (RecvFP8).
+	// rank then token, the rest zero). Each row is Spec.WireRowBytes, in
+	// the group's Wire format (RecvWire; an FP8 one: e4m3 codes, RecvFP8).
 	Rows Tensor[byte]
-	// Scales: with an FP8 Wire, the float32 scales of Rows, laid out like
-	// them, ScaleGroups(Hidden) per row (RecvScales); zero otherwise.
-	Scales Tensor[float32]
+	// Side: with a Wire that has side data, the rows' side data, laid out
+	// like them, Spec.WireSideBytes per row (an FP8 Wire: float32 scales,
+	// RecvScales); zero otherwise.
+	Side Tensor[byte]
 	// Outputs is CombineBuffer: laid out like Rows but in rows of
 	// RowBytes (the element type, also with an FP8 Wire), where expert
 	// outputs can be written for Combine to read without a copy.

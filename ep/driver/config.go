@@ -112,13 +112,18 @@ type Config struct {
 	// scale.
 	Wire WireFormat
 	// CombineWire is how a combine's expert outputs travel: WireNative
-	// (the zero value: in the element type), or, in LowLatency groups, a
-	// low-precision combine (as DeepEP's LogFMT and NCCL EP's NVFP4
-	// combine): WireFP8 or WireFP8UE8M0 quantizes every output row a
-	// combine reads exactly as Quantize does, moves its e4m3 codes and
-	// scales, and sums their float32 values (code times scale, times the
-	// weight) in float32 in top-k order, rounded once to the element type
-	// (docs/ep.md defines it and bounds its error).
+	// (the zero value: in the element type), or a low-precision combine
+	// (as DeepEP's LogFMT and NCCL EP's NVFP4 combine): WireFP8 or
+	// WireFP8UE8M0 quantizes every output row a combine reads exactly as
+	// Quantize does and moves its e4m3 codes and scales. LowLatency sums
+	// their float32 values (code times scale, times the weight) in float32
+	// in top-k order, rounded once to the element type. HighThroughput
+	// sums the float32 values of a token's partial outputs on each node
+	// (ranks in local order), rounds each other node's sum to the element
+	// type and quantizes it again before it crosses, and sums the token's
+	// own node's partials and the other nodes' sums, node by node, in
+	// float32, rounded once (docs/ep.md defines both and bounds their
+	// error). The WireInfo of the format says where it may be used.
 	CombineWire WireFormat
 	// Layout is how the received rows are laid out (RecvLayout): the
 	// mode's own by default (LowLatency expert-major blocks,
@@ -161,20 +166,17 @@ func (c Config) Validate(size int) error {
 		return bad("MaxRecvTokensPerRank = %d is negative", c.MaxRecvTokensPerRank)
 	case c.Timeout < 0:
 		return bad("Timeout = %v is negative", c.Timeout)
-	case c.Wire != WireNative && !c.Wire.FP8():
-		return bad("Wire = %v: choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0", c.Wire)
 	case c.Overflow != OverflowFail && c.Overflow != OverflowDrop:
 		return bad("Overflow = %v: choose ep.OverflowFail or ep.OverflowDrop", c.Overflow)
 	case c.Overflow == OverflowDrop && c.Mode != HighThroughput:
 		return bad("Overflow %v is for HighThroughput groups (LowLatency buffers hold the worst case), not %v", c.Overflow, c.Mode)
-	case c.CombineWire != WireNative && c.CombineWire != WireFP8 && c.CombineWire != WireFP8UE8M0:
-		return bad("CombineWire = %v: choose ep.WireNative, ep.WireFP8 or ep.WireFP8UE8M0", c.CombineWire)
-	case c.CombineWire != WireNative && c.Mode != LowLatency:
-		return bad("CombineWire %v (a low-precision combine) is for LowLatency groups, not %v", c.CombineWire, c.Mode)
 	case c.MaskStalledRanks && c.Mode != LowLatency:
 		return bad("MaskStalledRanks is for LowLatency (inference) groups, not %v", c.Mode)
 	case int64(c.MaxTokensPerRank)*int64(size) > 1<<31-1:
 		return bad("MaxTokensPerRank*ranks = %d*%d overflows the 32-bit row indices", c.MaxTokensPerRank, size)
+	}
+	if err := c.checkWires(bad); err != nil {
+		return err
 	}
 	if err := c.validateLayout(bad); err != nil {
 		return err

@@ -29,7 +29,7 @@ const (
 	// the caller's e4m3 codes and scales (Dispatch.Scales) as they are.
 	FeatureFP8Forward
 	// FeatureFP8Combine is Config.CombineWire FP8: a low-precision
-	// combine.
+	// combine, in both modes.
 	FeatureFP8Combine
 	// FeatureOverflowDrop is Config.Overflow OverflowDrop: an HT dispatch
 	// drops what does not fit, the same on every rank.
@@ -68,6 +68,11 @@ const (
 	// and a group found unusable (a peer that did not arrive) being said
 	// so to every rank at once: the engines are Sequencers.
 	FeatureCallSequence
+	// FeatureNVFP4Forward is Config.Wire WireNVFP4Forward: the engine
+	// moves the caller's NVFP4 codes and scales as they are.
+	FeatureNVFP4Forward
+	// FeatureNVFP4Combine is Config.CombineWire WireNVFP4 in LowLatency.
+	FeatureNVFP4Combine
 
 	featureEnd // one past the last
 )
@@ -89,6 +94,10 @@ func (f Feature) String() string {
 		return "masking stalled ranks (Config.MaskStalledRanks)"
 	case FeatureFP8Forward:
 		return "forwarding FP8 rows the caller quantized (Config.Wire fp8-forward)"
+	case FeatureNVFP4Combine:
+		return "an NVFP4 combine (Config.CombineWire nvfp4)"
+	case FeatureNVFP4Forward:
+		return "forwarding NVFP4 rows the caller quantized (Config.Wire nvfp4-forward)"
 	case FeatureFP8Combine:
 		return "a low-precision combine (Config.CombineWire)"
 	case FeatureOverflowDrop:
@@ -133,17 +142,14 @@ var ErrUnsupported = errors.New("ep: not supported by the backend")
 // features lists the optional features c asks for.
 func (c Config) Needs() []Feature {
 	var fs []Feature
-	switch {
-	case c.Wire == WireFP8Forward:
-		fs = append(fs, FeatureFP8Forward)
-	case c.Wire.FP8():
-		fs = append(fs, FeatureFP8Wire)
+	if f := wires[c.Wire].DispatchFeature; f != 0 {
+		fs = append(fs, f)
 	}
 	if c.MaskStalledRanks {
 		fs = append(fs, FeatureMaskStalledRanks)
 	}
-	if c.CombineWire.FP8() {
-		fs = append(fs, FeatureFP8Combine)
+	if f := wires[c.CombineWire].Combine[c.Mode]; f != 0 {
+		fs = append(fs, f)
 	}
 	if c.Overflow == OverflowDrop {
 		fs = append(fs, FeatureOverflowDrop)

@@ -112,7 +112,8 @@ func (cpuBackend) Supports(f driver.Feature) bool {
 	switch f {
 	case driver.FeatureFP8Wire, driver.FeatureMaskStalledRanks, driver.FeatureFP8Forward, driver.FeatureFP8Combine, driver.FeatureOverflowDrop,
 		driver.FeatureRefusals, driver.FeatureMeter, driver.FeatureNamedTimeouts, driver.FeatureZeroAllocs,
-		driver.FeatureHTExpertMajor, driver.FeatureLLRankMajor, driver.FeatureGlobalExpertIDs, driver.FeatureCallSequence:
+		driver.FeatureHTExpertMajor, driver.FeatureLLRankMajor, driver.FeatureGlobalExpertIDs, driver.FeatureCallSequence,
+		driver.FeatureNVFP4Forward, driver.FeatureNVFP4Combine:
 		return true
 	}
 	return false

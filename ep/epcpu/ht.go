@@ -43,15 +43,16 @@ type htMode struct {
 	myNode                         int
 	maxRecv                        int
 	global                         bool // the received top-k ids are global (Config.RecvIDs)
-	em                             bool // expert-major zones (htzones.go)
-	align                          int  // their alignment, in rows
+	lay                            htLayout
+	align                          int // their alignment, in rows
 	wire                           hostrows.RowFormat
-	forwarder                      []int        // per rank: the rank of this node that forwards its tokens here
-	rails                          []int        // per node: this rank's rail peer there (itself on its own node)
-	slots                          []int        // per node: this rank's staging slot at its rail peer there
-	myRails                        []int        // the rail peers on other nodes, in node order
-	senders                        []railSender // the ranks of other nodes whose rail peer on this node is this rank
-	senderRanks                    []int        // their ranks
+	fp8                            *htFP8Combine // an FP8 CombineWire (nil: the combine moves the element type)
+	forwarder                      []int         // per rank: the rank of this node that forwards its tokens here
+	rails                          []int         // per node: this rank's rail peer there (itself on its own node)
+	slots                          []int         // per node: this rank's staging slot at its rail peer there
+	myRails                        []int         // the rail peers on other nodes, in node order
+	senders                        []railSender  // the ranks of other nodes whose rail peer on this node is this rank
+	senderRanks                    []int         // their ranks
 
 	// Segment: received rows [maxRecv], each with its token, local top-k
 	// ids and weights; the combine buffer and row values laid out the
@@ -78,6 +79,7 @@ type htMode struct {
 	start      []int32
 	src, vals2 hostrows.AddrTable
 	area       []int
+	addPartial func(r, row int) // adds row of node rank r's partials to src and vals2, from area
 	counts     []int32
 	nodeFirst  []int  // per other node: its first row in the outbox
 	alone      []bool // per node: it has one rank, its rail peer (rows may land in place)
@@ -138,30 +140,22 @@ func newHT(e *engine, seg, win *hostrows.Arena) *htMode {
 // fresh one's count round tells that the rail peer has started this call,
 // so that its rows of the last one are no longer read).
 func (m *htMode) inPlace(n int, st *htState) bool {
-	return m.alone[n] && m.e.t.landsFinal && !st.cached && !m.em
+	return m.alone[n] && m.e.t.landsFinal && !st.cached && m.lay.landsInPlace()
 }
 
 // htDims is an htMode of R ranks on nodes nodes with its sizes only.
 func htDims(s driver.Spec, R, nodes int, tune tuning) *htMode {
-	return &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
+	m := &htMode{R: R, L: s.NumExperts / R, M: s.MaxTokensPerRank, K: s.TopK, H: s.Hidden,
 		rowBytes: s.RowBytes, nodes: nodes, maxRecv: s.MaxRecv(R), wire: hostrows.NewRowFormat(s), global: s.RecvIDs == driver.GlobalExpertIDs,
-		em: s.HTExpertMajor(), align: s.Alignment()}
+		align: s.Alignment(), fp8: newHTFP8Combine(s)}
+	m.lay = newHTLayout(s, m)
+	return m
 }
 
 // takeAreas places HT's areas, with slots staging slots (placeRails).
 func (m *htMode) takeAreas(slots int, seg, win *hostrows.Arena) {
 	n, K, M := m.maxRecv, m.K, m.M
-	if m.em {
-		m.recv = seg.TakeRows("HT received rows (expert-major zones)", n, m.wire)
-		m.tok = seg.Take("HT received tokens", n, 4)
-		m.slot = seg.Take("HT received top-k slots", n, 4)
-		m.w = seg.Take("HT received weights", n, 4)
-	} else {
-		m.recv = seg.TakeRows("HT received rows", n, m.wire)
-		m.tok = seg.Take("HT received tokens", n, 4)
-		m.topk = seg.Take("HT received top-k ids", n, 4*K)
-		m.w = seg.Take("HT received weights", n, 4*K)
-	}
+	m.lay.takeAreas(seg, n)
 	m.comb = seg.Take("HT combine buffer", n, m.rowBytes)
 	m.vals = seg.Take("HT row values", n, 4*K)
 	if m.nodes > 1 {
@@ -175,6 +169,13 @@ func (m *htMode) takeAreas(slots int, seg, win *hostrows.Arena) {
 	m.sw = win.Take("HT weights from other nodes", slots*M, 4*K)
 	m.sums = win.Take("HT sums from other nodes", m.nodes*M, m.rowBytes)
 	m.svals = win.Take("HT row values from other nodes", m.nodes*M, 4*K)
+	if m.fp8 != nil {
+		sumsOut := 0
+		if m.nodes > 1 {
+			sumsOut = (slots - slots/m.nodes) * M
+		}
+		m.fp8.takeAreas(m, seg, win, n, sumsOut, m.nodes*M)
+	}
 }
 
 // sumsSlot is where the sums for sender r start in sumsOut, in rows of M:
@@ -230,12 +231,7 @@ func (m *htMode) placeRails() int {
 
 // stride is the length of a count vector: tokens per rank and per node,
 // then, with expert-major zones, pairs per expert.
-func (m *htMode) stride() int {
-	if m.em {
-		return m.R + m.nodes + m.R*m.L
-	}
-	return m.R + m.nodes
-}
+func (m *htMode) stride() int { return m.R + m.nodes + m.lay.countWords() }
 
 func (m *htMode) state(d *driver.Dispatch) *htState {
 	st, ok := d.State.(*htState)
@@ -248,11 +244,7 @@ func (m *htMode) state(d *driver.Dispatch) *htState {
 	st.sendOff = growTo(st.sendOff, m.R)
 	st.expert = growTo(st.expert, m.L)
 	st.source = growTo(st.source, m.R)
-	if m.em {
-		st.source = growTo(st.source, m.R*m.L)
-		st.zoneOff = growTo(st.zoneOff, m.L+1)
-		st.at = growTo(st.at, m.R*m.R*m.L)
-	}
+	m.lay.grow(st)
 	for len(st.fwd) < len(m.senders) { // a staged row goes to at most TopK rows
 		M, K := m.M, m.K
 		st.fwd = append(st.fwd, fwdPlan{start: make([]int32, 0, M+1), dst: make([]int32, 0, M*K),
@@ -338,30 +330,7 @@ func (m *htMode) send(d *driver.Dispatch) error {
 	if err := t.awaitReaders(op, 0, e.last[0]); err != nil {
 		return err
 	}
-	if m.em { // each pair into its expert's zone
-		m.zeroPadding(st)
-		m.sendZones(d, st)
-		err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil)
-		t.span(q, "this node", -1, 0, t0)
-		return err
-	}
-	// This node: each token once into every rank that owns one of its
-	// experts, with its metadata.
-	rows := m.listsFor()
-	for tk := 0; tk < rt.T; tk++ {
-		for _, dst := range t.nodeRanks {
-			if o := rt.TokRankOrd[tk*m.R+dst]; o >= 0 {
-				m.wire.Put(t.seg[dst], m.recv, st.sendOff[dst]+int(o), tk)
-				rows[dst] = append(rows[dst], int32(tk))
-			}
-		}
-	}
-	m.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
-	for _, dst := range t.nodeRanks {
-		first := st.sendOff[dst]
-		hostrows.HTMeta(t.lsa(dst, m.tok.At(first)), t.lsa(dst, m.topk.At(first)), t.lsa(dst, m.w.At(first)),
-			rows[dst], nil, d.TopK, d.Weights, m.K, m.L, dst, m.global)
-	}
+	m.lay.sendLocal(d, st)
 	err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil)
 	t.span(q, "this node", -1, 0, t0)
 	return err
@@ -372,10 +341,7 @@ func (m *htMode) send(d *driver.Dispatch) error {
 func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *driver.Routing, topk []int32) error {
 	t := &m.e.t
 	me, R, stride := t.me, m.R, m.stride()
-	m.mine = append(append(m.mine[:0], rt.PerRank...), rt.PerNode...)
-	if m.em {
-		m.mine = append(m.mine, rt.PerExpert...)
-	}
+	m.mine = m.lay.appendCounts(append(append(m.mine[:0], rt.PerRank...), rt.PerNode...), rt)
 	if err := t.shareCounts(0, q, m.mine); err != nil {
 		return err
 	}
@@ -395,9 +361,7 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *driver.Rou
 		for s := 0; s < R; s++ {
 			total += int(st.n[s*stride+dst])
 		}
-		if m.em {
-			total = m.zoneRows(st, dst)
-		}
+		total = m.lay.rowsFor(st, dst, total)
 		if total <= m.maxRecv {
 			continue
 		}
@@ -432,9 +396,7 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *driver.Rou
 		}
 		st.sendOff[dst] = off
 	}
-	if m.em {
-		m.planZones(st)
-	}
+	m.lay.plan(st)
 	return nil
 }
 
@@ -552,7 +514,7 @@ func (m *htMode) sendAcross(d *driver.Dispatch) error {
 func (m *htMode) wait(d *driver.Dispatch) error {
 	e, t := m.e, &m.e.t
 	op := e.names.Dispatch
-	q, me, K := d.Op, t.me, m.K
+	q := d.Op
 	st := d.State.(*htState)
 	for i := range m.senders {
 		if err := m.forward(op, d, st, i); err != nil {
@@ -564,37 +526,7 @@ func (m *htMode) wait(d *driver.Dispatch) error {
 		return err
 	}
 	t.span(q, "wait data flags", -1, 0, t0)
-	if m.em {
-		m.zoneViews(d, st)
-		return nil
-	}
-	n := st.recvOff[m.R]
-	m.counts = growTo(m.counts, m.L)
-	lo := int32(0) // the id of local expert 0 in the received top-k ids
-	if m.global {
-		lo = int32(me * m.L)
-	}
-	hostrows.CountLocal(t.lsa(me, m.topk.Off), n, K, lo, m.counts)
-	for l, c := range m.counts {
-		st.expert[l] = int(c)
-	}
-	for s := 0; s < m.R; s++ {
-		st.source[s] = st.recvOff[s+1] - st.recvOff[s]
-	}
-	d.Recv = driver.Received{
-		Rows:         hostTensor[byte](e, m.recv.Rows.Off, m.recv.Rows.Len(n)),
-		Outputs:      hostTensor[byte](e, m.comb.Off, m.comb.Len(n)),
-		Weights:      hostTensor[float32](e, m.w.Off, n*K),
-		TopK:         hostTensor[int32](e, m.topk.Off, n*K),
-		Tokens:       hostTensor[int32](e, m.tok.Off, n),
-		ExpertCounts: st.expert,
-		SourceCounts: st.source,
-		NumRecv:      n,
-		Dropped:      st.dropped,
-	}
-	if side := m.recv.Side; side.Stride > 0 {
-		d.Recv.Scales = hostTensor[float32](e, side.Off, side.Len(n)/4)
-	}
+	m.lay.views(d, st)
 	return nil
 }
 
@@ -603,7 +535,7 @@ func (m *htMode) wait(d *driver.Dispatch) error {
 // raising their data flags on the sender's behalf.
 func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) error {
 	t := &m.e.t
-	K, M, stride := m.K, m.M, m.stride()
+	K, M := m.K, m.M
 	s, slot := m.senders[i].rank, m.senders[i].slot
 	t0 := t.clock()
 	if err := t.await(op, "its tokens for this node", flagStaged, 0, t.all[s:s+1], nil, d.Op); err != nil {
@@ -615,43 +547,25 @@ func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) erro
 	tok := unsafe.Slice((*int32)(t.staged(m.stok.At(slot*M))), n)
 	topk := unsafe.Slice((*int32)(t.staged(m.stopk.At(slot*M))), n*K)
 	w := unsafe.Slice((*float32)(t.staged(m.sw.At(slot*M))), n*K)
-	switch {
-	case st.cached:
-	case m.em:
-		m.planForwardZones(&st.fwd[i], st, s, topk, n)
-	default:
-		m.planForward(&st.fwd[i], st, s, topk, n)
+	if !st.cached {
+		m.lay.planForward(&st.fwd[i], st, s, topk, n)
 	}
 	p := &st.fwd[i]
-	perDst := m.listsFor()
-	landed := m.inPlace(m.myNode, st) // the rows are in place already
-	for j := 0; j < n; j++ {
-		for x := p.start[j]; x < p.start[j+1]; x++ {
-			dst, row := int(p.dst[x]), int(p.row[x])
-			if !landed {
+	if !m.inPlace(m.myNode, st) { // else the rows are in place already
+		for j := 0; j < n; j++ {
+			for x := p.start[j]; x < p.start[j+1]; x++ {
+				dst, row := int(p.dst[x]), int(p.row[x])
 				t.post(dst, m.recv.Rows.At(row), -1, int64(m.stage.Rows.At(slot*M+j)), m.stage.Rows.Stride)
 				if side := m.recv.Side; side.Stride > 0 {
 					t.post(dst, side.At(row), -1, int64(m.stage.Side.At(slot*M+j)), side.Stride)
 				}
-			}
-			if !m.em { // the zones' metadata is written row by row
-				perDst[dst] = append(perDst[dst], int32(j))
 			}
 		}
 	}
 	if err := t.flushStaged(); err != nil {
 		return err
 	}
-	if m.em {
-		m.forwardZoneMeta(p, tok, w)
-		t.span(d.Op, "forward", s, 0, t0)
-		return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0, nil)
-	}
-	for _, dst := range t.nodeRanks {
-		first := st.recvOffAt(s, dst, stride, m.R)
-		hostrows.HTMeta(t.lsa(dst, m.tok.At(first)), t.lsa(dst, m.topk.At(first)), t.lsa(dst, m.w.At(first)),
-			perDst[dst], tok, topk, w, K, m.L, dst, m.global)
-	}
+	m.lay.forwardMeta(p, st, s, tok, topk, w)
 	t.span(d.Op, "forward", s, 0, t0)
 	return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0, nil)
 }
@@ -702,38 +616,6 @@ func (st *htState) recvOffAt(s, dst, stride, R int) int {
 	return off
 }
 
-// planForward decides, for the n tokens rail sender s staged here, which
-// ranks of this node get each and at which row.
-func (m *htMode) planForward(p *fwdPlan, st *htState, s int, topk []int32, n int) {
-	t := &m.e.t
-	p.src, p.rows = s, n
-	p.start, p.dst, p.row = growTo(p.start, n+1), p.dst[:0], p.row[:0]
-	next := growTo(m.area, 2*m.R) // reused: the next row at each destination, and its end
-	m.area = next
-	end := next[m.R:]
-	for _, dst := range t.nodeRanks {
-		next[dst] = st.recvOffAt(s, dst, m.stride(), m.R)
-		end[dst] = next[dst] + int(st.n[s*m.stride()+dst]) // its rows from s that fit (Config.Overflow)
-	}
-	for j := 0; j < n; j++ {
-		p.start[j] = int32(len(p.dst))
-		for _, dst := range t.nodeRanks {
-			if next[dst] == end[dst] { // the sender dropped its later tokens to dst
-				continue
-			}
-			for k := 0; k < m.K; k++ {
-				if x := int(topk[j*m.K+k]); x >= 0 && x/m.L == dst {
-					p.dst = append(p.dst, int32(dst))
-					p.row = append(p.row, int32(next[dst]))
-					next[dst]++
-					break
-				}
-			}
-		}
-	}
-	p.start[n] = int32(len(p.dst))
-}
-
 // copyFrom makes st a copy of src (a cached dispatch reuses its routing).
 func (st *htState) copyFrom(src *htState) {
 	if st == src {
@@ -774,12 +656,15 @@ func (m *htMode) combineSend(c *driver.Combine) error {
 	case driver.YElsewhere:
 		copy(hostBytes(d.Recv.Outputs), hostBytes(c.Y))
 	}
-	if !c.RowValues.IsZero() {
-		if m.em {
-			m.expandValues(c, d.State.(*htState))
-		} else {
-			copy(hostTensor[float32](e, m.vals.Off, c.RowValues.Len()).Host(), c.RowValues.Host())
+	if m.fp8 != nil { // cast once, read by this node's ranks
+		off := m.comb.Off
+		if ysrc == ySrcRecv {
+			off = m.recv.Rows.Off
 		}
+		m.fp8.castPartials(m, off, d.Recv.Outputs.Len()/m.rowBytes)
+	}
+	if !c.RowValues.IsZero() {
+		m.lay.rowValues(c, d.State.(*htState))
 		ysrc |= ySrcValues
 	}
 	return t.raise(t.nodeRanks, flagReady, 0, t.me, c.Op, uint32(ysrc), nil)
@@ -817,20 +702,26 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 	start, src, vals := growTo(m.start, rt.T+1), &m.src, &m.vals2
 	src.Reset()
 	vals.Reset()
+	add := m.addPartial
+	if m.fp8 != nil {
+		m.fp8.scl.Reset()
+		add = m.fp8.add
+	}
+	if add == nil { // once: a method value allocates
+		m.addPartial = func(r, row int) {
+			m.src.Add(m.e.t.lsa(r, m.area[r]+row*m.rowBytes))
+			m.vals2.Add(m.e.t.lsa(r, m.vals.At(row)))
+		}
+		add = m.addPartial
+	}
 	for tk := 0; tk < rt.T; tk++ {
 		start[tk] = int32(src.Len())
 		for b := 0; b < m.nodes; b++ {
-			if b == m.myNode && m.em {
-				m.zoneSources(d, st, tk, area)
-			} else if b == m.myNode {
-				for _, r := range t.nodeRanks {
-					if o := rt.TokRankOrd[tk*R+r]; o >= 0 {
-						row := st.sendOff[r] + int(o)
-						src.Add(t.lsa(r, area[r]+row*m.rowBytes))
-						vals.Add(t.lsa(r, m.vals.At(row)))
-					}
-				}
-			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 {
+			if b == m.myNode {
+				m.lay.localSources(d, st, tk, add)
+			} else if o := rt.TokNodeOrd[tk*m.nodes+b]; o >= 0 && m.fp8 != nil {
+				m.fp8.addStaged(m, b, int(o))
+			} else if o >= 0 {
 				src.Add(t.staged(m.sums.At(b*M + int(o))))
 				vals.Add(t.staged(m.svals.At(b*M + int(o))))
 			}
@@ -839,7 +730,11 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 	start[rt.T] = int32(src.Len())
 	m.start = start
 	t0 = t.clock()
-	hostrows.ReduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
+	if out := unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))); m.fp8 != nil {
+		hostrows.ReduceFP8RowsFrom(out, e.spec.Elem, src.Frozen(), m.fp8.scl.Frozen(), start, rt.T, m.H)
+	} else {
+		hostrows.ReduceRows(out, e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
+	}
 	if withValues {
 		hostrows.SumValues(c.SlotValues.Host(), vals, start, rt.T, K)
 	}
@@ -885,14 +780,23 @@ func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []in
 		src, vals := &m.src, &m.vals2
 		src.Reset()
 		vals.Reset()
+		if m.fp8 != nil {
+			m.fp8.scl.Reset()
+		}
 		for i := range p.dst {
 			r, row := int(p.dst[i]), int(p.row[i])
+			if m.fp8 != nil {
+				m.fp8.add(r, row)
+				continue
+			}
 			src.Add(t.lsa(r, area[r]+row*m.rowBytes))
 			vals.Add(t.lsa(r, m.vals.At(row)))
 		}
 		// Alone on its node, this rank's partials are the sums: its rows from
-		// the sender, in the staged order, one block.
-		if m.alone[m.myNode] && t.inPlace && !m.em {
+		// the sender, in the staged order, one block (an FP8 combine casts
+		// every node's sums alike).
+		whole := m.alone[m.myNode] && t.inPlace && m.lay.landsInPlace() && m.fp8 == nil
+		if whole {
 			t.expose(p.src, area[t.me]+int(p.row[0])*m.rowBytes, m.sums.At(m.myNode*M), m.sumsOut.Len(p.rows))
 			var err error
 			if m.sentSums, err = t.flushInPlace(); err != nil {
@@ -903,10 +807,20 @@ func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []in
 		// while the next are summed.
 		sums := m.sumsOut.At(m.sumsSlot(m.senders[i]) * M)
 		tab := src.Frozen()
-		for lo := 0; lo < p.rows && !(m.alone[m.myNode] && t.inPlace && !m.em); lo += htChunk {
+		var scl hostrows.CTable
+		if m.fp8 != nil {
+			scl = m.fp8.scl.Frozen()
+		}
+		for lo := 0; lo < p.rows && !whole; lo += htChunk {
 			hi := min(lo+htChunk, p.rows)
-			hostrows.ReduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.Len(lo)), m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
-			t.expose(p.src, sums+m.sumsOut.Len(lo), m.sums.At(m.myNode*M+lo), m.sumsOut.Len(hi-lo))
+			out := t.lsa(t.me, sums+m.sumsOut.Len(lo))
+			if m.fp8 != nil {
+				hostrows.ReduceFP8RowsFrom(out, m.e.spec.Elem, tab, scl, p.start[lo:hi+1], hi-lo, m.H)
+				m.fp8.sendSums(m, p.src, m.sumsSlot(m.senders[i])*M, sums, lo, hi)
+			} else {
+				hostrows.ReduceRowsFrom(out, m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
+				t.expose(p.src, sums+m.sumsOut.Len(lo), m.sums.At(m.myNode*M+lo), m.sumsOut.Len(hi-lo))
+			}
 			var err error
 			if m.sentSums, err = t.flushInPlace(); err != nil {
 				return err

@@ -4,6 +4,7 @@ import (
 	"unsafe"
 
 	"github.com/goep/goep/ep/driver"
+	"github.com/goep/goep/ep/internal/hostrows"
 )
 
 // HT's expert-major layout (Config.Layout LayoutExpertMajor in
@@ -13,27 +14,62 @@ import (
 // rows are written into their zones by the dispatch itself: the count
 // exchange carries every rank's pairs per expert as well as its tokens per
 // rank and node, so that every rank knows where each zone starts at every
-// rank of its node and where each source's rows start in it (planZones);
+// rank of its node and where each source's rows start in it (plan);
 // a sender writes each pair of a node peer's expert straight into its row
 // (sendZones), and a rail peer forwards each staged token into every zone
-// of its node that it goes to (planForwardZones), so that a token to two
+// of its node that it goes to (planForward), so that a token to two
 // experts of a rank is written twice and nothing is permuted afterwards.
 //
 // A row's metadata is its token, its weight (one: the pair's) and its top-k
 // slot, which the combine needs to return row values to their slots
-// (expandValues). The combine sums, for each token, its rows in rank order
+// (rowValues). The combine sums, for each token, its rows in rank order
 // and in each rank in slot order: the sources of each own token are listed
-// that way (zoneSources), and the rail peer's plans list a staged token's
+// that way (localSources), and the rail peer's plans list a staged token's
 // rows that way too.
 
+// htZones is HT's expert-major layout, over the mode.
+type htZones struct{ *htMode }
+
+func (m htZones) takeAreas(seg *hostrows.Arena, n int) {
+	m.recv = seg.TakeRows("HT received rows (expert-major zones)", n, m.wire)
+	m.tok = seg.Take("HT received tokens", n, 4)
+	m.slot = seg.Take("HT received top-k slots", n, 4)
+	m.w = seg.Take("HT received weights", n, 4)
+}
+
+// countWords: a count vector carries each rank's pairs per expert.
+func (m htZones) countWords() int { return m.R * m.L }
+
+func (htZones) appendCounts(mine []int32, rt *driver.Routing) []int32 {
+	return append(mine, rt.PerExpert...)
+}
+
+func (m htZones) rowsFor(st *htState, dst, _ int) int { return m.zoneRows(st, dst) }
+
+func (m htZones) grow(st *htState) {
+	st.source = growTo(st.source, m.R*m.L)
+	st.zoneOff = growTo(st.zoneOff, m.L+1)
+	st.at = growTo(st.at, m.R*m.R*m.L)
+}
+
+// landsInPlace: a zone's rows are not in the staged order.
+func (htZones) landsInPlace() bool { return false }
+
+// sendLocal zeroes the padding of this node's zones and writes each pair
+// into its expert's zone.
+func (m htZones) sendLocal(d *driver.Dispatch, st *htState) {
+	m.zeroPadding(st)
+	m.sendZones(d, st)
+}
+
 // zoneCounts is where the pairs per expert start in a count vector.
-func (m *htMode) zoneCounts() int { return m.R + m.nodes }
+func (m htZones) zoneCounts() int { return m.R + m.nodes }
 
 // pad rounds n up to the zones' alignment.
-func (m *htMode) pad(n int) int { return (n + m.align - 1) / m.align * m.align }
+func (m htZones) pad(n int) int { return (n + m.align - 1) / m.align * m.align }
 
 // zoneRows is the padded total of rank dst's zones, from the count matrix.
-func (m *htMode) zoneRows(st *htState, dst int) int {
+func (m htZones) zoneRows(st *htState, dst int) int {
 	stride, first := m.stride(), m.zoneCounts()+dst*m.L
 	total := 0
 	for l := 0; l < m.L; l++ {
@@ -46,10 +82,10 @@ func (m *htMode) zoneRows(st *htState, dst int) int {
 	return total
 }
 
-// planZones sets, from the count matrix, this rank's zones (st.expert,
+// plan sets, from the count matrix, this rank's zones (st.expert,
 // st.source, st.zoneOff) and, for every expert x of this node and every
 // source s, where s's rows of x start at x's owner (st.at[s*E+x]).
-func (m *htMode) planZones(st *htState) {
+func (m htZones) plan(st *htState) {
 	t := &m.e.t
 	R, L, E, stride, z := m.R, m.L, m.R*m.L, m.stride(), m.zoneCounts()
 	for _, dst := range t.nodeRanks {
@@ -81,7 +117,7 @@ func (m *htMode) planZones(st *htState) {
 // metadata): no sender writes them, and a zone's padding moves from one
 // dispatch to the next. The node's readers of this rank's buffers are done
 // with the last combine.
-func (m *htMode) zeroPadding(st *htState) {
+func (m htZones) zeroPadding(st *htState) {
 	t := &m.e.t
 	for l := 0; l < m.L; l++ {
 		lo, hi := st.zoneOff[l]+st.expert[l], st.zoneOff[l+1]
@@ -102,7 +138,7 @@ func (m *htMode) zeroPadding(st *htState) {
 
 // putZoneMeta writes the metadata of row `row` at node rank dst: its token,
 // weight and top-k slot.
-func (m *htMode) putZoneMeta(dst, row int, tok int32, w float32, slot int) {
+func (m htZones) putZoneMeta(dst, row int, tok int32, w float32, slot int) {
 	t := &m.e.t
 	*(*int32)(t.lsa(dst, m.tok.At(row))) = tok
 	*(*float32)(t.lsa(dst, m.w.At(row))) = w
@@ -111,7 +147,7 @@ func (m *htMode) putZoneMeta(dst, row int, tok int32, w float32, slot int) {
 
 // sendZones writes each pair of this rank's tokens whose expert is on this
 // node into its row of the expert's zone, with its metadata.
-func (m *htMode) sendZones(d *driver.Dispatch, st *htState) {
+func (m htZones) sendZones(d *driver.Dispatch, st *htState) {
 	t, rt := &m.e.t, d.Route
 	K, L, E, me := m.K, m.L, m.R*m.L, t.me
 	for tk := 0; tk < rt.T; tk++ {
@@ -128,11 +164,11 @@ func (m *htMode) sendZones(d *driver.Dispatch, st *htState) {
 	m.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
 }
 
-// planForwardZones is planForward for zones: for each of the n tokens rail
+// planForward, for zones: for each of the n tokens rail
 // sender s staged here (in its token order, with their global top-k ids),
 // the row of each of its pairs with an expert of this node, node ranks in
 // order and each rank's pairs in slot order (the combine's order).
-func (m *htMode) planForwardZones(p *fwdPlan, st *htState, s int, topk []int32, n int) {
+func (m htZones) planForward(p *fwdPlan, st *htState, s int, topk []int32, n int) {
 	t := &m.e.t
 	K, L, E := m.K, m.L, m.R*m.L
 	p.src, p.rows = s, n
@@ -158,9 +194,9 @@ func (m *htMode) planForwardZones(p *fwdPlan, st *htState, s int, topk []int32, 
 	p.start[n] = int32(len(p.dst))
 }
 
-// forwardZoneMeta writes the metadata of the rows forwarded for plan p,
+// forwardMeta writes the metadata of the rows forwarded for plan p,
 // from the staged tokens and weights.
-func (m *htMode) forwardZoneMeta(p *fwdPlan, tok []int32, w []float32) {
+func (m htZones) forwardMeta(p *fwdPlan, _ *htState, _ int, tok, _ []int32, w []float32) {
 	for j := 0; j < p.rows; j++ {
 		for i := p.start[j]; i < p.start[j+1]; i++ {
 			k := int(p.slot[i])
@@ -169,8 +205,8 @@ func (m *htMode) forwardZoneMeta(p *fwdPlan, tok []int32, w []float32) {
 	}
 }
 
-// zoneViews is what a dispatch received in zones.
-func (m *htMode) zoneViews(d *driver.Dispatch, st *htState) {
+// views is what a dispatch received in zones.
+func (m htZones) views(d *driver.Dispatch, st *htState) {
 	e := m.e
 	n := st.zoneOff[m.L]
 	d.Recv = driver.Received{
@@ -184,15 +220,15 @@ func (m *htMode) zoneViews(d *driver.Dispatch, st *htState) {
 		NumRecv:       n,
 	}
 	if side := m.recv.Side; side.Stride > 0 {
-		d.Recv.Scales = hostTensor[float32](e, side.Off, side.Len(n)/4)
+		d.Recv.Side = hostTensor[byte](e, side.Off, side.Len(n))
 	}
 }
 
-// expandValues lays the combine's row values (one per row) out as the
+// rowValues lays the combine's row values (one per row) out as the
 // combine sums them, [rows][TopK] with each row's value at its slot and
 // zeros elsewhere: summed over a token's rows, they give each slot its
 // row's value.
-func (m *htMode) expandValues(c *driver.Combine, st *htState) {
+func (m htZones) rowValues(c *driver.Combine, st *htState) {
 	t, K := &m.e.t, m.K
 	in := c.RowValues.Host()
 	out := hostTensor[float32](m.e, m.vals.Off, len(in)*K).Host()
@@ -205,10 +241,9 @@ func (m *htMode) expandValues(c *driver.Combine, st *htState) {
 	}
 }
 
-// zoneSources adds the rows of own token tk on this node's ranks, in rank
-// then slot order, to the combine's sources (area[r]: where rank r keeps
-// its outputs).
-func (m *htMode) zoneSources(d *driver.Dispatch, st *htState, tk int, area []int) {
+// localSources gives add the rows of own token tk on this node's ranks, in
+// rank then slot order: the combine's sources.
+func (m htZones) localSources(d *driver.Dispatch, st *htState, tk int, add func(r, row int)) {
 	t, rt := &m.e.t, d.Route
 	K, L, E, me := m.K, m.L, m.R*m.L, t.me
 	for _, r := range t.nodeRanks {
@@ -217,9 +252,7 @@ func (m *htMode) zoneSources(d *driver.Dispatch, st *htState, tk int, area []int
 		}
 		for k := 0; k < K; k++ {
 			if x := int(d.TopK[tk*K+k]); x >= 0 && x/L == r {
-				row := int(st.at[me*E+x] + rt.PairOrd[tk*K+k])
-				m.src.Add(t.lsa(r, area[r]+row*m.rowBytes))
-				m.vals2.Add(t.lsa(r, m.vals.At(row)))
+				add(r, int(st.at[me*E+x]+rt.PairOrd[tk*K+k]))
 			}
 		}
 	}

@@ -194,7 +194,7 @@ func (m *llMode) send(d *driver.Dispatch) error {
 	if err := e.checkMasked(op); err != nil {
 		return err
 	}
-	if !m.readersDone(b) {
+	if !m.e.readersDone(b, m.e.t.liveNode) {
 		t0 := t.clock()
 		if err := t.awaitReaders(op, b, e.last[b]); err != nil {
 			return err
@@ -328,31 +328,33 @@ func (m *llMode) postRows(d *driver.Dispatch, st *llState) error {
 	if m.slots {
 		counts = dtype.Bytes(rt.PerExpert)
 	}
-	err = t.raise(t.live, flagData, b, me, d.Op, m.doneWord(b^1), counts)
+	err = t.raise(t.live, flagData, b, me, d.Op, m.e.doneWord(b^1), counts)
 	t.span(d.Op, "tokens, weights, flag", -1, 0, t0)
 	return err
 }
 
 // doneWord is the payload of this rank's data flag on set b^1: the last
-// combine on set c = b^1 that it finished, after which it released the
-// node's buffers of set c (releaseReaders). The next dispatch, on set c,
-// reads it (readersDone).
-func (m *llMode) doneWord(c int) uint32 {
-	if last := m.e.last[c]; last <= math.MaxUint32 {
+// combine on set c = b^1 it finished, so that a node peer's next dispatch
+// on c need not wait for flagDone before it writes this rank's buffers: it
+// reads it (readersDone). 0 when too large for a payload: the next
+// dispatch on c then waits for flagDone.
+func (e *engine) doneWord(c int) uint32 {
+	if last := e.last[c]; last <= math.MaxUint32 {
 		return uint32(last)
 	}
-	return 0 // too large for a payload: the next dispatch waits for flagDone
+	return 0
 }
 
-// readersDone says whether every node peer is known to have finished
-// reading this rank's buffers of set b in the set's last combine, from
-// the payloads of their data flags of the last dispatch on the other set
-// (doneWord): they raised them after that combine's flagDone, and this
-// rank read them in that dispatch's wait, so a decode loop's dispatch
-// need not fetch the flagDone lines from its peers' caches. When they do
-// not tell, the dispatch waits for flagDone (awaitReaders).
-func (m *llMode) readersDone(b int) bool {
-	e, t := m.e, &m.e.t
+// readersDone says whether every one of peers (node peers) is known to
+// have finished reading this rank's buffers of set b in the set's last
+// combine, from the payloads of their data flags of the last dispatch on
+// the other set (doneWord): they raised them after that combine's
+// flagDone, and this rank read them in that dispatch's wait, so a decode
+// loop's dispatch need not fetch the flagDone lines from its peers'
+// caches. When they do not tell, the dispatch waits for flagDone
+// (awaitReaders).
+func (e *engine) readersDone(b int, peers []int) bool {
+	t := &e.t
 	last := e.last[b]
 	if last == 0 {
 		return true
@@ -360,7 +362,7 @@ func (m *llMode) readersDone(b int) bool {
 	if last > math.MaxUint32 {
 		return false
 	}
-	for _, p := range t.liveNode {
+	for _, p := range peers {
 		if p != t.me && t.flagPayload(flagData, b^1, p, p) < uint32(last) {
 			return false
 		}
@@ -447,7 +449,7 @@ func (m *llMode) views(b int) *driver.Received {
 	v.Weights = hostTensor[float32](e, m.w[b].Off, rows)
 	v.Tokens = hostTensor[int32](e, m.tok[b].Off, rows)
 	if side := m.recv[b].Side; side.Stride > 0 {
-		v.Scales = hostTensor[float32](e, side.Off, side.Len(rows)/4)
+		v.Side = hostTensor[byte](e, side.Off, side.Len(rows))
 	}
 	return v
 }

@@ -1,6 +1,8 @@
 package epcpu
 
 import (
+	"unsafe"
+
 	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 )
@@ -28,8 +30,11 @@ type llCombineWire interface {
 
 // newLLCombineWire is the format of s's LL combines.
 func newLLCombineWire(s driver.Spec) llCombineWire {
-	if s.CombineWire.FP8() {
+	switch {
+	case s.CombineWire.FP8():
 		return &fp8Combine{hidden: s.Hidden, elem: s.Elem, wire: s.CombineWire}
+	case s.CombineWire == driver.WireNVFP4:
+		return &nvfp4Combine{hidden: s.Hidden, elem: s.Elem, x: make([]float32, s.Hidden), acc: make([]float32, s.Hidden)}
 	}
 	return nativeCombine{}
 }
@@ -86,4 +91,79 @@ func (f *fp8Combine) source(t *transport, tab *hostrows.ReduceTables, n, owner, 
 
 func (f *fp8Combine) reduce(tab *hostrows.ReduceTables, out ptr, elem driver.DType, T, H int) {
 	tab.ReduceFP8(out, elem, T, H)
+}
+
+// nvfp4Combine: the expert rank casts each valid output once to NVFP4
+// (driver.EncodeNVFP4: e2m1 codes, an e4m3 scale per 16 elements, a
+// float32 scale per row; [L][span] rows in its segment, [M*K] staged by
+// other nodes); the token rank sums their values (the format's Decode)
+// times the weights in float32, in top-k order, rounded once. The cast and
+// the sum are Go loops over whole rows.
+type nvfp4Combine struct {
+	hidden        int
+	elem          driver.DType
+	codes, staged [2]hostrows.RowArea
+	x, acc        []float32 // a row in float32: the one cast, and the one summed
+}
+
+// nvfp4Sizes are the sizes of a row of WireNVFP4.
+type nvfp4Sizes int
+
+func (h nvfp4Sizes) RowBytes() int  { return int(h) / 2 }
+func (h nvfp4Sizes) SideBytes() int { return 4 + int(h)/16 }
+
+func (f *nvfp4Combine) takeAreas(seg, win *hostrows.Arena, b int, set string, rows, staged int) {
+	f.codes[b] = seg.TakeRows("LL expert outputs in NVFP4"+set, rows, nvfp4Sizes(f.hidden))
+	f.staged[b] = win.TakeRows("LL expert outputs in NVFP4 from other nodes"+set, staged, nvfp4Sizes(f.hidden))
+}
+
+func (f *nvfp4Combine) encode(m *llMode, b int, st *llState, area hostrows.Region) (hostrows.RowArea, hostrows.RowArea) {
+	t, H, a := &m.e.t, f.hidden, f.codes[b]
+	for l, n := range st.expert { // every valid row, once, whoever reads it
+		for r := l * m.span; r < l*m.span+n; r++ {
+			f.toF32(t.lsa(t.me, area.At(r)))
+			driver.EncodeNVFP4(unsafe.Slice((*byte)(t.lsa(t.me, a.Rows.At(r))), H/2), unsafe.Slice((*byte)(t.lsa(t.me, a.Side.At(r))), 4+H/16), f.x)
+		}
+	}
+	return f.codes[b], f.staged[b]
+}
+
+// toF32 reads a row of the element type at p into f.x.
+func (f *nvfp4Combine) toF32(p ptr) {
+	if f.elem == driver.BFloat16 {
+		hostrows.BF16ToF32(unsafe.Pointer(unsafe.SliceData(f.x)), p, f.hidden)
+		return
+	}
+	copy(f.x, unsafe.Slice((*float32)(p), f.hidden))
+}
+
+func (f *nvfp4Combine) source(t *transport, tab *hostrows.ReduceTables, n, owner, b int, _ hostrows.Region, row, pos int, _ hostrows.Region) {
+	tab.Src[n] = t.exposed(owner, f.codes[b].Rows.At(row), f.staged[b].Rows.At(pos))
+	tab.Scl[n] = t.exposed(owner, f.codes[b].Side.At(row), f.staged[b].Side.At(pos))
+}
+
+func (f *nvfp4Combine) reduce(tab *hostrows.ReduceTables, out ptr, elem driver.DType, T, H int) {
+	info, _ := driver.WireNVFP4.Info()
+	for i := 0; i < T; i++ {
+		clear(f.acc)
+		for j := tab.Start[i]; j < tab.Start[i+1]; j++ {
+			info.Decode(f.x, unsafe.Slice((*byte)(tab.Src[j]), H/2), unsafe.Slice((*byte)(tab.Scl[j]), 4+H/16))
+			w := tab.W[j]
+			if j == tab.Start[i] {
+				for c, v := range f.x {
+					f.acc[c] = float32(w * v)
+				}
+				continue
+			}
+			for c, v := range f.x {
+				f.acc[c] = f.acc[c] + float32(w*v) // the product rounded: never fused
+			}
+		}
+		o := unsafe.Add(out, i*H*elem.Size())
+		if elem == driver.BFloat16 {
+			hostrows.F32ToBF16(o, unsafe.Pointer(unsafe.SliceData(f.acc)), H)
+		} else {
+			copy(unsafe.Slice((*float32)(o), H), f.acc)
+		}
+	}
 }

@@ -51,7 +51,7 @@ func (m *llMode) sendDirect(d *driver.Dispatch, st *llState) error {
 			*(*float32)(unsafe.Add(seg, w.At(slot))) = d.Weights[k]
 		}
 	}
-	return t.raise(t.live, flagData, b, me, d.Op, m.doneWord(b^1), dtype.Bytes(rt.PerExpert))
+	return t.raise(t.live, flagData, b, me, d.Op, m.e.doneWord(b^1), dtype.Bytes(rt.PerExpert))
 }
 
 // compactDirect is wait's slot protocol on one node, once the counts are

@@ -1,7 +1,6 @@
 package epcpu
 
 import (
-	"math"
 	"unsafe"
 
 	"github.com/goep/goep/ep/driver"
@@ -122,42 +121,12 @@ func (m *llRankMode) state(d *driver.Dispatch) *llRankState {
 	return st
 }
 
-// readersDone says whether every node peer is known, from the payload of
-// its data flag on the other set, to have finished the last combine on set
-// b (as llMode.readersDone).
-func (m *llRankMode) readersDone(b int) bool {
-	e, t := m.e, &m.e.t
-	last := e.last[b]
-	if last == 0 {
-		return true
-	}
-	if last > math.MaxUint32 {
-		return false
-	}
-	for _, p := range t.nodeRanks {
-		if p != t.me && t.flagPayload(flagData, b^1, p, p) < uint32(last) {
-			return false
-		}
-	}
-	return true
-}
-
-// doneWord is the payload of this rank's data flag on set b^1: the last
-// combine on set c = b^1 it finished (0 when too large: the next dispatch on
-// c then waits for flagDone).
-func (m *llRankMode) doneWord(c int) uint32 {
-	if last := m.e.last[c]; last <= math.MaxUint32 {
-		return uint32(last)
-	}
-	return 0
-}
-
 func (m *llRankMode) send(d *driver.Dispatch) error {
 	e, t := m.e, &m.e.t
 	op := e.names.Dispatch
 	b, me, rt, K, M := d.Set, t.me, d.Route, m.K, m.M
 	m.state(d)
-	if !m.readersDone(b) {
+	if !m.e.readersDone(b, m.e.t.nodeRanks) {
 		if err := t.awaitReaders(op, b, e.last[b]); err != nil {
 			return err
 		}
@@ -215,7 +184,7 @@ func (m *llRankMode) send(d *driver.Dispatch) error {
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	return t.raise(t.all, flagData, b, me, d.Op, m.doneWord(b^1), dtype.Bytes(rt.PerRank))
+	return t.raise(t.all, flagData, b, me, d.Op, m.e.doneWord(b^1), dtype.Bytes(rt.PerRank))
 }
 
 func (m *llRankMode) wait(d *driver.Dispatch) error {
@@ -272,7 +241,7 @@ func (m *llRankMode) viewsOf(b int) *driver.Received {
 	v.TopK = hostTensor[int32](e, m.topk[b].Off, rows*K)
 	v.Tokens = hostTensor[int32](e, m.tok[b].Off, rows)
 	if side := m.recv[b].Side; side.Stride > 0 {
-		v.Scales = hostTensor[float32](e, side.Off, side.Len(rows)/4)
+		v.Side = hostTensor[byte](e, side.Off, side.Len(rows))
 	}
 	return v
 }

@@ -171,29 +171,14 @@ func checkFP8[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.WireFormat
 // collective calls of its test as the others do.
 func checkFP8Recv[E ep.Element](t *testing.T, s Suite, h ep.Handle[E], sc scenario, ins []input, ref func(src, tok int) fp8Row) ([]ep.E4M3, []float32) {
 	t.Helper()
-	R, me, H := len(ins), s.Comm.Rank(), sc.hidden
+	me, H := s.Comm.Rank(), sc.hidden
 	G := ep.ScaleGroups(H)
 	require.True(t, h.Recv().IsZero(), "Recv of an FP8 group")
 	codes, scales := host(t, h.RecvFP8()), host(t, h.RecvScales())
 	require.Equal(t, len(codes)/H*G, len(scales), "one scale per group of 128 of every row")
-	var want []row
-	var rows []int
+	want, rows := expectedRows(t, h, sc, ins, me)
 	if h.Mode() == ep.LowLatency {
-		exp := llExpected(sc, ins, me, R)
-		span := R * sc.maxTok
-		require.Equal(t, len(exp)*span*H, len(codes))
-		for l, rs := range exp {
-			require.Equal(t, len(rs), h.ExpertCounts()[l], "rows of local expert %d", l)
-			for j, r := range rs {
-				want, rows = append(want, r), append(rows, l*span+j)
-			}
-		}
-	} else {
-		want = htExpected(sc, ins, me, R)
-		require.Equal(t, len(want), h.NumRecv(), "rows received")
-		for r := range want {
-			rows = append(rows, r)
-		}
+		require.Equal(t, sc.experts*sc.maxTok*H, len(codes))
 	}
 	deq := make([]E, len(codes))
 	require.NoError(t, ep.Dequantize(deq, codes, scales, H))
@@ -224,6 +209,29 @@ func checkFP8Recv[E ep.Element](t *testing.T, s Suite, h ep.Handle[E], sc scenar
 		}
 	}
 	return validCodes, validScales
+}
+
+// expectedRows is, for a handle of the mode's default layout, the rows
+// this rank must have received (source and token) and where each is.
+func expectedRows[E ep.Element](t *testing.T, h ep.Handle[E], sc scenario, ins []input, me int) (want []row, at []int) {
+	t.Helper()
+	R := len(ins)
+	if h.Mode() == ep.LowLatency {
+		span := R * sc.maxTok
+		for l, rs := range llExpected(sc, ins, me, R) {
+			require.Equal(t, len(rs), h.ExpertCounts()[l], "rows of local expert %d", l)
+			for j, r := range rs {
+				want, at = append(want, r), append(at, l*span+j)
+			}
+		}
+		return want, at
+	}
+	want = htExpected(sc, ins, me, R)
+	require.Equal(t, len(want), h.NumRecv(), "rows received")
+	for r := range want {
+		at = append(at, r)
+	}
+	return want, at
 }
 
 // combineDequantized runs identity experts on the dequantized rows (written
@@ -311,11 +319,29 @@ func (i incapable) Open(comm *mpi.Comm, spec ep.Spec) (ep.Engine, error) {
 
 // configAsks sets, for each Feature a Config asks for, the field that asks.
 var configAsks = map[ep.Feature]func(*ep.Config){
-	ep.FeatureFP8Wire:          func(c *ep.Config) { c.Wire = ep.WireFP8 },
 	ep.FeatureMaskStalledRanks: func(c *ep.Config) { c.MaskStalledRanks = true },
-	ep.FeatureFP8Forward:       func(c *ep.Config) { c.Wire = ep.WireFP8Forward },
-	ep.FeatureFP8Combine:       func(c *ep.Config) { c.CombineWire = ep.WireFP8 },
 	ep.FeatureOverflowDrop:     func(c *ep.Config) { c.Mode, c.Overflow = ep.HighThroughput, ep.OverflowDrop },
+}
+
+// askFor is how a Config asks for f: configAsks' entry, or the first wire
+// format of the table that needs f as Config.Wire or, in some mode, as
+// Config.CombineWire (with a Hidden the format takes).
+func askFor(f ep.Feature) (func(*ep.Config), bool) {
+	if ask, ok := configAsks[f]; ok {
+		return ask, true
+	}
+	for _, w := range ep.Wires() {
+		info, _ := w.Info()
+		if info.Dispatch && info.DispatchFeature == f {
+			return func(c *ep.Config) { c.Wire, c.Hidden = w, 64 }, true
+		}
+		for _, mode := range modes {
+			if cf, ok := info.Combine[mode]; ok && cf == f {
+				return func(c *ep.Config) { c.Mode, c.CombineWire, c.Hidden = mode, w, 64 }, true
+			}
+		}
+	}
+	return nil, false
 }
 
 // A backend that does not declare a feature a Config asks for (FP8
@@ -327,7 +353,7 @@ var configAsks = map[ep.Feature]func(*ep.Config){
 func (s Suite) testFeatureRefusals(t *testing.T) {
 	defer s.agree(t)
 	for _, f := range ep.Features() {
-		ask, ok := configAsks[f]
+		ask, ok := askFor(f)
 		if !ok {
 			continue // not asked for by a Config: checked by what the engines do
 		}

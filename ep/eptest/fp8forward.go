@@ -83,7 +83,7 @@ func checkFP8Forward[E ep.Element](t *testing.T, s Suite, mode ep.Mode, w ep.Wir
 	// Bad input, on every rank alike: refused before anything is sent.
 	_, err = g.Dispatch(ep.Tokens(zeros[E](t, g, in.T*H), in.topk, in.weights))
 	assert.ErrorIs(t, err, ep.ErrBadInput)
-	assert.ErrorContains(t, err, "pass e4m3 codes and scales (DispatchInput.Codes, Scales)")
+	assert.ErrorContains(t, err, "pass them in that format (e4m3 codes and scales, DispatchInput.Codes and Scales")
 	_, err = g.Dispatch(ep.DispatchInput[E]{Codes: codes, Scales: zeros[float32](t, g, in.T*G+1), TopK: in.topk, Weights: in.weights})
 	assert.ErrorIs(t, err, ep.ErrBadInput)
 	assert.ErrorContains(t, err, fmt.Sprintf("len(scales) = %d", in.T*G+1))

@@ -70,7 +70,7 @@ func Run(t *testing.T, s Suite) {
 			continue
 		}
 		declared = append(declared, f.String())
-		if _, ok := featureChecks[f]; !ok {
+		if _, ok := checkName(f); !ok {
 			t.Fatalf("the %s backend declares %v, which the suite has no check for", s.Backend.Name(), f)
 		}
 	}
@@ -79,7 +79,8 @@ func Run(t *testing.T, s Suite) {
 	}
 	optional := func(f ep.Feature, check func(*testing.T)) {
 		if s.declares(f) {
-			t.Run(featureChecks[f], check)
+			name, _ := checkName(f)
+			t.Run(name, check)
 		}
 	}
 	t.Run("Lifecycle", func(t *testing.T) { s.testLifecycle(t) })
@@ -93,6 +94,8 @@ func Run(t *testing.T, s Suite) {
 	t.Run("StatsCountTraffic", func(t *testing.T) { s.testStats(t) })
 	optional(ep.FeatureFP8Wire, s.testFP8)
 	optional(ep.FeatureFP8Forward, s.testFP8Forward)
+	t.Run("ForwardedRows", func(t *testing.T) { s.testForwardedRows(t) })
+	t.Run("CombineFormats", func(t *testing.T) { s.testCombineFormats(t) })
 	optional(ep.FeatureFP8Combine, s.testFP8Combine)
 	t.Run("OverflowFail", func(t *testing.T) { s.testOverflow(t, ep.OverflowFail) })
 	optional(ep.FeatureOverflowDrop, func(t *testing.T) { s.testOverflow(t, ep.OverflowDrop) })

@@ -127,6 +127,16 @@ func ReduceRowsFrom(out ptr, outType driver.DType, src CTable, start []int32, n,
 	C.ep_reduce_rows(out, C.int(outType), src.p, nil, i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
 }
 
+// ReduceFP8RowsFrom is ReduceRowsFrom over rows that travelled as e4m3
+// codes, each with its float32 scales (codes[j], scales[j]), weights 1:
+// ep_reduce_rows_fp8.
+func ReduceFP8RowsFrom(out ptr, outType driver.DType, codes, scales CTable, start []int32, n, hidden int) {
+	if n == 0 {
+		return
+	}
+	C.ep_reduce_rows_fp8(out, C.int(outType), codes.p, scales.p, nil, i32p(start), C.int64_t(n), C.int64_t(hidden))
+}
+
 // ReduceTables are ReduceRows's tables (sources, weights and each row's
 // first source) for up to pairs sources and rows rows, in C memory: a
 // reduction that goes to the C kernel (above smallReduce) then passes one

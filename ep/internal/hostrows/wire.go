@@ -18,7 +18,7 @@ import (
 // the format writes it, the transport moves the rows and their side data
 // together (RowArea). The element type on the wire (nativeRows), FP8 e4m3
 // with per-128 scales cast on the way (fp8Rows) and FP8 rows the caller
-// quantized, forwarded with its scales as they are (fp8Forward), are its
+// quantized, forwarded with its scales as they are (forwardRows), are its
 // implementations; a new format is one more.
 type RowFormat interface {
 	// rowBytes is the bytes of one row, sideBytes of its side data (0:
@@ -40,8 +40,8 @@ type RowFormat interface {
 // this CPU has, Quantize's, which is tested against the portable one).
 func NewRowFormat(s driver.Spec) RowFormat {
 	switch {
-	case s.Wire == driver.WireFP8Forward:
-		return &fp8Forward{bytes: s.Hidden, scales: 4 * driver.ScaleGroups(s.Hidden)}
+	case s.Wire.Forward():
+		return &forwardRows{bytes: s.WireRowBytes, scales: s.WireSideBytes}
 	case s.Wire.FP8():
 		return &fp8Rows{hidden: s.Hidden, elem: s.Elem, wire: s.Wire, bytes: s.WireRowBytes, scales: 4 * driver.ScaleGroups(s.Hidden)}
 	}
@@ -94,32 +94,33 @@ func (f *fp8Rows) Put(base ptr, a RowArea, i int, tk int) {
 
 func (f *fp8Rows) Flush(x, _ []byte) { f.q.Flush(x, f.hidden, f.elem, f.wire) }
 
-// fp8Forward: the caller quantized the rows (DispatchInput.Codes): their e4m3 codes
-// and float32 scales travel as they are, copied, with no cast in ep.
-type fp8Forward struct {
+// forwardRows: the caller quantized the rows (a Forward format): their
+// codes and side data travel as they are, copied, with no cast in ep,
+// whatever the format.
+type forwardRows struct {
 	bytes, scales  int
 	dst, sdst      AddrTable
 	srcOff, sclOff []int64
 }
 
-func (f *fp8Forward) RowBytes() int  { return f.bytes }
-func (f *fp8Forward) SideBytes() int { return f.scales }
+func (f *forwardRows) RowBytes() int  { return f.bytes }
+func (f *forwardRows) SideBytes() int { return f.scales }
 
-func (f *fp8Forward) Put(base ptr, a RowArea, i int, tk int) {
+func (f *forwardRows) Put(base ptr, a RowArea, i int, tk int) {
 	f.dst.Add(unsafe.Add(base, a.Rows.At(i)))
 	f.sdst.Add(unsafe.Add(base, a.Side.At(i)))
 	f.srcOff = append(f.srcOff, int64(tk*f.bytes))
 	f.sclOff = append(f.sclOff, int64(tk*f.scales))
 }
 
-func (f *fp8Forward) Reserve(n int) {
+func (f *forwardRows) Reserve(n int) {
 	f.dst.Reserve(n)
 	f.sdst.Reserve(n)
 	f.srcOff = make([]int64, 0, n)
 	f.sclOff = make([]int64, 0, n)
 }
 
-func (f *fp8Forward) Flush(x, side []byte) {
+func (f *forwardRows) Flush(x, side []byte) {
 	ScatterRows(&f.dst, x, f.srcOff, f.bytes)
 	ScatterRows(&f.sdst, side, f.sclOff, f.scales)
 	f.dst.Reset()

@@ -189,3 +189,5 @@ class Feature(IntEnum):
     LL_RANK_MAJOR = 11
     GLOBAL_EXPERT_IDS = 12
     CALL_SEQUENCE = 13
+    NVFP4_FORWARD = 14
+    NVFP4_COMBINE = 15
