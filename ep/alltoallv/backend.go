@@ -32,13 +32,13 @@ func NewBlocking() driver.Backend { return alltoallvBackend{blocking: true} }
 
 type alltoallvBackend struct{ blocking bool }
 
-// Supports says that the baseline dispatches in every wire format of the
-// table (it packs rows with the CPU engine's row formats, hostrows.RowFormat:
-// FP8 cast while it packs, forwarded rows copied as they are, their side
-// data moved beside them), has every receive layout and id kind (it unpacks
-// into them: layouts.go) and fails a refused call on every rank. Its
-// timeouts cannot name a peer, it measures no waits, and its calls
-// allocate.
+// Supports says that the baseline dispatches in every dispatch format of
+// the table (it packs rows with the CPU engine's row formats,
+// hostrows.RowFormat: FP8 cast while it packs, forwarded rows copied as
+// they are, their side data moved beside them), has every receive layout
+// and id kind (it unpacks into them: layouts.go) and fails a refused call
+// on every rank. Its combine moves the element type only. Its timeouts
+// cannot name a peer, it measures no waits, and its calls allocate.
 func (alltoallvBackend) Supports(f driver.Feature) bool {
 	switch f {
 	case driver.FeatureFP8Wire, driver.FeatureFP8Forward, driver.FeatureNVFP4Forward, driver.FeatureRefusals,
