@@ -2,7 +2,6 @@ package alltoallv
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -33,15 +32,17 @@ func NewBlocking() driver.Backend { return alltoallvBackend{blocking: true} }
 
 type alltoallvBackend struct{ blocking bool }
 
-// Supports says that the baseline dispatches in FP8 (it casts while it
-// packs, and the scales travel with the metadata), forwards FP8 rows the
-// caller quantized (it packs their codes and scales), has every receive
-// layout and id kind (it unpacks into them: layouts.go) and
-// fails a refused call on every rank. Its timeouts cannot name a peer, it
-// measures no waits, and its calls allocate.
+// Supports says that the baseline dispatches in every dispatch format of
+// the table (it packs rows with the CPU engine's row formats,
+// hostrows.RowFormat: FP8 cast while it packs, forwarded rows copied as
+// they are, their side data moved beside them), has every receive layout
+// and id kind (it unpacks into them: layouts.go) and fails a refused call
+// on every rank. Its combine moves the element type only. Its timeouts
+// cannot name a peer, it measures no waits, and its calls allocate.
 func (alltoallvBackend) Supports(f driver.Feature) bool {
 	switch f {
-	case driver.FeatureFP8Wire, driver.FeatureFP8Forward, driver.FeatureRefusals, driver.FeatureHTExpertMajor, driver.FeatureLLRankMajor, driver.FeatureGlobalExpertIDs:
+	case driver.FeatureFP8Wire, driver.FeatureFP8Forward, driver.FeatureNVFP4Forward, driver.FeatureRefusals,
+		driver.FeatureHTExpertMajor, driver.FeatureLLRankMajor, driver.FeatureGlobalExpertIDs:
 		return true
 	}
 	return false
@@ -71,11 +72,9 @@ func (b alltoallvBackend) Open(comm *mpi.Comm, spec driver.Spec) (driver.Engine,
 	}
 	R := c.Size()
 	a := &alltoallvEngine{spec: spec, comm: c, R: R, me: c.Rank(), L: spec.NumExperts / R, K: spec.TopK,
-		H: spec.Hidden, M: spec.MaxTokensPerRank, rowBytes: spec.RowBytes, wireBytes: spec.WireRowBytes,
+		H: spec.Hidden, M: spec.MaxTokensPerRank, rowBytes: spec.RowBytes, wire: hostrows.NewRowFormat(spec),
 		nodeOf: make([]int, R)}
-	if spec.Wire.FP8() {
-		a.G = driver.ScaleGroups(spec.Hidden)
-	}
+	a.wire.Reserve(a.M * a.K) // a row per pair at most (HT: per (token, rank), fewer)
 	a.span = R * a.M
 	if spec.Mode == driver.LowLatency {
 		rows, perRow := a.L*a.span, 1
@@ -84,8 +83,7 @@ func (b alltoallvBackend) Open(comm *mpi.Comm, spec driver.Spec) (driver.Engine,
 		}
 		for b := range a.sets {
 			s := &a.sets[b]
-			s.rows = make([]byte, rows*a.wireBytes)
-			s.scales = make([]float32, rows*a.G)
+			s.rows, s.area = a.layRows(nil, rows)
 			s.outputs = make([]byte, rows*a.rowBytes)
 			s.weights = make([]float32, rows*perRow)
 			s.tokens = make([]int32, rows)
@@ -103,11 +101,13 @@ type alltoallvEngine struct {
 	comm                    *mpi.Comm
 	R, me, L, K, H, M, span int
 	rowBytes                int
-	wireBytes, G            int // a dispatched row's bytes, and its FP8 scales (0: native)
-	cast                    hostrows.CastQueue
+	wire                    hostrows.RowFormat // how a dispatched row travels, the CPU engine's
 	nodeOf                  []int
 	sets                    [2]a2aSet
-	sendRows, packd         []byte
+	send                    []byte           // the packed rows of a dispatch, by destination rank
+	sendArea                hostrows.RowArea // and where their rows and side data lie in it
+	sendTok                 []int32          // each packed row's token
+	packd                   []byte
 	sendMeta                []int32
 	sendVals                []float32
 	pin                     runtime.Pinner
@@ -122,17 +122,20 @@ type alltoallvEngine struct {
 
 // a2aSet is one buffer set: what a dispatch fills and its combine reads.
 type a2aSet struct {
-	rows, outputs []byte
-	scales        []float32 // FP8: laid out like rows
-	weights       []float32
-	topk          []int32
-	tokens        []int32
-	back          []byte    // the outputs of this set's combine, back home
-	backVals      []float32 // and their row values
-	passed        []int32   // per rank: whether it passed row values
-	// The rows and meta words of its dispatch as they arrived, until its
-	// wait unpacks them: the other set's dispatch may be sent meanwhile.
-	recvRows []byte
+	rows     []byte           // the received rows, with their side data
+	area     hostrows.RowArea // where they lie in rows, as the layout has them
+	outputs  []byte
+	weights  []float32
+	topk     []int32
+	tokens   []int32
+	back     []byte    // the outputs of this set's combine, back home
+	backVals []float32 // and their row values
+	passed   []int32   // per rank: whether it passed row values
+	// The rows (with their side data, laid out as inArea says) and meta
+	// words of its dispatch as they arrived, until its wait unpacks them:
+	// the other set's dispatch may be sent meanwhile.
+	in       []byte
+	inArea   hostrows.RowArea
 	recvMeta []int32
 }
 
@@ -158,7 +161,7 @@ func (a *alltoallvEngine) Memory() driver.Memory { return driver.HostMemory }
 func (a *alltoallvEngine) BufferBytes() int {
 	n := 0
 	for _, s := range a.sets {
-		n += len(s.rows) + len(s.outputs) + len(s.back) + 4*(len(s.weights)+len(s.topk)+len(s.tokens)+len(s.backVals)+len(s.scales))
+		n += len(s.rows) + len(s.outputs) + len(s.back) + 4*(len(s.weights)+len(s.topk)+len(s.tokens)+len(s.backVals))
 	}
 	return n
 }
@@ -259,56 +262,40 @@ func (a *alltoallvEngine) state(d *driver.Dispatch) *a2aState {
 
 // DispatchSend packs by destination (LL: one row per (token, expert) pair
 // with its expert, token and weight; HT: one row per (token, rank) with the
-// token and its top-k ids and weights), exchanges the counts (unless cached)
-// and moves everything.
+// token and its top-k ids and weights), each row in the group's wire format
+// with its side data (a.wire, as the CPU engine writes them), exchanges the
+// counts (unless cached) and moves everything: the rows, their side data
+// and the metadata words, an MPI_Alltoallv each.
 func (a *alltoallvEngine) DispatchSend(d *driver.Dispatch) error {
 	op := "alltoallv " + a.spec.Mode.String() + " dispatch"
 	st := a.state(d)
-	x, rt, K, L := hostBytes(d.X), d.Route, a.K, a.L
-	meta := 3 // LL expert-major: expert, token, weight bits
-	if !a.spec.WeightedCombine() {
-		meta = 1 + 2*K // a row per (token, rank): token, top-k ids, weight bits
-	}
-	meta += a.G // FP8: then the row's scales
-	rows, words := a.sendRows[:0], a.sendMeta[:0]
+	rt, K, L := d.Route, a.K, a.L
+	meta := a.metaWords()
+	toks, words := a.sendTok[:0], a.sendMeta[:0]
 	clear(st.sendCounts)
-	n := 0 // rows packed
-	forward := a.spec.Wire == driver.WireFP8Forward
-	pack := func(t int) {
-		if a.G == 0 || forward { // codes as they are: their scales go with the words below
-			rows = append(rows, x[t*a.wireBytes:(t+1)*a.wireBytes]...)
-		} else { // cast below, once the buffers have their size
-			a.cast.SrcOff = append(a.cast.SrcOff, int64(t*a.rowBytes))
-		}
-		n++
-	}
 	for dst := 0; dst < a.R; dst++ {
 		for t := 0; t < rt.T; t++ {
 			if a.spec.WeightedCombine() {
 				for k := 0; k < K; k++ {
 					if e := d.TopK[t*K+k]; e >= 0 && int(e)/L == dst {
-						pack(t)
+						toks = append(toks, int32(t))
 						words = append(words, e, int32(t), int32(math.Float32bits(d.Weights[t*K+k])))
-						words = a.scaleWords(words, d, t)
 						st.sendCounts[dst]++
 					}
 				}
 			} else if rt.TokRankOrd[t*a.R+dst] >= 0 {
-				pack(t)
+				toks = append(toks, int32(t))
 				words = append(words, int32(t))
 				words = append(words, d.TopK[t*K:(t+1)*K]...)
 				for k := 0; k < K; k++ {
 					words = append(words, int32(math.Float32bits(d.Weights[t*K+k])))
 				}
-				words = a.scaleWords(words, d, t)
 				st.sendCounts[dst]++
 			}
 		}
 	}
-	if a.G > 0 && !forward {
-		rows = a.castRows(rows, words, x, n, meta)
-	}
-	a.sendRows, a.sendMeta = rows, words
+	a.sendTok, a.sendMeta = toks, words
+	a.pack(d)
 	// The counts go first, also in a cached dispatch: the exchange is how a
 	// rank that refused the call says so (status).
 	a.counts = growTo(a.counts, a.R)
@@ -334,49 +321,77 @@ func (a *alltoallvEngine) DispatchSend(d *driver.Dispatch) error {
 		}
 	}
 	st.cached = d.From != nil
-	var err error
 	set := &a.sets[d.Set]
-	if set.recvRows, err = moveV(a, a.sendRows, st.sendCounts, st.recvCounts, a.wireBytes, set.recvRows); err != nil {
+	set.in, set.inArea = a.layRows(set.in, total)
+	if _, err := moveV(a, regionOf(a.send, a.sendArea.Rows), st.sendCounts, st.recvCounts, a.sendArea.Rows.Stride, regionOf(set.in, set.inArea.Rows)); err != nil {
 		return a.timeout(op, "the rows of an MPI_Alltoallv", err)
 	}
+	if a.sendArea.Side.Stride > 0 {
+		if _, err := moveV(a, regionOf(a.send, a.sendArea.Side), st.sendCounts, st.recvCounts, a.sendArea.Side.Stride, regionOf(set.in, set.inArea.Side)); err != nil {
+			return a.timeout(op, "the side data (scales) of an MPI_Alltoallv", err)
+		}
+	}
+	var err error
 	if set.recvMeta, err = moveV(a, a.sendMeta, st.sendCounts, st.recvCounts, meta, set.recvMeta); err != nil {
 		return a.timeout(op, "the metadata of an MPI_Alltoallv", err)
 	}
 	return nil
 }
 
-// scaleWords appends token t's scale words: the caller's scales when the
-// group forwards them, else room for the cast's (castRows), or nothing in
-// a native group.
-func (a *alltoallvEngine) scaleWords(words []int32, d *driver.Dispatch, t int) []int32 {
-	if a.spec.Wire != driver.WireFP8Forward {
-		return appendZeros(words, a.G)
+// metaWords is the metadata words of a packed row: LL expert-major its
+// expert, token and weight bits; a row per (token, rank) its token, top-k
+// ids and weight bits.
+func (a *alltoallvEngine) metaWords() int {
+	if a.spec.WeightedCombine() {
+		return 3
 	}
-	sc := hostBytes(d.Scales)[4*t*a.G : 4*(t+1)*a.G]
-	for g := 0; g < a.G; g++ {
-		words = append(words, int32(binary.LittleEndian.Uint32(sc[4*g:])))
-	}
-	return words
+	return 1 + 2*a.K
 }
 
-// castRows casts the n packed rows (their sources queued in a.cast.srcOff)
-// into rows, as e4m3 codes, and their scales into the last a.G words of
-// each row's meta words: the pack of an FP8 dispatch, one kernel call.
-func (a *alltoallvEngine) castRows(rows []byte, words []int32, x []byte, n, meta int) []byte {
-	rows = growTo(rows, n*a.wireBytes)
+// pack writes the rows of a.sendTok, in order, into the send buffer in the
+// group's wire format, each with its side data: one kernel call per part.
+func (a *alltoallvEngine) pack(d *driver.Dispatch) {
+	n := len(a.sendTok)
+	a.send, a.sendArea = a.layRows(a.send, n)
 	if n == 0 {
-		return rows
+		return
 	}
-	a.pin.Pin(unsafe.SliceData(rows)) // the kernel's tables point into them
-	a.pin.Pin(unsafe.SliceData(words))
+	base := unsafe.Pointer(unsafe.SliceData(a.send))
+	a.pin.Pin(base) // the kernels' tables point into it
 	defer a.pin.Unpin()
-	q := &a.cast
-	for i := 0; i < n; i++ {
-		q.Dst.Add(unsafe.Pointer(&rows[i*a.wireBytes]))
-		q.Scales.Add(unsafe.Pointer(&words[(i+1)*meta-a.G]))
+	for i, t := range a.sendTok {
+		a.wire.Put(base, a.sendArea, i, int(t))
 	}
-	q.Flush(x, a.H, a.spec.Elem, a.spec.Wire)
-	return rows
+	a.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
+}
+
+// layRows lays out n rows of the wire format in buf (grown as needed): the
+// rows, then their side data where the format has any, as the CPU engine
+// lays out its areas.
+func (a *alltoallvEngine) layRows(buf []byte, n int) ([]byte, hostrows.RowArea) {
+	var m hostrows.Arena
+	area := m.TakeRows("rows", n, a.wire)
+	return growTo(buf, m.N), area
+}
+
+// regionOf is region r of buf, all its rows.
+func regionOf(buf []byte, r hostrows.Region) []byte { return buf[r.Off : r.Off+r.Len(r.Rows)] }
+
+// copyRow copies row i of area from in src to row j of area to in dst,
+// with its side data.
+func copyRow(dst []byte, to hostrows.RowArea, j int, src []byte, from hostrows.RowArea, i int) {
+	copy(dst[to.Rows.At(j):to.Rows.At(j)+to.Rows.Stride], src[from.Rows.At(i):from.Rows.At(i)+from.Rows.Stride])
+	if to.Side.Stride > 0 {
+		copy(dst[to.Side.At(j):to.Side.At(j)+to.Side.Stride], src[from.Side.At(i):from.Side.At(i)+from.Side.Stride])
+	}
+}
+
+// received sets the rows and side data of d.Recv: set's rows as laid out.
+func received(d *driver.Dispatch, set *a2aSet) {
+	d.Recv.Rows = driver.Host(regionOf(set.rows, set.area.Rows))
+	if set.area.Side.Stride > 0 {
+		d.Recv.Side = driver.Host(regionOf(set.rows, set.area.Side))
+	}
 }
 
 // moveV is one MPI_Alltoallv of per-rank counts of rows of width elements,
@@ -398,11 +413,12 @@ func moveV[T dtype.Number](a *alltoallvEngine, send []T, sendRows, recvRows []in
 
 // DispatchWait unpacks: LL rows into their experts' blocks in arrival order
 // (by source rank, then token: the CPU engine's order); HT rows stay as they
-// arrived, grouped by source, with their top-k ids made local.
+// arrived, grouped by source, with their top-k ids made local. A row's side
+// data goes with it.
 func (a *alltoallvEngine) DispatchWait(d *driver.Dispatch) error {
 	st := d.State.(*a2aState)
 	set := &a.sets[d.Set]
-	K, L, H, G := a.K, a.L, a.wireBytes, a.G
+	K, L := a.K, a.L
 	n := 0
 	for _, c := range st.recvCounts {
 		n += c
@@ -418,11 +434,12 @@ func (a *alltoallvEngine) DispatchWait(d *driver.Dispatch) error {
 		return nil
 	}
 	if a.spec.Mode == driver.HighThroughput {
-		set.rows = growTo(set.rows, n*H)
+		// Laid out as they arrived: one copy moves them all.
+		set.rows, set.area = a.layRows(set.rows, n)
+		copy(set.rows, set.in)
 		set.outputs = growTo(set.outputs, n*a.rowBytes)
-		set.scales = growTo(set.scales, n*G)
 		set.tokens, set.topk, set.weights = growTo(set.tokens, n), growTo(set.topk, n*K), growTo(set.weights, n*K)
-		copy(set.rows, set.recvRows)
+		meta := a.metaWords()
 		s, left := 0, 0
 		for r := 0; r < n; r++ {
 			for left == 0 {
@@ -430,9 +447,8 @@ func (a *alltoallvEngine) DispatchWait(d *driver.Dispatch) error {
 			}
 			left--
 			st.source[s-1]++
-			w := set.recvMeta[r*(1+2*K+G):]
+			w := set.recvMeta[r*meta:]
 			set.tokens[r] = w[0]
-			wordsToFloats(set.scales[r*G:(r+1)*G], w[1+2*K:1+2*K+G])
 			for k := 0; k < K; k++ {
 				if e := int(w[1+k]); e >= 0 && e/L == a.me {
 					set.topk[r*K+k] = int32(e - a.idBase())
@@ -443,12 +459,10 @@ func (a *alltoallvEngine) DispatchWait(d *driver.Dispatch) error {
 				}
 			}
 		}
-		d.Recv = driver.Received{Rows: driver.Host(set.rows[:n*H]), Outputs: driver.Host(set.outputs[:n*a.rowBytes]), Weights: driver.Host(set.weights[:n*K]),
+		d.Recv = driver.Received{Outputs: driver.Host(set.outputs[:n*a.rowBytes]), Weights: driver.Host(set.weights[:n*K]),
 			TopK: driver.Host(set.topk[:n*K]), Tokens: driver.Host(set.tokens[:n]), ExpertCounts: st.expert, SourceCounts: st.source[:a.R],
 			NumRecv: n}
-		if G > 0 {
-			d.Recv.Side = driver.AsBytes(driver.Host(set.scales[:n*G]))
-		}
+		received(d, set)
 		return nil
 	}
 	st.slot = growTo(st.slot, n)
@@ -458,37 +472,19 @@ func (a *alltoallvEngine) DispatchWait(d *driver.Dispatch) error {
 			left, s = st.recvCounts[s], s+1
 		}
 		left--
-		w := set.recvMeta[(3+G)*r:]
+		w := set.recvMeta[3*r:]
 		l := int(w[0]) - a.me*L
 		j := l*a.span + st.expert[l]
 		st.expert[l]++
 		st.source[(s-1)*L+l]++
-		copy(set.rows[j*H:(j+1)*H], set.recvRows[r*H:(r+1)*H])
+		copyRow(set.rows, set.area, j, set.in, set.inArea, r)
 		set.tokens[j], set.weights[j] = w[1], math.Float32frombits(uint32(w[2]))
-		wordsToFloats(set.scales[j*G:(j+1)*G], w[3:3+G])
 		st.slot[r] = int32(j)
 	}
-	d.Recv = driver.Received{Rows: driver.Host(set.rows), Outputs: driver.Host(set.outputs), Weights: driver.Host(set.weights),
+	d.Recv = driver.Received{Outputs: driver.Host(set.outputs), Weights: driver.Host(set.weights),
 		Tokens: driver.Host(set.tokens), ExpertCounts: st.expert, SourceCounts: st.source, NumRecv: n}
-	if G > 0 {
-		d.Recv.Side = driver.AsBytes(driver.Host(set.scales))
-	}
+	received(d, set)
 	return nil
-}
-
-// appendZeros appends n zero words (room for a row's scales).
-func appendZeros(words []int32, n int) []int32 {
-	for range n {
-		words = append(words, 0)
-	}
-	return words
-}
-
-// wordsToFloats reads float32 bits from metadata words.
-func wordsToFloats(dst []float32, words []int32) {
-	for i, w := range words {
-		dst[i] = math.Float32frombits(uint32(w))
-	}
 }
 
 // CombineSend moves the expert outputs (and row values) back the way the

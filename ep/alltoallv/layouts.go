@@ -37,8 +37,8 @@ func (a *alltoallvEngine) valuesPerRow() int {
 // expert-major zones.
 func (a *alltoallvEngine) unpackZones(d *driver.Dispatch, st *a2aState, n int) {
 	set := &a.sets[d.Set]
-	K, L, H, G, R := a.K, a.L, a.wireBytes, a.G, a.R
-	meta := 1 + 2*K + G
+	K, L, R := a.K, a.L, a.R
+	meta := a.metaWords()
 	align := a.spec.Alignment()
 	mine := func(e int32) bool { return e >= 0 && int(e)/L == a.me }
 	st.backFrom, st.backTo = growTo(st.backFrom, R), growTo(st.backTo, R)
@@ -73,12 +73,10 @@ func (a *alltoallvEngine) unpackZones(d *driver.Dispatch, st *a2aState, n int) {
 			st.backTo[r] += int(d.Route.PerExpert[x])
 		}
 	}
-	set.rows = growTo(set.rows, total*H)
-	set.scales = growTo(set.scales, total*G)
+	set.rows, set.area = a.layRows(set.rows, total)
 	set.outputs = growTo(set.outputs, total*a.rowBytes)
 	set.tokens, set.weights = growTo(set.tokens, total), growTo(set.weights, total)
-	clear(set.rows) // the padding is zero
-	clear(set.scales)
+	clear(set.rows) // the padding is zero, its side data too
 	clear(set.weights)
 	for i := range set.tokens {
 		set.tokens[i] = -1
@@ -94,28 +92,25 @@ func (a *alltoallvEngine) unpackZones(d *driver.Dispatch, st *a2aState, n int) {
 			if e := w[1+k]; mine(e) {
 				j := next[int(e)-a.me*L]
 				next[int(e)-a.me*L]++
-				copy(set.rows[j*H:(j+1)*H], set.recvRows[r*H:(r+1)*H])
-				wordsToFloats(set.scales[j*G:(j+1)*G], w[1+2*K:1+2*K+G])
+				copyRow(set.rows, set.area, j, set.in, set.inArea, r)
 				set.tokens[j], set.weights[j] = w[0], math.Float32frombits(uint32(w[1+K+k]))
 				st.slot[p] = int32(j)
 				p++
 			}
 		}
 	}
-	d.Recv = driver.Received{Rows: driver.Host(set.rows[:total*H]), Outputs: driver.Host(set.outputs[:total*a.rowBytes]),
+	d.Recv = driver.Received{Outputs: driver.Host(set.outputs[:total*a.rowBytes]),
 		Weights: driver.Host(set.weights[:total]), Tokens: driver.Host(set.tokens[:total]), ExpertCounts: st.expert,
 		ExpertOffsets: st.zoneOff, SourceCounts: st.source, NumRecv: total}
-	if G > 0 {
-		d.Recv.Side = driver.AsBytes(driver.Host(set.scales[:total*G]))
-	}
+	received(d, set)
 }
 
 // unpackRankMajor puts source s's arriving rows into block s, in arrival
 // (token) order, with their ids and weights as this rank keeps them.
 func (a *alltoallvEngine) unpackRankMajor(d *driver.Dispatch, st *a2aState, n int) {
 	set := &a.sets[d.Set]
-	K, L, H, G, M := a.K, a.L, a.wireBytes, a.G, a.M
-	meta := 1 + 2*K + G
+	K, L, M := a.K, a.L, a.M
+	meta := a.metaWords()
 	st.slot = growTo(st.slot, n)
 	s, left, j := 0, 0, 0
 	for r := 0; r < n; r++ {
@@ -128,8 +123,7 @@ func (a *alltoallvEngine) unpackRankMajor(d *driver.Dispatch, st *a2aState, n in
 		st.source[s-1]++
 		st.slot[r] = int32(row)
 		w := set.recvMeta[r*meta:]
-		copy(set.rows[row*H:(row+1)*H], set.recvRows[r*H:(r+1)*H])
-		wordsToFloats(set.scales[row*G:(row+1)*G], w[1+2*K:1+2*K+G])
+		copyRow(set.rows, set.area, row, set.in, set.inArea, r)
 		set.tokens[row] = w[0]
 		for k := 0; k < K; k++ {
 			set.topk[row*K+k], set.weights[row*K+k] = -1, 0
@@ -140,12 +134,10 @@ func (a *alltoallvEngine) unpackRankMajor(d *driver.Dispatch, st *a2aState, n in
 			}
 		}
 	}
-	d.Recv = driver.Received{Rows: driver.Host(set.rows), Outputs: driver.Host(set.outputs), Weights: driver.Host(set.weights),
+	d.Recv = driver.Received{Outputs: driver.Host(set.outputs), Weights: driver.Host(set.weights),
 		TopK: driver.Host(set.topk), Tokens: driver.Host(set.tokens), ExpertCounts: st.expert, SourceCounts: st.source[:a.R],
 		NumRecv: n}
-	if G > 0 {
-		d.Recv.Side = driver.AsBytes(driver.Host(set.scales))
-	}
+	received(d, set)
 }
 
 // zoneSources lists, for an HT expert-major combine, each token's pairs
