@@ -61,7 +61,7 @@ func TestDecodeRowsRefusesBadShapes(t *testing.T) {
 	dst := make([]float32, 48)
 	err := ep.DecodeRows(ep.WireNVFP4Forward, dst, make([]byte, 24), make([]byte, 3), 48)
 	assert.ErrorIs(t, err, ep.ErrBadInput)
-	assert.ErrorContains(t, err, "Hidden = 48 is not a multiple of 32")
+	assert.ErrorContains(t, err, "rows of 48 elements are not whole 16-byte pieces of NVFP4 codes (Hidden must be a multiple of 32)")
 	err = ep.DecodeRows(ep.WireNVFP4Forward, make([]float32, 64), make([]byte, 31), make([]byte, 4), 64)
 	assert.ErrorContains(t, err, "1 rows of nvfp4-forward take 32 bytes and 4 of scales; got 31 and 4")
 	err = ep.DecodeRows(ep.WireNative, dst, nil, nil, 48)

@@ -298,7 +298,7 @@ func decodeNVFP4(dst []float32, row, side []byte) {
 // pieces of NVFP4 codes.
 func checkNVFP4Hidden(hidden int) error {
 	if hidden%32 != 0 {
-		return fmt.Errorf("Hidden = %d is not a multiple of 32 (NVFP4 rows are whole 16-byte pieces)", hidden)
+		return fmt.Errorf("rows of %d elements are not whole 16-byte pieces of NVFP4 codes (Hidden must be a multiple of 32)", hidden)
 	}
 	return nil
 }
