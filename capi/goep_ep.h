@@ -281,7 +281,7 @@ typedef enum {
 typedef enum {
     GOEP_EP_COMB_QUANT_NONE = 0,
     GOEP_EP_COMB_QUANT_NVFP4 = 1,
-    /* goep: LL combines whose expert outputs travel as e4m3 codes with a float32 scale per 128 elements
+    /* goep: combines (LL and HT) whose expert outputs travel as e4m3 codes with a float32 scale per 128 elements
      * (FP8), or a power-of-two scale (FP8_UE8M0), summed in float32 and rounded once to the token type
      * (docs/ep.md, "A low-precision combine", defines it and bounds its error). */
     GOEP_EP_COMB_QUANT_FP8 = 0x100,

@@ -78,10 +78,12 @@ mpi 2 - bin/capi/ep_test -c -z -s none,dispatch,combine,both
 mpi 4 - bin/capi/ep_test -c -f f32
 mpi 4 sim bin/capi/ep_test -c -z -s none,dispatch,combine,both
 mpi 2 - bin/capi/ep_test_static
-# goep's options and NCCL EP's overflow policy: the one-sided backend by name, LL's FP8 combine (within
-# its bound), HT with GOEP_EP_OVERFLOW_DROP (each rank keeps its first rows, the dropped contribute 0)
+# goep's options and NCCL EP's overflow policy: the one-sided backend by name, the FP8 combine of LL
+# and HT (within its bound), HT with GOEP_EP_OVERFLOW_DROP (each rank keeps its first rows, the dropped
+# contribute 0)
 mpi 4 sim bin/capi/ep_test -c -b cpu-onesided
 mpi 2 - bin/capi/ep_test -a ll -c -z -Q
+mpi 4 sim bin/capi/ep_test -a ht -c -Q
 mpi 2 - bin/capi/ep_test -a ht -c -D 12
 mpi 4 sim bin/capi/ep_test -a ht -c -z -D 20 -f f32
 
