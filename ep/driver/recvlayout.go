@@ -139,8 +139,8 @@ func (c Config) validateLayout(bad func(string, ...any) error) error {
 		return bad("MaskStalledRanks is not implemented with Layout = %v", l)
 	case c.Overflow == OverflowDrop && c.HTExpertMajor():
 		return bad("Overflow = %v is not implemented with Layout = %v (its zones are padded per expert; drop caps rows per rank)", c.Overflow, l)
-	case c.CombineWire != WireNative && l == LayoutRankMajor:
-		return bad("CombineWire = %v is not implemented with Layout = %v", c.CombineWire, l)
+	case c.CombineWire != WireNative && (l == LayoutRankMajor || c.HTExpertMajor()):
+		return bad("CombineWire = %v is not implemented with %v Layout = %v", c.CombineWire, c.Mode, l)
 	}
 	return nil
 }

@@ -617,7 +617,9 @@ func (s Suite) checkInvalidLayoutConfigs(t *testing.T) {
 		{"dropping into zones", func(c *ep.Config) { c.Layout, c.Overflow = ep.LayoutExpertMajor, ep.OverflowDrop },
 			"Overflow = drop is not implemented with Layout = expert-major"},
 		{"an FP8 combine rank-major", func(c *ep.Config) { c.Mode, c.Layout, c.CombineWire = ep.LowLatency, ep.LayoutRankMajor, ep.WireFP8 },
-			"CombineWire = fp8 is not implemented with Layout = rank-major"},
+			"CombineWire = fp8 is not implemented with ll Layout = rank-major"},
+		{"an FP8 combine into zones", func(c *ep.Config) { c.Mode, c.Layout, c.CombineWire = ep.HighThroughput, ep.LayoutExpertMajor, ep.WireFP8 },
+			"CombineWire = fp8 is not implemented with ht Layout = expert-major"},
 	} {
 		cfg := good
 		tc.edit(&cfg)
