@@ -618,7 +618,9 @@ func (s Suite) checkInvalidLayoutConfigs(t *testing.T) {
 			"Overflow = drop is not implemented with Layout = expert-major"},
 		{"an FP8 combine rank-major", func(c *ep.Config) { c.Mode, c.Layout, c.CombineWire = ep.LowLatency, ep.LayoutRankMajor, ep.WireFP8 },
 			"CombineWire = fp8 is not implemented with ll Layout = rank-major"},
-		{"an FP8 combine into zones", func(c *ep.Config) { c.Mode, c.Layout, c.CombineWire = ep.HighThroughput, ep.LayoutExpertMajor, ep.WireFP8 },
+		{"an FP8 combine into zones", func(c *ep.Config) {
+			c.Mode, c.Layout, c.CombineWire = ep.HighThroughput, ep.LayoutExpertMajor, ep.WireFP8
+		},
 			"CombineWire = fp8 is not implemented with ht Layout = expert-major"},
 	} {
 		cfg := good
