@@ -44,7 +44,9 @@ pkgs_python_test=(python3-pytest python3-torch)
 need_base() { command -v mpirun >/dev/null && pkg-config --exists ompi && pkg-config --exists hdf5 && command -v h5dump >/dev/null; }
 need_slurm() { command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && command -v sbatch >/dev/null; }
 need_cluster() { command -v ip >/dev/null && command -v tc >/dev/null && command -v nsenter >/dev/null && command -v unshare >/dev/null && command -v ping >/dev/null; }
-need_nvrtc() { ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.11\.2'; }
+# grep reads the whole list (no -q): ldconfig's 64 KiB and more would otherwise die of SIGPIPE when grep
+# stops at its match, and pipefail would read that as a missing library.
+need_nvrtc() { ldconfig -p 2>/dev/null | grep 'libnvrtc\.so\.11\.2' >/dev/null; }
 # A venv's pip comes from ensurepip (python3-venv), python3 -m pip from python3-pip; the package
 # builds with the standard library alone (python/pyproject.toml).
 need_python() { /usr/bin/python3 -c 'import numpy, mpi4py, venv, ensurepip, pip' 2>/dev/null; }
