@@ -20,7 +20,22 @@ import (
 //export goepEpBenchGoRounds
 func goepEpBenchGoRounds(group C.goepEpGroup_t, x unsafe.Pointer, topk *C.int32_t, weights *C.float, tokens, iters C.int,
 	roundUS *C.double) C.goepEpResult_t {
-	return guard("goepEpBenchGoRounds", func() error {
+	return benchGoRounds("goepEpBenchGoRounds", group, x, topk, weights, tokens, iters, roundUS, false)
+}
+
+// goepEpBenchGoCopiedRounds (goep_ep_bench.h) times the round in Go with the
+// two copies a caller's own arrays cost: the rows received copied out of
+// the receive buffer, and the expert outputs combined from that copy.
+//
+//export goepEpBenchGoCopiedRounds
+func goepEpBenchGoCopiedRounds(group C.goepEpGroup_t, x unsafe.Pointer, topk *C.int32_t, weights *C.float, tokens, iters C.int,
+	roundUS *C.double) C.goepEpResult_t {
+	return benchGoRounds("goepEpBenchGoCopiedRounds", group, x, topk, weights, tokens, iters, roundUS, true)
+}
+
+func benchGoRounds(name string, group C.goepEpGroup_t, x unsafe.Pointer, topk *C.int32_t, weights *C.float, tokens, iters C.int,
+	roundUS *C.double, copied bool) C.goepEpResult_t {
+	return guard(name, func() error {
 		if roundUS == nil || iters < 0 {
 			return invalidArgf("round_us is NULL or iters = %d is negative", int(iters))
 		}
@@ -29,7 +44,7 @@ func goepEpBenchGoRounds(group C.goepEpGroup_t, x unsafe.Pointer, topk *C.int32_
 			return err
 		}
 		out := make([]float64, int(iters))
-		if err := g.bench(x, unsafe.Pointer(topk), unsafe.Pointer(weights), int(tokens), out); err != nil {
+		if err := g.bench(x, unsafe.Pointer(topk), unsafe.Pointer(weights), int(tokens), out, copied); err != nil {
 			return err
 		}
 		for i, us := range out {
@@ -39,7 +54,7 @@ func goepEpBenchGoRounds(group C.goepEpGroup_t, x unsafe.Pointer, topk *C.int32_
 	})
 }
 
-func (gi *groupImpl[E]) bench(x, topk, weights unsafe.Pointer, tokens int, roundUS []float64) error {
+func (gi *groupImpl[E]) bench(x, topk, weights unsafe.Pointer, tokens int, roundUS []float64, copied bool) error {
 	if err := gi.lock(); err != nil {
 		return err
 	}
@@ -71,10 +86,34 @@ func (gi *groupImpl[E]) bench(x, topk, weights unsafe.Pointer, tokens int, round
 		if err != nil {
 			return err
 		}
-		if err := gi.g.Combine(h, h.Recv(), out, nil); err != nil {
+		y := h.Recv()
+		if copied {
+			y = gi.copyRecv(h)
+		}
+		if err := gi.g.Combine(h, y, out, nil); err != nil {
 			return err
 		}
 		roundUS[i] = float64(time.Since(start).Nanoseconds()) / 1e3
 	}
 	return nil
+}
+
+// copyRecv copies the rows h received (LL: each expert's valid rows; HT: the
+// first NumRecv) into a buffer of the benchmark's, as a dispatch into a
+// caller's array does, and gives that buffer.
+func (gi *groupImpl[E]) copyRecv(h ep.Handle[E]) ep.Tensor[E] {
+	recv, H := h.Recv().Host(), gi.gc.cfg.Hidden
+	if len(gi.benchRecv) != len(recv) {
+		gi.benchRecv = make([]E, len(recv))
+	}
+	if gi.gc.cfg.Mode == ep.LowLatency {
+		span := gi.g.Size() * gi.gc.cfg.MaxTokensPerRank * H
+		for l, k := range h.ExpertCounts() {
+			copy(gi.benchRecv[l*span:l*span+k*H], recv[l*span:])
+		}
+	} else {
+		n := h.NumRecv() * H
+		copy(gi.benchRecv[:n], recv[:n])
+	}
+	return ep.Host(gi.benchRecv)
 }

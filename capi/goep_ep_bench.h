@@ -18,6 +18,12 @@ extern "C" {
 goepEpResult_t goepEpBenchGoRounds(goepEpGroup_t group, const void* x, const int32_t* topk, const float* weights,
                                    int tokens, int iters, double* round_us);
 
+/* The same rounds with the two copies a caller's own arrays cost, in Go: the rows received copied out of
+ * the receive buffer into a buffer of the library's (each expert's valid rows in LL, the rows received in
+ * HT), and the combine made from that copy, which the engine copies back where its peers read it. */
+goepEpResult_t goepEpBenchGoCopiedRounds(goepEpGroup_t group, const void* x, const int32_t* topk,
+                                         const float* weights, int tokens, int iters, double* round_us);
+
 #ifdef __cplusplus
 }
 #endif

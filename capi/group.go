@@ -309,6 +309,7 @@ type groupImpl[E ep.Element] struct {
 	// the receive buffers (goepEpHandleRecvTokens)
 	dispatches uint64
 	benchOut   []E
+	benchRecv  []E
 	// refused is the reason of this rank's last goepEpCreateHandle, if
 	// it was refused and the dispatch its handle stood for has not been
 	// refused yet on every rank (deliver).

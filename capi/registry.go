@@ -50,7 +50,7 @@ type group interface {
 	size() int
 	// refuse is goepEpRefuse of a goepEpCreateHandle on the group.
 	refuse(reason string) error
-	bench(x, topk, weights unsafe.Pointer, tokens int, roundUS []float64) error
+	bench(x, topk, weights unsafe.Pointer, tokens int, roundUS []float64, copied bool) error
 }
 
 // handle is a handle of either element type.

@@ -8,18 +8,23 @@ in one run (the C side: capi/bench/ep_bench_capi.c).
   Python zero-copy: the same, the rows left in the group's buffer and combined
           from there (DispatchOutputs(tokens=None), handle.recv_tokens())
   Go:     g.Dispatch(x, topk, weights), g.Combine(h, h.Recv(), out)
+  Go with copies: the same, the rows received copied into a buffer of the
+          library's and combined from there (goepEpBenchGoCopiedRounds): the
+          copies the Python round makes, without the boundary
 
     mpirun -np 2 python3 python/bench/bench_boundary.py -m ll -t 128 [-d 7168] [-k 8] [-e 256] [-i 200] [-r 5]
 
 Each timed round starts after a barrier. Prints one JSON line per interface
 (rank 0): the slowest rank's median round in microseconds, its minimum, and
-the Python round over the Go round.
+the Python round over the Go round (vs_go) and over the Go round with copies
+(vs_go_copies).
 """
 
 import argparse
 import ctypes
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -84,19 +89,21 @@ def main() -> None:
         h.destroy()
         return (time.perf_counter() - t0) * 1e6
 
-    def go_rounds(n: int) -> list[float]:
+    def go_rounds(n: int, fn: str = "goepEpBenchGoRounds") -> list[float]:
         us = (ctypes.c_double * n)()
-        _lib.call("goepEpBenchGoRounds", group.ptr, x.ctypes.data, topk.ctypes.data, w.ctypes.data, T, n, us)
+        _lib.call(fn, group.ptr, x.ctypes.data, topk.ctypes.data, w.ctypes.data, T, n, us)
         return list(us)
 
-    py_us, zc_us, go_us = [], [], []
+    py_us, zc_us, go_us, gocp_us = [], [], [], []
     for rep in range(-1, a.r):  # rep -1 warms them up
         n = min(a.i, 5) if rep < 0 else a.i
         g = go_rounds(n)
+        gc = go_rounds(n, "goepEpBenchGoCopiedRounds")
         p_ = [python_round() for _ in range(n)]
         z = [python_zero_copy_round() for _ in range(n)]
         if rep >= 0:
             go_us += g
+            gocp_us += gc
             py_us += p_
             zc_us += z
 
@@ -107,17 +114,18 @@ def main() -> None:
         return allr
 
     go_med, go_min = stats(go_us)
+    gocp_med, gocp_min = stats(gocp_us)
     py_med, py_min = stats(py_us)
     zc_med, zc_min = stats(zc_us)
     rpn = int(os.environ.get("GOEP_RANKS_PER_NODE", "0") or 0)
     nodes = -(-R // rpn) if rpn > 0 else 1
     if me == 0:
         base = dict(mode=a.m, ranks=R, nodes=nodes, tokens=T, hidden=H, topk=K, experts=E, dtype="bf16", iters=a.i * a.r)
-        print(json.dumps(dict(api="go", **base, round_us=round(go_med, 1), round_min_us=round(go_min, 1), vs_go=1.0)))
-        print(json.dumps(dict(api="python", **base, round_us=round(py_med, 1), round_min_us=round(py_min, 1),
-                              vs_go=round(py_med / go_med, 3))))
-        print(json.dumps(dict(api="python-zero-copy", **base, round_us=round(zc_med, 1), round_min_us=round(zc_min, 1),
-                              vs_go=round(zc_med / go_med, 3))), flush=True)
+        for api, med, mn in (("go", go_med, go_min), ("go-copies", gocp_med, gocp_min), ("python", py_med, py_min),
+                             ("python-zero-copy", zc_med, zc_min)):
+            print(json.dumps(dict(api=api, **base, round_us=round(med, 1), round_min_us=round(mn, 1),
+                                  vs_go=round(med / go_med, 3), vs_go_copies=round(med / gocp_med, 3))))
+        sys.stdout.flush()
     group.destroy()
 
 

@@ -133,10 +133,10 @@ def test_structs_of_the_wrong_size_or_magic(setup):
     """What a hand-made or mismatched struct gets from the library."""
     env = setup
     tok = nccl_ep.Tensor(env["x"])
-    cin = _lib.new(_lib.DispatchInputs_c, tokens=tok.ptr)
+    cin = _lib.new(_lib.DispatchInputs_c, tokens=tok.address)
     recv, counts = nccl_ep.Tensor(env["recv"]), nccl_ep.Tensor(env["counts"])
-    cout = _lib.new(_lib.DispatchOutputs_c, tokens=recv.ptr)
-    info = _lib.new(_lib.LayoutInfo_c, expert_counters=counts.ptr)
+    cout = _lib.new(_lib.DispatchOutputs_c, tokens=recv.address)
+    info = _lib.new(_lib.LayoutInfo_c, expert_counters=counts.address)
     h = env["handle"].ptr
     cin.size = 16
     with pytest.raises(nccl_ep.NcclInvalid, match=r"inputs \(goepEpDispatchInputs_t\) has size 16, want at least 32"):

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -315,6 +316,78 @@ def test_raw_address():
         nccl_ep.Tensor(a.ctypes.data, dtype=nccl_ep.BFLOAT16)
     with pytest.raises(nccl_ep.NcclInvalid, match="shape= is for a raw address"):
         nccl_ep.Tensor(a, shape=(3, 2))
+
+
+def _described(x, writable=False):
+    """What a call passes the library for x: its descriptor's address and (data, sizes, datatype)."""
+    from goep.ep import _lib
+    from goep.ep.tensor import address_of
+
+    keep = []
+    at = address_of(x, "x", writable, keep)
+    c = _lib.Tensor_c.from_address(at)
+    return at, (c.data, tuple(c.sizes[i] for i in range(c.ndim)), c.datatype)
+
+
+def test_calls_describe_an_unchanged_array_once():
+    a = np.zeros((4, 6), np.float32)
+    at, d = _described(a)
+    assert d == (a.ctypes.data, (4, 6), nccl_ep.FLOAT32)
+    assert _described(a) == (at, d) and _described(a, writable=True) == (at, d)
+    t = torch.zeros(3, 5, dtype=torch.bfloat16)
+    at, d = _described(t)
+    assert d == (t.data_ptr(), (3, 5), nccl_ep.BFLOAT16) and _described(t) == (at, d)
+
+
+def test_calls_describe_an_array_changed_in_place_anew():
+    """Whatever a program does to an array or a tensor between calls, the call
+    describes it as it is: the descriptors a call reuses are checked against it."""
+    a = np.zeros((4, 6), np.float32)
+    _described(a)
+    a.shape = (6, 4)
+    assert _described(a)[1] == (a.ctypes.data, (6, 4), nccl_ep.FLOAT32)
+    a.dtype = np.int32
+    assert _described(a)[1] == (a.ctypes.data, (6, 4), nccl_ep.INT32)
+    b = np.ones(24, np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # numpy: "an inherently unsafe operation"
+        a.data = b.data
+    assert _described(a)[1] == (b.ctypes.data, (6, 4), nccl_ep.INT32)
+    a.strides = (4, 24)
+    with pytest.raises(nccl_ep.NcclInvalid, match="not C-contiguous"):
+        _described(a)
+    c = np.zeros(8, np.float32)
+    _described(c, writable=True)
+    c.setflags(write=False)
+    assert _described(c)[1][0] == c.ctypes.data
+    with pytest.raises(nccl_ep.NcclInvalid, match="x is read-only"):
+        _described(c, writable=True)
+    t = torch.zeros(4, 6)
+    _described(t)
+    t.resize_(8, 6)
+    assert _described(t)[1] == (t.data_ptr(), (8, 6), nccl_ep.FLOAT32)
+    t.set_(torch.ones(2, 3, dtype=torch.float32))
+    assert _described(t)[1] == (t.data_ptr(), (2, 3), nccl_ep.FLOAT32)
+    t.transpose_(0, 1)
+    with pytest.raises(nccl_ep.NcclInvalid, match="not contiguous"):
+        _described(t)
+
+
+def test_a_described_array_that_dies_is_forgotten():
+    from goep.ep import tensor
+
+    a = np.zeros(5, np.float32)
+    _described(a)
+    oid = id(a)
+    assert oid in tensor._described
+    del a
+    gc.collect()
+    assert oid not in tensor._described
+    # A new array, wherever it lands, is described as itself.
+    for n in range(1, 50):
+        b = np.zeros(n, np.uint16)
+        assert _described(b)[1] == (b.ctypes.data, (n,), nccl_ep.BFLOAT16)
+        del b
 
 
 def test_goep_ep_does_not_import_torch():

@@ -57,6 +57,9 @@ class AllocConfig_c(Structure):
 
 
 _TP = POINTER(Tensor_c)
+# The tensors in the call structs, as addresses (goepEpTensor_t *; the same layout as a pointer field):
+# a call fills them with ints, making no ctypes pointer objects.
+_T = c_void_p
 
 
 class GroupConfig_c(Structure):
@@ -74,26 +77,26 @@ class GroupOptions_c(Structure):
 
 
 class LayoutInfo_c(Structure):
-    _fields_ = [("size", c_uint), ("magic", c_uint), ("expert_counters", _TP), ("src_rank_counters", _TP),
-                ("expert_offsets", _TP), ("recv_total_counter", _TP), ("recv_topk_idx_kind", c_int),
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("expert_counters", _T), ("src_rank_counters", _T),
+                ("expert_offsets", _T), ("recv_total_counter", _T), ("recv_topk_idx_kind", c_int),
                 ("padding_v2", ctypes.c_ubyte * 4)]
 
 
 class DispatchInputs_c(Structure):
-    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP), ("scales", _TP)]
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _T), ("topk_weights", _T), ("scales", _T)]
 
 
 class DispatchOutputs_c(Structure):
-    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP), ("scales", _TP),
-                ("topk_idx", _TP)]
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _T), ("topk_weights", _T), ("scales", _T),
+                ("topk_idx", _T)]
 
 
 class CombineInputs_c(Structure):
-    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP), ("scales", _TP)]
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _T), ("topk_weights", _T), ("scales", _T)]
 
 
 class CombineOutputs_c(Structure):
-    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _TP), ("topk_weights", _TP)]
+    _fields_ = [("size", c_uint), ("magic", c_uint), ("tokens", _T), ("topk_weights", _T)]
 
 
 class HandleConfig_c(Structure):
@@ -191,15 +194,15 @@ _PROTOTYPES = {
     "goepEpHandleMemSize": [_G, c_int, POINTER(HandleConfig_c), POINTER(c_size_t), c_int],
     "goepEpTensorAlloc": [POINTER(_TP), c_uint, c_int, POINTER(c_size_t), POINTER(TensorAllocConfig_c)],
     "goepEpTensorDestroy": [_TP],
-    "goepEpCreateHandle": [POINTER(_G), _G, c_int, _TP, POINTER(LayoutInfo_c), POINTER(HandleConfig_c), _S],
+    # The calls of every step take addresses (ints; byref and pointer objects are taken too).
+    "goepEpCreateHandle": [c_void_p, _G, c_int, c_void_p, c_void_p, c_void_p, _S],
     "goepEpInitHandle": [POINTER(_G), _G, c_int, POINTER(HandleConfig_c), c_int, _TP],
-    "goepEpUpdateHandle": [_G, _TP, POINTER(LayoutInfo_c), _S],
+    "goepEpUpdateHandle": [_G, c_void_p, c_void_p, _S],
     "goepEpHandleDestroy": [_G],
-    "goepEpDispatch": [_G, POINTER(DispatchInputs_c), POINTER(DispatchOutputs_c), POINTER(LayoutInfo_c),
-                       POINTER(DispatchConfig_c), _S],
-    "goepEpCombine": [_G, POINTER(CombineInputs_c), POINTER(CombineOutputs_c), POINTER(CombineConfig_c), _S],
+    "goepEpDispatch": [_G, c_void_p, c_void_p, c_void_p, c_void_p, _S],
+    "goepEpCombine": [_G, c_void_p, c_void_p, c_void_p, _S],
     "goepEpComplete": [_G, POINTER(CompleteConfig_c), _S],
-    "goepEpHandleRecvTokens": [_G, POINTER(Tensor_c)],
+    "goepEpHandleRecvTokens": [_G, c_void_p],
     "goepEpMaskQuery": [_G, POINTER(c_int), _S],
     "goepEpMaskUpdate": [_G, POINTER(c_int), _S],
     "goepEpMaskClean": [_G, _S],
@@ -210,6 +213,7 @@ _PROTOTYPES = {
     "goepEpBackendName": [c_int, c_char_p, c_size_t],
     "goepEpBackendSupports": [c_char_p, c_int, POINTER(c_int)],
     "goepEpBenchGoRounds": [_G, c_void_p, c_void_p, c_void_p, c_int, c_int, POINTER(c_double)],
+    "goepEpBenchGoCopiedRounds": [_G, c_void_p, c_void_p, c_void_p, c_int, c_int, POINTER(c_double)],
 }
 for _name, _args in _PROTOTYPES.items():
     _fn = getattr(lib, _name)
@@ -218,6 +222,12 @@ for _name, _args in _PROTOTYPES.items():
 
 # The functions whose last parameter is a stream: call passes NULL where the caller gives none.
 _STREAMED = {name for name, args in _PROTOTYPES.items() if args and args[-1] is _S}
+
+
+def check(rc: int) -> None:
+    """Raise the library's error class for a call's result rc (0: nothing)."""
+    if rc != 0:
+        raise_for(rc, lib.goepEpGetLastError().decode(errors="replace"))
 
 
 def call(name: str, *args) -> None:

@@ -13,8 +13,8 @@ from goep.ep.allocator import AllocConfig
 from goep.ep.enums import (Algorithm, Call, CombineQuantizationRecipe, DataType, DispatchQuantizationRecipe, Layout,
                            OverflowPolicy, ZeroCopyMode)
 from goep.ep.errors import NcclInvalid
-from goep.ep.handle import Handle, HandleConfig, LayoutInfo
-from goep.ep.tensor import as_tensor
+from goep.ep.handle import Handle, HandleConfig, LayoutInfo, _CallStructs
+from goep.ep.tensor import address_of, as_tensor
 
 __all__ = ["Group", "GroupConfig", "MemInfo", "buffer_plan"]
 
@@ -160,6 +160,9 @@ class MemInfo:
     ranks_per_node: int
 
 
+_create_handle = _lib.lib.goepEpCreateHandle
+
+
 def buffer_plan(config: GroupConfig, nranks: int, nnodes: int = 1) -> MemInfo:
     """The memory a group of ``config`` would hold over ``nranks`` ranks on
     ``nnodes`` nodes, computed without allocating anything. Not collective."""
@@ -193,6 +196,8 @@ class Group:
         self.config = config
         self.nranks = nranks
         self.rank = rank
+        self._calls = _CallStructs()
+        self._recv_views = {}  # Handle.recv_tokens' arrays over the receive buffer
 
     @classmethod
     def create(cls, comm, config: GroupConfig) -> Group:
@@ -240,8 +245,9 @@ class Group:
         ``create_handle``, ``dispatch`` or ``destroy``. ``layout_info`` must be
         None (goep writes the counters at dispatch); ``stream`` is ignored."""
         self._check_valid("create_handle")
+        keep = []
         try:
-            t = as_tensor(topk_idx, "topk_idx")
+            t = address_of(topk_idx, "topk_idx", False, keep)
             if layout_info is not None:
                 raise NcclInvalid("create_handle: layout_info must be None: goep writes the layout counters at dispatch "
                                   "(pass layout_info to Handle.dispatch)", status=5)
@@ -249,10 +255,12 @@ class Group:
             # The handle's number is taken and the dispatch it stood for fails on every rank, as when the
             # library refuses topk_idx itself.
             _lib.refuse(e, group=self._ptr, call=Call.CREATE_HANDLE)
-        ptr = ctypes.c_void_p()
-        _lib.call("goepEpCreateHandle", ctypes.byref(ptr), self._ptr, int(layout), t.ptr if t is not None else None,
-                  None, ctypes.pointer(config._c()) if config is not None else None)
-        return Handle(ptr.value, self)
+        s = self._calls.take()
+        try:
+            _lib.check(_create_handle(s.handle_at, self._ptr, int(layout), t, None, s.handle_config(config), None))
+            return Handle(s.handle.value, self)
+        finally:
+            self._calls.give(s)
 
     def init_handle(self, layout: Layout, num_topk: int, config: HandleConfig | None = None,
                     handle_mem=None) -> Handle:
@@ -328,6 +336,7 @@ class Group:
         if self._ptr:
             _lib.call("goepEpGroupDestroy", self._ptr)
             self._ptr = 0
+            self._recv_views.clear()
 
     def __enter__(self) -> Group:
         return self

@@ -11,6 +11,7 @@ ignored.
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 from goep.ep import _lib
 from goep.ep.enums import Call, CombineQuantizationRecipe, DataType, DispatchQuantizationRecipe, ExpertIdKind, PassDir
 from goep.ep.errors import NcclInvalid
-from goep.ep.tensor import Tensor, as_tensor
+from goep.ep.tensor import Tensor, address_of, as_tensor
 
 __all__ = [
     "CombineConfig",
@@ -140,12 +141,61 @@ class CombineOutputs:
     topk_weights: TensorLike = None
 
 
-def _ptr(t: Tensor | None):
-    return t.ptr if t is not None else None
+class _CallStructs:
+    """The C structs a dispatch and a combine pass, made once per group and
+    filled at each call (their addresses fixed), so that a step's calls make
+    no ctypes objects. ``take`` gives the group's set, or a new one while
+    another thread's call holds it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.din, self.dout, self.info = (_lib.new(_lib.DispatchInputs_c), _lib.new(_lib.DispatchOutputs_c),
+                                          _lib.new(_lib.LayoutInfo_c))
+        self.cin, self.cout = _lib.new(_lib.CombineInputs_c), _lib.new(_lib.CombineOutputs_c)
+        self.dcfg, self.ccfg = _lib.new(_lib.DispatchConfig_c), _lib.new(_lib.CombineConfig_c)
+        self.hcfg = _lib.new(_lib.HandleConfig_c)
+        self.handle = ctypes.c_void_p()
+        a = ctypes.addressof
+        self.din_at, self.dout_at, self.info_at = a(self.din), a(self.dout), a(self.info)
+        self.cin_at, self.cout_at, self.dcfg_at, self.ccfg_at = a(self.cin), a(self.cout), a(self.dcfg), a(self.ccfg)
+        self.hcfg_at, self.handle_at = a(self.hcfg), a(self.handle)
+        self.recv_sizes = (ctypes.c_size_t * 8)()
+        self.recv = _lib.new(_lib.Tensor_c, _lib.TENSOR_MAGIC, sizes=self.recv_sizes)
+        self.recv_at = a(self.recv)
+
+    def take(self) -> _CallStructs:
+        return self if self._lock.acquire(blocking=False) else _CallStructs()
+
+    def give(self, s: _CallStructs) -> None:
+        if s is self:
+            self._lock.release()
+
+    def dispatch_config(self, c: DispatchConfig | None) -> int:
+        if c is None:
+            return 0
+        d = self.dcfg
+        d.send_only, d.round_scales = int(c.send_only), int(c.round_scales)
+        d.pass_direction, d.quant_recipe = int(c.pass_direction), int(c.quantization_recipe)
+        return self.dcfg_at
+
+    def combine_config(self, c: CombineConfig | None) -> int:
+        if c is None:
+            return 0
+        d = self.ccfg
+        d.send_only, d.pass_direction, d.quant_recipe = int(c.send_only), int(c.pass_direction), int(c.quantization_recipe)
+        return self.ccfg_at
+
+    def handle_config(self, c: HandleConfig | None) -> int:
+        if c is None:
+            return 0
+        self.hcfg.dispatch_output_per_expert_alignment = int(c.dispatch_output_per_expert_alignment)
+        return self.hcfg_at
 
 
-def _cfg_ptr(c):
-    return ctypes.pointer(c._c()) if c is not None else None
+_dispatch, _combine = _lib.lib.goepEpDispatch, _lib.lib.goepEpCombine
+_update, _destroy = _lib.lib.goepEpUpdateHandle, _lib.lib.goepEpHandleDestroy
+_recv_tokens = _lib.lib.goepEpHandleRecvTokens
+_RECV_DTYPES = {int(DataType.BFLOAT16): np.uint16, int(DataType.FLOAT32): np.float32}
 
 
 class Handle:
@@ -189,8 +239,9 @@ class Handle:
         ``layout_info`` must be None (goep writes the counters at dispatch);
         ``stream`` is ignored."""
         self._check_valid("update")
+        keep = []
         try:
-            t = as_tensor(topk_idx, "topk_idx")
+            t = address_of(topk_idx, "topk_idx", False, keep)
             if layout_info is not None:
                 raise NcclInvalid("update: layout_info must be None: goep writes the layout counters at dispatch "
                                   "(pass layout_info to Handle.dispatch)", status=5)
@@ -201,7 +252,7 @@ class Handle:
             self._no_routing = f"its last update was refused: {e}"
             _lib.refuse(e, group=self._group._ptr, call=Call.CREATE_HANDLE)
         self._no_routing = "its last update was refused by the library"
-        _lib.call("goepEpUpdateHandle", self._ptr, t.ptr if t is not None else None, None, None)
+        _lib.check(_update(self._ptr, t, None, None))
         self._no_routing = None
 
     def dispatch(self, inputs: DispatchInputs, outputs: DispatchOutputs, *, layout_info: LayoutInfo | None = None,
@@ -209,59 +260,70 @@ class Handle:
         """Send each token to the ranks owning its experts and write what this
         rank receives into ``outputs`` (and the counters into ``layout_info``).
         Collective. ``stream`` is ignored (host memory, synchronous calls)."""
-        keep = []
-
-        def t(x, name, writable=False):
-            tt = as_tensor(x, name, writable)
-            keep.append(tt)
-            return tt
-
+        keep = []  # descriptors not cached: alive until the call returns
+        calls = self._group._calls
+        s = calls.take()
         try:
-            self._check_valid("dispatch")
-            if self._no_routing is not None:
-                raise NcclInvalid(f"dispatch: the handle has no routing: {self._no_routing}; update it first",
-                                  status=5)
-            cin = _lib.new(_lib.DispatchInputs_c, tokens=_ptr(t(inputs.tokens, "inputs.tokens")),
-                           topk_weights=_ptr(t(inputs.topk_weights, "inputs.topk_weights")),
-                           scales=_ptr(t(inputs.scales, "inputs.scales")))
-            cout = _lib.new(_lib.DispatchOutputs_c, tokens=_ptr(t(outputs.tokens, "outputs.tokens", True)),
-                            topk_weights=_ptr(t(outputs.topk_weights, "outputs.topk_weights", True)),
-                            scales=_ptr(t(outputs.scales, "outputs.scales", True)),
-                            topk_idx=_ptr(t(outputs.topk_idx, "outputs.topk_idx", True)))
-            info = None
-            if layout_info is not None:
-                li = layout_info
-                info = ctypes.pointer(_lib.new(
-                    _lib.LayoutInfo_c,
-                    expert_counters=_ptr(t(li.expert_counters, "layout_info.expert_counters", True)),
-                    src_rank_counters=_ptr(t(li.src_rank_counters, "layout_info.src_rank_counters", True)),
-                    expert_offsets=_ptr(t(li.expert_offsets, "layout_info.expert_offsets", True)),
-                    recv_total_counter=_ptr(t(li.recv_total_counter, "layout_info.recv_total_counter", True)),
-                    recv_topk_idx_kind=int(li.recv_topk_idx_kind)))
-            cfg = _cfg_ptr(config)
-        except Exception as e:
-            self._refuse(e, Call.DISPATCH)
-        _lib.call("goepEpDispatch", self._ptr, ctypes.byref(cin), ctypes.byref(cout), info, cfg)
+            try:
+                self._check_valid("dispatch")
+                if self._no_routing is not None:
+                    raise NcclInvalid(f"dispatch: the handle has no routing: {self._no_routing}; update it first",
+                                      status=5)
+                din, dout = s.din, s.dout
+                din.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
+                din.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
+                din.scales = address_of(inputs.scales, "inputs.scales", False, keep)
+                dout.tokens = address_of(outputs.tokens, "outputs.tokens", True, keep)
+                dout.topk_weights = address_of(outputs.topk_weights, "outputs.topk_weights", True, keep)
+                dout.scales = address_of(outputs.scales, "outputs.scales", True, keep)
+                dout.topk_idx = address_of(outputs.topk_idx, "outputs.topk_idx", True, keep)
+                info = 0
+                if layout_info is not None:
+                    li, c = layout_info, s.info
+                    c.expert_counters = address_of(li.expert_counters, "layout_info.expert_counters", True, keep)
+                    c.src_rank_counters = address_of(li.src_rank_counters, "layout_info.src_rank_counters", True,
+                                                     keep)
+                    c.expert_offsets = address_of(li.expert_offsets, "layout_info.expert_offsets", True, keep)
+                    c.recv_total_counter = address_of(li.recv_total_counter, "layout_info.recv_total_counter", True,
+                                                      keep)
+                    c.recv_topk_idx_kind = int(li.recv_topk_idx_kind)
+                    info = s.info_at
+                cfg = s.dispatch_config(config)
+            except Exception as e:
+                self._refuse(e, Call.DISPATCH)
+            _lib.check(_dispatch(self._ptr, s.din_at, s.dout_at, info, cfg, None))
+        finally:
+            calls.give(s)
         if config is not None and config.send_only:
-            self._pending = keep
+            # The library writes the outputs at complete: what they are must outlive this call.
+            self._pending = (keep, outputs.tokens, outputs.topk_weights, outputs.scales, outputs.topk_idx,
+                             inputs.tokens, inputs.topk_weights, inputs.scales, layout_info and (
+                                 layout_info.expert_counters, layout_info.src_rank_counters,
+                                 layout_info.expert_offsets, layout_info.recv_total_counter))
 
     def combine(self, inputs: CombineInputs, outputs: CombineOutputs, *, config: CombineConfig | None = None,
                 stream=None) -> None:
         """Bring the expert outputs back to each token's rank and reduce them
         into ``outputs.tokens``. Collective. ``stream`` is ignored."""
+        keep = []
+        calls = self._group._calls
+        s = calls.take()
         try:
-            self._check_valid("combine")
-            keep = [as_tensor(inputs.tokens, "inputs.tokens"), as_tensor(inputs.topk_weights, "inputs.topk_weights"),
-                    as_tensor(outputs.tokens, "outputs.tokens", True),
-                    as_tensor(outputs.topk_weights, "outputs.topk_weights", True)]
-            cin = _lib.new(_lib.CombineInputs_c, tokens=_ptr(keep[0]), topk_weights=_ptr(keep[1]))
-            cout = _lib.new(_lib.CombineOutputs_c, tokens=_ptr(keep[2]), topk_weights=_ptr(keep[3]))
-            cfg = _cfg_ptr(config)
-        except Exception as e:
-            self._refuse(e, Call.COMBINE)
-        _lib.call("goepEpCombine", self._ptr, ctypes.byref(cin), ctypes.byref(cout), cfg)
+            try:
+                self._check_valid("combine")
+                cin, cout = s.cin, s.cout
+                cin.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
+                cin.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
+                cout.tokens = address_of(outputs.tokens, "outputs.tokens", True, keep)
+                cout.topk_weights = address_of(outputs.topk_weights, "outputs.topk_weights", True, keep)
+                cfg = s.combine_config(config)
+            except Exception as e:
+                self._refuse(e, Call.COMBINE)
+            _lib.check(_combine(self._ptr, s.cin_at, s.cout_at, cfg, None))
+        finally:
+            calls.give(s)
         if config is not None and config.send_only:
-            self._pending = keep
+            self._pending = (keep, inputs.tokens, inputs.topk_weights, outputs.tokens, outputs.topk_weights)
 
     def recv_tokens(self) -> np.ndarray:
         """goep extension: the rows the latest dispatch received, where they are,
@@ -273,16 +335,30 @@ class Handle:
         which then reads them without a copy. The array is valid until the
         group's next dispatch (HT) or the one after (LL): do not keep it."""
         self._check_valid("recv_tokens")
-        sizes = (ctypes.c_size_t * 3)()
-        t = _lib.new(_lib.Tensor_c, _lib.TENSOR_MAGIC, sizes=sizes)
-        _lib.call("goepEpHandleRecvTokens", self._ptr, ctypes.byref(t))
-        shape = tuple(sizes[: t.ndim])
-        dtype = np.uint16 if t.datatype == DataType.BFLOAT16 else np.float32
+        g = self._group
+        s = g._calls.take()
+        try:
+            _lib.check(_recv_tokens(self._ptr, s.recv_at))
+            t = s.recv
+            shape, data = tuple(s.recv_sizes[: t.ndim]), t.data
+            dtype = _RECV_DTYPES[t.datatype]
+        finally:
+            g._calls.give(s)
+        # The group's receive buffer does not move: the array over it is made once per place and
+        # shape (and made again if its caller changed it in place).
+        key = (data, shape, dtype)
+        arr = g._recv_views.get(key)
+        if arr is not None and arr.shape == shape and arr.dtype == dtype and arr.flags.writeable:
+            return arr
         n = int(np.prod(shape))
         if n == 0:
             return np.zeros(shape, dtype=dtype)
-        buf = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(t.data)
-        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+        buf = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(data)
+        arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        if len(g._recv_views) >= 8:
+            g._recv_views.clear()
+        g._recv_views[key] = arr
+        return arr
 
     def complete(self, *, config: int = 0, stream=None) -> None:
         """Finish a send-only dispatch or combine (collective); with nothing to
@@ -305,7 +381,7 @@ class Handle:
         if self._ptr:
             ptr, self._ptr, self._dead = self._ptr, 0, self._ptr
             try:
-                _lib.call("goepEpHandleDestroy", ptr)
+                _lib.check(_destroy(ptr))
             finally:
                 self._pending = None
 

@@ -18,6 +18,11 @@ Device memory (``__cuda_array_interface__``, DLPack kDLCUDA and the like, a
 torch tensor on a GPU) is refused naming what was passed: goep's CPU engine
 reads and writes host memory. So is memory that is not laid out row-major
 without gaps, since the library reads it as such.
+
+A call describes each numpy array and torch tensor it is passed once and
+reuses the description while the object lives unchanged (a weak reference
+to it is kept for that; numpy's in-place ``ndarray.resize`` refuses an array
+with weak references: use ``np.resize`` or a new array).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import numbers
 import sys
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -346,11 +352,18 @@ class Tensor:
         self._sizes_c = (ctypes.c_size_t * len(sizes))(*sizes)
         self._c = _lib.new(_lib.Tensor_c, _lib.TENSOR_MAGIC, ndim=len(sizes), datatype=int(self._datatype),
                            data=data, sizes=self._sizes_c)
+        self._address = ctypes.addressof(self._c)
 
     @property
     def ptr(self) -> ctypes.pointer:
         """The descriptor, for the library."""
         return ctypes.pointer(self._c)
+
+    @property
+    def address(self) -> int:
+        """The descriptor's address (a ``goepEpTensor_t *``), valid while the
+        Tensor lives."""
+        return self._address
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -396,3 +409,83 @@ def as_tensor(x, name: str, writable: bool = False) -> Tensor | None:
             raise NcclInvalid(f"{name} is read-only, and the call writes into it")
         return x
     return Tensor(x, writable=writable, name=name)
+
+
+class _Described:
+    """A cached descriptor of a numpy array or a torch tensor: the C struct
+    (which holds its sizes), its address, and what the object looked like
+    when it was described."""
+
+    __slots__ = ("ref", "c", "address", "shape", "strides", "dtype", "base", "data")
+
+
+# The descriptors of the arrays a program passes call after call (the same
+# outputs, the same expert buffers every step), made once and found by the
+# object's id. An entry is used only while its object is alive (a weak
+# reference: the cache never keeps an array alive, and an entry goes when its
+# object does) and unchanged in what fixes its memory: a numpy array's shape,
+# strides, dtype and base (its data moves in place only with a new base: numpy
+# refuses to resize an array that has weak references), a torch tensor's
+# data_ptr, shape, dtype and contiguity. Anything else is described at each
+# call.
+_described: dict[int, _Described] = {}
+_DESCRIBED_MAX = 4096
+
+
+def _forget(oid: int, ref) -> None:
+    e = _described.get(oid)
+    if e is not None and e.ref is ref:
+        del _described[oid]
+
+
+def _remember(x, t: Tensor) -> int:
+    oid = id(x)
+    e = _Described()
+    try:
+        e.ref = weakref.ref(x, lambda ref, oid=oid: _forget(oid, ref))
+    except TypeError:  # an object without weak references: not cached
+        return 0
+    e.c, e.address = t._c, t._address
+    if type(x) is np.ndarray:
+        e.shape, e.strides, e.dtype, e.base, e.data = x.shape, x.strides, x.dtype, x.base, None
+    else:
+        e.shape, e.strides, e.dtype, e.base, e.data = x.shape, None, x.dtype, None, x.data_ptr()
+    if len(_described) >= _DESCRIBED_MAX:
+        _described.clear()
+    _described[oid] = e
+    return e.address
+
+
+def address_of(x, name: str, writable: bool, keep: list) -> int:
+    """The address of a goepEpTensor_t describing x (0 for None), for a call:
+    a numpy array's or a torch tensor's from the cache where it is there and
+    still true, otherwise described as :class:`Tensor` does (and then cached,
+    or appended to keep, which the caller holds until the call returns).
+    Raises :class:`NcclInvalid` as Tensor does."""
+    if x is None:
+        return 0
+    tx = type(x)
+    if tx is Tensor:
+        if writable and x._readonly:
+            raise NcclInvalid(f"{name} is read-only, and the call writes into it")
+        return x._address
+    e = _described.get(id(x))
+    if e is not None and e.ref() is x:
+        if tx is np.ndarray:
+            if (x.base is e.base and x.shape == e.shape and x.strides == e.strides and x.dtype == e.dtype
+                    and (not writable or x.flags.writeable)):
+                return e.address
+        elif (x.data_ptr() == e.data and x.shape == e.shape and x.dtype is e.dtype and x.is_contiguous()):
+            return e.address
+    t = Tensor(x, writable=writable, name=name)
+    if tx is np.ndarray or (t._owner is x and _is_torch(x)):
+        address = _remember(x, t)
+        if address:
+            return address
+    keep.append(t)
+    return t._address
+
+
+def _is_torch(x) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
