@@ -377,26 +377,36 @@ def serve_rows():
 
 
 def capi_rows():
-    """One row per LL round size: the C and Python interfaces against the same round in Go."""
+    """One row per LL round size: the C and Python interfaces against the same round in Go, in place
+    (against their zero-copy rounds) and with the copies a caller's own arrays cost (against their
+    rounds into plain arrays)."""
     _, recs = load("capi")
     by = {}
     for r in recs:
-        a = by.setdefault((r["mode"], r["tokens"], layout(r)), {"go": []})
-        if r["api"] == "go":
-            a["go"].append(r["round_us"])  # the C program's run, then the Python program's
+        a = by.setdefault((r["mode"], r["tokens"], layout(r)), {"go": [], "go-copies": []})
+        if r["api"] in ("go", "go-copies"):
+            a[r["api"]].append(r["round_us"])  # the C program's run, then the Python program's
         else:
             a[r["api"]] = r
     rows = []
     for (mode, tokens, where), a in by.items():
         if mode != "ll" or not all(k in a for k in ("c", "c-zero-copy", "python", "python-zero-copy")):
             continue
+        c, czc, py, pyzc = a["c"], a["c-zero-copy"], a["python"], a["python-zero-copy"]
+        if a["go-copies"]:
+            ref = ("the same round in Go in each program, in place: " + " / ".join(ms(v) for v in a["go"]) +
+                   "; with the copies: " + " / ".join(ms(v) for v in a["go-copies"]))
+            ratio = (f"at Go's speed times: C {x(1 / c['vs_go_copies'])} Go with the copies (zero-copy "
+                     f"{x(1 / czc['vs_go'])} Go in place), Python {x(1 / py['vs_go_copies'])} (zero-copy "
+                     f"{x(1 / pyzc['vs_go'])})")
+        else:  # runs from before the copied Go round
+            ref = "the same round in Go in each program: " + " / ".join(ms(v) for v in a["go"])
+            ratio = (f"at Go's speed times: C {x(1 / c['vs_go'])} (zero-copy {x(1 / czc['vs_go'])}), "
+                     f"Python {x(1 / py['vs_go'])} (zero-copy {x(1 / pyzc['vs_go'])})")
         rows.append((f"C and Python interfaces, an LL round of {tokens} token{'s' * (tokens > 1)}", where,
-                     f"C {ms(a['c']['round_us'])} (zero-copy {ms(a['c-zero-copy']['round_us'])}); "
-                     f"Python {ms(a['python']['round_us'])} (zero-copy {ms(a['python-zero-copy']['round_us'])})",
-                     "the same round in Go in each program: " + " / ".join(ms(v) for v in a["go"]),
-                     f"at Go's speed times: C {x(1 / a['c']['vs_go'])} (zero-copy {x(1 / a['c-zero-copy']['vs_go'])}), "
-                     f"Python {x(1 / a['python']['vs_go'])} (zero-copy {x(1 / a['python-zero-copy']['vs_go'])})",
-                     "scripts/bench/figures.sh capi"))
+                     f"C {ms(c['round_us'])} (zero-copy {ms(czc['round_us'])}); "
+                     f"Python {ms(py['round_us'])} (zero-copy {ms(pyzc['round_us'])})",
+                     ref, ratio, "scripts/bench/figures.sh capi"))
     return rows
 
 
