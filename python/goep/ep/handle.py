@@ -265,7 +265,8 @@ class Handle:
         s = calls.take()
         try:
             try:
-                self._check_valid("dispatch")
+                if not self._ptr:
+                    self._check_valid("dispatch")
                 if self._no_routing is not None:
                     raise NcclInvalid(f"dispatch: the handle has no routing: {self._no_routing}; update it first",
                                       status=5)
@@ -291,7 +292,9 @@ class Handle:
                 cfg = s.dispatch_config(config)
             except Exception as e:
                 self._refuse(e, Call.DISPATCH)
-            _lib.check(_dispatch(self._ptr, s.din_at, s.dout_at, info, cfg, None))
+            rc = _dispatch(self._ptr, s.din_at, s.dout_at, info, cfg, None)
+            if rc:
+                _lib.check(rc)
         finally:
             calls.give(s)
         if config is not None and config.send_only:
@@ -310,7 +313,8 @@ class Handle:
         s = calls.take()
         try:
             try:
-                self._check_valid("combine")
+                if not self._ptr:
+                    self._check_valid("combine")
                 cin, cout = s.cin, s.cout
                 cin.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
                 cin.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
@@ -319,7 +323,9 @@ class Handle:
                 cfg = s.combine_config(config)
             except Exception as e:
                 self._refuse(e, Call.COMBINE)
-            _lib.check(_combine(self._ptr, s.cin_at, s.cout_at, cfg, None))
+            rc = _combine(self._ptr, s.cin_at, s.cout_at, cfg, None)
+            if rc:
+                _lib.check(rc)
         finally:
             calls.give(s)
         if config is not None and config.send_only:
@@ -338,18 +344,22 @@ class Handle:
         g = self._group
         s = g._calls.take()
         try:
-            _lib.check(_recv_tokens(self._ptr, s.recv_at))
-            t = s.recv
-            shape, data = tuple(s.recv_sizes[: t.ndim]), t.data
-            dtype = _RECV_DTYPES[t.datatype]
+            rc = _recv_tokens(self._ptr, s.recv_at)
+            if rc:
+                _lib.check(rc)
+            t, sz = s.recv, s.recv_sizes
+            nd, data, dtype = t.ndim, t.data, _RECV_DTYPES[t.datatype]
+            shape = (sz[0], sz[1], sz[2]) if nd == 3 else tuple(sz[:nd])
         finally:
             g._calls.give(s)
         # The group's receive buffer does not move: the array over it is made once per place and
         # shape (and made again if its caller changed it in place).
         key = (data, shape, dtype)
         arr = g._recv_views.get(key)
-        if arr is not None and arr.shape == shape and arr.dtype == dtype and arr.flags.writeable:
-            return arr
+        if arr is not None and arr.shape == shape and arr.dtype == dtype:
+            f = arr.flags
+            if f.writeable and f.c_contiguous:
+                return arr
         n = int(np.prod(shape))
         if n == 0:
             return np.zeros(shape, dtype=dtype)
