@@ -390,6 +390,22 @@ def test_a_described_array_that_dies_is_forgotten():
         del b
 
 
+def test_each_thread_fills_call_structs_of_its_own():
+    """A call fills C structs it reuses; a call on another thread (ctypes lets
+    threads run during a call) must never write into those another call reads."""
+    import threading
+
+    from goep.ep.handle import CallStructs
+
+    c = CallStructs()
+    mine, theirs = c.s, []
+    t = threading.Thread(target=lambda: theirs.append(c.s))
+    t.start()
+    t.join()
+    assert c.s is mine and theirs[0] is not mine
+    assert {theirs[0].din_at, theirs[0].cin_at, theirs[0].handle_at}.isdisjoint({mine.din_at, mine.cin_at, mine.handle_at})
+
+
 def test_goep_ep_does_not_import_torch():
     """A program that never imports torch does not get it from goep.ep."""
     code = ("import mpi4py; mpi4py.rc.initialize = False\n"

@@ -13,7 +13,7 @@ from goep.ep.allocator import AllocConfig
 from goep.ep.enums import (Algorithm, Call, CombineQuantizationRecipe, DataType, DispatchQuantizationRecipe, Layout,
                            OverflowPolicy, ZeroCopyMode)
 from goep.ep.errors import NcclInvalid
-from goep.ep.handle import Handle, HandleConfig, LayoutInfo, _CallStructs
+from goep.ep.handle import CallStructs, Handle, HandleConfig, LayoutInfo
 from goep.ep.tensor import address_of, as_tensor
 
 __all__ = ["Group", "GroupConfig", "MemInfo", "buffer_plan"]
@@ -196,7 +196,7 @@ class Group:
         self.config = config
         self.nranks = nranks
         self.rank = rank
-        self._calls = _CallStructs()
+        self._calls = CallStructs()
         self._recv_views = {}  # Handle.recv_tokens' arrays over the receive buffer
 
     @classmethod
@@ -255,12 +255,11 @@ class Group:
             # The handle's number is taken and the dispatch it stood for fails on every rank, as when the
             # library refuses topk_idx itself.
             _lib.refuse(e, group=self._ptr, call=Call.CREATE_HANDLE)
-        s = self._calls.take()
-        try:
-            _lib.check(_create_handle(s.handle_at, self._ptr, int(layout), t, None, s.handle_config(config), None))
-            return Handle(s.handle.value, self)
-        finally:
-            self._calls.give(s)
+        s = self._calls.s
+        rc = _create_handle(s.handle_at, self._ptr, int(layout), t, None, s.handle_config(config), None)
+        if rc:
+            _lib.check(rc)
+        return Handle(s.handle.value, self)
 
     def init_handle(self, layout: Layout, num_topk: int, config: HandleConfig | None = None,
                     handle_mem=None) -> Handle:

@@ -143,12 +143,11 @@ class CombineOutputs:
 
 class _CallStructs:
     """The C structs a dispatch and a combine pass, made once per group and
-    filled at each call (their addresses fixed), so that a step's calls make
-    no ctypes objects. ``take`` gives the group's set, or a new one while
-    another thread's call holds it."""
+    thread and filled at each call (their addresses fixed), so that a step's
+    calls make no ctypes objects. Each thread has its own (``CallStructs``),
+    so that one thread's call never reads what another's wrote."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self.din, self.dout, self.info = (_lib.new(_lib.DispatchInputs_c), _lib.new(_lib.DispatchOutputs_c),
                                           _lib.new(_lib.LayoutInfo_c))
         self.cin, self.cout = _lib.new(_lib.CombineInputs_c), _lib.new(_lib.CombineOutputs_c)
@@ -162,13 +161,6 @@ class _CallStructs:
         self.recv_sizes = (ctypes.c_size_t * 8)()
         self.recv = _lib.new(_lib.Tensor_c, _lib.TENSOR_MAGIC, sizes=self.recv_sizes)
         self.recv_at = a(self.recv)
-
-    def take(self) -> _CallStructs:
-        return self if self._lock.acquire(blocking=False) else _CallStructs()
-
-    def give(self, s: _CallStructs) -> None:
-        if s is self:
-            self._lock.release()
 
     def dispatch_config(self, c: DispatchConfig | None) -> int:
         if c is None:
@@ -190,6 +182,13 @@ class _CallStructs:
             return 0
         self.hcfg.dispatch_output_per_expert_alignment = int(c.dispatch_output_per_expert_alignment)
         return self.hcfg_at
+
+
+class CallStructs(threading.local):
+    """A group's call structs, one set per thread (``.s``)."""
+
+    def __init__(self) -> None:
+        self.s = _CallStructs()
 
 
 _dispatch, _combine = _lib.lib.goepEpDispatch, _lib.lib.goepEpCombine
@@ -261,42 +260,38 @@ class Handle:
         rank receives into ``outputs`` (and the counters into ``layout_info``).
         Collective. ``stream`` is ignored (host memory, synchronous calls)."""
         keep = []  # descriptors not cached: alive until the call returns
-        calls = self._group._calls
-        s = calls.take()
+        s = self._group._calls.s
         try:
-            try:
-                if not self._ptr:
-                    self._check_valid("dispatch")
-                if self._no_routing is not None:
-                    raise NcclInvalid(f"dispatch: the handle has no routing: {self._no_routing}; update it first",
-                                      status=5)
-                din, dout = s.din, s.dout
-                din.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
-                din.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
-                din.scales = address_of(inputs.scales, "inputs.scales", False, keep)
-                dout.tokens = address_of(outputs.tokens, "outputs.tokens", True, keep)
-                dout.topk_weights = address_of(outputs.topk_weights, "outputs.topk_weights", True, keep)
-                dout.scales = address_of(outputs.scales, "outputs.scales", True, keep)
-                dout.topk_idx = address_of(outputs.topk_idx, "outputs.topk_idx", True, keep)
-                info = 0
-                if layout_info is not None:
-                    li, c = layout_info, s.info
-                    c.expert_counters = address_of(li.expert_counters, "layout_info.expert_counters", True, keep)
-                    c.src_rank_counters = address_of(li.src_rank_counters, "layout_info.src_rank_counters", True,
-                                                     keep)
-                    c.expert_offsets = address_of(li.expert_offsets, "layout_info.expert_offsets", True, keep)
-                    c.recv_total_counter = address_of(li.recv_total_counter, "layout_info.recv_total_counter", True,
-                                                      keep)
-                    c.recv_topk_idx_kind = int(li.recv_topk_idx_kind)
-                    info = s.info_at
-                cfg = s.dispatch_config(config)
-            except Exception as e:
-                self._refuse(e, Call.DISPATCH)
-            rc = _dispatch(self._ptr, s.din_at, s.dout_at, info, cfg, None)
-            if rc:
-                _lib.check(rc)
-        finally:
-            calls.give(s)
+            if not self._ptr:
+                self._check_valid("dispatch")
+            if self._no_routing is not None:
+                raise NcclInvalid(f"dispatch: the handle has no routing: {self._no_routing}; update it first",
+                                  status=5)
+            din, dout = s.din, s.dout
+            din.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
+            din.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
+            din.scales = address_of(inputs.scales, "inputs.scales", False, keep)
+            dout.tokens = address_of(outputs.tokens, "outputs.tokens", True, keep)
+            dout.topk_weights = address_of(outputs.topk_weights, "outputs.topk_weights", True, keep)
+            dout.scales = address_of(outputs.scales, "outputs.scales", True, keep)
+            dout.topk_idx = address_of(outputs.topk_idx, "outputs.topk_idx", True, keep)
+            info = 0
+            if layout_info is not None:
+                li, c = layout_info, s.info
+                c.expert_counters = address_of(li.expert_counters, "layout_info.expert_counters", True, keep)
+                c.src_rank_counters = address_of(li.src_rank_counters, "layout_info.src_rank_counters", True,
+                                                 keep)
+                c.expert_offsets = address_of(li.expert_offsets, "layout_info.expert_offsets", True, keep)
+                c.recv_total_counter = address_of(li.recv_total_counter, "layout_info.recv_total_counter", True,
+                                                  keep)
+                c.recv_topk_idx_kind = int(li.recv_topk_idx_kind)
+                info = s.info_at
+            cfg = s.dispatch_config(config)
+        except Exception as e:
+            self._refuse(e, Call.DISPATCH)
+        rc = _dispatch(self._ptr, s.din_at, s.dout_at, info, cfg, None)
+        if rc:
+            _lib.check(rc)
         if config is not None and config.send_only:
             # The library writes the outputs at complete: what they are must outlive this call.
             self._pending = (keep, outputs.tokens, outputs.topk_weights, outputs.scales, outputs.topk_idx,
@@ -309,25 +304,21 @@ class Handle:
         """Bring the expert outputs back to each token's rank and reduce them
         into ``outputs.tokens``. Collective. ``stream`` is ignored."""
         keep = []
-        calls = self._group._calls
-        s = calls.take()
+        s = self._group._calls.s
         try:
-            try:
-                if not self._ptr:
-                    self._check_valid("combine")
-                cin, cout = s.cin, s.cout
-                cin.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
-                cin.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
-                cout.tokens = address_of(outputs.tokens, "outputs.tokens", True, keep)
-                cout.topk_weights = address_of(outputs.topk_weights, "outputs.topk_weights", True, keep)
-                cfg = s.combine_config(config)
-            except Exception as e:
-                self._refuse(e, Call.COMBINE)
-            rc = _combine(self._ptr, s.cin_at, s.cout_at, cfg, None)
-            if rc:
-                _lib.check(rc)
-        finally:
-            calls.give(s)
+            if not self._ptr:
+                self._check_valid("combine")
+            cin, cout = s.cin, s.cout
+            cin.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
+            cin.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
+            cout.tokens = address_of(outputs.tokens, "outputs.tokens", True, keep)
+            cout.topk_weights = address_of(outputs.topk_weights, "outputs.topk_weights", True, keep)
+            cfg = s.combine_config(config)
+        except Exception as e:
+            self._refuse(e, Call.COMBINE)
+        rc = _combine(self._ptr, s.cin_at, s.cout_at, cfg, None)
+        if rc:
+            _lib.check(rc)
         if config is not None and config.send_only:
             self._pending = (keep, inputs.tokens, inputs.topk_weights, outputs.tokens, outputs.topk_weights)
 
@@ -342,16 +333,13 @@ class Handle:
         group's next dispatch (HT) or the one after (LL): do not keep it."""
         self._check_valid("recv_tokens")
         g = self._group
-        s = g._calls.take()
-        try:
-            rc = _recv_tokens(self._ptr, s.recv_at)
-            if rc:
-                _lib.check(rc)
-            t, sz = s.recv, s.recv_sizes
-            nd, data, dtype = t.ndim, t.data, _RECV_DTYPES[t.datatype]
-            shape = (sz[0], sz[1], sz[2]) if nd == 3 else tuple(sz[:nd])
-        finally:
-            g._calls.give(s)
+        s = g._calls.s
+        rc = _recv_tokens(self._ptr, s.recv_at)
+        if rc:
+            _lib.check(rc)
+        t, sz = s.recv, s.recv_sizes
+        nd, data, dtype = t.ndim, t.data, _RECV_DTYPES[t.datatype]
+        shape = (sz[0], sz[1], sz[2]) if nd == 3 else tuple(sz[:nd])
         # The group's receive buffer does not move: the array over it is made once per place and
         # shape (and made again if its caller changed it in place).
         key = (data, shape, dtype)
