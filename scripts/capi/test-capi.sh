@@ -70,7 +70,7 @@ mpi() { # mpi NP [sim] CMD...: NP ranks, or with sim 2 ranks per simulated node
 }
 
 step "the header against the library"
-"$PYTHON" capi/tests/check_header.py capi/goep_ep.h bin/capi/libgoep_ep.h bin/capi/libgoep_ep.so
+"$PYTHON" capi/tests/check_header.py capi/goep_ep.h bin/capi/libgoep_ep.h bin/capi/libgoep_ep.so capi/goep_ep_bench.h
 bin/capi/abi
 
 step "C: ep_test (full rounds against the reference)"
