@@ -5,6 +5,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/big"
+	"math/rand/v2"
 	"runtime"
 	"testing"
 	"time"
@@ -123,4 +126,51 @@ func TestGuard(t *testing.T) {
 	assert.Equal(t, "goepEpTest: x = 3", lastError())
 	assert.Equal(t, 0, int(guard("goepEpTest", func() error { return nil })))
 	assert.Equal(t, "goepEpTest: x = 3", lastError(), "a success leaves the last error")
+}
+
+// TestGlobalScaleOK checks the rule an NVFP4 combine's caller scales are
+// held to against a correctly rounded quotient computed apart (math/big):
+// 2688/amax as float32, or one of its two float32 neighbours; 0 for a row
+// of zeros (and an infinite amax); nothing for a NaN row.
+func TestGlobalScaleOK(t *testing.T) {
+	quotient := func(amax float32) float32 {
+		q, _ := new(big.Float).SetPrec(200).Quo(big.NewFloat(2688), big.NewFloat(float64(amax))).Float32()
+		return q
+	}
+	up := func(f float32) float32 { return math.Nextafter32(f, float32(math.Inf(1))) }
+	down := func(f float32) float32 { return math.Nextafter32(f, 0) }
+	rng := rand.New(rand.NewPCG(7, 38))
+	amaxes := []float32{3, 0.1, 1, 448 * 6, 1e-30, 6.5e4, math.MaxFloat32, math.SmallestNonzeroFloat32}
+	for range 200 {
+		amaxes = append(amaxes, float32(math.Ldexp(1+rng.Float64(), rng.IntN(200)-100)))
+	}
+	for _, amax := range amaxes {
+		ref := quotient(amax)
+		want, ok := globalScaleOK(ref, amax)
+		assert.True(t, ok, "amax %v: the quotient %v itself", amax, ref)
+		assert.Equal(t, math.Float32bits(ref), math.Float32bits(want), "amax %v: wanted scale", amax)
+		for _, s := range []float32{up(ref), down(ref)} {
+			_, ok := globalScaleOK(s, amax)
+			assert.True(t, ok, "amax %v: %v, a neighbour of %v", amax, s, ref)
+		}
+		if math.IsInf(float64(ref), 1) {
+			continue // its only finite neighbour is MaxFloat32, accepted above
+		}
+		for _, s := range []float32{up(up(ref)), down(down(ref)), -ref, 0, float32(math.NaN()), ref * 1.01} {
+			_, ok := globalScaleOK(s, amax)
+			assert.False(t, ok, "amax %v: %v accepted for %v", amax, s, ref)
+		}
+	}
+	_, ok := globalScaleOK(896, 3)
+	assert.True(t, ok, "2688/3 is 896 exactly")
+	_, ok = globalScaleOK(0, 0)
+	assert.True(t, ok, "a row of zeros has scale 0")
+	_, ok = globalScaleOK(math.SmallestNonzeroFloat32, 0)
+	assert.False(t, ok, "a row of zeros with a scale other than 0")
+	_, ok = globalScaleOK(0, float32(math.Inf(1)))
+	assert.True(t, ok, "2688/inf is 0")
+	_, ok = globalScaleOK(float32(math.NaN()), float32(math.NaN()))
+	assert.False(t, ok, "a NaN row has no scale")
+	assert.Equal(t, float32(6), rowAmax([]ep.BF16{ep.ElementOf[ep.BF16](2), ep.ElementOf[ep.BF16](-6), ep.ElementOf[ep.BF16](5)}))
+	assert.True(t, math.IsNaN(float64(rowAmax([]float32{1, float32(math.NaN()), 2}))), "a NaN anywhere makes amax NaN")
 }

@@ -110,6 +110,16 @@ func newDescStruct(kind int, raw []byte, fixHeader bool) *descStruct {
 
 func (d *descStruct) free() { d.mem.free() }
 
+// readQuant reads the combine and dispatch recipes of a descGroupOptions
+// into gc, as readGroupOptions does once it has gc's backend.
+func (d *descStruct) readQuant(gc *groupConfig) error {
+	o := (*C.goepEpGroupOptions_t)(d.mem.p)
+	if err := readCombineQuant(o, gc); err != nil {
+		return err
+	}
+	return readDispatchQuant(o, gc)
+}
+
 // check runs the check of the library for a struct of its kind, and for a
 // group config also goepEpBufferPlan over nranks and nnodes (the whole entry
 // point: a panic there is goepEpInternalError). It returns the result code

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -139,11 +140,75 @@ func TestNeedNamesBackendAndFeature(t *testing.T) {
 		t.Errorf("a declared feature: %v", err)
 	}
 	for _, f := range []ep.Feature{ep.FeatureFP8Forward, ep.FeatureFP8Combine, ep.FeatureHTExpertMajor, ep.FeatureLLRankMajor,
-		ep.FeatureOverflowDrop, ep.FeatureMaskStalledRanks} {
+		ep.FeatureOverflowDrop, ep.FeatureMaskStalledRanks, ep.FeatureNVFP4Forward, ep.FeatureNVFP4Combine} {
 		err := gc.need(f, "the setting")
 		if err == nil || !strings.Contains(err.Error(), `backend "partial"`) || !strings.Contains(err.Error(), f.String()) ||
 			!strings.Contains(err.Error(), "the setting") {
 			t.Errorf("need(%v) = %v, want an error naming the setting, the feature and the backend", f, err)
 		}
+	}
+}
+
+// optionsWith is a version-2 goepEpGroupOptions_t (backend NULL) with its
+// combine_quant (bytes 12-15) and dispatch_quant (bytes 24-27) set.
+func optionsWith(combineQuant, dispatchQuant uint32) *descStruct {
+	raw := make([]byte, 32)
+	binary.LittleEndian.PutUint32(raw[12:], combineQuant)
+	binary.LittleEndian.PutUint32(raw[24:], dispatchQuant)
+	return newDescStruct(descGroupOptions, raw, true)
+}
+
+// TestQuantOptionsFollowBackend checks the recipes a group's options name
+// against its backend: each is offered where the backend declares the
+// feature the format table gives for it, and refused naming the option, the
+// feature and the backend where it does not. NVFP4 forwarding is its own
+// dispatch_quant value, so a group asks for it before any tokens exist.
+func TestQuantOptionsFollowBackend(t *testing.T) {
+	cases := []struct {
+		name           string
+		combine, disp  uint32
+		mode           ep.Mode
+		feature        ep.Feature
+		setting        string
+		wire, combWire ep.WireFormat
+	}{
+		{"NVFP4 forward", 0, 0x100, ep.LowLatency, ep.FeatureNVFP4Forward, "options.dispatch_quant = GOEP_EP_DISP_QUANT_FWD_NVFP4",
+			ep.WireNVFP4Forward, ep.WireNative},
+		{"NVFP4 forward, HT", 0, 0x100, ep.HighThroughput, ep.FeatureNVFP4Forward, "GOEP_EP_DISP_QUANT_FWD_NVFP4",
+			ep.WireNVFP4Forward, ep.WireNative},
+		{"FP8 forward", 0, 1, ep.LowLatency, ep.FeatureFP8Forward, "options.dispatch_quant = GOEP_EP_DISP_QUANT_FWD",
+			ep.WireFP8Forward, ep.WireNative},
+		{"FP8 dispatch", 0, 2, ep.HighThroughput, ep.FeatureFP8Wire, "GOEP_EP_DISP_QUANT_DS_FP8E3M4", ep.WireFP8, ep.WireNative},
+		{"NVFP4 combine", 1, 0, ep.LowLatency, ep.FeatureNVFP4Combine, "options.combine_quant = GOEP_EP_COMB_QUANT_NVFP4",
+			ep.WireNative, ep.WireNVFP4},
+		{"FP8 combine", 0x100, 0, ep.HighThroughput, ep.FeatureFP8Combine, "GOEP_EP_COMB_QUANT_FP8", ep.WireNative, ep.WireFP8},
+	}
+	for _, c := range cases {
+		d := optionsWith(c.combine, c.disp)
+		lacking := groupConfig{be: partialBackend{}, backend: "partial", cfg: ep.Config{Mode: c.mode}}
+		err := d.readQuant(&lacking)
+		if err == nil || resultOf(err) != 5 || !strings.Contains(err.Error(), c.setting) || !strings.Contains(err.Error(), c.feature.String()) ||
+			!strings.Contains(err.Error(), `backend "partial"`) {
+			t.Errorf("%s on a backend without %v: %v, want goepEpInvalidUsage naming %q, the feature and the backend", c.name, c.feature, err, c.setting)
+		}
+		having := groupConfig{be: partialBackend{has: []ep.Feature{c.feature}}, backend: "partial", cfg: ep.Config{Mode: c.mode}}
+		if err := d.readQuant(&having); err != nil {
+			t.Errorf("%s on a backend with %v: %v", c.name, c.feature, err)
+		} else if having.cfg.Wire != c.wire || having.cfg.CombineWire != c.combWire {
+			t.Errorf("%s: Wire %v, CombineWire %v; want %v, %v", c.name, having.cfg.Wire, having.cfg.CombineWire, c.wire, c.combWire)
+		}
+		d.free()
+	}
+	// The NVFP4 combine is LowLatency's: in an HT group no feature is asked,
+	// and the config's own check refuses the format by name.
+	d := optionsWith(1, 0)
+	defer d.free()
+	ht := groupConfig{be: partialBackend{}, backend: "partial", cfg: ep.Config{Mode: ep.HighThroughput}}
+	if err := d.readQuant(&ht); err != nil || ht.cfg.CombineWire != ep.WireNVFP4 {
+		t.Fatalf("NVFP4 combine option in HT: %v, CombineWire %v", err, ht.cfg.CombineWire)
+	}
+	ht.cfg.NumExperts, ht.cfg.MaxTokensPerRank, ht.cfg.Hidden, ht.cfg.TopK = 4, 8, 64, 2
+	if err := ht.cfg.Validate(2); err == nil || !strings.Contains(err.Error(), "CombineWire nvfp4 is not a combine format of HighThroughput groups") {
+		t.Errorf("an HT group with the NVFP4 combine: %v, want it refused naming the format and the mode", err)
 	}
 }

@@ -179,8 +179,9 @@ typedef enum {
 } goepEpResult_t;
 
 /* Element types, numbered as NCCL's ncclDataType_t. goepEpFloat8e4m3 holds the e4m3 codes of FP8
- * dispatches (goepEpDispQuant_t); goepEpFloat8e5m2 and goepEpFloat4x2 (two packed 4-bit floats a byte,
- * the number NCCL reserves for it) are described but not taken by any call. */
+ * dispatches (goepEpDispQuant_t); goepEpFloat4x2 (two packed FP4 e2m1 values a byte, element 2i in the
+ * low nibble: the number NCCL reserves for it, nccl_ep.h's ncclFloat4x2) holds the codes of forwarded
+ * NVFP4 rows, [rows, hidden / 2]; goepEpFloat8e5m2 is described but not taken by any call. */
 typedef enum {
     goepEpInt8 = 0,
     goepEpUint8 = 1,
@@ -263,23 +264,43 @@ typedef enum {
  * (the group's) or the group's own, and another is refused with goepEpInvalidUsage naming both. An FP8
  * dispatch writes outputs->tokens as goepEpFloat8e4m3 codes and outputs->scales as float32, one per 128
  * elements of a row ([..., ceil(hidden / 128)], the layout's leading dimensions), in both modes and any
- * hidden (the last group of a row may be shorter). */
+ * hidden (the last group of a row may be shorter).
+ *
+ * NCCL EP has one forwarding recipe, QUANT_FWD, whose payload is told by the tokens' datatype at each
+ * dispatch. goep fixes the payload with the group (its buffers hold rows of one size, and a payload the
+ * backend lacks must be refused on every rank before anything is sent), so a group names it:
+ * dispatch_quant FWD forwards e4m3 codes, FWD_NVFP4 (a goep value) NVFP4 rows. A dispatch of a
+ * FWD_NVFP4 group passes GOEP_EP_DISP_QUANT_FWD as NCCL EP programs do (or FWD_NVFP4, or NONE). */
 typedef enum {
     GOEP_EP_DISP_QUANT_NONE = 0,
     GOEP_EP_DISP_QUANT_FWD = 1,       /* the caller's e4m3 codes (inputs->tokens [num_tokens, hidden]
                                          goepEpFloat8e4m3) and float32 scales (inputs->scales [num_tokens,
                                          ceil(hidden / 128)]) forwarded as they are; NCCL EP's other forwarded
-                                         payloads (16- or 32-bit rows, float4x2, uint8 scales, other scale
-                                         counts) are refused naming them */
-    GOEP_EP_DISP_QUANT_DS_FP8E3M4 = 2 /* the rows (bfloat16 or float32) cast to e4m3 with a float32 scale per 128
-                                         elements, amax / 448 (round_scales: rounded up to a power of two) */
+                                         payloads (16- or 32-bit rows, 16-bit or uint8 scales, other scale
+                                         counts) are refused naming them, float4x2 rows naming FWD_NVFP4 */
+    GOEP_EP_DISP_QUANT_DS_FP8E3M4 = 2, /* the rows (bfloat16 or float32) cast to e4m3 with a float32 scale per 128
+                                          elements, amax / 448 (round_scales: rounded up to a power of two) */
+    /* goep: NCCL EP's QUANT_FWD with ncclFloat4x2 tokens, as a group's dispatch_quant (GOEP_EP_FEATURE_
+     * NVFP4_FORWARD): inputs->tokens [num_tokens, hidden / 2] goepEpFloat4x2 (FP4 e2m1 codes, two a byte)
+     * and inputs->scales [num_tokens, hidden / 16] goepEpUint8 or goepEpFloat8e4m3 (one e4m3 scale byte per
+     * 16 elements, NCCL EP's layout for packed FP4), forwarded as they are; element i of a row is code i
+     * times scale i / 16 (a per-tensor global scale, where the recipe has one, stays the caller's). hidden
+     * (max_token_bytes / the token type's size) must be a multiple of 32. outputs->tokens is goepEpFloat4x2,
+     * the layout's leading dimensions then hidden / 2, and outputs->scales of inputs->scales' datatype, the
+     * layout's leading dimensions then hidden / 16. */
+    GOEP_EP_DISP_QUANT_FWD_NVFP4 = 0x100
 } goepEpDispQuant_t;
 
-/* Combine quantisation recipes. NVFP4 is refused. goep's FP8 combine is a group setting
+/* Combine quantisation recipes. goep's low-precision combines are a group setting
  * (goepEpGroupOptions_t.combine_quant, a goep extension): a combine's quant_recipe is NONE (the
  * group's format, whichever it is) or the group's. */
 typedef enum {
     GOEP_EP_COMB_QUANT_NONE = 0,
+    /* LL EXPERT_MAJOR (GOEP_EP_FEATURE_NVFP4_COMBINE): each valid expert output row travels as FP4 e2m1
+     * codes with an e4m3 scale per 16 elements and a float32 row scale g = amax / 2688, amax the row's
+     * largest |value| (docs/ep.md, "An NVFP4 combine", defines the cast and the sum); hidden a multiple of
+     * 32. goep computes g itself: inputs->scales may be NULL, or NCCL EP's global scales, checked (see
+     * goepEpCombineInputs_t). */
     GOEP_EP_COMB_QUANT_NVFP4 = 1,
     /* goep: combines (LL and HT) whose expert outputs travel as e4m3 codes with a float32 scale per 128 elements
      * (FP8), or a power-of-two scale (FP8_UE8M0), summed in float32 and rounded once to the token type
@@ -434,7 +455,9 @@ typedef struct {
                                      outputs->topk_weights may give them instead). A later dispatch of the
                                      same handle without them keeps the earlier ones. */
     goepEpTensor_t* scales;       /* GOEP_EP_DISP_QUANT_FWD: [num_tokens, ceil(hidden / 128)] float32, the
-                                     scales of tokens' e4m3 codes; otherwise NULL */
+                                     scales of tokens' e4m3 codes; in a FWD_NVFP4 group [num_tokens,
+                                     hidden / 16] uint8 or float8e4m3, the e4m3 scales of tokens' float4x2
+                                     codes; otherwise NULL */
 } goepEpDispatchInputs_t;
 #define GOEP_EP_DISPATCH_INPUTS_INIT GOEP_EP_STRUCT_INIT(goepEpDispatchInputs_t, GOEP_EP_MAGIC)
 #define GOEP_EP_DISPATCH_INPUTS_SIZE ((unsigned int)sizeof(goepEpDispatchInputs_t))
@@ -459,8 +482,11 @@ typedef struct {
                                      LL RANK_MAJOR: [nranks, max_dispatch_tokens_per_rank, num_topk];
                                      LL EXPERT_MAJOR: must be NULL. */
     goepEpTensor_t* scales;       /* an FP8 dispatch (dispatch_quant DS_FP8E3M4 or FWD): required, float32,
-                                     the layout's leading dimensions then ceil(hidden / 128); otherwise NULL.
-                                     outputs->tokens is then goepEpFloat8e4m3 and may not be NULL. */
+                                     the layout's leading dimensions then ceil(hidden / 128), with
+                                     outputs->tokens goepEpFloat8e4m3; an NVFP4 one (FWD_NVFP4): required,
+                                     inputs->scales' datatype, the leading dimensions then hidden / 16, with
+                                     outputs->tokens goepEpFloat4x2 [..., hidden / 2]. outputs->tokens may
+                                     then not be NULL. Otherwise NULL. */
     goepEpTensor_t* topk_idx;     /* HT FLAT: [slots, num_topk], LL RANK_MAJOR: [nranks,
                                      max_dispatch_tokens_per_rank, num_topk]; int32 or int64, optional.
                                      Otherwise NULL. */
@@ -482,7 +508,18 @@ typedef struct {
                                      summed back to each token's (t, k) into outputs->topk_weights (the
                                      gradient of the gate weights in a backward pass). */
     /* Version 2. */
-    goepEpTensor_t* scales;       /* must be NULL (NVFP4's block scales: not offered) */
+    goepEpTensor_t* scales;       /* GOEP_EP_COMB_QUANT_NVFP4 groups: NULL (goep computes each row's scale), or
+                                     NCCL EP's global scales, [local_experts, nranks *
+                                     max_dispatch_tokens_per_rank, 1] float32: for each valid row,
+                                     2688 / amax(|tokens[row, :]|), 0 where amax is 0. Each valid row's
+                                     scale is checked against float32(2688 / amax) of that row (amax of the
+                                     values as float32, the quotient a float32 division): it must be that
+                                     float32 or one of its two neighbours (one unit in the last place, what
+                                     another division or a reciprocal gives); a row with a NaN value has no
+                                     scale. Any other is refused (goepEpInvalidArgument naming the row, the
+                                     scale and the one wanted, on every rank), since goep's combine uses
+                                     the scale of its definition, g = amax / 2688. Rows past
+                                     expert_counters are not read. Otherwise NULL. */
 } goepEpCombineInputs_t;
 #define GOEP_EP_COMBINE_INPUTS_INIT GOEP_EP_STRUCT_INIT(goepEpCombineInputs_t, GOEP_EP_MAGIC)
 #define GOEP_EP_COMBINE_INPUTS_SIZE ((unsigned int)sizeof(goepEpCombineInputs_t))
@@ -619,17 +656,20 @@ typedef struct {
     goepEpDataType_t token_datatype;  /* the tokens' element type: goepEpBfloat16 or goepEpFloat32; 0
                                          (goepEpInt8, never a token type): bfloat16, what NCCL EP programs
                                          size max_token_bytes for */
-    goepEpCombQuant_t combine_quant;  /* NONE, or GOEP_EP_COMB_QUANT_FP8 / FP8_UE8M0 (LL groups) */
+    goepEpCombQuant_t combine_quant;  /* NONE, GOEP_EP_COMB_QUANT_FP8 / FP8_UE8M0 (LL and HT groups), or NVFP4
+                                         (LL EXPERT_MAJOR), where the backend declares it */
     const char* backend;              /* the ep backend that moves the rows, by its registered name ("cpu",
                                          "cpu-onesided"; `ep-bench -device list` lists them); NULL or "":
                                          "cpu". Read during the call only. */
     /* Version 2. */
     goepEpDispQuant_t dispatch_quant; /* how every dispatch of the group moves its rows: NONE (the token type),
                                          DS_FP8E3M4 (cast to e4m3 with a float32 scale per 128 elements, LL and
-                                         HT, any hidden) or FWD (the caller's e4m3 codes and float32 scales, per
-                                         128 elements, forwarded). goep lays the group's buffers out for one
-                                         format, so it is a group setting: a dispatch's config.quant_recipe is
-                                         NONE (the group's) or the group's own */
+                                         HT, any hidden), FWD (the caller's e4m3 codes and float32 scales, per
+                                         128 elements, forwarded) or FWD_NVFP4 (the caller's float4x2 codes and
+                                         e4m3 scale bytes, per 16 elements, forwarded), where the backend
+                                         declares it. goep lays the group's buffers out for one format, so it is
+                                         a group setting: a dispatch's config.quant_recipe is NONE (the group's)
+                                         or the group's own (FWD also names FWD_NVFP4, as NCCL EP's recipe) */
     unsigned int dispatch_round_scales; /* DS_FP8E3M4: 1 rounds each scale up to a power of two (UE8M0), as
                                            NCCL EP's round_scales; a dispatch's round_scales is 0 or the same */
 } goepEpGroupOptions_t;
@@ -807,7 +847,8 @@ goepEpResult_t goepEpGroupBufferBytes(goepEpGroup_t group, size_t* bytes);
  * outputs), and passed as the combine's inputs->tokens, which then reads them without a copy. They stay
  * there until the group's next dispatch (HT) or the one after (LL); a later call refuses a handle whose
  * rows are gone. The library owns the memory: never free it. Offered on the CPU engine's backends ("cpu",
- * "cpu-onesided"), whose receive buffers are MPI shared memory. */
+ * "cpu-onesided"), whose receive buffers are MPI shared memory, in groups whose rows travel in the token
+ * type (a quantised dispatch's codes and scales are written to outputs->tokens and outputs->scales). */
 goepEpResult_t goepEpHandleRecvTokens(goepEpHandle_t handle, goepEpTensor_t* tokens);
 
 /* goep: take part in a call as a refusal with `reason`, for a layer above this library that checks its

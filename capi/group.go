@@ -181,24 +181,48 @@ func readGroupOptions(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
 		}
 		gc.cfg.Backend, gc.backend, gc.be = b, b.Name(), b
 	}
+	if err := readCombineQuant(o, gc); err != nil {
+		return err
+	}
+	return readDispatchQuant(o, gc)
+}
+
+// readCombineQuant reads options.combine_quant into gc.cfg.CombineWire.
+func readCombineQuant(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
 	gc.combQuant = o.combine_quant
 	switch o.combine_quant {
 	case C.GOEP_EP_COMB_QUANT_NONE:
+	case C.GOEP_EP_COMB_QUANT_NVFP4:
+		gc.cfg.CombineWire = ep.WireNVFP4
 	case C.GOEP_EP_COMB_QUANT_FP8:
 		gc.cfg.CombineWire = ep.WireFP8
 	case C.GOEP_EP_COMB_QUANT_FP8_UE8M0:
 		gc.cfg.CombineWire = ep.WireFP8UE8M0
-	case C.GOEP_EP_COMB_QUANT_NVFP4:
-		return invalidUsagef("options.combine_quant = GOEP_EP_COMB_QUANT_NVFP4: goep's low-precision combine is FP8 (GOEP_EP_COMB_QUANT_FP8 or FP8_UE8M0)")
 	default:
-		return invalidArgf("options.combine_quant = %#x: want GOEP_EP_COMB_QUANT_NONE (0), FP8 (0x100) or FP8_UE8M0 (0x101)", int(o.combine_quant))
+		return invalidArgf("options.combine_quant = %#x: want GOEP_EP_COMB_QUANT_NONE (0), NVFP4 (1), FP8 (0x100) or FP8_UE8M0 (0x101)",
+			int(o.combine_quant))
 	}
-	if gc.cfg.CombineWire.FP8() {
-		if err := gc.need(ep.FeatureFP8Combine, fmt.Sprintf("options.combine_quant = %#x", int(o.combine_quant))); err != nil {
-			return err
-		}
+	// The feature a combine format asks of the backend in this mode is its
+	// row of the format table; a format the table does not allow in the mode
+	// is refused by the config's own check (ep.Config.Validate), naming it.
+	if info, _ := gc.cfg.CombineWire.Info(); info.Combine[gc.cfg.Mode] != 0 {
+		return gc.need(info.Combine[gc.cfg.Mode], "options.combine_quant = "+combQuantName(o.combine_quant))
 	}
-	return readDispatchQuant(o, gc)
+	return nil
+}
+
+func combQuantName(q C.goepEpCombQuant_t) string {
+	switch q {
+	case C.GOEP_EP_COMB_QUANT_NONE:
+		return "GOEP_EP_COMB_QUANT_NONE"
+	case C.GOEP_EP_COMB_QUANT_NVFP4:
+		return "GOEP_EP_COMB_QUANT_NVFP4"
+	case C.GOEP_EP_COMB_QUANT_FP8:
+		return "GOEP_EP_COMB_QUANT_FP8"
+	case C.GOEP_EP_COMB_QUANT_FP8_UE8M0:
+		return "GOEP_EP_COMB_QUANT_FP8_UE8M0"
+	}
+	return fmt.Sprintf("goepEpCombQuant_t(%#x)", int(q))
 }
 
 // readDispatchQuant reads options.dispatch_quant and dispatch_round_scales
@@ -211,7 +235,6 @@ func readDispatchQuant(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
 	if o.dispatch_round_scales > 1 {
 		return invalidArgf("options.dispatch_round_scales = %d: want 0 or 1", uint(o.dispatch_round_scales))
 	}
-	var f ep.Feature
 	switch o.dispatch_quant {
 	case C.GOEP_EP_DISP_QUANT_NONE:
 		if gc.roundScales {
@@ -219,19 +242,25 @@ func readDispatchQuant(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
 		}
 		return nil
 	case C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
-		gc.cfg.Wire, f = ep.WireFP8, ep.FeatureFP8Wire
+		gc.cfg.Wire = ep.WireFP8
 		if gc.roundScales {
 			gc.cfg.Wire = ep.WireFP8UE8M0
 		}
-	case C.GOEP_EP_DISP_QUANT_FWD:
+	case C.GOEP_EP_DISP_QUANT_FWD, C.GOEP_EP_DISP_QUANT_FWD_NVFP4:
 		if gc.roundScales {
-			return invalidArgf("options.dispatch_round_scales = 1 with GOEP_EP_DISP_QUANT_FWD: forwarded scales travel as they are (want 0)")
+			return invalidArgf("options.dispatch_round_scales = 1 with %s: forwarded scales travel as they are (want 0)", dispQuantName(o.dispatch_quant))
 		}
-		gc.cfg.Wire, f = ep.WireFP8Forward, ep.FeatureFP8Forward
+		gc.cfg.Wire = ep.WireFP8Forward
+		if o.dispatch_quant == C.GOEP_EP_DISP_QUANT_FWD_NVFP4 {
+			gc.cfg.Wire = ep.WireNVFP4Forward
+		}
 	default:
-		return invalidArgf("options.dispatch_quant = %d: want GOEP_EP_DISP_QUANT_NONE (0), FWD (1) or DS_FP8E3M4 (2)", int(o.dispatch_quant))
+		return invalidArgf("options.dispatch_quant = %d: want GOEP_EP_DISP_QUANT_NONE (0), FWD (1), DS_FP8E3M4 (2) or FWD_NVFP4 (0x100)",
+			int(o.dispatch_quant))
 	}
-	return gc.need(f, "options.dispatch_quant = "+dispQuantName(o.dispatch_quant))
+	// What the format asks of the backend is its row of the format table.
+	info, _ := gc.cfg.Wire.Info()
+	return gc.need(info.DispatchFeature, "options.dispatch_quant = "+dispQuantName(o.dispatch_quant))
 }
 
 func dispQuantName(q C.goepEpDispQuant_t) string {
@@ -242,6 +271,8 @@ func dispQuantName(q C.goepEpDispQuant_t) string {
 		return "GOEP_EP_DISP_QUANT_FWD"
 	case C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
 		return "GOEP_EP_DISP_QUANT_DS_FP8E3M4"
+	case C.GOEP_EP_DISP_QUANT_FWD_NVFP4:
+		return "GOEP_EP_DISP_QUANT_FWD_NVFP4"
 	}
 	return fmt.Sprintf("goepEpDispQuant_t(%d)", int(q))
 }

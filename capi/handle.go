@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"unsafe"
@@ -58,13 +59,16 @@ type dispatchOut struct {
 }
 
 // dispatchIn is a dispatch's checked inputs: the rows in the element type
-// (x), or e4m3 codes with their scales in a group forwarding them, and the
-// weights.
+// (x), or, in a group forwarding them, e4m3 codes with their scales or
+// NVFP4 rows as bytes (packed, packedScales, the scales' datatype
+// scaleType); and the weights.
 type dispatchIn[E ep.Element] struct {
-	x       ep.Tensor[E]
-	codes   ep.Tensor[ep.E4M3]
-	scales  ep.Tensor[float32]
-	weights []float32
+	x                    ep.Tensor[E]
+	codes                ep.Tensor[ep.E4M3]
+	scales               ep.Tensor[float32]
+	packed, packedScales ep.Tensor[byte]
+	scaleType            dataType
+	weights              []float32
 }
 
 // lock takes the handle's group for a call.
@@ -104,8 +108,9 @@ func readDispatchConfig(p *C.goepEpDispatchConfig_t) (dispatchConfig, error) {
 		c.recipe = p.quant_recipe
 	}
 	switch {
-	case c.recipe != C.GOEP_EP_DISP_QUANT_NONE && c.recipe != C.GOEP_EP_DISP_QUANT_FWD && c.recipe != C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
-		return c, invalidArgf("config.quant_recipe = %d: want GOEP_EP_DISP_QUANT_NONE (0), FWD (1) or DS_FP8E3M4 (2)", int(c.recipe))
+	case c.recipe != C.GOEP_EP_DISP_QUANT_NONE && c.recipe != C.GOEP_EP_DISP_QUANT_FWD && c.recipe != C.GOEP_EP_DISP_QUANT_DS_FP8E3M4 &&
+		c.recipe != C.GOEP_EP_DISP_QUANT_FWD_NVFP4:
+		return c, invalidArgf("config.quant_recipe = %d: want GOEP_EP_DISP_QUANT_NONE (0), FWD (1), DS_FP8E3M4 (2) or FWD_NVFP4 (0x100)", int(c.recipe))
 	case p.round_scales > 1:
 		return c, invalidArgf("config.round_scales = %d: want 0 or 1", uint(p.round_scales))
 	case p.pass_direction != C.GOEP_EP_FWD_PASS && p.pass_direction != C.GOEP_EP_BWD_PASS:
@@ -119,12 +124,14 @@ func readDispatchConfig(p *C.goepEpDispatchConfig_t) (dispatchConfig, error) {
 
 // checkRecipe checks a dispatch's recipe against the group's: NONE (with
 // round_scales 0) takes the group's; any other must be the group's own,
-// since the group's buffers hold its rows in that one format.
+// since the group's buffers hold its rows in that one format. FWD, NCCL
+// EP's one forwarding recipe, names a group's FWD_NVFP4 too.
 func (gc *groupConfig) checkRecipe(c dispatchConfig) error {
 	if c.recipe == C.GOEP_EP_DISP_QUANT_NONE && !c.roundScales {
 		return nil
 	}
-	if c.recipe == gc.dispQuant && c.roundScales == gc.roundScales {
+	own := c.recipe == gc.dispQuant || (c.recipe == C.GOEP_EP_DISP_QUANT_FWD && gc.dispQuant == C.GOEP_EP_DISP_QUANT_FWD_NVFP4)
+	if own && c.roundScales == gc.roundScales {
 		return nil
 	}
 	return invalidUsagef("config.quant_recipe = %s and config.round_scales = %d, but this group's dispatches are %s with round_scales %d "+
@@ -347,6 +354,7 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		input = ep.Tokens(din.x, h.topk, din.weights)
 	}
 	input.Codes, input.Scales = din.codes, din.scales
+	input.Packed, input.PackedScales = din.packed, din.packedScales
 	if req, err = h.g.g.DispatchSend(input); err != nil {
 		return err
 	}
@@ -372,6 +380,11 @@ func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEp
 		return
 	}
 	if o, err = h.dispatchOutputs(out, info); err != nil {
+		return
+	}
+	if o.scales != nil && !din.packedScales.IsZero() && o.scales.dtype != din.scaleType {
+		err = invalidArgf("outputs->scales has datatype %s and inputs->scales %s: forwarded scale bytes arrive in the type they were given "+
+			"(as NCCL EP's QUANT_FWD requires, the same datatype in and out)", o.scales.dtype, din.scaleType)
 		return
 	}
 	ll := h.g.gc.cfg.Mode == ep.LowLatency
@@ -419,48 +432,26 @@ func (h *handleImpl[E]) dispatchInputs(in *C.goepEpDispatchInputs_t) (dispatchIn
 		return d, err
 	}
 	gc := h.g.gc
-	H, K, G := gc.cfg.Hidden, gc.cfg.TopK, ep.ScaleGroups(gc.cfg.Hidden)
-	forward := gc.cfg.Wire == ep.WireFP8Forward
 	tok, err := need("inputs->tokens", in.tokens)
 	if err != nil {
 		return d, err
 	}
-	if forward {
-		if tok.dtype != dtFloat8e4 {
-			return d, invalidUsagef("inputs->tokens has datatype %s: this group forwards FP8 rows (GOEP_EP_DISP_QUANT_FWD), and goep forwards "+
-				"e4m3 codes (goepEpFloat8e4m3) with float32 scales, one per 128 elements; NCCL EP's other forwarded payloads "+
-				"(bfloat16, float16, float32 or float4x2 rows) are not offered", tok.dtype)
-		}
-		err = tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{dtFloat8e4}, h.T, H)
-	} else {
-		err = tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{gc.elem}, h.T, H)
-	}
-	if err != nil {
-		return d, err
-	}
-	sc, err := readTensor("inputs->scales", in.scales)
-	if err != nil {
-		return d, err
-	}
-	switch {
-	case forward && sc == nil:
-		return d, invalidArgf("inputs->scales is required by GOEP_EP_DISP_QUANT_FWD: [num_tokens, %d] float32, one scale per 128 elements of a row", G)
-	case forward && sc.dtype != dtFloat32:
-		return d, invalidUsagef("inputs->scales has datatype %s: goep forwards float32 scales (one per 128 elements); NCCL EP's other "+
-			"forwarded scales (uint8 exponents, bfloat16, float16) are not offered (ep.ScalesFromUE8M0 widens UE8M0 exponents exactly)", sc.dtype)
-	case forward && len(sc.shape) == 2 && sc.shape[0] == h.T && sc.shape[1] != G:
-		return d, invalidUsagef("inputs->scales has %d scales a row (shape %s): goep forwards one float32 scale per 128 elements, "+
-			"%d for hidden %d; other scale counts are not offered", sc.shape[1], shapeString(sc.shape), G, H)
-	case forward:
-		if err := sc.want("[num_tokens, scale groups of hidden]", []dataType{dtFloat32}, h.T, G); err != nil {
-			return d, err
-		}
-		d.codes, d.scales = ep.Host(view[ep.E4M3](tok, h.T*H)), ep.Host(view[float32](sc, h.T*G))
-	case sc != nil:
-		return d, invalidArgf("inputs->scales must be NULL: it carries forwarded scales (GOEP_EP_DISP_QUANT_FWD), and this group's dispatches are %s",
-			dispQuantName(gc.dispQuant))
+	switch gc.cfg.Wire {
+	case ep.WireFP8Forward:
+		err = h.fp8Inputs(&d, tok, in.scales)
+	case ep.WireNVFP4Forward:
+		err = h.nvfp4Inputs(&d, tok, in.scales)
 	default:
-		d.x = ep.Host(view[E](tok, h.T*H))
+		err = tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{gc.elem}, h.T, gc.cfg.Hidden)
+		if err == nil {
+			err = noScales(in.scales, gc)
+		}
+		if err == nil {
+			d.x = ep.Host(view[E](tok, h.T*gc.cfg.Hidden))
+		}
+	}
+	if err != nil {
+		return d, err
 	}
 	w, err := readTensor("inputs->topk_weights", in.topk_weights)
 	if err == nil && w != nil {
@@ -470,25 +461,114 @@ func (h *handleImpl[E]) dispatchInputs(in *C.goepEpDispatchInputs_t) (dispatchIn
 		return d, err
 	}
 	if w != nil {
-		d.weights = h.widen(view[float32](w, h.T*h.kh), K)
+		d.weights = h.widen(view[float32](w, h.T*h.kh), gc.cfg.TopK)
 	}
 	return d, nil
+}
+
+// noScales refuses inputs->scales in a group whose dispatches take the rows
+// in the token type.
+func noScales(p *C.goepEpTensor_t, gc groupConfig) error {
+	sc, err := readTensor("inputs->scales", p)
+	if err == nil && sc != nil {
+		err = invalidArgf("inputs->scales must be NULL: it carries forwarded scales (GOEP_EP_DISP_QUANT_FWD), and this group's dispatches are %s",
+			dispQuantName(gc.dispQuant))
+	}
+	return err
+}
+
+// fp8Inputs checks the inputs of a group forwarding FP8 rows: e4m3 codes
+// [T, hidden] with float32 scales [T, ScaleGroups(hidden)].
+func (h *handleImpl[E]) fp8Inputs(d *dispatchIn[E], tok *tensor, scales *C.goepEpTensor_t) error {
+	H, G := h.g.gc.cfg.Hidden, ep.ScaleGroups(h.g.gc.cfg.Hidden)
+	if tok.dtype != dtFloat8e4 {
+		other := "NCCL EP's other forwarded payloads (bfloat16, float16 or float32 rows) are not offered"
+		if tok.dtype == dtFloat4x2 {
+			other = "float4x2 rows (NVFP4) are forwarded by a group made with options.dispatch_quant = GOEP_EP_DISP_QUANT_FWD_NVFP4"
+		}
+		return invalidUsagef("inputs->tokens has datatype %s: this group forwards FP8 rows (GOEP_EP_DISP_QUANT_FWD), and goep forwards "+
+			"e4m3 codes (goepEpFloat8e4m3) with float32 scales, one per 128 elements; %s", tok.dtype, other)
+	}
+	if err := tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{dtFloat8e4}, h.T, H); err != nil {
+		return err
+	}
+	sc, err := readTensor("inputs->scales", scales)
+	switch {
+	case err != nil:
+		return err
+	case sc == nil:
+		return invalidArgf("inputs->scales is required by GOEP_EP_DISP_QUANT_FWD: [num_tokens, %d] float32, one scale per 128 elements of a row", G)
+	case sc.dtype != dtFloat32:
+		return invalidUsagef("inputs->scales has datatype %s: goep forwards float32 scales (one per 128 elements); NCCL EP's other "+
+			"forwarded scales (uint8 exponents, bfloat16, float16) are not offered (ep.ScalesFromUE8M0 widens UE8M0 exponents exactly)", sc.dtype)
+	case len(sc.shape) == 2 && sc.shape[0] == h.T && sc.shape[1] != G:
+		return invalidUsagef("inputs->scales has %d scales a row (shape %s): goep forwards one float32 scale per 128 elements, "+
+			"%d for hidden %d; other scale counts are not offered", sc.shape[1], shapeString(sc.shape), G, H)
+	}
+	if err := sc.want("[num_tokens, scale groups of hidden]", []dataType{dtFloat32}, h.T, G); err != nil {
+		return err
+	}
+	d.codes, d.scales = ep.Host(view[ep.E4M3](tok, h.T*H)), ep.Host(view[float32](sc, h.T*G))
+	return nil
+}
+
+// nvfp4Inputs checks the inputs of a group forwarding NVFP4 rows, as NCCL
+// EP's QUANT_FWD takes them with ncclFloat4x2 tokens: codes [T, hidden/2]
+// float4x2, and one e4m3 scale byte per 16 elements, [T, hidden/16] uint8
+// or float8e4m3. They are the rows and side bytes of WireNVFP4Forward, whose
+// sizes the format table gives, and travel as they are.
+func (h *handleImpl[E]) nvfp4Inputs(d *dispatchIn[E], tok *tensor, scales *C.goepEpTensor_t) error {
+	H := h.g.gc.cfg.Hidden
+	info, _ := ep.WireNVFP4Forward.Info()
+	rb, sb := info.RowBytes(H, 1), info.SideBytes(H)
+	if tok.dtype != dtFloat4x2 {
+		return invalidUsagef("inputs->tokens has datatype %s: this group forwards NVFP4 rows (GOEP_EP_DISP_QUANT_FWD_NVFP4): float4x2 codes "+
+			"(goepEpFloat4x2, two a byte) [num_tokens, hidden / 2] with one e4m3 scale byte per 16 elements (e4m3 codes with float32 "+
+			"scales are forwarded by a group made with GOEP_EP_DISP_QUANT_FWD)", tok.dtype)
+	}
+	if len(tok.shape) == 2 && tok.shape[0] == h.T && tok.shape[1] == H && rb != H {
+		return invalidArgf("inputs->tokens has shape %s: a float4x2 element holds two values, so a row of hidden %d is %d elements "+
+			"(NCCL EP's [num_tokens, H/2])", shapeString(tok.shape), H, rb)
+	}
+	if err := tok.want("[num_tokens of the handle's topk_idx, hidden / 2]", []dataType{dtFloat4x2}, h.T, rb); err != nil {
+		return err
+	}
+	sc, err := readTensor("inputs->scales", scales)
+	switch {
+	case err != nil:
+		return err
+	case sc == nil:
+		return invalidArgf("inputs->scales is required by GOEP_EP_DISP_QUANT_FWD_NVFP4: [num_tokens, %d] uint8 (or float8e4m3), "+
+			"one e4m3 scale byte per 16 elements of a row", sb)
+	case sc.dtype != dtUint8 && sc.dtype != dtFloat8e4:
+		return invalidUsagef("inputs->scales has datatype %s: goep forwards NVFP4 rows with one e4m3 scale byte per 16 elements "+
+			"(uint8 or float8e4m3); NCCL EP's other forwarded scales (float32, bfloat16, float16) are not offered with them", sc.dtype)
+	case len(sc.shape) == 2 && sc.shape[0] == h.T && sc.shape[1] != sb:
+		return invalidUsagef("inputs->scales has %d scales a row (shape %s): goep forwards NVFP4 rows with one scale byte per 16 "+
+			"elements, %d for hidden %d; other scale counts are not offered", sc.shape[1], shapeString(sc.shape), sb, H)
+	}
+	if err := sc.want("[num_tokens, hidden / 16]", []dataType{dtUint8, dtFloat8e4}, h.T, sb); err != nil {
+		return err
+	}
+	d.packed, d.packedScales = ep.Host(view[byte](tok, h.T*rb)), ep.Host(view[byte](sc, h.T*sb))
+	d.scaleType = sc.dtype
+	return nil
 }
 
 // outShape is how a dispatch of the group lays out its outputs: the
 // leading dimensions of a row (rowDims), named by what, and the layout's.
 type outShape struct {
-	rowDims []int  // the dimensions before hidden, num_topk or the scale groups (-1: any)
-	what    string // their names, e.g. "[local_experts, nranks * max_dispatch_tokens_per_rank"
-	ll, rm  bool   // LowLatency; its RANK_MAJOR layout
-	em      bool   // HighThroughput's EXPERT_MAJOR layout
-	fp8     bool   // rows arrive as e4m3 codes with float32 scales
+	rowDims []int      // the dimensions before hidden, num_topk or the scale groups (-1: any)
+	what    string     // their names, e.g. "[local_experts, nranks * max_dispatch_tokens_per_rank"
+	ll, rm  bool       // LowLatency; its RANK_MAJOR layout
+	em      bool       // HighThroughput's EXPERT_MAJOR layout
+	quant   *rowFormat // a quantised dispatch's codes and scales; nil: rows in the token type
 }
 
 func (h *handleImpl[E]) outShape() outShape {
 	gc := h.g.gc
 	R, L, maxT := h.g.g.Size(), h.g.g.LocalExperts(), gc.cfg.MaxTokensPerRank
-	s := outShape{ll: gc.cfg.Mode == ep.LowLatency, rm: gc.cfg.LLRankMajor(), em: gc.cfg.HTExpertMajor(), fp8: gc.cfg.Wire.FP8()}
+	s := outShape{ll: gc.cfg.Mode == ep.LowLatency, rm: gc.cfg.LLRankMajor(), em: gc.cfg.HTExpertMajor(), quant: gc.rowFormat()}
 	switch {
 	case s.rm:
 		s.rowDims, s.what = []int{R, maxT}, "[nranks, max_dispatch_tokens_per_rank"
@@ -503,6 +583,38 @@ func (h *handleImpl[E]) outShape() outShape {
 // dims is rowDims then last.
 func (s outShape) dims(last ...int) []int { return append(slices.Clone(s.rowDims), last...) }
 
+// rowFormat is how a quantised dispatch writes each received row:
+// rowElems elements of codes in outputs->tokens, and sideElems scales of
+// one of scaleTypes in outputs->scales (their bytes those of the format
+// table's row, RowBytes and SideBytes). In messages, rowWhat and sideWhat
+// name their last dimensions, and name the dispatch.
+type rowFormat struct {
+	codes               dataType
+	rowElems, sideElems int
+	scaleTypes          []dataType
+	rowWhat, sideWhat   string
+	name                string
+}
+
+// rowFormat is how the group's dispatches write their rows, nil where the
+// rows arrive in the token type.
+func (gc groupConfig) rowFormat() *rowFormat {
+	H := gc.cfg.Hidden
+	switch {
+	case gc.cfg.Wire.FP8():
+		return &rowFormat{codes: dtFloat8e4, rowElems: H, sideElems: ep.ScaleGroups(H), scaleTypes: []dataType{dtFloat32},
+			rowWhat: "hidden]", sideWhat: "scale groups of hidden] (one float32 scale per 128 elements)",
+			name: "an FP8 dispatch (" + dispQuantName(gc.dispQuant) + ")"}
+	case gc.cfg.Wire == ep.WireNVFP4Forward:
+		info, _ := gc.cfg.Wire.Info()
+		return &rowFormat{codes: dtFloat4x2, rowElems: info.RowBytes(H, 1), sideElems: info.SideBytes(H),
+			scaleTypes: []dataType{dtUint8, dtFloat8e4},
+			rowWhat:    "hidden / 2] (float4x2: two codes an element)", sideWhat: "hidden / 16] (one e4m3 scale byte per 16 elements)",
+			name: "an NVFP4 dispatch (" + dispQuantName(gc.dispQuant) + ")"}
+	}
+	return nil
+}
+
 // dispatchOutputs checks the outputs and the layout info against the layout.
 func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t) (dispatchOut, error) {
 	var o dispatchOut
@@ -515,38 +627,39 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 	}
 	gc := h.g.gc
 	R, L := h.g.g.Size(), h.g.g.LocalExperts()
-	H, K, G := gc.cfg.Hidden, gc.cfg.TopK, ep.ScaleGroups(gc.cfg.Hidden)
+	H, K := gc.cfg.Hidden, gc.cfg.TopK
 	s := h.outShape()
+	q := s.quant
 	layout := layoutName(h.g.layout)
 	var err error
 	// outputs->tokens NULL: the rows stay in the group's buffer, read in
 	// place through goepEpHandleRecvTokens.
 	if o.tokens, err = readTensor("outputs->tokens", out.tokens); err == nil && o.tokens != nil {
-		types := []dataType{gc.elem}
-		if s.fp8 {
-			types = []dataType{dtFloat8e4} // the codes of an FP8 dispatch
+		if q != nil {
+			err = o.tokens.want(s.what+", "+q.rowWhat, []dataType{q.codes}, s.dims(q.rowElems)...)
+		} else {
+			err = o.tokens.want(s.what+", hidden]", []dataType{gc.elem}, s.dims(H)...)
 		}
-		err = o.tokens.want(s.what+", hidden]", types, s.dims(H)...)
 	}
 	if err != nil {
 		return o, err
 	}
 	if o.scales, err = readTensor("outputs->scales", out.scales); err == nil && o.scales != nil {
-		if !s.fp8 {
+		if q == nil {
 			return o, invalidArgf("outputs->scales must be NULL: this group's dispatches move the rows in %v (options.dispatch_quant NONE), without scales", gc.elem)
 		}
-		err = o.scales.want(s.what+", scale groups of hidden] (one float32 scale per 128 elements)", []dataType{dtFloat32}, s.dims(G)...)
+		err = o.scales.want(s.what+", "+q.sideWhat, q.scaleTypes, s.dims(q.sideElems)...)
 	}
 	if err != nil {
 		return o, err
 	}
-	if s.fp8 && o.scales == nil && o.tokens != nil {
-		return o, invalidArgf("outputs->scales is required by an FP8 dispatch (%s): %s, %d] float32, the scales of outputs->tokens' codes",
-			dispQuantName(gc.dispQuant), s.what, G)
+	if q != nil && o.scales == nil && o.tokens != nil {
+		return o, invalidArgf("outputs->scales is required by %s: %s, %d] %s, the scales of outputs->tokens' codes",
+			q.name, s.what, q.sideElems, q.scaleTypes[0])
 	}
-	if s.fp8 && o.tokens == nil {
-		return o, invalidUsagef("outputs->tokens is NULL, and an FP8 dispatch's rows (e4m3 codes and their scales) are not read in place: " +
-			"pass outputs->tokens and outputs->scales")
+	if q != nil && o.tokens == nil {
+		return o, invalidUsagef("outputs->tokens is NULL, and %s's rows (%s codes and their scales) are not read in place: "+
+			"pass outputs->tokens and outputs->scales", q.name, q.codes)
 	}
 	switch {
 	case s.ll && !s.rm:
@@ -630,30 +743,34 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 }
 
 // rowCopier copies received rows, by row index of the layout, into a
-// dispatch's outputs: the rows (or their e4m3 codes and scales), their
-// top-k weights and ids.
+// dispatch's outputs: the rows (or, in a quantised dispatch, the bytes of
+// their codes and scales as they travelled), their top-k weights and ids.
 type rowCopier[E ep.Element] struct {
 	h      *handleImpl[E]
 	o      dispatchOut
 	H, K   int
-	G      int
 	wPer   int   // weights a row: K, or 1 in HT EXPERT_MAJOR
 	base   int32 // added to the local expert ids (GLOBAL)
 	rows   []E
-	codes  []ep.E4M3
-	scales []float32
+	quant  bool
+	codes  []byte // a quantised dispatch's rows, rb bytes each, and their scales, sb bytes each
+	scales []byte
+	rb, sb int
 	w      []float32
 	ids    []int32
 }
 
 func (h *handleImpl[E]) rowCopier(o dispatchOut, s outShape) *rowCopier[E] {
 	gc := h.g.gc
-	c := &rowCopier[E]{h: h, o: o, H: gc.cfg.Hidden, K: gc.cfg.TopK, G: ep.ScaleGroups(gc.cfg.Hidden), wPer: gc.cfg.TopK}
+	c := &rowCopier[E]{h: h, o: o, H: gc.cfg.Hidden, K: gc.cfg.TopK, wPer: gc.cfg.TopK, quant: s.quant != nil}
 	if s.em {
 		c.wPer = 1
 	}
-	if s.fp8 {
-		c.codes, c.scales = h.eh.RecvFP8().Host(), h.eh.RecvScales().Host()
+	if c.quant {
+		info, _ := gc.cfg.Wire.Info()
+		rows, scales := h.eh.RecvWire()
+		c.codes, c.scales = rows.Host(), scales.Host()
+		c.rb, c.sb = info.RowBytes(c.H, gc.elem.size()), info.SideBytes(c.H)
 	} else {
 		c.rows = h.eh.Recv().Host()
 	}
@@ -671,16 +788,19 @@ func (h *handleImpl[E]) rowCopier(o dispatchOut, s outShape) *rowCopier[E] {
 
 // copy copies n rows from row r of the layout.
 func (c *rowCopier[E]) copy(r, n int) {
-	o, H, K, G := c.o, c.H, c.K, c.G
+	if n == 0 {
+		return
+	}
+	o, H, K := c.o, c.H, c.K
 	if o.tokens != nil {
-		if c.codes != nil {
-			copy(view[ep.E4M3](o.tokens, (r+n)*H)[r*H:], c.codes[r*H:(r+n)*H])
+		if c.quant {
+			copy(view[byte](o.tokens, (r+n)*c.rb)[r*c.rb:], c.codes[r*c.rb:(r+n)*c.rb])
 		} else {
 			copy(view[E](o.tokens, (r+n)*H)[r*H:], c.rows[r*H:(r+n)*H])
 		}
 	}
 	if o.scales != nil {
-		copy(view[float32](o.scales, (r+n)*G)[r*G:], c.scales[r*G:(r+n)*G])
+		copy(view[byte](o.scales, (r+n)*c.sb)[r*c.sb:], c.scales[r*c.sb:(r+n)*c.sb])
 	}
 	if o.weights != nil {
 		copy(view[float32](o.weights, (r+n)*c.wPer)[r*c.wPer:], c.w[r*c.wPer:(r+n)*c.wPer])
@@ -809,11 +929,9 @@ func readCombineConfig(p *C.goepEpCombineConfig_t) (combineConfig, error) {
 		c.recipe = p.quant_recipe
 	}
 	switch c.recipe {
-	case C.GOEP_EP_COMB_QUANT_NONE, C.GOEP_EP_COMB_QUANT_FP8, C.GOEP_EP_COMB_QUANT_FP8_UE8M0:
-	case C.GOEP_EP_COMB_QUANT_NVFP4:
-		return c, invalidUsagef("config.quant_recipe = GOEP_EP_COMB_QUANT_NVFP4: goep's low-precision combine is FP8 (a group option: goepEpGroupOptions_t.combine_quant)")
+	case C.GOEP_EP_COMB_QUANT_NONE, C.GOEP_EP_COMB_QUANT_NVFP4, C.GOEP_EP_COMB_QUANT_FP8, C.GOEP_EP_COMB_QUANT_FP8_UE8M0:
 	default:
-		return c, invalidArgf("config.quant_recipe = %#x: want GOEP_EP_COMB_QUANT_NONE (0), FP8 (0x100) or FP8_UE8M0 (0x101)", int(c.recipe))
+		return c, invalidArgf("config.quant_recipe = %#x: want GOEP_EP_COMB_QUANT_NONE (0), NVFP4 (1), FP8 (0x100) or FP8_UE8M0 (0x101)", int(c.recipe))
 	}
 	switch {
 	case p.pass_direction != C.GOEP_EP_FWD_PASS && p.pass_direction != C.GOEP_EP_BWD_PASS:
@@ -842,8 +960,9 @@ func (h *handleImpl[E]) combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombin
 	}
 	cfg, err := readCombineConfig(cfgp)
 	if err == nil && cfg.recipe != C.GOEP_EP_COMB_QUANT_NONE && cfg.recipe != h.g.gc.combQuant {
-		err = invalidUsagef("config.quant_recipe = %#x, but the group's combine format is %#x (goepEpGroupOptions_t.combine_quant): "+
-			"goep fixes it per group; pass GOEP_EP_COMB_QUANT_NONE or the group's", int(cfg.recipe), int(h.g.gc.combQuant))
+		err = invalidUsagef("config.quant_recipe = %#x (%s), but the group's combine format is %#x (%s, goepEpGroupOptions_t.combine_quant): "+
+			"goep fixes it per group; pass GOEP_EP_COMB_QUANT_NONE or the group's", int(cfg.recipe), combQuantName(cfg.recipe),
+			int(h.g.gc.combQuant), combQuantName(h.g.gc.combQuant))
 	}
 	var y, outTok ep.Tensor[E]
 	var opts *ep.CombineOptions
@@ -877,8 +996,17 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_INPUTS_INIT"); err != nil {
 		return y, outTok, nil, err
 	}
-	if covers(in.size, unsafe.Offsetof(in.scales), unsafe.Sizeof(in.scales)) && in.scales != nil {
-		return y, outTok, nil, invalidUsagef("inputs->scales must be NULL: it carries NVFP4 block scales, and goep's C interface has no NVFP4 combine")
+	var scalesDesc *C.goepEpTensor_t
+	if covers(in.size, unsafe.Offsetof(in.scales), unsafe.Sizeof(in.scales)) {
+		scalesDesc = in.scales
+	}
+	scales, err := readTensor("inputs->scales", scalesDesc)
+	if err != nil {
+		return y, outTok, nil, err
+	}
+	if scales != nil && h.g.gc.cfg.CombineWire != ep.WireNVFP4 {
+		return y, outTok, nil, invalidUsagef("inputs->scales must be NULL: it carries the row scales of an NVFP4 combine "+
+			"(options.combine_quant = GOEP_EP_COMB_QUANT_NVFP4), and this group's combine is %s", combQuantName(h.g.gc.combQuant))
 	}
 	if err := checkHeader("outputs", "goepEpCombineOutputs_t", uint32(out.size), uint32(out.magic), C.GOEP_EP_COMBINE_OUTPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_OUTPUTS_INIT"); err != nil {
@@ -900,6 +1028,9 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 	if ll {
 		rows = s.rowDims[0] * s.rowDims[1]
 		err = tok.want(s.what+", hidden] (the dispatch's outputs->tokens, in the token type)", []dataType{gc.elem}, s.dims(H)...)
+		if err == nil && scales != nil {
+			err = h.checkGlobalScales(scales, tok, s)
+		}
 	} else if err = tok.want("[slots, hidden] (the dispatch's outputs->tokens, in the token type)", []dataType{gc.elem}, -1, H); err == nil {
 		err = tok.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows in the dispatch")
 	}
@@ -969,6 +1100,68 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 	return ep.Host(view[E](tok, rows*H)), ep.Host(view[E](o, h.T*H)), opts, nil
 }
 
+// checkGlobalScales checks NCCL EP's global scales of an NVFP4 combine
+// (inputs->scales, one float32 a row of the LL EXPERT_MAJOR layout) against
+// the expert outputs tok: each valid row's scale must be its row's
+// (globalScaleOK). goep's combine computes that scale itself, as amax/2688,
+// so a caller whose scale differs would get results it did not ask for: it
+// is refused instead, naming the row.
+func (h *handleImpl[E]) checkGlobalScales(sc, tok *tensor, s outShape) error {
+	if err := sc.want(s.what+", 1] (NCCL EP's global scales: one float32 a row of inputs->tokens)", []dataType{dtFloat32}, s.dims(1)...); err != nil {
+		return err
+	}
+	H, span := h.g.gc.cfg.Hidden, s.rowDims[1]
+	rows := view[E](tok, s.rowDims[0]*span*H)
+	scales := view[float32](sc, s.rowDims[0]*span)
+	for l, n := range h.eh.ExpertCounts() {
+		for j := range n {
+			r := l*span + j
+			amax := rowAmax(rows[r*H : (r+1)*H])
+			if want, ok := globalScaleOK(scales[r], amax); !ok {
+				if amax != amax {
+					return invalidArgf("inputs->scales[%d][%d][0] = %v: row [%d][%d] of inputs->tokens has a NaN value, and an NVFP4 row scale "+
+						"is not defined for it", l, j, scales[r], l, j)
+				}
+				return invalidArgf("inputs->scales[%d][%d][0] = %v (float32 bits %#08x), but row [%d][%d] of inputs->tokens has amax %v: "+
+					"want 2688/amax = %v (bits %#08x) or a float32 next to it (0 where amax is 0); goep's NVFP4 combine uses each row's own "+
+					"scale, so it refuses another (or pass NULL)", l, j, scales[r], math.Float32bits(scales[r]), l, j, amax, want,
+					math.Float32bits(want))
+			}
+		}
+	}
+	return nil
+}
+
+// rowAmax is the largest |value| of a row, in float32; NaN where the row
+// has a NaN.
+func rowAmax[E ep.Element](row []E) float32 {
+	var amax float32
+	for _, v := range row {
+		amax = max(amax, float32(math.Abs(float64(ep.Float32Of(v)))))
+	}
+	return amax
+}
+
+// globalScaleOK reports whether s is NCCL EP's global scale of an NVFP4
+// combine for a row whose largest |value| is amax, and the scale it wants:
+// 2688/amax as a float32 division gives it (0 where amax is 0, and where it
+// is infinite), or a float32 next to that one: another division, or a
+// reciprocal, is a unit in the last place away. No scale is a NaN row's.
+func globalScaleOK(s, amax float32) (want float32, ok bool) {
+	switch {
+	case amax != amax:
+		return amax, false
+	case amax == 0:
+		return 0, s == 0
+	}
+	want = 2688 / amax
+	if want == 0 || !(s > 0) {
+		return want, s == want
+	}
+	d := int64(math.Float32bits(s)) - int64(math.Float32bits(want))
+	return want, d >= -1 && d <= 1
+}
+
 func (h *handleImpl[E]) complete(cfg *C.goepEpCompleteConfig_t) error {
 	if err := h.lock(); err != nil {
 		return err
@@ -1021,9 +1214,9 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 	if err := h.idle("goepEpHandleRecvTokens"); err != nil {
 		return err
 	}
-	if h.g.gc.cfg.Wire.FP8() {
-		return invalidUsagef("goepEpHandleRecvTokens: this group's dispatches are %s, whose rows arrive as e4m3 codes with their scales: "+
-			"pass outputs->tokens and outputs->scales to goepEpDispatch instead", dispQuantName(h.g.gc.dispQuant))
+	if q := h.g.gc.rowFormat(); q != nil {
+		return invalidUsagef("goepEpHandleRecvTokens: this group's dispatches are %s, whose rows arrive as %s codes with their scales: "+
+			"pass outputs->tokens and outputs->scales to goepEpDispatch instead", dispQuantName(h.g.gc.dispQuant), q.codes)
 	}
 	if !h.dispatched {
 		return invalidUsagef("the handle has not been dispatched")

@@ -2,12 +2,13 @@
 """check_header.py: the public header (capi/goep_ep.h) declares every function
 as the library defines it, and NCCL EP's functions with NCCL EP's parameters.
 
-    check_header.py capi/goep_ep.h bin/capi/libgoep_ep.h bin/capi/libgoep_ep.so
+    check_header.py capi/goep_ep.h bin/capi/libgoep_ep.h bin/capi/libgoep_ep.so [capi/goep_ep_bench.h]
 
 The library's Go functions are declared by cgo in the header it generates
 (libgoep_ep.h), without const; their parameter types, const aside, must be
 those of goep_ep.h, and every function goep_ep.h declares must be exported by
-the library (nm -D). Each function of NCCL EP's API (nccl_ep.h, version 2),
+the library (nm -D). The benchmark's header (goep_ep_bench.h, not part of the
+API), where given, declares the library's other exports, checked the same way. Each function of NCCL EP's API (nccl_ep.h, version 2),
 renamed, must be declared with NCCL's number of parameters, a stream
 (goepEpStream_t) last where NCCL's takes a cudaStream_t. Exits non-zero naming
 each difference.
@@ -50,17 +51,19 @@ NCCL_EP = {
 def main() -> int:
     public, generated, lib = sys.argv[1:4]
     pub = prototypes(open(public).read())
+    bench = prototypes(open(sys.argv[4]).read()) if len(sys.argv) > 4 else {}
     gen = prototypes(open(generated).read(), prefix=r"extern\s+")
     exported = set(re.findall(r" T (goepEp\w+)$", subprocess.run(["nm", "-D", lib], capture_output=True, text=True,
                                                                  check=True).stdout, flags=re.M))
     bad = []
-    for name, sig in pub.items():
-        if name not in exported:
-            bad.append(f"{name}: declared in {public} but not exported by {lib}")
-        if name in gen and gen[name] != sig:
-            bad.append(f"{name}: {public} declares {sig}, the library (cgo) {gen[name]}")
+    for header, decls in ((public, pub), (sys.argv[4] if bench else "", bench)):
+        for name, sig in decls.items():
+            if name not in exported:
+                bad.append(f"{name}: declared in {header} but not exported by {lib}")
+            if name in gen and gen[name] != sig:
+                bad.append(f"{name}: {header} declares {sig}, the library (cgo) {gen[name]}")
     for name in gen:
-        if name not in pub and name != "goepEpBenchGoRounds":
+        if name not in pub and name not in bench:
             bad.append(f"{name}: exported by the library but not declared in {public}")
     for name, (n, stream) in NCCL_EP.items():
         sig = pub.get(name)
@@ -75,7 +78,8 @@ def main() -> int:
     for b in bad:
         print("check_header:", b, file=sys.stderr)
     if not bad:
-        print(f"check_header: {len(pub)} functions of {public} match the library ({len(gen)} from Go, the rest from C)")
+        print(f"check_header: {len(pub)} functions of {public} and {len(bench)} of the benchmark's header match the "
+              f"library ({len(gen)} from Go, the rest from C)")
     return 1 if bad else 0
 
 

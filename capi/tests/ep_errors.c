@@ -157,9 +157,22 @@ static void test_group_config(void) {
               "options.backend = \"no-such-engine\": ep: backend \"no-such-engine\" is not registered: want one of alltoallv");
     o.backend = "alltoallv"; /* no call sequence checks: the C interface's contract needs them */
     EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidUsage, "which alltoallv does not declare");
+    /* The NVFP4 combine is LL's, on rows of whole 16-byte pieces of codes (hidden a multiple of 32). */
     o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.combine_quant = GOEP_EP_COMB_QUANT_NVFP4;
-    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidUsage, "GOEP_EP_COMB_QUANT_NVFP4");
-    o.combine_quant = GOEP_EP_COMB_QUANT_FP8;
+    c = config(GOEP_EP_ALGO_HIGH_THROUGHPUT);
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument,
+              "CombineWire nvfp4 is not a combine format of HighThroughput groups");
+    c = config(GOEP_EP_ALGO_LOW_LATENCY), c.max_token_bytes = 2 * 40;
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument, "Hidden must be a multiple of 32");
+    o.combine_quant = 2;
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument, "options.combine_quant = 0x2");
+    o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.dispatch_quant = GOEP_EP_DISP_QUANT_FWD_NVFP4;
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument, "Hidden must be a multiple of 32");
+    o.dispatch_round_scales = 1;
+    c = config(GOEP_EP_ALGO_LOW_LATENCY);
+    EXPECT_RC(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o), goepEpInvalidArgument,
+              "options.dispatch_round_scales = 1 with GOEP_EP_DISP_QUANT_FWD_NVFP4");
+    o = (goepEpGroupOptions_t)GOEP_EP_GROUP_OPTIONS_INIT, o.combine_quant = GOEP_EP_COMB_QUANT_FP8;
     c = config(GOEP_EP_ALGO_HIGH_THROUGHPUT); /* HT has an FP8 combine too */
     OK(goepEpCreateGroupWithOptions(&g, MPI_COMM_WORLD, &c, &o));
     OK(goepEpGroupDestroy(g));

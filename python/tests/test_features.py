@@ -1,8 +1,9 @@
 """The engine's optional features through goep.ep: FP8 dispatch (cast by the
-engine, or the caller's codes forwarded), the FP8 combine, HT's expert-major
-and LL's rank-major layouts. What each rank receives is checked against a
-reference computed here with numpy from the definitions (the e4m3 cast of
-ep.Quantize, the layouts of nccl.ep's documentation), never from goep."""
+engine, or the caller's codes forwarded), forwarded NVFP4 rows, the FP8 and
+NVFP4 combines, HT's expert-major and LL's rank-major layouts. What each rank
+receives is checked against a reference computed here with numpy from the
+definitions (the e4m3 cast of ep.Quantize, the NVFP4 cast of docs/ep.md, the
+layouts of nccl.ep's documentation), never from goep."""
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ import goep.ep as nccl_ep
 
 LL, HT = nccl_ep.Algorithm.LOW_LATENCY, nccl_ep.Algorithm.HIGH_THROUGHPUT
 DS, FWD = nccl_ep.DispatchQuantizationRecipe.DS_FP8E3M4, nccl_ep.DispatchQuantizationRecipe.FWD
-E4M3 = nccl_ep.DataType.FLOAT8E4M3
+FWD_NVFP4 = nccl_ep.DispatchQuantizationRecipe.FWD_NVFP4
+E4M3, FP4X2 = nccl_ep.DataType.FLOAT8E4M3, nccl_ep.DataType.FLOAT4X2
+NVFP4 = nccl_ep.CombineQuantizationRecipe.NVFP4
 
 
 # --- e4m3 from its definition ------------------------------------------------------------------------------------
@@ -353,6 +356,243 @@ def test_fp8_combine(comm):
         for k in range(K):
             want += np.where(e[:, k:k + 1] >= 0, w[:, k:k + 1], 0).astype(np.float32) * xq
         close(out, want, nccl_ep.FLOAT32)
+        handle.destroy()
+
+
+# --- NVFP4 from its definition -----------------------------------------------------------------------------------
+
+E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float64)
+
+
+def e2m1(a: np.ndarray) -> np.ndarray:
+    """The e2m1 magnitude nearest to each a >= 0 (float32), ties to the even code, saturating at 6."""
+    d = np.abs(np.asarray(a, dtype=np.float64)[..., None] - E2M1_VALUES)
+    nearest = d == d.min(axis=-1, keepdims=True)
+    even = nearest & (np.arange(8) % 2 == 0)
+    idx = np.where(even.any(axis=-1), even.argmax(axis=-1), nearest.argmax(axis=-1))
+    return E2M1_VALUES[idx].astype(np.float32)
+
+
+def nvfp4_values(x: np.ndarray) -> np.ndarray:
+    """The values of rows x [n, H] (float32) after the NVFP4 cast, in float32: row scale g = amax/2688; per 16
+    elements es = e4m3(amax_b/6/g) * g; each element the nearest e2m1 of x/es, times es (0 where es is 0)."""
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.max(np.abs(x), axis=1)
+    g = (amax / np.float32(2688)).astype(np.float32)
+    out = np.zeros_like(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for b in range(0, x.shape[1], 16):
+            blk = x[:, b:b + 16]
+            bmax = np.max(np.abs(blk), axis=1)
+            sc = np.where(g > 0, (bmax / np.float32(6)).astype(np.float32) / g, np.float32(0)).astype(np.float32)
+            es = (decode_e4m3(e4m3(sc)) * g).astype(np.float32)
+            m = (e2m1(np.abs(blk / es[:, None]).astype(np.float32)) * es[:, None]).astype(np.float32)
+            m = np.where(es[:, None] > 0, m, np.float32(0))
+            out[:, b:b + 16] = np.where(blk < 0, -m, m)
+    return out
+
+
+def test_nvfp4_reference_itself():
+    """The reference cast on a row whose values are known: amax 2688 makes the row scale 1."""
+    x = np.zeros((1, 32), dtype=np.float32)
+    # Block 0: amax 2688, scale e4m3(2688/6) = 448; the codes of 6, -3, 0.75 and 1.25 (ties: the even codes 1 and 1),
+    # 5 (a tie: 4), 0.2 (below 0.25: 0), times 448.
+    x[0, :6] = np.array([6, -3, 0.75, 1.25, 5, 0.2], dtype=np.float32) * 448
+    # Block 1: amax 56, scale e4m3(56/6 = 9.33) = 9; 56/9 = 6.2 saturates at 6.
+    x[0, 16:] = 56
+    v = nvfp4_values(x)[0]
+    assert list(v[:6]) == [2688, -1344, 448, 448, 1792, 0] and not v[6:16].any()
+    assert list(v[16:]) == [54] * 16
+
+
+FP4_H = 64  # NVFP4 rows: hidden a multiple of 32
+
+
+def fp4_rows(rank: int, T: int):
+    """The caller's NVFP4 rows of rank: code bytes [T, H/2] (any byte is two e2m1 codes) and e4m3 scale bytes
+    [T, H/16], as a quantising kernel of its own would have made them."""
+    t = np.arange(T)[:, None]
+    codes = ((rank * 37 + t * 11 + np.arange(FP4_H // 2)[None, :] * 3 + 1) % 256).astype(np.uint8)
+    scales = ((rank * 29 + t * 7 + np.arange(FP4_H // 16)[None, :] * 5 + 2) % 256).astype(np.uint8)
+    return codes, scales
+
+
+def refused(me: int, bad: int, match: str):
+    """pytest.raises for a collective call that rank bad refuses: NcclInvalid there, NcclRemoteError naming it
+    on the others, both saying match."""
+    if me == bad:
+        return pytest.raises(nccl_ep.NcclInvalid, match=match)
+    return pytest.raises(nccl_ep.NcclRemoteError, match=f"rank {bad} refused the call.*{match}")
+
+
+@pytest.mark.parametrize("algorithm", [LL, HT], ids=["ll", "ht"])
+def test_nvfp4_forward(comm, algorithm):
+    """GroupConfig(dispatch_quant=FWD_NVFP4), dispatched with nccl.ep's FWD: the caller's FLOAT4X2 codes and e4m3
+    scale bytes arrive byte for byte at their (source, token) places. One rank's bad payload (e4m3 rows, a logical
+    hidden where the packed one goes, float32 scales, another scale count, output scales of another type) is
+    refused there by name and on the others naming that rank, writing nothing; the group goes on."""
+    s = shape(comm, hidden=FP4_H)
+    me, R = comm.Get_rank(), comm.Get_size()
+    T, H, K, L = s.tokens_of(me), s.hidden, s.topk, s.local_experts
+    P, S, bad = H // 2, H // 16, R - 1
+    ll = algorithm == LL
+    scale_type = nccl_ep.DataType.UINT8 if ll else E4M3  # nccl.ep takes either one-byte type for them
+    with group_for(comm, s, algorithm, dispatch_quant=FWD_NVFP4) as group:
+        handle = group.create_handle(nccl_ep.Layout.EXPERT_MAJOR if ll else nccl_ep.Layout.FLAT, ref.experts(s, me))
+        mine, my_scales = fp4_rows(me, T)
+        w = ref.weights(T, K)
+        lead = (L, R * s.max_tokens) if ll else (R * s.max_tokens,)
+        codes = np.full(lead + (P,), 0xEE, dtype=np.uint8)
+        scales = np.full(lead + (S,), 0xEE, dtype=np.uint8)
+        counts, total = np.zeros(L, dtype=np.int32), np.zeros(1, dtype=np.int64)
+        info = nccl_ep.LayoutInfo(expert_counters=counts if ll else None, recv_total_counter=total)
+        outs = nccl_ep.DispatchOutputs(tokens=nccl_ep.Tensor(codes, dtype=FP4X2),
+                                       scales=nccl_ep.Tensor(scales, dtype=scale_type))
+        good = nccl_ep.DispatchInputs(tokens=nccl_ep.Tensor(mine, dtype=FP4X2), topk_weights=w,
+                                      scales=nccl_ep.Tensor(my_scales, dtype=scale_type))
+        cfg = nccl_ep.DispatchConfig(quantization_recipe=FWD)
+        other = nccl_ep.DataType.UINT8 if scale_type == E4M3 else E4M3
+        bads = [
+            (nccl_ep.DispatchInputs(tokens=nccl_ep.Tensor(np.zeros((T, H), np.uint8), dtype=E4M3), topk_weights=w,
+                                    scales=good.scales), outs, "this group forwards NVFP4 rows"),
+            (nccl_ep.DispatchInputs(tokens=nccl_ep.Tensor(np.zeros((T, H), np.uint8), dtype=FP4X2), topk_weights=w,
+                                    scales=good.scales), outs, "a float4x2 element holds two values"),
+            (nccl_ep.DispatchInputs(tokens=good.tokens, topk_weights=w, scales=np.ones((T, S), np.float32)), outs,
+             "inputs->scales has datatype float32"),
+            (nccl_ep.DispatchInputs(tokens=good.tokens, topk_weights=w,
+                                    scales=nccl_ep.Tensor(np.zeros((T, S // 2), np.uint8), dtype=scale_type)), outs,
+             "scales a row"),
+            (good, nccl_ep.DispatchOutputs(tokens=outs.tokens, scales=nccl_ep.Tensor(scales, dtype=other)),
+             "forwarded scale bytes arrive in the type they were given"),
+        ]
+        for inputs, outputs, says in bads:
+            with refused(me, bad, says):
+                handle.dispatch(inputs if me == bad else good, outputs if me == bad else outs, layout_info=info,
+                                config=cfg)
+        assert (codes == 0xEE).all() and (scales == 0xEE).all(), "a refused dispatch wrote into its outputs"
+        handle.dispatch(good, outs, layout_info=info, config=cfg)
+        y = np.zeros(lead + (H,), dtype=np.uint16)
+        if ll:
+            for l, rows in enumerate(ll_rows(s, me)):
+                assert counts[l] == len(rows)
+                for j, (src, t) in enumerate(rows):
+                    c, sc = fp4_rows(src, t + 1)
+                    np.testing.assert_array_equal(codes[l, j], c[t], err_msg=f"expert {l} row {j} (rank {src} token {t})")
+                    np.testing.assert_array_equal(scales[l, j], sc[t], err_msg=f"expert {l} row {j} scales")
+                    y[l, j] = ref.to_bf16(ref.values(src, t + 1, H)[t])
+            with pytest.raises(nccl_ep.NcclInvalid, match="float4x2 codes with their scales"):
+                handle.recv_tokens()
+        else:
+            rows = ref.received_ht(s, me)
+            assert total[0] == len(rows)
+            for j, (src, t, _, wt) in enumerate(rows):
+                c, sc = fp4_rows(src, t + 1)
+                np.testing.assert_array_equal(codes[j], c[t], err_msg=f"row {j} (rank {src} token {t})")
+                np.testing.assert_array_equal(scales[j], sc[t], err_msg=f"row {j} scales")
+                y[j] = ref.to_bf16(ref.values(src, t + 1, H)[t] * wt.sum())
+        # The combine of such a group takes the expert outputs in the token type.
+        out = np.zeros((T, H), dtype=np.uint16)
+        handle.combine(nccl_ep.CombineInputs(tokens=y), nccl_ep.CombineOutputs(tokens=out, topk_weights=w if ll else None))
+        np.testing.assert_array_equal(ref.from_bf16(out), ref.combined(s, me))
+        handle.destroy()
+    # A group forwarding FP8 rows names the recipe that forwards FLOAT4X2 ones.
+    with group_for(comm, s, algorithm, dispatch_quant=FWD) as group:
+        handle = group.create_handle(nccl_ep.Layout.EXPERT_MAJOR if ll else nccl_ep.Layout.FLAT, ref.experts(s, me))
+        with pytest.raises(nccl_ep.NcclInvalid, match="options.dispatch_quant = GOEP_EP_DISP_QUANT_FWD_NVFP4"):
+            handle.dispatch(good, nccl_ep.DispatchOutputs(tokens=nccl_ep.Tensor(np.zeros(lead + (H,), np.uint8), dtype=E4M3),
+                                                          scales=np.zeros(lead + (4,), np.float32)),
+                            layout_info=info, config=cfg)
+        handle.destroy()
+
+
+def expert_out(e: int, src: int, t: int, H: int, dtype) -> np.ndarray:
+    """Expert e's output for token t of rank src, float32 [H], as the element type holds it: a spread of
+    magnitudes (every third block 64 times smaller, fractions below the integers), so that the NVFP4 scales and
+    the codes' rounding matter. The expert's rank and the token's compute it alike."""
+    h = np.arange(H)
+    v = (ref.values(src, t + 1, H)[t] * np.float32(1 + e / 7) + ((h * 13 + t) % 11) * np.float32(0.0625)).astype(np.float32)
+    v = np.where((h // 16) % 3 == 1, v * np.float32(1 / 64), v).astype(np.float32)
+    return decode(encode(v[None, :], dtype), dtype)[0]
+
+
+@pytest.mark.parametrize("dtype", [nccl_ep.BFLOAT16, nccl_ep.FLOAT32], ids=["bf16", "f32"])
+def test_nvfp4_combine(comm, dtype):
+    """GroupConfig(combine_quant=NVFP4), LL: every combined value is the float32 sum, in top-k order, of weight times
+    the NVFP4 values of its expert outputs (the reference cast above), rounded once to the element type: bit for
+    bit, with nccl.ep's global scales (2688 / amax per row; one a float32 step off is the same) and without them.
+    One rank's scale two steps off its row's, and a scales tensor of another shape, are refused there naming them
+    and on the others naming that rank; scales in a group without the NVFP4 combine are refused."""
+    s = shape(comm, hidden=FP4_H)
+    me, R = comm.Get_rank(), comm.Get_size()
+    T, H, K, L = s.tokens_of(me), s.hidden, s.topk, s.local_experts
+    bad = R - 1
+    with group_for(comm, s, LL, dtype, combine_quant=NVFP4) as group:
+        handle = group.create_handle(nccl_ep.Layout.EXPERT_MAJOR, ref.experts(s, me))
+        x, w = rows_of(me, T, H, dtype), ref.weights(T, K)
+        recv = np.zeros((L, R * s.max_tokens, H), dtype=encode(x, dtype).dtype)
+        counts = np.zeros(L, dtype=np.int32)
+        dispatch = lambda: handle.dispatch(nccl_ep.DispatchInputs(tokens=encode(x, dtype), topk_weights=w),  # noqa: E731
+                                           nccl_ep.DispatchOutputs(tokens=recv),
+                                           layout_info=nccl_ep.LayoutInfo(expert_counters=counts))
+        dispatch()
+        y = np.zeros((L, R * s.max_tokens, H), dtype=np.float32)
+        scales = np.full((L, R * s.max_tokens, 1), -1, dtype=np.float32)  # rows past expert_counters are not read
+        for l, rows in enumerate(ll_rows(s, me)):
+            assert counts[l] == len(rows)
+            for j, (src, t) in enumerate(rows):
+                y[l, j] = expert_out(me * L + l, src, t, H, dtype)
+                amax = np.max(np.abs(y[l, j]))
+                scales[l, j, 0] = 0 if amax == 0 else np.float32(2688) / amax  # nccl.ep's contract
+        first = next(((l, 0) for l in range(L) if counts[l] > 0), None)
+        if first is not None:
+            scales[first + (0,)] = np.nextafter(scales[first + (0,)], np.float32(np.inf))  # another division's last bit
+        cfg = nccl_ep.CombineConfig(quantization_recipe=NVFP4)
+        out = np.zeros((T, H), dtype=encode(x, dtype).dtype)
+        outs = nccl_ep.CombineOutputs(tokens=out)
+
+        bad_l = next(l for l in range(L) if ref.received_ll(s, bad)[l])  # where rank bad's first row is
+        off = scales.copy()
+        if first is not None:
+            zero = np.float32(0)  # float32 steps (a Python 0 would make them float64 ones)
+            off[first + (0,)] = np.nextafter(np.nextafter(np.nextafter(scales[first + (0,)], zero), zero), zero)
+        with refused(me, bad, rf"inputs->scales\[{bad_l}\]\[0\]\[0\] = .*want 2688/amax"):
+            handle.combine(nccl_ep.CombineInputs(tokens=encode(y, dtype), scales=off if me == bad else scales), outs,
+                           config=cfg)
+        with refused(me, bad, "inputs->scales has shape"):
+            handle.combine(nccl_ep.CombineInputs(tokens=encode(y, dtype), scales=scales[..., 0] if me == bad else scales),
+                           outs, config=cfg)
+
+        e = ref.experts(s, me)
+        want = np.zeros((T, H), dtype=np.float32)
+        for t in range(T):
+            acc = None
+            for k in range(K):
+                if e[t, k] < 0:
+                    continue
+                p = (w[t, k] * nvfp4_values(expert_out(e[t, k], me, t, H, dtype)[None, :])[0]).astype(np.float32)
+                acc = p if acc is None else (acc + p).astype(np.float32)
+            if acc is not None:
+                want[t] = acc
+        want = decode(encode(want, dtype), dtype)
+        handle.combine(nccl_ep.CombineInputs(tokens=encode(y, dtype), scales=scales), outs, config=cfg)
+        np.testing.assert_array_equal(decode(out, dtype), want)
+        dispatch()  # a cached dispatch, then the combine without scales: goep computes each row's
+        out[:] = 0
+        handle.combine(nccl_ep.CombineInputs(tokens=encode(y, dtype)), outs)
+        np.testing.assert_array_equal(decode(out, dtype), want)
+        handle.destroy()
+    with group_for(comm, s, LL, dtype) as group:
+        handle = group.create_handle(nccl_ep.Layout.EXPERT_MAJOR, ref.experts(s, me))
+        x, w = rows_of(me, T, H, dtype), ref.weights(T, K)
+        recv = np.zeros((L, R * s.max_tokens, H), dtype=encode(x, dtype).dtype)
+        handle.dispatch(nccl_ep.DispatchInputs(tokens=encode(x, dtype), topk_weights=w),
+                        nccl_ep.DispatchOutputs(tokens=recv),
+                        layout_info=nccl_ep.LayoutInfo(expert_counters=np.zeros(L, dtype=np.int32)))
+        out = np.zeros((T, H), dtype=recv.dtype)
+        with pytest.raises(nccl_ep.NcclInvalid, match="inputs->scales must be NULL"):
+            handle.combine(nccl_ep.CombineInputs(tokens=recv, scales=np.zeros((L, R * s.max_tokens, 1), np.float32)),
+                           nccl_ep.CombineOutputs(tokens=out))
+        handle.combine(nccl_ep.CombineInputs(tokens=recv), nccl_ep.CombineOutputs(tokens=out))
         handle.destroy()
 
 

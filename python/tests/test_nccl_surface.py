@@ -24,10 +24,11 @@ import goep.ep as nccl_ep
 
 LL, HT = nccl_ep.Algorithm.LOW_LATENCY, nccl_ep.Algorithm.HIGH_THROUGHPUT
 
-# ncclDataType_t (nccl.h), with its aliases.
+# ncclDataType_t (nccl.h), with its aliases, and the number NCCL reserves for packed FP4 (nccl_ep.h's
+# ncclFloat4x2).
 NCCL_TYPES = {"INT8": 0, "CHAR": 0, "UINT8": 1, "INT32": 2, "INT": 2, "UINT32": 3, "INT64": 4, "UINT64": 5,
               "FLOAT16": 6, "HALF": 6, "FLOAT32": 7, "FLOAT": 7, "FLOAT64": 8, "DOUBLE": 8, "BFLOAT16": 9,
-              "FLOAT8E4M3": 10, "FLOAT8E5M2": 11}
+              "FLOAT8E4M3": 10, "FLOAT8E5M2": 11, "FLOAT4X2": 12}
 # nccl.ep's GroupConfig, in its order.
 NCCL_GROUP_FIELDS = ["algorithm", "num_experts", "max_dispatch_tokens_per_rank", "max_recv_tokens_per_rank",
                      "max_token_bytes", "rdma_buffer_size", "num_qp_per_rank", "num_channels", "max_num_sms", "alloc",
@@ -195,8 +196,10 @@ def test_enums_have_nccls_numbers():
     assert [(m.name, int(m)) for m in nccl_ep.ZeroCopyMode] == [("AUTO", 0), ("OFF", 1), ("ON", 2)]
     assert nccl_ep.OverflowPolicy.OVERFLOW_DROP is nccl_ep.OverflowPolicy.DROP
     assert nccl_ep.ZeroCopyMode.ZERO_COPY_ON is nccl_ep.ZeroCopyMode.ON
-    # ncclEpDispQuant_t, ncclEpCombQuant_t; goep's FP8 combine numbered apart from NCCL's recipes.
-    assert [(m.name, int(m)) for m in nccl_ep.DispatchQuantizationRecipe] == [("NONE", 0), ("FWD", 1), ("DS_FP8E3M4", 2)]
+    # ncclEpDispQuant_t, ncclEpCombQuant_t; goep's FP8 combine and its group recipe of NVFP4 forwarding numbered
+    # apart from NCCL's recipes.
+    assert [(m.name, int(m)) for m in nccl_ep.DispatchQuantizationRecipe] == [("NONE", 0), ("FWD", 1), ("DS_FP8E3M4", 2),
+                                                                            ("FWD_NVFP4", 0x100)]
     assert [(m.name, int(m)) for m in nccl_ep.CombineQuantizationRecipe] == [("NONE", 0), ("NVFP4", 1), ("FP8", 0x100),
                                                                            ("FP8_UE8M0", 0x101)]
 
@@ -236,7 +239,7 @@ def test_gpu_only_fields_leave_the_plan_as_it_is():
     (dict(datatype=nccl_core.FLOAT8E4M3), r"config.datatype = float8e4m3 \(10\): want BFLOAT16 or FLOAT32"),
     (dict(datatype=nccl_core.UINT64), r"config.datatype = uint64 \(5\): want BFLOAT16 or FLOAT32"),
     (dict(combine_quant=2), "GroupConfig.combine_quant = 2: want one of NONE, NVFP4, FP8, FP8_UE8M0"),
-    (dict(dispatch_quant=3), "GroupConfig.dispatch_quant = 3: want one of NONE, FWD, DS_FP8E3M4"),
+    (dict(dispatch_quant=3), "GroupConfig.dispatch_quant = 3: want one of NONE, FWD, DS_FP8E3M4, FWD_NVFP4"),
     (dict(dispatch_round_scales=2), "GroupConfig.dispatch_round_scales = 2: want 0 or 1"),
     (dict(alloc="cudaMalloc"), "GroupConfig.alloc is a str; want an AllocConfig"),
     (dict(alloc=nccl_ep.AllocConfig(alloc_fn=nccl_ep.AllocFn(lambda p, n, c: 0))),

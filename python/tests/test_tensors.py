@@ -310,8 +310,10 @@ def test_raw_address():
     a = np.zeros((2, 3), np.uint16)
     t = nccl_ep.Tensor(a.ctypes.data, dtype=nccl_ep.BFLOAT16, shape=(2, 3))
     assert t.data == a.ctypes.data and t.sizes == (2, 3) and t.ndim == 2 and t.buffer is None
-    with pytest.raises(nccl_ep.NcclInvalid, match="dtype=12 .* has no goep element type"):
-        nccl_ep.Tensor(a.ctypes.data, dtype=12, shape=(2, 3))
+    with pytest.raises(nccl_ep.NcclInvalid, match="dtype=13 .* has no goep element type"):
+        nccl_ep.Tensor(a.ctypes.data, dtype=13, shape=(2, 3))
+    # 12 is NCCL's packed FP4 (forwarded NVFP4 rows): bytes, two codes each.
+    assert nccl_ep.Tensor(a.ctypes.data, dtype=12, shape=(2, 6)).datatype == nccl_ep.DataType.FLOAT4X2
     with pytest.raises(nccl_ep.NcclInvalid, match="a raw address needs dtype= and shape="):
         nccl_ep.Tensor(a.ctypes.data, dtype=nccl_ep.BFLOAT16)
     with pytest.raises(nccl_ep.NcclInvalid, match="shape= is for a raw address"):

@@ -9,8 +9,9 @@
 #     nodes, in bfloat16 and float32; and once linked with the static archive; with goep's options
 #     (a backend by name, the FP8 combine) and HT's overflow policy DROP
 #   - the engine's optional features from C (capi/tests/ep_features.c): LL RANK_MAJOR, HT EXPERT_MAJOR with
-#     padded zones, FP8 dispatch (with and without round_scales) and forwarded FP8 rows, every received value
-#     checked against the reference, at 1, 2 and 4 ranks on 2 simulated nodes
+#     padded zones, FP8 dispatch (with and without round_scales), forwarded FP8 and NVFP4 rows and the NVFP4
+#     combine, every received value checked against the reference, one rank's bad NVFP4 payloads and scales
+#     refused on every rank, at 1, 2 and 4 ranks on 2 simulated nodes
 #   - the C error tests (capi/tests/ep_errors.c): bad input and destroyed objects at 1, 2 and 4
 #     ranks on 2 simulated nodes; a stalled peer (goepEpTimeout) and a masked rank at 2 ranks
 #   - the C sequence tests (capi/tests/ep_sequences.c) at 2 and 4 ranks and 2 simulated nodes: one
@@ -69,7 +70,7 @@ mpi() { # mpi NP [sim] CMD...: NP ranks, or with sim 2 ranks per simulated node
 }
 
 step "the header against the library"
-"$PYTHON" capi/tests/check_header.py capi/goep_ep.h bin/capi/libgoep_ep.h bin/capi/libgoep_ep.so
+"$PYTHON" capi/tests/check_header.py capi/goep_ep.h bin/capi/libgoep_ep.h bin/capi/libgoep_ep.so capi/goep_ep_bench.h
 bin/capi/abi
 
 step "C: ep_test (full rounds against the reference)"
@@ -87,7 +88,7 @@ mpi 4 sim bin/capi/ep_test -a ht -c -Q
 mpi 2 - bin/capi/ep_test -a ht -c -D 12
 mpi 4 sim bin/capi/ep_test -a ht -c -z -D 20 -f f32
 
-step "C: ep_features (LL rank-major, HT expert-major, FP8 dispatch and forwarded FP8 rows against the reference)"
+step "C: ep_features (LL rank-major, HT expert-major, FP8 dispatch, forwarded FP8 and NVFP4 rows, the NVFP4 combine against the reference)"
 mpi 1 - bin/capi/ep_features
 mpi 2 - bin/capi/ep_features
 mpi 4 sim bin/capi/ep_features

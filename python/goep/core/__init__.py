@@ -25,6 +25,7 @@ from goep.core.typing import (
     CHAR,
     DOUBLE,
     FLOAT,
+    FLOAT4X2,
     FLOAT8E4M3,
     FLOAT8E5M2,
     FLOAT16,
@@ -45,7 +46,7 @@ from goep.core.typing import (
 __all__ = [
     "Communicator", "NcclDataType", "NcclInvalid", "UniqueId", "get_unique_id",
     "INT8", "CHAR", "UINT8", "INT32", "INT", "UINT32", "INT64", "UINT64", "FLOAT16", "HALF", "FLOAT32", "FLOAT",
-    "FLOAT64", "DOUBLE", "BFLOAT16", "FLOAT8E4M3", "FLOAT8E5M2",
+    "FLOAT64", "DOUBLE", "BFLOAT16", "FLOAT8E4M3", "FLOAT8E5M2", "FLOAT4X2",
 ]
 
 UNIQUE_ID_BYTES = 128  # as NCCL's ncclUniqueId

@@ -9,7 +9,7 @@ from goep.ep.errors import NcclInvalid
 __all__ = [
     "NcclDataType", "NcclInvalid",
     "INT8", "CHAR", "UINT8", "INT32", "INT", "UINT32", "INT64", "UINT64", "FLOAT16", "HALF", "FLOAT32", "FLOAT",
-    "FLOAT64", "DOUBLE", "BFLOAT16", "FLOAT8E4M3", "FLOAT8E5M2",
+    "FLOAT64", "DOUBLE", "BFLOAT16", "FLOAT8E4M3", "FLOAT8E5M2", "FLOAT4X2",
 ]
 
 
@@ -17,7 +17,9 @@ class NcclDataType(IntEnum):
     """NCCL's element types (``ncclDataType_t``), with its numbers: a member
     equals the ``goep.ep.DataType`` of the same number and may be passed
     wherever one is. FLOAT8E4M3 is the type of an FP8 dispatch's e4m3 codes
-    (``GroupConfig.dispatch_quant``); FLOAT8E5M2 is taken by no call."""
+    (``GroupConfig.dispatch_quant``), FLOAT4X2 (the number NCCL reserves,
+    nccl_ep.h's ``ncclFloat4x2``) that of forwarded NVFP4 rows' codes;
+    FLOAT8E5M2 is taken by no call."""
 
     INT8 = 0
     CHAR = 0
@@ -36,6 +38,7 @@ class NcclDataType(IntEnum):
     BFLOAT16 = 9
     FLOAT8E4M3 = 10
     FLOAT8E5M2 = 11
+    FLOAT4X2 = 12
 
 
 INT8 = NcclDataType.INT8
@@ -55,3 +58,4 @@ DOUBLE = NcclDataType.DOUBLE
 BFLOAT16 = NcclDataType.BFLOAT16
 FLOAT8E4M3 = NcclDataType.FLOAT8E4M3
 FLOAT8E5M2 = NcclDataType.FLOAT8E5M2
+FLOAT4X2 = NcclDataType.FLOAT4X2

@@ -74,7 +74,11 @@ class DispatchQuantizationRecipe(IntEnum):
     """How a dispatch moves its rows (``goepEpDispQuant_t``). goep fixes it
     per group (``GroupConfig.dispatch_quant``): a dispatch's
     ``DispatchConfig.quantization_recipe`` is NONE (the group's) or the
-    group's own."""
+    group's own. nccl.ep forwards any payload with FWD, told by the tokens'
+    type at each dispatch; goep's group names its payload (its buffers hold
+    rows of one size, and a payload the backend lacks is refused when the
+    group is made): FWD for e4m3 codes, FWD_NVFP4 for NVFP4 rows, whose
+    dispatches may still pass FWD."""
 
     NONE = 0
     FWD = 1
@@ -83,16 +87,28 @@ class DispatchQuantizationRecipe(IntEnum):
     DS_FP8E3M4 = 2
     """The rows cast to e4m3 with a float32 scale per 128 elements
     (``round_scales``: powers of two); received as codes and scales."""
+    FWD_NVFP4 = 0x100
+    """goep: nccl.ep's FWD with ``FLOAT4X2`` tokens, as a group's recipe: the
+    caller's FP4 e2m1 codes, ``[num_tokens, hidden / 2]`` ``FLOAT4X2`` (two a
+    byte, element 2i in the low nibble), and one e4m3 scale byte per 16
+    elements, ``[num_tokens, hidden / 16]`` ``UINT8`` (or ``FLOAT8E4M3``),
+    forwarded as they are; hidden a multiple of 32."""
 
 
 class CombineQuantizationRecipe(IntEnum):
-    """How a combine moves the expert outputs (``goepEpCombQuant_t``). goep's
-    low-precision combine is FP8 (LL groups), a group setting
-    (``GroupConfig.combine_quant``); NVFP4 is refused."""
+    """How a combine moves the expert outputs (``goepEpCombQuant_t``), a
+    group setting in goep (``GroupConfig.combine_quant``): a combine's
+    ``CombineConfig.quantization_recipe`` is NONE (the group's) or the
+    group's own."""
 
     NONE = 0
     NVFP4 = 1
+    """LL EXPERT_MAJOR: each valid output row as FP4 e2m1 codes with an e4m3
+    scale per 16 elements and a float32 row scale amax/2688, computed by
+    goep; ``CombineInputs(scales=...)``, nccl.ep's global scales, is None or
+    checked against each row (``goep_ep.h``, ``goepEpCombineInputs_t``)."""
     FP8 = 0x100
+    """goep: e4m3 codes with a float32 scale per 128 elements (LL and HT)."""
     FP8_UE8M0 = 0x101
 
 
@@ -147,6 +163,10 @@ class DataType(IntEnum):
     FLOAT8E4M3 = 10
     """e4m3 codes: an FP8 dispatch's tokens (a uint8 array with dtype=FLOAT8E4M3)."""
     FLOAT8E5M2 = 11
+    FLOAT4X2 = 12
+    """Two FP4 e2m1 codes a byte (NCCL's reserved number, nccl_ep.h's
+    ``ncclFloat4x2``): forwarded NVFP4 rows, ``[rows, hidden / 2]`` (a uint8
+    array with dtype=FLOAT4X2)."""
 
 
 class Result(IntEnum):

@@ -60,15 +60,20 @@ class GroupConfig:
             list`` lists them); "" is "cpu". The C interface takes those that declare
             refusals and call checks, and refuses the others by name.
         combine_quant: (goep) :class:`CombineQuantizationRecipe` of every
-            combine: NONE, or FP8 / FP8_UE8M0 (LL groups: the expert outputs
-            travel as e4m3 codes and scales).
+            combine: NONE, FP8 / FP8_UE8M0 (LL and HT: the expert outputs
+            travel as e4m3 codes and scales) or NVFP4 (LL EXPERT_MAJOR: as
+            FP4 codes with e4m3 block scales and a row scale;
+            ``CombineInputs(scales=)`` is None or nccl.ep's global scales),
+            where the backend declares it.
         dispatch_quant: (goep) :class:`DispatchQuantizationRecipe` of every
             dispatch: NONE, DS_FP8E3M4 (the rows cast to e4m3 with a float32
             scale per 128 elements, received as ``DispatchOutputs(tokens=codes,
-            scales=scales)``) or FWD (the caller's e4m3 codes and scales,
-            ``DispatchInputs(tokens=codes, scales=scales)``). goep lays out a
-            group's buffers for one format, so it is the group's: a dispatch's
-            ``quantization_recipe`` is NONE or this one.
+            scales=scales)``), FWD (the caller's e4m3 codes and scales,
+            ``DispatchInputs(tokens=codes, scales=scales)``) or FWD_NVFP4 (the
+            caller's NVFP4 rows, ``FLOAT4X2`` codes and e4m3 scale bytes, per
+            16 elements). goep lays out a group's buffers for one format, so
+            it is the group's: a dispatch's ``quantization_recipe`` is NONE or
+            this one (FWD also names FWD_NVFP4, as in nccl.ep).
         dispatch_round_scales: (goep) with DS_FP8E3M4, round each scale up
             to a power of two (NCCL EP's ``round_scales``).
     """

@@ -98,8 +98,11 @@ class DispatchInputs:
     """``tokens`` ``[num_tokens, hidden]`` (required), ``topk_weights``
     ``[num_tokens, num_topk]`` float32. A group with ``dispatch_quant=FWD``
     takes ``tokens`` as e4m3 codes (a uint8 array with ``dtype=FLOAT8E4M3``)
-    and ``scales`` ``[num_tokens, ceil(hidden / 128)]`` float32; otherwise
-    ``scales`` is None."""
+    and ``scales`` ``[num_tokens, ceil(hidden / 128)]`` float32; one with
+    ``dispatch_quant=FWD_NVFP4`` takes ``tokens`` as NVFP4 codes ``[num_tokens,
+    hidden / 2]`` (a uint8 array with ``dtype=FLOAT4X2``) and ``scales``
+    ``[num_tokens, hidden / 16]`` uint8 (or ``dtype=FLOAT8E4M3``), e4m3 scale
+    bytes; otherwise ``scales`` is None."""
 
     tokens: TensorLike = None
     topk_weights: TensorLike = None
@@ -115,7 +118,10 @@ class DispatchOutputs:
     RANK_MAJOR ``[nranks, max_tokens, num_topk]``, HT EXPERT_MAJOR weights
     ``[slots]``. An FP8 dispatch (``GroupConfig.dispatch_quant``) writes
     ``tokens`` as e4m3 codes (``dtype=FLOAT8E4M3``) and ``scales`` float32,
-    the layout's leading dimensions then ``ceil(hidden / 128)``."""
+    the layout's leading dimensions then ``ceil(hidden / 128)``; an NVFP4 one
+    (FWD_NVFP4) ``tokens`` as ``FLOAT4X2`` codes, the leading dimensions then
+    ``hidden / 2``, and ``scales`` in the inputs' scale type, then
+    ``hidden / 16``."""
 
     tokens: TensorLike = None
     topk_weights: TensorLike = None
@@ -126,10 +132,16 @@ class DispatchOutputs:
 @dataclass
 class CombineInputs:
     """``tokens``: the expert outputs, shaped as the dispatch's output tokens;
-    HT ``topk_weights`` ``[slots, num_topk]``: values summed back per slot."""
+    HT ``topk_weights`` ``[slots, num_topk]``: values summed back per slot.
+    ``scales``, in a group with ``combine_quant=NVFP4``: None (goep computes
+    each row's scale), or nccl.ep's global scales ``[local_experts, nranks *
+    max_tokens, 1]`` float32, ``2688 / amax`` of each valid row (0 where amax
+    is 0), checked row by row (within a float32 step) and refused, naming the
+    row, where one differs; None in other groups."""
 
     tokens: TensorLike = None
     topk_weights: TensorLike = None
+    scales: TensorLike = None
 
 
 @dataclass
@@ -311,6 +323,7 @@ class Handle:
             cin, cout = s.cin, s.cout
             cin.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
             cin.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
+            cin.scales = address_of(inputs.scales, "inputs.scales", False, keep)
             cout.tokens = address_of(outputs.tokens, "outputs.tokens", True, keep)
             cout.topk_weights = address_of(outputs.topk_weights, "outputs.topk_weights", True, keep)
             cfg = s.combine_config(config)
@@ -320,7 +333,8 @@ class Handle:
         if rc:
             _lib.check(rc)
         if config is not None and config.send_only:
-            self._pending = (keep, inputs.tokens, inputs.topk_weights, outputs.tokens, outputs.topk_weights)
+            self._pending = (keep, inputs.tokens, inputs.topk_weights, inputs.scales, outputs.tokens,
+                             outputs.topk_weights)
 
     def recv_tokens(self) -> np.ndarray:
         """goep extension: the rows the latest dispatch received, where they are,

@@ -57,7 +57,7 @@ _FROM_NUMPY = {
 
 _ITEMSIZE = {DataType.INT8: 1, DataType.UINT8: 1, DataType.INT32: 4, DataType.UINT32: 4, DataType.INT64: 8,
              DataType.UINT64: 8, DataType.FLOAT16: 2, DataType.FLOAT32: 4, DataType.FLOAT64: 8, DataType.BFLOAT16: 2,
-             DataType.FLOAT8E4M3: 1, DataType.FLOAT8E5M2: 1}
+             DataType.FLOAT8E4M3: 1, DataType.FLOAT8E5M2: 1, DataType.FLOAT4X2: 1}
 
 
 def datatype_of(dt: np.dtype) -> DataType:
