@@ -211,20 +211,6 @@ func readCombineQuant(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
 	return nil
 }
 
-func combQuantName(q C.goepEpCombQuant_t) string {
-	switch q {
-	case C.GOEP_EP_COMB_QUANT_NONE:
-		return "GOEP_EP_COMB_QUANT_NONE"
-	case C.GOEP_EP_COMB_QUANT_NVFP4:
-		return "GOEP_EP_COMB_QUANT_NVFP4"
-	case C.GOEP_EP_COMB_QUANT_FP8:
-		return "GOEP_EP_COMB_QUANT_FP8"
-	case C.GOEP_EP_COMB_QUANT_FP8_UE8M0:
-		return "GOEP_EP_COMB_QUANT_FP8_UE8M0"
-	}
-	return fmt.Sprintf("goepEpCombQuant_t(%#x)", int(q))
-}
-
 // readDispatchQuant reads options.dispatch_quant and dispatch_round_scales
 // (version 2) into gc.cfg.Wire.
 func readDispatchQuant(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
@@ -261,20 +247,6 @@ func readDispatchQuant(o *C.goepEpGroupOptions_t, gc *groupConfig) error {
 	// What the format asks of the backend is its row of the format table.
 	info, _ := gc.cfg.Wire.Info()
 	return gc.need(info.DispatchFeature, "options.dispatch_quant = "+dispQuantName(o.dispatch_quant))
-}
-
-func dispQuantName(q C.goepEpDispQuant_t) string {
-	switch q {
-	case C.GOEP_EP_DISP_QUANT_NONE:
-		return "GOEP_EP_DISP_QUANT_NONE"
-	case C.GOEP_EP_DISP_QUANT_FWD:
-		return "GOEP_EP_DISP_QUANT_FWD"
-	case C.GOEP_EP_DISP_QUANT_DS_FP8E3M4:
-		return "GOEP_EP_DISP_QUANT_DS_FP8E3M4"
-	case C.GOEP_EP_DISP_QUANT_FWD_NVFP4:
-		return "GOEP_EP_DISP_QUANT_FWD_NVFP4"
-	}
-	return fmt.Sprintf("goepEpDispQuant_t(%d)", int(q))
 }
 
 // newGroup creates the group over a duplicate of comm (collective).
@@ -508,18 +480,6 @@ func (gi *groupImpl[E]) layoutFor(layout C.goepEpLayout_t) error {
 			"and does not re-open the group for another: make another group for this one", layoutName(layout), layoutName(gi.layout))
 	}
 	return nil
-}
-
-func layoutName(l C.goepEpLayout_t) string {
-	switch l {
-	case C.GOEP_EP_LAYOUT_EXPERT_MAJOR:
-		return "GOEP_EP_LAYOUT_EXPERT_MAJOR"
-	case C.GOEP_EP_LAYOUT_RANK_MAJOR:
-		return "GOEP_EP_LAYOUT_RANK_MAJOR"
-	case C.GOEP_EP_LAYOUT_FLAT:
-		return "GOEP_EP_LAYOUT_FLAT"
-	}
-	return fmt.Sprintf("goepEpLayout_t(%d)", int(l))
 }
 
 // readHandleConfig checks p (NULL: the defaults) for a handle of layout in
