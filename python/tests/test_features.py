@@ -10,6 +10,8 @@ import pytest
 
 import ep_reference as ref
 import goep.ep as nccl_ep
+import test_round
+from test_round import decode, encode, group_for
 
 LL, HT = nccl_ep.Algorithm.LOW_LATENCY, nccl_ep.Algorithm.HIGH_THROUGHPUT
 DS, FWD = nccl_ep.DispatchQuantizationRecipe.DS_FP8E3M4, nccl_ep.DispatchQuantizationRecipe.FWD
@@ -95,25 +97,8 @@ def rows_of(rank: int, T: int, H: int, dtype) -> np.ndarray:
     return ref.from_bf16(ref.to_bf16(v)) if dtype == nccl_ep.BFLOAT16 else v
 
 
-def encode(f, dtype):
-    return ref.to_bf16(f) if dtype == nccl_ep.BFLOAT16 else np.ascontiguousarray(f, dtype=np.float32)
-
-
-def decode(a, dtype):
-    return ref.from_bf16(a) if dtype == nccl_ep.BFLOAT16 else a
-
-
 def shape(comm, tokens=10, hidden=200, topk=3, experts_per_rank=3):
-    return ref.Shape(nranks=comm.Get_size(), num_experts=experts_per_rank * comm.Get_size(), topk=topk,
-                     hidden=hidden, max_tokens=tokens)
-
-
-def group_for(comm, s, algorithm, dtype=nccl_ep.BFLOAT16, **kw):
-    size = 2 if dtype == nccl_ep.BFLOAT16 else 4
-    cfg = nccl_ep.GroupConfig(algorithm=algorithm, num_experts=s.num_experts, max_dispatch_tokens_per_rank=s.max_tokens,
-                              max_token_bytes=s.hidden * size, num_topk=s.topk, datatype=dtype, timeout_ns=30 * 10**9,
-                              **kw)
-    return nccl_ep.Group.create(comm, cfg)
+    return test_round.shape(comm, tokens, hidden, topk, experts_per_rank)
 
 
 def ll_rows(s, me):
