@@ -12,7 +12,8 @@ MPIRUN_FLAGS ?= --oversubscribe $(shell [ "$$(id -u)" = 0 ] && echo --allow-run-
 # across nodes, the one-sided window), the race detector with cgo's pointer checks at 2 ranks. The long
 # matrix (make test-long: every package at 4 and 8 ranks on one node and 8 on 2 and 4 simulated nodes,
 # nodes of unequal size, the race detector across simulated nodes, and the rank counts below left to
-# it) runs the same tests at more ranks; CI (.ci/run) runs both.
+# it) runs the same tests at more ranks; CI (.ci/run) runs make test, and leaves test-long to changes of
+# rank counts, node shapes or launching (it takes 20 to 45 minutes on 2 cores).
 #
 # Packages whose tests also run under mpirun.
 MPI_TEST_PKGS ?= ./mpi ./ep ./moe ./gpu
