@@ -392,6 +392,25 @@ def test_a_described_array_that_dies_is_forgotten():
         del b
 
 
+def test_a_calls_descriptors_outlive_the_cache():
+    """The cache may drop an entry in the middle of a call (full, or its array
+    changed): the call itself holds every descriptor whose address it passes."""
+    from goep.ep import _lib, tensor
+
+    a, b = np.zeros((3, 5), np.float32), torch.zeros(2, 4)
+    for x in (a, b):
+        tensor.address_of(x, "x", False, [])  # described and cached
+        for keep in ([], []):  # a hit, then a miss after the cache was dropped
+            at = tensor.address_of(x, "x", False, keep)
+            tensor._described.clear()
+            gc.collect()
+            held = {ctypes.addressof(k if isinstance(k, _lib.Tensor_c) else k._c) for k in keep}
+            assert at in held
+            c = _lib.Tensor_c.from_address(at)
+            assert c.data == (x.ctypes.data if x is a else x.data_ptr())
+            assert tuple(c.sizes[i] for i in range(c.ndim)) == tuple(x.shape)
+
+
 def test_each_thread_fills_call_structs_of_its_own():
     """A call fills C structs it reuses; a call on another thread (ctypes lets
     threads run during a call) must never write into those another call reads."""

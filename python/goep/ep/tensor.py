@@ -438,13 +438,13 @@ def _forget(oid: int, ref) -> None:
         del _described[oid]
 
 
-def _remember(x, t: Tensor) -> int:
+def _remember(x, t: Tensor) -> None:
     oid = id(x)
     e = _Described()
     try:
         e.ref = weakref.ref(x, lambda ref, oid=oid: _forget(oid, ref))
     except TypeError:  # an object without weak references: not cached
-        return 0
+        return
     e.c, e.address = t._c, t._address
     if type(x) is np.ndarray:
         e.shape, e.strides, e.dtype, e.base, e.data = x.shape, x.strides, x.dtype, x.base, None
@@ -453,14 +453,15 @@ def _remember(x, t: Tensor) -> int:
     if len(_described) >= _DESCRIBED_MAX:
         _described.clear()
     _described[oid] = e
-    return e.address
 
 
 def address_of(x, name: str, writable: bool, keep: list) -> int:
     """The address of a goepEpTensor_t describing x (0 for None), for a call:
     a numpy array's or a torch tensor's from the cache where it is there and
-    still true, otherwise described as :class:`Tensor` does (and then cached,
-    or appended to keep, which the caller holds until the call returns).
+    still true, otherwise described as :class:`Tensor` does (and then
+    cached). The descriptor is appended to keep, which the caller holds until
+    the call returns: the cache may drop an entry (full, or its object
+    changed) while the call still needs its address.
     Raises :class:`NcclInvalid` as Tensor does."""
     if x is None:
         return 0
@@ -474,15 +475,15 @@ def address_of(x, name: str, writable: bool, keep: list) -> int:
         if tx is np.ndarray:
             if (x.base is e.base and x.shape == e.shape and x.strides == e.strides and x.dtype == e.dtype
                     and (not writable or x.flags.writeable)):
+                keep.append(e.c)
                 return e.address
         elif (x.data_ptr() == e.data and x.shape == e.shape and x.dtype is e.dtype and x.is_contiguous()):
+            keep.append(e.c)
             return e.address
     t = Tensor(x, writable=writable, name=name)
-    if tx is np.ndarray or (t._owner is x and _is_torch(x)):
-        address = _remember(x, t)
-        if address:
-            return address
     keep.append(t)
+    if tx is np.ndarray or (t._owner is x and _is_torch(x)):
+        _remember(x, t)
     return t._address
 
 
