@@ -91,6 +91,16 @@ func loadKernels(d *CUDADevice) (*Kernels, error) {
 	}
 	pools, err := d.Attribute(AttrMemoryPoolsSupported)
 	m.pools = err == nil && pools != 0
+	if m.pools {
+		// The default pool returns its memory to the system at every
+		// synchronization unless told to keep some; the kernels' scratch
+		// (a few hundred KiB a call) would then be mapped anew at each
+		// call after one. Keeping poolKeep bytes is a bounded change to
+		// the process's default pool.
+		if err := cuErr("cuMemPoolSetAttribute", C.goep_cu_pool_keep(d.dev, poolKeep)); err != nil {
+			return nil, err
+		}
+	}
 	return newKernels(m, arch), nil
 }
 
@@ -125,6 +135,10 @@ func (m *cudaModule) Launch(name string, grid, block uint32, args []uint64, q Qu
 	}
 	return nil
 }
+
+// poolKeep is how much memory the device's default pool keeps across
+// synchronizations (its release threshold) once goep's kernels are loaded.
+const poolKeep = 64 << 20
 
 func (m *cudaModule) AllocAsync(n int, q Queue) (DevicePtr, error) {
 	s, err := cudaStream(q)

@@ -41,6 +41,8 @@ typedef struct { char reserved[64]; } ipc_handle;  // CUipcMemHandle, passed by 
   O(int, cuIpcOpenMemHandle, (uint64_t *, ipc_handle, unsigned), "cuIpcOpenMemHandle_v2")        \
   O(int, cuIpcCloseMemHandle, (uint64_t), "cuIpcCloseMemHandle")                                \
   O(int, cuMemFreeAsync, (uint64_t, void *), "cuMemFreeAsync")                                 \
+  O(int, cuDeviceGetDefaultMemPool, (void **, int), "cuDeviceGetDefaultMemPool")               \
+  O(int, cuMemPoolSetAttribute, (void *, int, void *), "cuMemPoolSetAttribute")                 \
   X(int, cuMemHostAlloc, (void **, size_t, unsigned), "cuMemHostAlloc")                        \
   X(int, cuMemFreeHost, (void *), "cuMemFreeHost")                                             \
   X(int, cuMemcpyHtoD, (uint64_t, const void *, size_t), "cuMemcpyHtoD_v2")                   \
@@ -220,6 +222,19 @@ int goep_cu_mem_alloc_async(void *ctx, uint64_t *p, size_t n, void *stream) {
   if (!p_cuMemAllocAsync) return GOEP_CUDA_ERROR_NOT_SUPPORTED;
   IN_CTX(ctx);
   return p_cuMemAllocAsync(p, n, stream);
+}
+
+// goep_cu_pool_keep sets the release threshold of device dev's default
+// memory pool (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 4) to `bytes`: the pool
+// then keeps up to that much memory across synchronizations instead of
+// returning it to the system at each one, so that a stream-ordered
+// allocation after a synchronization reuses memory rather than mapping it.
+int goep_cu_pool_keep(int dev, uint64_t bytes) {
+  if (!p_cuDeviceGetDefaultMemPool || !p_cuMemPoolSetAttribute) return GOEP_CUDA_ERROR_NOT_SUPPORTED;
+  void *pool = NULL;
+  int r = p_cuDeviceGetDefaultMemPool(&pool, dev);
+  if (r) return r;
+  return p_cuMemPoolSetAttribute(pool, 4, &bytes);
 }
 
 int goep_cu_mem_free_async(void *ctx, uint64_t p, void *stream) {

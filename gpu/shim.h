@@ -45,6 +45,7 @@ int goep_cu_mem_alloc(void *ctx, uint64_t *p, size_t n);
 int goep_cu_mem_free(void *ctx, uint64_t p);
 int goep_cu_mem_alloc_async(void *ctx, uint64_t *p, size_t n, void *stream);
 int goep_cu_mem_free_async(void *ctx, uint64_t p, void *stream);
+int goep_cu_pool_keep(int dev, uint64_t bytes);
 int goep_cu_mem_host_alloc(void *ctx, void **p, size_t n, unsigned flags);
 int goep_cu_mem_free_host(void *ctx, void *p);
 int goep_cu_memcpy_htod(void *ctx, uint64_t dst, const void *src, size_t n);
