@@ -297,7 +297,8 @@ func (e *cudaEnv) read(t testing.TB, b []byte, p DevicePtr) {
 // TestGPUKernels runs the kernel suite on the device: every kernel against
 // its CPU reference, on a stream and on the default stream, with the
 // automatic grid and with a grid of 3 blocks (every grid-stride loop goes
-// round) and layout chunks of 5 tokens.
+// round) and layout chunks of 5 tokens, and with layout chunks of 64 tokens
+// (longer than the columns: each thread checks several of its chunk's).
 func TestGPUKernels(t *testing.T) {
 	d := testDevice(t)
 	begin := time.Now()
@@ -314,6 +315,9 @@ func TestGPUKernels(t *testing.T) {
 	t.Run("stream", func(t *testing.T) { runKernelSuite(t, &cudaEnv{d: d, k: k, s: s}) })
 	t.Run("default_stream", func(t *testing.T) { runKernelSuite(t, &cudaEnv{d: d, k: k}) })
 	t.Run("grid3_chunk5", func(t *testing.T) { runKernelSuite(t, &cudaEnv{d: d, k: &small, s: s}) })
+	long := *k
+	long.chunk = 64
+	t.Run("chunk64", func(t *testing.T) { runKernelSuite(t, &cudaEnv{d: d, k: &long, s: s}) })
 }
 
 // TestGPUKernelCache: the PTX for the device's architecture is compiled

@@ -89,6 +89,7 @@ func TestKernelsOnEmulator(t *testing.T) {
 		{"defaults", 0, 0},
 		{"grid3_chunk5", 3, 5}, // few blocks: every grid-stride loop goes round; many layout chunks
 		{"grid1_chunk1", 1, 1},
+		{"grid2_chunk64", 2, 64}, // chunks longer than the columns: each thread checks several of its chunk's tokens
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			env := newEmuEnv()

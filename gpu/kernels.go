@@ -172,7 +172,9 @@ func (k *Kernels) Layout(s Queue, a LayoutArgs) error {
 	T := int64(a.Tokens)
 	chunk := k.chunk
 	if chunk <= 0 {
-		chunk = (T + 1023) / 1024
+		// At most 128 chunks: the scan walks them a batch of loads at
+		// a time, and each (chunk, column) thread walks its chunk.
+		chunk = (T + 127) / 128
 		if chunk < 1 {
 			chunk = 1
 		}
@@ -188,7 +190,7 @@ func (k *Kernels) Layout(s Queue, a LayoutArgs) error {
 		return err
 	}
 	const block = 128
-	grid := k.gridFor(C, block)
+	grid := k.gridFor(C*W, block)
 	err = k.launchLayoutCount(s, grid, block, a.TopK, int64(a.Tokens), int32(a.K), int32(a.Experts), int32(a.ExpertsPerRank),
 		int32(a.Ranks), a.NodeOf, int32(a.Nodes), chunk, counts, a.Bad)
 	if err == nil {
