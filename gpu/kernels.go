@@ -172,9 +172,10 @@ func (k *Kernels) Layout(s Queue, a LayoutArgs) error {
 	T := int64(a.Tokens)
 	chunk := k.chunk
 	if chunk <= 0 {
-		// At most 128 chunks: the scan walks them a batch of loads at
-		// a time, and each (chunk, column) thread walks its chunk.
-		chunk = (T + 127) / 128
+		// At most 512 chunks: the scan walks them a batch of loads at
+		// a time (16 round trips to memory), and each (chunk, column)
+		// thread walks its chunk (8 tokens at 4096).
+		chunk = (T + 511) / 512
 		if chunk < 1 {
 			chunk = 1
 		}
