@@ -420,29 +420,42 @@ def gpu_stamp():
     return s
 
 
+def by_config(recs, key):
+    """Records grouped by key(record), in the order each key first appears."""
+    groups = {}
+    for r in recs:
+        groups.setdefault(key(r), []).append(r)
+    return groups
+
+
+def count_runs(recs):
+    """How many runs the records come from (their "run" field; one run where there is none)."""
+    return len({r.get("run", 0) for r in recs})
+
+
 def gpu():
-    """The GPU figures: ep on one rank of a GPU against the CPU engine in the same run, the
-    kernels against a device copy, an NCCL group's cost, and the training on both devices."""
+    """The GPU figures: ep on one rank of a GPU against the CPU engine in the same run (the median
+    of the runs, with the lowest and highest), the kernels against a device copy, an NCCL group's
+    cost, and the training on both devices."""
     stamp, bench = load("gpu-bench")
     if not bench:
         print("No GPU figures yet: run bin/gpu/run-on-device.sh on a GPU machine and copy its files to docs/bench/gpu-*.")
         return
     rows = []
-    for r in bench:
-        dev = r["dispatch_device_us"] + r["combine_device_us"]
-        cpu = r["cpu_dispatch_us"] + r["cpu_combine_us"]
-        rows.append((what(r),
-                     f"{ms(r['dispatch_device_us'])} + {ms(r['combine_device_us'])} = {ms(dev)}",
-                     f"{ms(r['dispatch_us'])} + {ms(r['combine_us'])} = {ms(total(r))}",
-                     f"{r['dispatch_gbps']:.0f} / {r['combine_gbps']:.0f}",
-                     f"{ms(r['cpu_dispatch_us'])} + {ms(r['cpu_combine_us'])} = {ms(cpu)}",
-                     x(cpu / total(r))))
+    for rs in by_config(bench, lambda r: (r["mode"], r["tokens"])).values():
+        rows.append((what(rs[0]),
+                     ms_span([r["dispatch_device_us"] for r in rs]) + " + " + ms_span([r["combine_device_us"] for r in rs]),
+                     ms_span([r["dispatch_device_us"] + r["combine_device_us"] for r in rs]),
+                     ms_span([total(r) for r in rs]),
+                     ms_span([r["cpu_dispatch_us"] + r["cpu_combine_us"] for r in rs]),
+                     x_span([(r["cpu_dispatch_us"] + r["cpu_combine_us"]) / total(r) for r in rs])))
     print(f"ep on the GPU backend, one rank (`-device cuda`), against ep's CPU engine on the same machine in the same "
-          f"run, whose results the GPU's are checked against; bf16, hidden 7168, top-8 of 64 experts; medians of 20 "
+          f"run, whose results the GPU's are checked against; bf16, hidden 7168, top-8 of 64 experts; each run the "
+          f"median of 20 rounds, each figure the median of {count_runs(bench)} runs with the lowest and highest "
           f"({stamp}):\n")
-    table(["config", "device time, dispatch + combine (events)", "host time", "GB/s per rank (host time)",
-           "CPU engine, host time", "GPU against the CPU engine"], rows)
-    _, ks = load("gpu-kernels")
+    table(["config", "device time (events): dispatch + combine", "device time, the round", "host time, the round",
+           "CPU engine, host time", "GPU against the CPU engine (host time)"], rows)
+    kstamp, ks = load("gpu-kernels")
     if ks:
         krows = []
         for k in ks:
@@ -450,7 +463,7 @@ def gpu():
                           f"{100 * k['of_copy']:.0f}%"))
         print("Every kernel against `cuMemcpyDtoDAsync` of the same bytes (read plus written, over two) on the same "
               "stream, device time from events, medians of 20; LL: 128 tokens, HT: 4096 (1024 and 32768 rows of "
-              "14336 bytes):\n")
+              f"14336 bytes) ({kstamp}):\n")
         table(["kernel", "case", "bytes", "kernel", "copy", "kernel at % of the copy's speed"], krows)
     _, nc = load("gpu-nccl")
     if nc:
@@ -471,16 +484,17 @@ def gpu():
     istamp, ipc = load("gpu-ipc")
     if ipc:
         irows = []
-        for r in ipc:
-            dev = r["dispatch_device_us"] + r["combine_device_us"]
-            cpu = r["cpu_dispatch_us"] + r["cpu_combine_us"]
+        for rs in by_config(ipc, lambda r: (r["mode"], r["ranks"])).values():
+            r = rs[0]
             moved, full = r.get("transfer_bytes_per_round", 0), r.get("transfer_full_bytes_per_round", 0)
-            irows.append((what(r), str(r["ranks"]), f"{ms(r['dispatch_device_us'])} + {ms(r['combine_device_us'])} = {ms(dev)}",
-                          ms(total(r)), f"{ms(cpu)}",
+            irows.append((what(r), str(r["ranks"]),
+                          ms_span([q["dispatch_device_us"] + q["combine_device_us"] for q in rs]),
+                          ms_span([total(q) for q in rs]), ms_span([q["cpu_dispatch_us"] + q["cpu_combine_us"] for q in rs]),
                           f"{moved / 1e6:.1f} MB of {full / 1e6:.1f} MB ({100 * moved / full:.0f}%)" if full else "none (one rank)"))
         print(f"Several ranks on one GPU over CUDA IPC (`-device cuda-ipc`, epgpu.CUDAIPC): the ranks share the GPU's "
               f"time (no MPS: their kernels take turns) and its memory bandwidth, so these are not the speed of ranks on "
-              f"GPUs of their own; medians of 10 ({istamp}):\n")
+              f"GPUs of their own; each run the median of 10 rounds, each figure the median of {count_runs(ipc)} runs with "
+              f"the lowest and highest ({istamp}):\n")
         table(["config", "ranks on the GPU", "device time, dispatch + combine", "host time", "CPU engine, host time",
                "bytes the IPC transport moved per round (all ranks), of what fixed-size transfers move"], irows)
 
@@ -492,12 +506,14 @@ def gpu_readme():
         print("No GPU figures yet.")
         return
     rows = []
-    for r in bench:
-        dev = r["dispatch_device_us"] + r["combine_device_us"]
-        cpu = r["cpu_dispatch_us"] + r["cpu_combine_us"]
-        ratio = cpu / total(r)
-        rows.append((what(r), f"{ms(dev)} device, {ms(total(r))} host", f"CPU engine {ms(cpu)}",
-                     x(ratio) + " faster" if ratio >= 1 else x(1 / ratio) + " slower"))
+    for rs in by_config(bench, lambda r: (r["mode"], r["tokens"])).values():
+        ratios = [(r["cpu_dispatch_us"] + r["cpu_combine_us"]) / total(r) for r in rs]
+        med = stat(ratios)[0]
+        rows.append((what(rs[0]),
+                     ms_span([r["dispatch_device_us"] + r["combine_device_us"] for r in rs]) + " device, " +
+                     ms_span([total(r) for r in rs]) + " host",
+                     "CPU engine " + ms_span([r["cpu_dispatch_us"] + r["cpu_combine_us"] for r in rs]),
+                     (x_span(ratios) + " faster") if med >= 1 else (x_span([1 / v for v in ratios]) + " slower")))
     _, ks = load("gpu-kernels")
     movers = [k for k in ks if k["kernel"] in ("PackRows", "CopyRows", "ReduceRows", "ToBF16", "FromBF16")]
     if movers:
@@ -511,7 +527,8 @@ def gpu_readme():
         rows.append(("main job: moe-train, LL, f32, 300 steps", f"-device cuda {speeds[0]} tokens/s",
                      f"-device cpu {speeds[1]} tokens/s",
                      "losses equal bit for bit" if losses[0] == losses[1] else "losses differ"))
-    table(["what (one rank, bf16, hidden 7168, top-8 of 64 experts)", "goep on the GPU", "reference, same run", "against it"], rows)
+    table(["what (one rank, bf16, hidden 7168, top-8 of 64 experts; median of the runs, lowest-highest)",
+           "goep on the GPU", "reference, same run", "against it"], rows)
     print(f"Measured by `bin/gpu/run-on-device.sh`: {stamp}. For scale only: {PEERS}; one GPU is not their 8.")
 
 
