@@ -95,8 +95,8 @@ func loadKernels(d *CUDADevice) (*Kernels, error) {
 		// The default pool returns its memory to the system at every
 		// synchronization unless told to keep some; the kernels' scratch
 		// (a few hundred KiB a call) would then be mapped anew at each
-		// call after one. Keeping poolKeep bytes is a bounded change to
-		// the process's default pool.
+		// call after one. Keeping poolKeep bytes (or what the program
+		// set, if more) is a bounded change to the process's default pool.
 		if err := cuErr("cuMemPoolSetAttribute", C.goep_cu_pool_keep(d.dev, poolKeep)); err != nil {
 			return nil, err
 		}

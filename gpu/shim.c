@@ -43,6 +43,7 @@ typedef struct { char reserved[64]; } ipc_handle;  // CUipcMemHandle, passed by 
   O(int, cuMemFreeAsync, (uint64_t, void *), "cuMemFreeAsync")                                 \
   O(int, cuDeviceGetDefaultMemPool, (void **, int), "cuDeviceGetDefaultMemPool")               \
   O(int, cuMemPoolSetAttribute, (void *, int, void *), "cuMemPoolSetAttribute")                 \
+  O(int, cuMemPoolGetAttribute, (void *, int, void *), "cuMemPoolGetAttribute")                 \
   X(int, cuMemHostAlloc, (void **, size_t, unsigned), "cuMemHostAlloc")                        \
   X(int, cuMemFreeHost, (void *), "cuMemFreeHost")                                             \
   X(int, cuMemcpyHtoD, (uint64_t, const void *, size_t), "cuMemcpyHtoD_v2")                   \
@@ -224,16 +225,19 @@ int goep_cu_mem_alloc_async(void *ctx, uint64_t *p, size_t n, void *stream) {
   return p_cuMemAllocAsync(p, n, stream);
 }
 
-// goep_cu_pool_keep sets the release threshold of device dev's default
-// memory pool (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 4) to `bytes`: the pool
-// then keeps up to that much memory across synchronizations instead of
-// returning it to the system at each one, so that a stream-ordered
-// allocation after a synchronization reuses memory rather than mapping it.
+// goep_cu_pool_keep raises the release threshold of device dev's default
+// memory pool (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 4) to `bytes` where it is
+// lower (a threshold the program set higher stays): the pool then keeps up
+// to that much memory across synchronizations instead of returning it to
+// the system at each one, so that a stream-ordered allocation after a
+// synchronization reuses memory rather than mapping it.
 int goep_cu_pool_keep(int dev, uint64_t bytes) {
   if (!p_cuDeviceGetDefaultMemPool || !p_cuMemPoolSetAttribute) return GOEP_CUDA_ERROR_NOT_SUPPORTED;
   void *pool = NULL;
   int r = p_cuDeviceGetDefaultMemPool(&pool, dev);
   if (r) return r;
+  uint64_t now = 0;
+  if (p_cuMemPoolGetAttribute && p_cuMemPoolGetAttribute(pool, 4, &now) == 0 && now >= bytes) return 0;
   return p_cuMemPoolSetAttribute(pool, 4, &bytes);
 }
 
