@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/goep/goep/ep/internal/hostrows"
+	"github.com/goep/goep/internal/grow"
 )
 
 // Layout is the routing of a batch of tokens, as DeepEP's get_dispatch_layout
@@ -36,12 +37,12 @@ func computeRouting(r *Routing, op string, sh shape, topk []int32, T int) error 
 		return inputErrorf(op, "len(topk) = %d, want tokens*TopK = %d*%d", len(topk), T, sh.K)
 	}
 	r.T = T
-	r.PerExpert = growTo(r.PerExpert, sh.E)
-	r.PerRank = growTo(r.PerRank, sh.R)
-	r.PerNode = growTo(r.PerNode, sh.nodes)
-	r.PairOrd = growTo(r.PairOrd, T*sh.K)
-	r.TokRankOrd = growTo(r.TokRankOrd, T*sh.R)
-	r.TokNodeOrd = growTo(r.TokNodeOrd, T*sh.nodes)
+	r.PerExpert = grow.To(r.PerExpert, sh.E)
+	r.PerRank = grow.To(r.PerRank, sh.R)
+	r.PerNode = grow.To(r.PerNode, sh.nodes)
+	r.PairOrd = grow.To(r.PairOrd, T*sh.K)
+	r.TokRankOrd = grow.To(r.TokRankOrd, T*sh.R)
+	r.TokNodeOrd = grow.To(r.TokNodeOrd, T*sh.nodes)
 	var bad int64
 	if len(topk) <= smallLayout {
 		bad = routingGo(r, sh, topk)
@@ -141,13 +142,4 @@ func ints(s []int32) []int {
 		out[i] = int(v)
 	}
 	return out
-}
-
-// growTo returns s with length n, reallocating only when it is too small
-// (never nil: an empty result is a zero-length slice, which costs nothing).
-func growTo[T any](s []T, n int) []T {
-	if cap(s) < n || s == nil {
-		return make([]T, n)
-	}
-	return s[:n]
 }

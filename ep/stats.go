@@ -3,6 +3,8 @@ package ep
 import (
 	"slices"
 	"time"
+
+	"github.com/goep/goep/internal/grow"
 )
 
 // Stats is what a group measured on this rank, per peer rank, since it was
@@ -94,7 +96,7 @@ func (g *Group[E]) ResetStats() {
 // and rank-major ones a row per token and rank.
 func (g *Group[E]) traffic(s *handleState[E]) {
 	R, L := g.size, g.sh.L
-	s.rowsTo, s.rowsFrom = growTo(s.rowsTo, R), growTo(s.rowsFrom, R)
+	s.rowsTo, s.rowsFrom = grow.To(s.rowsTo, R), grow.To(s.rowsFrom, R)
 	recv := &s.d.Recv
 	for r := 0; r < R; r++ {
 		var to, from int32

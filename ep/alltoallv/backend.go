@@ -3,7 +3,6 @@ package alltoallv
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"math"
 	"runtime"
 	"unsafe"
@@ -11,6 +10,7 @@ import (
 	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
+	"github.com/goep/goep/internal/grow"
 	"github.com/goep/goep/mpi"
 )
 
@@ -190,7 +190,7 @@ const refusedCount = -1
 // refusedCount, every rank learns the lowest such rank's reason (an
 // MPI_Bcast) and the call ends with a *RefusedError.
 func (a *alltoallvEngine) status(op, what string, send []int32) error {
-	a.got = growTo(a.got, a.R)
+	a.got = grow.To(a.got, a.R)
 	if err := mpi.AlltoallSlice(a.comm, send, a.got); err != nil {
 		return a.timeout(op, what, err)
 	}
@@ -230,7 +230,7 @@ func (a *alltoallvEngine) Refuse(r *driver.Refusal) error {
 	for i := range refusal {
 		refusal[i] = refusedCount
 	}
-	a.got = growTo(a.got, a.R)
+	a.got = grow.To(a.got, a.R)
 	if err := mpi.AlltoallSlice(a.comm, refusal, a.got); err != nil {
 		return a.timeout(op, "an MPI_Alltoall", err)
 	}
@@ -253,10 +253,10 @@ func (a *alltoallvEngine) state(d *driver.Dispatch) *a2aState {
 		st = &a2aState{}
 		d.State = st
 	}
-	st.sendCounts = growTo(st.sendCounts, a.R)
-	st.recvCounts = growTo(st.recvCounts, a.R)
-	st.expert = growTo(st.expert, a.L)
-	st.source = growTo(st.source, a.R*a.L)
+	st.sendCounts = grow.To(st.sendCounts, a.R)
+	st.recvCounts = grow.To(st.recvCounts, a.R)
+	st.expert = grow.To(st.expert, a.L)
+	st.source = grow.To(st.source, a.R*a.L)
 	return st
 }
 
@@ -298,7 +298,7 @@ func (a *alltoallvEngine) DispatchSend(d *driver.Dispatch) error {
 	a.pack(d)
 	// The counts go first, also in a cached dispatch: the exchange is how a
 	// rank that refused the call says so (status).
-	a.counts = growTo(a.counts, a.R)
+	a.counts = grow.To(a.counts, a.R)
 	for i, n := range st.sendCounts {
 		a.counts[i] = int32(n)
 	}
@@ -317,7 +317,7 @@ func (a *alltoallvEngine) DispatchSend(d *driver.Dispatch) error {
 			return a.timeout(op, "the largest receive count (MPI_Allreduce)", err)
 		}
 		if int(most[0]) > a.spec.MaxRecvTokensPerRank {
-			return inputErrorf(op, "a rank would receive %d rows, more than MaxRecvTokensPerRank = %d", most[0], a.spec.MaxRecvTokensPerRank)
+			return driver.InputErrorf(op, "a rank would receive %d rows, more than MaxRecvTokensPerRank = %d", most[0], a.spec.MaxRecvTokensPerRank)
 		}
 	}
 	st.cached = d.From != nil
@@ -371,7 +371,7 @@ func (a *alltoallvEngine) pack(d *driver.Dispatch) {
 func (a *alltoallvEngine) layRows(buf []byte, n int) ([]byte, hostrows.RowArea) {
 	var m hostrows.Arena
 	area := m.TakeRows("rows", n, a.wire)
-	return growTo(buf, m.N), area
+	return grow.To(buf, m.N), area
 }
 
 // regionOf is region r of buf, all its rows.
@@ -397,7 +397,7 @@ func received(d *driver.Dispatch, set *a2aSet) {
 // moveV is one MPI_Alltoallv of per-rank counts of rows of width elements,
 // into recv (grown as needed).
 func moveV[T dtype.Number](a *alltoallvEngine, send []T, sendRows, recvRows []int, width int, recv []T) ([]T, error) {
-	a.sc, a.sd, a.rc, a.rd = growTo(a.sc, a.R), growTo(a.sd, a.R), growTo(a.rc, a.R), growTo(a.rd, a.R)
+	a.sc, a.sd, a.rc, a.rd = grow.To(a.sc, a.R), grow.To(a.sd, a.R), grow.To(a.rc, a.R), grow.To(a.rd, a.R)
 	total := 0
 	for p := 0; p < a.R; p++ {
 		a.sc[p], a.rc[p] = sendRows[p]*width, recvRows[p]*width
@@ -407,7 +407,7 @@ func moveV[T dtype.Number](a *alltoallvEngine, send []T, sendRows, recvRows []in
 		}
 		total += a.rc[p]
 	}
-	recv = growTo(recv, total)
+	recv = grow.To(recv, total)
 	return recv, mpi.AlltoallvSlice(a.comm, send, a.sc, a.sd, recv, a.rc, a.rd)
 }
 
@@ -437,8 +437,8 @@ func (a *alltoallvEngine) DispatchWait(d *driver.Dispatch) error {
 		// Laid out as they arrived: one copy moves them all.
 		set.rows, set.area = a.layRows(set.rows, n)
 		copy(set.rows, set.in)
-		set.outputs = growTo(set.outputs, n*a.rowBytes)
-		set.tokens, set.topk, set.weights = growTo(set.tokens, n), growTo(set.topk, n*K), growTo(set.weights, n*K)
+		set.outputs = grow.To(set.outputs, n*a.rowBytes)
+		set.tokens, set.topk, set.weights = grow.To(set.tokens, n), grow.To(set.topk, n*K), grow.To(set.weights, n*K)
 		meta := a.metaWords()
 		s, left := 0, 0
 		for r := 0; r < n; r++ {
@@ -465,7 +465,7 @@ func (a *alltoallvEngine) DispatchWait(d *driver.Dispatch) error {
 		received(d, set)
 		return nil
 	}
-	st.slot = growTo(st.slot, n)
+	st.slot = grow.To(st.slot, n)
 	s, left := 0, 0
 	for r := 0; r < n; r++ {
 		for left == 0 {
@@ -498,7 +498,7 @@ func (a *alltoallvEngine) CombineSend(c *driver.Combine) error {
 	withValues := !c.RowValues.IsZero()
 	send, vals := y, a.sendVals[:0]
 	if a.spec.Mode == driver.LowLatency || a.spec.HTExpertMajor() { // pack back in arrival order
-		a.packd = growTo(a.packd, len(st.slot)*H)
+		a.packd = grow.To(a.packd, len(st.slot)*H)
 		send = a.packd
 		width := a.valuesPerRow()
 		for r, j := range st.slot {
@@ -514,7 +514,7 @@ func (a *alltoallvEngine) CombineSend(c *driver.Combine) error {
 	// Every rank says first whether it passed values (the others need to
 	// know, and it is how a rank that refused the call says so), then the
 	// outputs go back, then the values if every rank passed them.
-	a.counts = growTo(a.counts, a.R)
+	a.counts = grow.To(a.counts, a.R)
 	for i := range a.counts {
 		a.counts[i] = 0
 		if withValues {
@@ -560,7 +560,7 @@ func (a *alltoallvEngine) CombineWait(c *driver.Combine) error {
 	}
 	base := unsafe.Pointer(unsafe.SliceData(set.back))
 	rowAt := func(i int) ptr { return unsafe.Add(base, i*H) }
-	a.start = growTo(a.start, rt.T+1)
+	a.start = grow.To(a.start, rt.T+1)
 	src, w := &a.src, a.w[:0]
 	src.Reset()
 	first := make([]int, a.R+1) // where each rank's rows start among those back
@@ -637,7 +637,7 @@ func (a *alltoallvEngine) CombineWait(c *driver.Combine) error {
 	a.w = w
 	hostrows.ReduceRows(unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))), a.spec.Elem, src, w, a.start, rt.T, a.H, a.spec.Elem)
 	if !c.SlotValues.IsZero() && missing >= 0 {
-		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
+		return driver.InputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
 	}
 	return nil
 }
@@ -646,18 +646,6 @@ func (a *alltoallvEngine) CombineWait(c *driver.Combine) error {
 const noteLen = 512
 
 func hostBytes(x driver.Tensor[byte]) []byte { return x.Host() }
-
-func inputErrorf(op, format string, a ...any) error {
-	return &driver.InputError{Op: op, Msg: fmt.Sprintf(format, a...)}
-}
-
-// growTo is s with length n, reallocated only when it lacks the capacity.
-func growTo[T any](s []T, n int) []T {
-	if cap(s) < n || s == nil {
-		return make([]T, n)
-	}
-	return s[:n]
-}
 
 // ptr is an address of memory outside the Go heap, or pinned for a call.
 type ptr = unsafe.Pointer

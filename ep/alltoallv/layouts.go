@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/goep/goep/ep/driver"
+	"github.com/goep/goep/internal/grow"
 )
 
 // The baseline's receive layouts other than the modes' own: it moves a row
@@ -41,7 +42,7 @@ func (a *alltoallvEngine) unpackZones(d *driver.Dispatch, st *a2aState, n int) {
 	meta := a.metaWords()
 	align := a.spec.Alignment()
 	mine := func(e int32) bool { return e >= 0 && int(e)/L == a.me }
-	st.backFrom, st.backTo = growTo(st.backFrom, R), growTo(st.backTo, R)
+	st.backFrom, st.backTo = grow.To(st.backFrom, R), grow.To(st.backTo, R)
 	clear(st.backFrom)
 	s, left := 0, 0
 	for r := 0; r < n; r++ {
@@ -59,7 +60,7 @@ func (a *alltoallvEngine) unpackZones(d *driver.Dispatch, st *a2aState, n int) {
 			}
 		}
 	}
-	st.zoneOff = growTo(st.zoneOff, L+1)
+	st.zoneOff = grow.To(st.zoneOff, L+1)
 	pairs, total := 0, 0
 	for l, c := range st.expert {
 		st.zoneOff[l] = total
@@ -74,17 +75,17 @@ func (a *alltoallvEngine) unpackZones(d *driver.Dispatch, st *a2aState, n int) {
 		}
 	}
 	set.rows, set.area = a.layRows(set.rows, total)
-	set.outputs = growTo(set.outputs, total*a.rowBytes)
-	set.tokens, set.weights = growTo(set.tokens, total), growTo(set.weights, total)
+	set.outputs = grow.To(set.outputs, total*a.rowBytes)
+	set.tokens, set.weights = grow.To(set.tokens, total), grow.To(set.weights, total)
 	clear(set.rows) // the padding is zero, its side data too
 	clear(set.weights)
 	for i := range set.tokens {
 		set.tokens[i] = -1
 	}
-	next := growTo(a.next, L)
+	next := grow.To(a.next, L)
 	a.next = next
 	copy(next, st.zoneOff[:L])
-	st.slot = growTo(st.slot, pairs)
+	st.slot = grow.To(st.slot, pairs)
 	p := 0
 	for r := 0; r < n; r++ {
 		w := set.recvMeta[r*meta:]
@@ -111,7 +112,7 @@ func (a *alltoallvEngine) unpackRankMajor(d *driver.Dispatch, st *a2aState, n in
 	set := &a.sets[d.Set]
 	K, L, M := a.K, a.L, a.M
 	meta := a.metaWords()
-	st.slot = growTo(st.slot, n)
+	st.slot = grow.To(st.slot, n)
 	s, left, j := 0, 0, 0
 	for r := 0; r < n; r++ {
 		for left == 0 {
@@ -145,10 +146,10 @@ func (a *alltoallvEngine) unpackRankMajor(d *driver.Dispatch, st *a2aState, n in
 // each rank's pairs in slot order, and sets slots to their values.
 func (a *alltoallvEngine) zoneSources(d *driver.Dispatch, first []int, rowAt func(int) ptr, backVals, slots []float32) {
 	rt, K, L := d.Route, a.K, a.L
-	next := growTo(a.next, a.R) // rank r's pairs come back in (token, slot) order
+	next := grow.To(a.next, a.R) // rank r's pairs come back in (token, slot) order
 	a.next = next
 	copy(next, first[:a.R])
-	a.idx = growTo(a.idx, rt.T*K)
+	a.idx = grow.To(a.idx, rt.T*K)
 	for t := 0; t < rt.T; t++ {
 		for k := 0; k < K; k++ {
 			if e := d.TopK[t*K+k]; e >= 0 {

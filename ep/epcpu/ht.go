@@ -7,6 +7,7 @@ import (
 	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
+	"github.com/goep/goep/internal/grow"
 )
 
 // High-throughput protocol, for a call with sequence number q (one buffer
@@ -239,11 +240,11 @@ func (m *htMode) state(d *driver.Dispatch) *htState {
 		st = &htState{}
 		d.State = st
 	}
-	st.n = growTo(st.n, m.R*m.stride())
-	st.recvOff = growTo(st.recvOff, m.R+1)
-	st.sendOff = growTo(st.sendOff, m.R)
-	st.expert = growTo(st.expert, m.L)
-	st.source = growTo(st.source, m.R)
+	st.n = grow.To(st.n, m.R*m.stride())
+	st.recvOff = grow.To(st.recvOff, m.R+1)
+	st.sendOff = grow.To(st.sendOff, m.R)
+	st.expert = grow.To(st.expert, m.L)
+	st.source = grow.To(st.source, m.R)
 	m.lay.grow(st)
 	for len(st.fwd) < len(m.senders) { // a staged row goes to at most TopK rows
 		M, K := m.M, m.K
@@ -368,7 +369,7 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *driver.Rou
 		if m.e.spec.Overflow != driver.OverflowDrop {
 			// Every rank sees the same matrix and fails the same way,
 			// before anything is written.
-			return inputErrorf(op, "rank %d would receive %d rows, more than MaxRecvTokensPerRank = %d", dst, total, m.maxRecv)
+			return driver.InputErrorf(op, "rank %d would receive %d rows, more than MaxRecvTokensPerRank = %d", dst, total, m.maxRecv)
 		}
 		// Keep dst's rows source by source, each source's first ones,
 		// until it is full: every rank caps the same counts alike.
@@ -419,7 +420,7 @@ func (m *htMode) sendAcross(d *driver.Dispatch) error {
 	if err := t.awaitSent(op, m.sent); err != nil { // the outbox's last rows have left
 		return err
 	}
-	m.nodeFirst = growTo(m.nodeFirst, m.nodes)
+	m.nodeFirst = grow.To(m.nodeFirst, m.nodes)
 	total := 0
 	for n := 0; n < m.nodes; n++ {
 		if n != m.myNode {
@@ -431,7 +432,7 @@ func (m *htMode) sendAcross(d *driver.Dispatch) error {
 	// in the outbox (the staged order is the token order).
 	x := hostBytes(d.X)
 	next := m.area[:0] // per node: its rows written so far
-	next = growTo(next, m.nodes)
+	next = grow.To(next, m.nodes)
 	clear(next)
 	m.area = next
 	for lo := 0; lo < rt.T; lo += htChunk {
@@ -472,7 +473,7 @@ func (m *htMode) sendAcross(d *driver.Dispatch) error {
 	}
 	t.span(d.Op, "rows across", -1, int64(total*m.wire.RowBytes()), t0)
 	// Their tokens, top-k ids and weights, packed per node.
-	m.meta = growTo(m.meta, 4*total*(1+2*K))
+	m.meta = grow.To(m.meta, 4*total*(1+2*K))
 	base := unsafe.Pointer(unsafe.SliceData(m.meta))
 	words := unsafe.Slice((*int32)(base), total*(1+K))
 	tok, ids := words[:total], words[total:]
@@ -681,7 +682,7 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 		return err
 	}
 	t.span(c.Op, "wait node ready", -1, 0, t0)
-	area := growTo(m.area, R) // where each rank of this node keeps its partials
+	area := grow.To(m.area, R) // where each rank of this node keeps its partials
 	m.area = area
 	missing := -1
 	for _, r := range t.nodeRanks {
@@ -699,7 +700,7 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 		return err
 	}
 	// This rank's tokens: node by node, ranks in local order inside this node.
-	start, src, vals := growTo(m.start, rt.T+1), &m.src, &m.vals2
+	start, src, vals := grow.To(m.start, rt.T+1), &m.src, &m.vals2
 	src.Reset()
 	vals.Reset()
 	add := m.addPartial
@@ -749,7 +750,7 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 	}
 	m.lastCombine = c.Op
 	if missing >= 0 {
-		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
+		return driver.InputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
 	}
 	return nil
 }
@@ -830,7 +831,7 @@ func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []in
 			}
 		}
 		if withValues {
-			m.vsum = growTo(m.vsum, p.rows*K)
+			m.vsum = grow.To(m.vsum, p.rows*K)
 			hostrows.SumValues(m.vsum, vals, p.start, p.rows, K)
 			t.post(p.src, -1, m.svals.At(m.myNode*M), 0, 4*p.rows*K)
 			if err := t.flush(dtype.Bytes(m.vsum)); err != nil {

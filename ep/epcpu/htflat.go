@@ -3,6 +3,7 @@ package epcpu
 import (
 	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
+	"github.com/goep/goep/internal/grow"
 )
 
 // htLayout is how an HT rank's received rows are laid out (Config.Layout):
@@ -96,7 +97,7 @@ func (f htFlat) sendLocal(d *driver.Dispatch, st *htState) {
 func (f htFlat) views(d *driver.Dispatch, st *htState) {
 	e, t, K, me := f.e, &f.e.t, f.K, f.e.t.me
 	n := st.recvOff[f.R]
-	f.counts = growTo(f.counts, f.L)
+	f.counts = grow.To(f.counts, f.L)
 	lo := int32(0) // the id of local expert 0 in the received top-k ids
 	if f.global {
 		lo = int32(me * f.L)
@@ -129,8 +130,8 @@ func (f htFlat) views(d *driver.Dispatch, st *htState) {
 func (f htFlat) planForward(p *fwdPlan, st *htState, s int, topk []int32, n int) {
 	t := &f.e.t
 	p.src, p.rows = s, n
-	p.start, p.dst, p.row = growTo(p.start, n+1), p.dst[:0], p.row[:0]
-	next := growTo(f.area, 2*f.R) // reused: the next row at each destination, and its end
+	p.start, p.dst, p.row = grow.To(p.start, n+1), p.dst[:0], p.row[:0]
+	next := grow.To(f.area, 2*f.R) // reused: the next row at each destination, and its end
 	f.area = next
 	end := next[f.R:]
 	for _, dst := range t.nodeRanks {

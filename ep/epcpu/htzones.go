@@ -5,6 +5,7 @@ import (
 
 	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
+	"github.com/goep/goep/internal/grow"
 )
 
 // HT's expert-major layout (Config.Layout LayoutExpertMajor in
@@ -47,9 +48,9 @@ func (htZones) appendCounts(mine []int32, rt *driver.Routing) []int32 {
 func (m htZones) rowsFor(st *htState, dst, _ int) int { return m.zoneRows(st, dst) }
 
 func (m htZones) grow(st *htState) {
-	st.source = growTo(st.source, m.R*m.L)
-	st.zoneOff = growTo(st.zoneOff, m.L+1)
-	st.at = growTo(st.at, m.R*m.R*m.L)
+	st.source = grow.To(st.source, m.R*m.L)
+	st.zoneOff = grow.To(st.zoneOff, m.L+1)
+	st.at = grow.To(st.at, m.R*m.R*m.L)
 }
 
 // landsInPlace: a zone's rows are not in the staged order.
@@ -172,8 +173,8 @@ func (m htZones) planForward(p *fwdPlan, st *htState, s int, topk []int32, n int
 	t := &m.e.t
 	K, L, E := m.K, m.L, m.R*m.L
 	p.src, p.rows = s, n
-	p.start, p.dst, p.row, p.slot = growTo(p.start, n+1), p.dst[:0], p.row[:0], p.slot[:0]
-	next := growTo(st.next, E) // the next row of s at each expert's owner
+	p.start, p.dst, p.row, p.slot = grow.To(p.start, n+1), p.dst[:0], p.row[:0], p.slot[:0]
+	next := grow.To(st.next, E) // the next row of s at each expert's owner
 	st.next = next
 	for _, dst := range t.nodeRanks {
 		copy(next[dst*L:(dst+1)*L], st.at[s*E+dst*L:s*E+(dst+1)*L])

@@ -9,6 +9,7 @@ import (
 	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
+	"github.com/goep/goep/internal/grow"
 )
 
 // Low-latency protocols, for a call with sequence number q on buffer set b.
@@ -165,11 +166,11 @@ func (m *llMode) state(d *driver.Dispatch) *llState {
 		st = &llState{}
 		d.State = st
 	}
-	st.cnt = growTo(st.cnt, m.R*m.E)
-	st.off = growTo(st.off, m.R*m.E)
-	st.pos = growTo(st.pos, m.E)
-	st.expert = growTo(st.expert, m.L)
-	st.source = growTo(st.source, m.R*m.L)
+	st.cnt = grow.To(st.cnt, m.R*m.E)
+	st.off = grow.To(st.off, m.R*m.E)
+	st.pos = grow.To(st.pos, m.E)
+	st.expert = grow.To(st.expert, m.L)
+	st.source = grow.To(st.source, m.R*m.L)
 	return st
 }
 
@@ -266,8 +267,8 @@ func (m *llMode) postRows(d *driver.Dispatch, st *llState) error {
 	// places in this rank's order (st.pos), so that each expert's are one
 	// block at the owner.
 	n := int(st.pos[m.E-1] + st.cnt[me*m.E+m.E-1])
-	m.meta = growTo(m.meta, 8*n)
-	m.spos = growTo(m.spos, m.E)
+	m.meta = grow.To(m.meta, 8*n)
+	m.spos = grow.To(m.spos, m.E)
 	m.stagedPos(st, me, m.spos)
 	toks := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(m.meta))), 2*n)
 	m.outboxBases(st)
@@ -619,7 +620,7 @@ func (m *llMode) combineWait(c *driver.Combine) error {
 	t0 = t.clock()
 	withValues := !c.SlotValues.IsZero()
 	missing := -1
-	m.where = growTo(m.where, m.R)
+	m.where = grow.To(m.where, m.R)
 	for r := range m.where {
 		if t.masked[r] {
 			continue
@@ -684,7 +685,7 @@ func (m *llMode) combineWait(c *driver.Combine) error {
 		return err
 	}
 	if missing >= 0 {
-		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
+		return driver.InputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/goep/goep/ep/driver"
 	"github.com/goep/goep/ep/internal/hostrows"
 	"github.com/goep/goep/internal/dtype"
+	"github.com/goep/goep/internal/grow"
 )
 
 // LowLatency's rank-major layout (Config.Layout LayoutRankMajor), for a call
@@ -116,8 +117,8 @@ func (m *llRankMode) state(d *driver.Dispatch) *llRankState {
 		st = &llRankState{}
 		d.State = st
 	}
-	st.source = growTo(st.source, m.R)
-	st.expert = growTo(st.expert, m.L)
+	st.source = grow.To(st.source, m.R)
+	st.expert = grow.To(st.expert, m.L)
 	return st
 }
 
@@ -161,7 +162,7 @@ func (m *llRankMode) send(d *driver.Dispatch) error {
 		return err
 	}
 	// The metadata: into node peers' blocks, and packed for other nodes'.
-	m.meta = growTo(m.meta, 4*next*(1+2*K))
+	m.meta = grow.To(m.meta, 4*next*(1+2*K))
 	base := unsafe.Pointer(unsafe.SliceData(m.meta))
 	for r := 0; r < m.R; r++ {
 		n := len(m.lists[r])
@@ -300,7 +301,7 @@ func (m *llRankMode) combineWait(c *driver.Combine) error {
 	if c.Release {
 		return t.releaseReaders(b, c.Op)
 	}
-	m.where = growTo(m.where, m.R)
+	m.where = grow.To(m.where, m.R)
 	missing := -1
 	for r := range m.where {
 		m.where[r] = t.flagPayload(flagReady, b, r, r)
@@ -343,7 +344,7 @@ func (m *llRankMode) combineWait(c *driver.Combine) error {
 		return err
 	}
 	if missing >= 0 {
-		return inputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
+		return driver.InputErrorf(op, "SlotValues asked for, but rank %d passed no RowValues (set both on every rank, or neither)", missing)
 	}
 	return nil
 }

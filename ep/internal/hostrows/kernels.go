@@ -79,11 +79,3 @@ func f32p(s []float32) *C.float {
 	}
 	return (*C.float)(unsafe.Pointer(&s[0]))
 }
-
-// growTo is s with length n, reallocated only when it lacks the capacity.
-func growTo[T any](s []T, n int) []T {
-	if cap(s) < n || s == nil {
-		return make([]T, n)
-	}
-	return s[:n]
-}

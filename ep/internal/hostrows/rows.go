@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/goep/goep/ep/driver"
+	"github.com/goep/goep/internal/grow"
 	"github.com/goep/goep/internal/rowsum"
 )
 
@@ -42,7 +43,7 @@ func (a *AddrTable) Reserve(n int) {
 
 // grow makes the table n entries long, all nil.
 func (a *AddrTable) Grow(n int) {
-	a.p = growTo(a.p, n)
+	a.p = grow.To(a.p, n)
 	clear(a.p)
 }
 
@@ -58,7 +59,7 @@ func (a *AddrTable) c() *C.uintptr_t {
 	if len(a.p) == 0 {
 		return nil
 	}
-	a.u = growTo(a.u, len(a.p))
+	a.u = grow.To(a.u, len(a.p))
 	for i, p := range a.p {
 		a.u[i] = uintptr(p)
 	}
