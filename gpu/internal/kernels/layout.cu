@@ -38,8 +38,8 @@
 //      entries of the tokens it checks. Every output has one writer.
 // The tokens of chunk c are checked (bad entries, -1 in pair_ord) by its
 // W threads in turn: token c*chunk+j by thread (c, j mod W), so no thread
-// walks a whole chunk's K*K comparisons. Each thread reads its chunk's ids
-// alone, and nothing waits on memory written by another thread.
+// walks a whole chunk's K*K comparisons. A thread reads only its chunk's
+// ids, and none reads what another thread of the same launch writes.
 
 // layout_valid reports whether expert id e is usable: in [0, E). A repeated
 // id is in range; the first of its copies is used, the repeats are reported.
