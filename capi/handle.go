@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -492,20 +493,15 @@ func (h *handleImpl[E]) fp8Inputs(d *dispatchIn[E], tok *tensor, scales *C.goepE
 	if err := tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{dtFloat8e4}, h.T, H); err != nil {
 		return err
 	}
-	sc, err := readTensor("inputs->scales", scales)
-	switch {
-	case err != nil:
-		return err
-	case sc == nil:
-		return invalidArgf("inputs->scales is required by GOEP_EP_DISP_QUANT_FWD: [num_tokens, %d] float32, one scale per 128 elements of a row", G)
-	case sc.dtype != dtFloat32:
-		return invalidUsagef("inputs->scales has datatype %s: goep forwards float32 scales (one per 128 elements); NCCL EP's other "+
-			"forwarded scales (uint8 exponents, bfloat16, float16) are not offered (ep.ScalesFromUE8M0 widens UE8M0 exponents exactly)", sc.dtype)
-	case len(sc.shape) == 2 && sc.shape[0] == h.T && sc.shape[1] != G:
-		return invalidUsagef("inputs->scales has %d scales a row (shape %s): goep forwards one float32 scale per 128 elements, "+
-			"%d for hidden %d; other scale counts are not offered", sc.shape[1], shapeString(sc.shape), G, H)
-	}
-	if err := sc.want("[num_tokens, scale groups of hidden]", []dataType{dtFloat32}, h.T, G); err != nil {
+	sc, err := forwardedScales(scales, h.T, forwardedScaleRule{
+		cols: G, shape: "[num_tokens, scale groups of hidden]", types: []dataType{dtFloat32},
+		missing: fmt.Sprintf("inputs->scales is required by GOEP_EP_DISP_QUANT_FWD: [num_tokens, %d] float32, one scale per 128 elements of a row", G),
+		wrongType: "inputs->scales has datatype %s: goep forwards float32 scales (one per 128 elements); NCCL EP's other " +
+			"forwarded scales (uint8 exponents, bfloat16, float16) are not offered (ep.ScalesFromUE8M0 widens UE8M0 exponents exactly)",
+		wrongCols: fmt.Sprintf("inputs->scales has %%d scales a row (shape %%s): goep forwards one float32 scale per 128 elements, "+
+			"%d for hidden %d; other scale counts are not offered", G, H),
+	})
+	if err != nil {
 		return err
 	}
 	d.codes, d.scales = ep.Host(view[ep.E4M3](tok, h.T*H)), ep.Host(view[float32](sc, h.T*G))
@@ -533,26 +529,51 @@ func (h *handleImpl[E]) nvfp4Inputs(d *dispatchIn[E], tok *tensor, scales *C.goe
 	if err := tok.want("[num_tokens of the handle's topk_idx, hidden / 2]", []dataType{dtFloat4x2}, h.T, rb); err != nil {
 		return err
 	}
-	sc, err := readTensor("inputs->scales", scales)
-	switch {
-	case err != nil:
-		return err
-	case sc == nil:
-		return invalidArgf("inputs->scales is required by GOEP_EP_DISP_QUANT_FWD_NVFP4: [num_tokens, %d] uint8 (or float8e4m3), "+
-			"one e4m3 scale byte per 16 elements of a row", sb)
-	case sc.dtype != dtUint8 && sc.dtype != dtFloat8e4:
-		return invalidUsagef("inputs->scales has datatype %s: goep forwards NVFP4 rows with one e4m3 scale byte per 16 elements "+
-			"(uint8 or float8e4m3); NCCL EP's other forwarded scales (float32, bfloat16, float16) are not offered with them", sc.dtype)
-	case len(sc.shape) == 2 && sc.shape[0] == h.T && sc.shape[1] != sb:
-		return invalidUsagef("inputs->scales has %d scales a row (shape %s): goep forwards NVFP4 rows with one scale byte per 16 "+
-			"elements, %d for hidden %d; other scale counts are not offered", sc.shape[1], shapeString(sc.shape), sb, H)
-	}
-	if err := sc.want("[num_tokens, hidden / 16]", []dataType{dtUint8, dtFloat8e4}, h.T, sb); err != nil {
+	sc, err := forwardedScales(scales, h.T, forwardedScaleRule{
+		cols: sb, shape: "[num_tokens, hidden / 16]", types: []dataType{dtUint8, dtFloat8e4},
+		missing: fmt.Sprintf("inputs->scales is required by GOEP_EP_DISP_QUANT_FWD_NVFP4: [num_tokens, %d] uint8 (or float8e4m3), "+
+			"one e4m3 scale byte per 16 elements of a row", sb),
+		wrongType: "inputs->scales has datatype %s: goep forwards NVFP4 rows with one e4m3 scale byte per 16 elements " +
+			"(uint8 or float8e4m3); NCCL EP's other forwarded scales (float32, bfloat16, float16) are not offered with them",
+		wrongCols: fmt.Sprintf("inputs->scales has %%d scales a row (shape %%s): goep forwards NVFP4 rows with one scale byte per 16 "+
+			"elements, %d for hidden %d; other scale counts are not offered", sb, H),
+	})
+	if err != nil {
 		return err
 	}
 	d.packed, d.packedScales = ep.Host(view[byte](tok, h.T*rb)), ep.Host(view[byte](sc, h.T*sb))
 	d.scaleType = sc.dtype
 	return nil
+}
+
+// forwardedScaleRule is what a forwarded format takes as inputs->scales:
+// cols scales a row of one of types, and the refusals that name it
+// (wrongType formats the datatype, wrongCols the count and the shape).
+type forwardedScaleRule struct {
+	cols                          int
+	shape                         string
+	types                         []dataType
+	missing, wrongType, wrongCols string
+}
+
+// forwardedScales reads inputs->scales of a dispatch forwarding quantised
+// rows: required, of the format's types, cols scales for each of T rows.
+func forwardedScales(p *C.goepEpTensor_t, T int, r forwardedScaleRule) (*tensor, error) {
+	sc, err := readTensor("inputs->scales", p)
+	switch {
+	case err != nil:
+		return nil, err
+	case sc == nil:
+		return nil, invalidArgf("%s", r.missing)
+	case !slices.Contains(r.types, sc.dtype):
+		return nil, invalidUsagef(r.wrongType, sc.dtype)
+	case len(sc.shape) == 2 && sc.shape[0] == T && sc.shape[1] != r.cols:
+		return nil, invalidUsagef(r.wrongCols, sc.shape[1], shapeString(sc.shape))
+	}
+	if err := sc.want(r.shape, r.types, T, r.cols); err != nil {
+		return nil, err
+	}
+	return sc, nil
 }
 
 // outShape is how a dispatch of the group lays out its outputs: the
