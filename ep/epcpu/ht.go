@@ -401,6 +401,27 @@ func (m *htMode) exchangeCounts(op string, st *htState, q uint64, rt *driver.Rou
 	return nil
 }
 
+// htProgressRows is how many rows a rail peer sums between two calls into
+// the network's progress. Over TCP a large message moves only while both of
+// its ends call into MPI: a rank that summed a whole chunk (milliseconds)
+// between calls would leave its sends and receives idle meanwhile.
+const htProgressRows = 32
+
+// sumRows sums rows [lo, hi) of a sender's forwarded tokens (their sources
+// in tab, from start) into the sums area from sums, htProgressRows at a
+// time, letting the network progress between.
+func (m *htMode) sumRows(sums int, tab hostrows.CTable, start []int32, lo, hi int) error {
+	t := &m.e.t
+	for a := lo; a < hi; a += htProgressRows {
+		b := min(a+htProgressRows, hi)
+		hostrows.ReduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.Len(a)), m.e.spec.Elem, tab, start[a:b+1], b-a, m.H, m.e.spec.Elem)
+		if err := t.progress(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // htChunk is how many of its tokens a rank writes into the outbox before
 // it sends what they filled: the wire starts on the first chunk while the
 // next ones are written, and every rail peer gets its part of each chunk at
@@ -814,12 +835,13 @@ func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []in
 		}
 		for lo := 0; lo < p.rows && !whole; lo += htChunk {
 			hi := min(lo+htChunk, p.rows)
-			out := t.lsa(t.me, sums+m.sumsOut.Len(lo))
 			if m.fp8 != nil {
-				hostrows.ReduceFP8RowsFrom(out, m.e.spec.Elem, tab, scl, p.start[lo:hi+1], hi-lo, m.H)
+				hostrows.ReduceFP8RowsFrom(t.lsa(t.me, sums+m.sumsOut.Len(lo)), m.e.spec.Elem, tab, scl, p.start[lo:hi+1], hi-lo, m.H)
 				m.fp8.sendSums(m, p.src, m.sumsSlot(m.senders[i])*M, sums, lo, hi)
 			} else {
-				hostrows.ReduceRowsFrom(out, m.e.spec.Elem, tab, p.start[lo:hi+1], hi-lo, m.H, m.e.spec.Elem)
+				if err := m.sumRows(sums, tab, p.start, lo, hi); err != nil {
+					return err
+				}
 				t.expose(p.src, sums+m.sumsOut.Len(lo), m.sums.At(m.myNode*M+lo), m.sumsOut.Len(hi-lo))
 			}
 			var err error

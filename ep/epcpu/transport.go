@@ -158,7 +158,6 @@ type transport struct {
 	// landsFinal: the network reaches the other nodes' segments too, at
 	// offsets from the size of their staging memory (exposeRowsFinal).
 	landsFinal bool
-	idle       bool // the current wait across nodes has lasted: it yields the core between sweeps
 
 	// What a wait for every live rank's flag (k, set) polls (liveWatch),
 	// made at the first such wait and again after the mask changes.
@@ -380,6 +379,7 @@ func (t *transport) poll(ws *watch) waited {
 	}
 	var start time.Time
 	first, late := 0, 0 // late: the flag waited for last
+	idle := false       // the wait has lasted napAfter: it naps between sweeps
 	for sweep := 0; ; sweep++ {
 		if err := t.net.Progress(); err != nil {
 			w := newWaited()
@@ -414,10 +414,10 @@ func (t *transport) poll(ws *watch) waited {
 				t.waits[ws.peers[first]] += waited
 				return w
 			}
-			t.idle = waited > yieldAfter
+			idle = waited > napAfter
 		}
-		if t.idle {
-			yield()
+		if idle {
+			nap()
 		}
 	}
 }
@@ -652,6 +652,9 @@ func (t *transport) awaitSent(op string, put uint64) error {
 		if err := t.net.Progress(); err != nil {
 			return fmt.Errorf("ep: %s: %w", op, err)
 		}
+		if time.Since(start) > napAfter {
+			nap()
+		}
 	}
 }
 
@@ -741,8 +744,11 @@ func (t *transport) releaseReaders(b int, q uint64) error {
 	return t.raise(t.liveNode, flagDone, b, t.me, q, 0, nil)
 }
 
-// yieldAfter is how long a wait across nodes polls before it yields the
-// core between sweeps.
-// (Yielding from the first sweep made no difference across 2 emulated
-// hosts of 2 ranks on 2 cores, in one run alternating the two.)
-const yieldAfter = 5 * time.Millisecond
+// napAfter is how long a wait across nodes polls the network before it
+// naps between polls (nap). A wait that lasts longer waits for bulk data:
+// the kernel sends and receives it while the rank sleeps, whereas each poll
+// is a system call (Open MPI's TCP progress polls every socket) and a
+// spinning or yielding rank takes the core from ranks that still copy and
+// sum where ranks share cores. Across 2 emulated hosts of 2 ranks on 2 cores
+// napping took a fifth off each rank's processor time in HT and LL rounds.
+const napAfter = 100 * time.Microsecond
