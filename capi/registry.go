@@ -25,12 +25,19 @@ var reg = struct {
 	handles map[uint64]handle // the live handles; each knows its group (groupID)
 	// destroyed keeps the most recently destroyed handles, as many as
 	// destroyedKept, so that a call on one still takes part in its group's
-	// call as a refusal; destroyedIDs holds their numbers in the order they
-	// were destroyed, a ring whose next slot is destroyedAt.
-	destroyed    map[uint64]handle
-	destroyedIDs [destroyedKept]uint64
-	destroyedAt  int
-}{next: 0x6e0, groups: map[uint64]group{}, handles: map[uint64]handle{}, destroyed: map[uint64]handle{}}
+	// call as a refusal: a ring whose next slot is destroyedAt. It is
+	// searched only for a number that is not a live handle's (a call on a
+	// destroyed or made-up handle), so destroying one costs no map
+	// operation beyond the live handles' own.
+	destroyed   []destroyedHandle
+	destroyedAt int
+}{next: 0x6e0, groups: map[uint64]group{}, handles: map[uint64]handle{}}
+
+// destroyedHandle is a destroyed handle and its number.
+type destroyedHandle struct {
+	id uint64
+	h  handle
+}
 
 // destroyedKept bounds the destroyed handles the registry remembers.
 const destroyedKept = 4096
@@ -128,7 +135,7 @@ func lookupHandle(h C.goepEpHandle_t) (handle, error) {
 	reg.Lock()
 	hd, ok := reg.handles[id]
 	if !ok {
-		hd, ok = reg.destroyed[id]
+		hd, ok = findDestroyed(id)
 	}
 	reg.Unlock()
 	if ok {
@@ -149,9 +156,9 @@ func removeGroup(id uint64) {
 			delete(reg.handles, h)
 		}
 	}
-	for h, hd := range reg.destroyed { // their group is gone: calls on them are refused here alone
-		if hd.groupID() == id {
-			delete(reg.destroyed, h)
+	for i, d := range reg.destroyed { // their group is gone: calls on them are refused here alone
+		if d.h != nil && d.h.groupID() == id {
+			reg.destroyed[i] = destroyedHandle{}
 		}
 	}
 }
@@ -172,7 +179,7 @@ func liveHandle(h C.goepEpHandle_t) (handle, uint64, error) {
 }
 
 // removeHandle moves handle id from the live handles to the destroyed
-// ones, forgetting the destroyed handle it displaces from the ring.
+// ones, in the place of the longest destroyed, which is forgotten.
 func removeHandle(id uint64) {
 	reg.Lock()
 	defer reg.Unlock()
@@ -181,12 +188,23 @@ func removeHandle(id uint64) {
 		return
 	}
 	delete(reg.handles, id)
-	reg.destroyed[id] = hd
-	if old := reg.destroyedIDs[reg.destroyedAt]; old != 0 {
-		delete(reg.destroyed, old) // gone already where its group was destroyed
+	if len(reg.destroyed) < destroyedKept {
+		reg.destroyed = append(reg.destroyed, destroyedHandle{id, hd})
+		return
 	}
-	reg.destroyedIDs[reg.destroyedAt] = id
+	reg.destroyed[reg.destroyedAt] = destroyedHandle{id, hd}
 	reg.destroyedAt = (reg.destroyedAt + 1) % destroyedKept
+}
+
+// findDestroyed is destroyed handle id, if the registry still keeps it. The
+// caller holds reg.
+func findDestroyed(id uint64) (handle, bool) {
+	for _, d := range reg.destroyed {
+		if d.id == id && d.h != nil {
+			return d.h, true
+		}
+	}
+	return nil, false
 }
 
 // liveHandles are the live handles of group g, by id.
