@@ -340,7 +340,8 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		return h.refuseDispatch(invalidUsagef("two LL dispatches of the group wait for their combine: combine or destroy "+
 			"handle %#x, the earlier of them, first (it holds the buffers this dispatch needs)", id))
 	}
-	cfg, din, o, err := h.dispatchArgs(in, out, info, cfgp)
+	var o dispatchOut // large: filled in place, never copied on the way
+	cfg, din, err := h.dispatchArgs(in, out, info, cfgp, &o)
 	if err != nil {
 		return h.refuseDispatch(err)
 	}
@@ -363,13 +364,13 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		h.sentDispatch = &sentDispatch[E]{req: req, out: o, number: number}
 		return nil
 	}
-	return h.finishDispatch(req, o, number)
+	return h.finishDispatch(req, &o, number)
 }
 
 // dispatchArgs checks a dispatch's structs and tensors and makes ep's
-// arguments of them.
+// arguments of them, the outputs in o.
 func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t,
-	cfgp *C.goepEpDispatchConfig_t) (cfg dispatchConfig, din dispatchIn[E], o dispatchOut, err error) {
+	cfgp *C.goepEpDispatchConfig_t, o *dispatchOut) (cfg dispatchConfig, din dispatchIn[E], err error) {
 	if cfg, err = readDispatchConfig(cfgp); err != nil {
 		return
 	}
@@ -379,7 +380,7 @@ func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEp
 	if din, err = h.dispatchInputs(in); err != nil {
 		return
 	}
-	if o, err = h.dispatchOutputs(out, info); err != nil {
+	if err = h.dispatchOutputs(out, info, o); err != nil {
 		return
 	}
 	if o.scales.given() && !din.packedScales.IsZero() && o.scales.dtype != din.scaleType {
@@ -411,13 +412,13 @@ func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEp
 	return
 }
 
-func (h *handleImpl[E]) finishDispatch(req ep.DispatchRequest[E], o dispatchOut, number uint64) error {
+func (h *handleImpl[E]) finishDispatch(req ep.DispatchRequest[E], o *dispatchOut, number uint64) error {
 	eh, err := req.Wait()
 	if err != nil {
 		return err
 	}
 	h.eh, h.dispatched, h.number = eh, true, number
-	return h.writeOutputs(&o)
+	return h.writeOutputs(o)
 }
 
 // dispatchInputs checks the inputs: the tokens (or, in a group forwarding
@@ -647,15 +648,15 @@ func (gc groupConfig) rowFormat() *rowFormat {
 	return nil
 }
 
-// dispatchOutputs checks the outputs and the layout info against the layout.
-func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t) (dispatchOut, error) {
-	var o dispatchOut
+// dispatchOutputs checks the outputs and the layout info against the
+// layout, into o.
+func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t, o *dispatchOut) error {
 	if out == nil {
-		return o, invalidArgf("outputs is NULL")
+		return invalidArgf("outputs is NULL")
 	}
 	if err := checkHeader("outputs", "goepEpDispatchOutputs_t", uint32(out.size), uint32(out.magic), C.GOEP_EP_DISPATCH_OUTPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_OUTPUTS_INIT"); err != nil {
-		return o, err
+		return err
 	}
 	gc := &h.g.gc
 	R, L := h.g.g.Size(), h.g.g.LocalExperts()
@@ -674,33 +675,33 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 		}
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
 	if o.scales, err = readTensor("outputs->scales", out.scales); err == nil && o.scales.given() {
 		if q == nil {
-			return o, invalidArgf("outputs->scales must be NULL: this group's dispatches move the rows in %v (options.dispatch_quant NONE), without scales", gc.elem)
+			return invalidArgf("outputs->scales must be NULL: this group's dispatches move the rows in %v (options.dispatch_quant NONE), without scales", gc.elem)
 		}
 		err = o.scales.wantRows(s, q.sideWhat, q.scaleTypes, q.sideElems)
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
 	if q != nil && !o.scales.given() && o.tokens.given() {
-		return o, invalidArgf("outputs->scales is required by %s: %s, %d] %s, the scales of outputs->tokens' codes",
+		return invalidArgf("outputs->scales is required by %s: %s, %d] %s, the scales of outputs->tokens' codes",
 			q.name, s.what, q.sideElems, q.scaleTypes[0])
 	}
 	if q != nil && !o.tokens.given() {
-		return o, invalidUsagef("outputs->tokens is NULL, and %s's rows (%s codes and their scales) are not read in place: "+
+		return invalidUsagef("outputs->tokens is NULL, and %s's rows (%s codes and their scales) are not read in place: "+
 			"pass outputs->tokens and outputs->scales", q.name, q.codes)
 	}
 	switch {
 	case s.ll && !s.rm:
 		if out.topk_weights != nil || out.topk_idx != nil {
-			return o, invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in the LL EXPERT_MAJOR layout (a row's expert is its block; combine applies the weights)")
+			return invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in the LL EXPERT_MAJOR layout (a row's expert is its block; combine applies the weights)")
 		}
 	case s.em:
 		if out.topk_idx != nil {
-			return o, invalidArgf("outputs->topk_idx must be NULL in the HT EXPERT_MAJOR layout (a row's expert is its zone)")
+			return invalidArgf("outputs->topk_idx must be NULL in the HT EXPERT_MAJOR layout (a row's expert is its zone)")
 		}
 		if o.weights, err = readTensor("outputs->topk_weights", out.topk_weights); err == nil && o.weights.given() {
 			err = o.weights.want("[slots] (one weight per row of the HT EXPERT_MAJOR layout)", []dataType{dtFloat32}, -1)
@@ -710,25 +711,25 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 			err = o.weights.wantRows(s, "num_topk]", []dataType{dtFloat32}, K)
 		}
 		if err != nil {
-			return o, err
+			return err
 		}
 		if o.topkIdx, err = readTensor("outputs->topk_idx", out.topk_idx); err == nil && o.topkIdx.given() {
 			err = o.topkIdx.wantRows(s, "num_topk]", []dataType{dtInt32, dtInt64}, K)
 		}
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
 	needCounters := s.ll && !s.rm
 	if info == nil {
 		if needCounters {
-			return o, invalidArgf("layout_info is required by an LL EXPERT_MAJOR dispatch: its expert_counters say how many rows of each expert are valid")
+			return invalidArgf("layout_info is required by an LL EXPERT_MAJOR dispatch: its expert_counters say how many rows of each expert are valid")
 		}
-		return o, nil
+		return nil
 	}
 	if err := checkHeader("layout_info", "goepEpLayoutInfo_t", uint32(info.size), uint32(info.magic), C.GOEP_EP_LAYOUT_INFO_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_LAYOUT_INFO_INIT"); err != nil {
-		return o, err
+		return err
 	}
 	kind := C.goepEpExpertIdKind_t(C.GOEP_EP_EXPERT_ID_AUTO)
 	if covers(info.size, unsafe.Offsetof(info.recv_topk_idx_kind), unsafe.Sizeof(info.recv_topk_idx_kind)) {
@@ -736,42 +737,42 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 	}
 	switch {
 	case info.src_rank_counters != nil && !s.rm:
-		return o, invalidArgf("layout_info->src_rank_counters is for the LL RANK_MAJOR layout; this group's is %s: leave it NULL", layout)
+		return invalidArgf("layout_info->src_rank_counters is for the LL RANK_MAJOR layout; this group's is %s: leave it NULL", layout)
 	case info.expert_offsets != nil && !s.em:
-		return o, invalidArgf("layout_info->expert_offsets is for the HT EXPERT_MAJOR layout; this group's is %s: leave it NULL", layout)
+		return invalidArgf("layout_info->expert_offsets is for the HT EXPERT_MAJOR layout; this group's is %s: leave it NULL", layout)
 	}
 	switch kind {
 	case C.GOEP_EP_EXPERT_ID_AUTO, C.GOEP_EP_EXPERT_ID_LOCAL:
 	case C.GOEP_EP_EXPERT_ID_GLOBAL:
 		o.global = true
 	default:
-		return o, invalidArgf("layout_info->recv_topk_idx_kind = %d: want AUTO (0), LOCAL (1) or GLOBAL (2)", int(kind))
+		return invalidArgf("layout_info->recv_topk_idx_kind = %d: want AUTO (0), LOCAL (1) or GLOBAL (2)", int(kind))
 	}
 	if o.expertCounts, err = readTensor("layout_info->expert_counters", info.expert_counters); err == nil && o.expertCounts.given() {
 		err = o.expertCounts.want("[local_experts]", []dataType{dtInt32, dtInt64}, L)
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
 	if needCounters && !o.expertCounts.given() {
-		return o, invalidArgf("layout_info->expert_counters is required by an LL EXPERT_MAJOR dispatch ([local_experts] int32)")
+		return invalidArgf("layout_info->expert_counters is required by an LL EXPERT_MAJOR dispatch ([local_experts] int32)")
 	}
 	if o.srcCounts, err = readTensor("layout_info->src_rank_counters", info.src_rank_counters); err == nil && o.srcCounts.given() {
 		err = o.srcCounts.want("[nranks]", []dataType{dtInt32, dtInt64}, R)
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
 	if o.offsets, err = readTensor("layout_info->expert_offsets", info.expert_offsets); err == nil && o.offsets.given() {
 		err = o.offsets.want("[local_experts]", []dataType{dtInt32, dtInt64}, L)
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
 	if o.total, err = readTensor("layout_info->recv_total_counter", info.recv_total_counter); err == nil && o.total.given() {
 		err = o.total.want("[1]", []dataType{dtInt32, dtInt64}, 1)
 	}
-	return o, err
+	return err
 }
 
 // rowCopier copies received rows, by row index of the layout, into a
@@ -1214,7 +1215,7 @@ func (h *handleImpl[E]) complete(cfg *C.goepEpCompleteConfig_t) error {
 	}
 	if s := h.sentDispatch; s != nil {
 		h.sentDispatch = nil
-		return h.finishDispatch(s.req, s.out, s.number)
+		return h.finishDispatch(s.req, &s.out, s.number)
 	}
 	if req := h.sentCombine; req != nil {
 		h.sentCombine = nil
