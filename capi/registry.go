@@ -179,7 +179,7 @@ func liveHandle(h C.goepEpHandle_t) (handle, uint64, error) {
 }
 
 // removeHandle moves handle id from the live handles to the destroyed
-// ones, in the place of the longest destroyed, which is forgotten.
+// ones, in the place of the one destroyed longest ago, which is forgotten.
 func removeHandle(id uint64) {
 	reg.Lock()
 	defer reg.Unlock()
