@@ -49,7 +49,9 @@ func TestCheckRouting(t *testing.T) {
 func TestTensorWant(t *testing.T) {
 	buf := make([]float32, 12)
 	tensorOf := func(d dataType, off uintptr, shape ...int) *tensor {
-		return &tensor{name: "inputs->tokens", dtype: d, shape: shape, data: unsafe.Add(unsafe.Pointer(&buf[0]), off)}
+		t := &tensor{name: "inputs->tokens", dtype: d, nd: len(shape), data: unsafe.Add(unsafe.Pointer(&buf[0]), off)}
+		copy(t.dims[:], shape)
+		return t
 	}
 	cases := []struct {
 		name string

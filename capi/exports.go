@@ -100,7 +100,7 @@ func createGroup(group *C.goepEpGroup_t, comm C.MPI_Comm, config *C.goepEpGroupC
 	if err != nil {
 		return err
 	}
-	*group = C.goep_ep_group_of(C.uint64_t(addGroup(g)))
+	putID(group, addGroup(g))
 	return nil
 }
 
@@ -192,9 +192,7 @@ func newHandleID(out *C.goepEpHandle_t, gr C.goepEpGroup_t, mk func(group) (hand
 	if err != nil {
 		return err
 	}
-	id := addHandle(h, gid)
-	h.setID(id, gid)
-	*out = C.goep_ep_handle_of(C.uint64_t(id))
+	putID(out, addHandle(h, gid))
 	return nil
 }
 

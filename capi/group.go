@@ -297,6 +297,8 @@ type groupImpl[E ep.Element] struct {
 	// layout is the C layout of the group's first handle, which opened g
 	// with it (gc.cfg.Layout); every later handle's must be the same.
 	layout C.goepEpLayout_t
+	// shape is how g's dispatches lay out their outputs, made when g opens.
+	shape  outShape
 	nranks int
 	fixedK int // config.num_topk: an upper bound on every handle's top-k; 0: the first handle's
 	// marks counts handle numbers taken before g opened, given to g.Mark
@@ -349,6 +351,7 @@ func (gi *groupImpl[E]) open(K int, layout C.goepEpLayout_t, align int, call str
 			call, cfg.TopK, layoutName(layout), err))
 	}
 	gi.g, gi.gc.cfg, gi.layout = g, cfg, layout
+	gi.shape = newOutShape(gi.gc, g)
 	gi.ones = make([]float32, cfg.MaxTokensPerRank*cfg.TopK)
 	for i := range gi.ones {
 		gi.ones[i] = 1
@@ -546,8 +549,8 @@ func (gi *groupImpl[E]) createHandle(layout C.goepEpLayout_t, topkDesc *C.goepEp
 	defer gi.mu.Unlock()
 	if gi.g == nil {
 		K := 0 // a topk_idx this rank cannot read opens nothing: the other ranks fail naming it
-		if t, err := readTensor("topk_idx", topkDesc); err == nil && t != nil && len(t.shape) == 2 {
-			K = t.shape[1]
+		if t, err := readTensor("topk_idx", topkDesc); err == nil && t.nd == 2 {
+			K = t.dims[1]
 		}
 		align, _ := readHandleConfig(cfg, gi.gc.cfg.Mode, layout) // a bad one: makeHandle refuses it, after the open
 		if err := gi.open(K, layout, align, "goepEpCreateHandle"); err != nil {
@@ -647,7 +650,7 @@ func (gi *groupImpl[E]) makeHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleC
 	}
 	h := &handleImpl[E]{g: gi, layout: layout}
 	t, err := readTensor("handle_mem", mem)
-	if err != nil || t == nil {
+	if err != nil || !t.given() {
 		return h, err
 	}
 	if err := t.want("[bytes]", []dataType{dtUint8}, -1); err != nil {
@@ -659,7 +662,7 @@ func (gi *groupImpl[E]) makeHandle(layout C.goepEpLayout_t, cfg *C.goepEpHandleC
 	if uintptr(t.data)%4 != 0 {
 		return nil, invalidArgf("handle_mem: data %p is not 4-byte aligned (it holds int32 expert ids)", t.data)
 	}
-	h.mem = view[int32](t, maxT*K)
+	h.mem = view[int32](&t, maxT*K)
 	return h, nil
 }
 

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"unsafe"
 
 	"github.com/goep/goep/ep"
@@ -53,10 +52,10 @@ type sentDispatch[E ep.Element] struct {
 
 // dispatchOut is a dispatch's checked outputs.
 type dispatchOut struct {
-	tokens, weights, topkIdx, scales *tensor
-	expertCounts, total              *tensor
-	srcCounts, offsets               *tensor // LL RANK_MAJOR's src_rank_counters, HT EXPERT_MAJOR's expert_offsets
-	global                           bool    // recv_topk_idx_kind GLOBAL
+	tokens, weights, topkIdx, scales tensor
+	expertCounts, total              tensor
+	srcCounts, offsets               tensor // LL RANK_MAJOR's src_rank_counters, HT EXPERT_MAJOR's expert_offsets
+	global                           bool   // recv_topk_idx_kind GLOBAL
 }
 
 // dispatchIn is a dispatch's checked inputs: the rows in the element type
@@ -238,13 +237,13 @@ func (h *handleImpl[E]) route(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutIn
 	if err := t.want("[num_tokens, num_topk]", []dataType{dtInt32, dtInt64}, -1, -1); err != nil {
 		return err
 	}
-	T, kh := t.shape[0], t.shape[1]
+	T, kh := t.dims[0], t.dims[1]
 	if T > maxT {
-		return invalidArgf("topk_idx has %d tokens (shape %s), more than config.max_dispatch_tokens_per_rank = %d", T, shapeString(t.shape), maxT)
+		return invalidArgf("topk_idx has %d tokens (shape %s), more than config.max_dispatch_tokens_per_rank = %d", T, shapeString(t.shape()), maxT)
 	}
 	switch {
 	case kh < 1:
-		return invalidArgf("topk_idx has shape %s: want num_topk >= 1", shapeString(t.shape))
+		return invalidArgf("topk_idx has shape %s: want num_topk >= 1", shapeString(t.shape()))
 	case kh > K:
 		return gi.tooWide(kh)
 	case kh < K && gi.gc.cfg.Mode != ep.LowLatency:
@@ -256,11 +255,11 @@ func (h *handleImpl[E]) route(topkDesc *C.goepEpTensor_t, info *C.goepEpLayoutIn
 	// released below.
 	topk := make([]int32, T*K)
 	if t.dtype == dtInt32 {
-		for i, e := range view[int32](t, T*kh) {
+		for i, e := range view[int32](&t, T*kh) {
 			topk[i/kh*K+i%kh] = e
 		}
 	} else {
-		for i, e := range view[int64](t, T*kh) {
+		for i, e := range view[int64](&t, T*kh) {
 			v := int32(max(min(e, 1<<31-1), -1<<31))
 			if int64(v) != e {
 				return invalidArgf("topk_idx[%d][%d] = %d is not an expert id in [0, %d) or -1", i/kh, i%kh, e, gi.gc.cfg.NumExperts)
@@ -341,7 +340,8 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		return h.refuseDispatch(invalidUsagef("two LL dispatches of the group wait for their combine: combine or destroy "+
 			"handle %#x, the earlier of them, first (it holds the buffers this dispatch needs)", id))
 	}
-	cfg, din, o, err := h.dispatchArgs(in, out, info, cfgp)
+	var o dispatchOut // large: filled in place, never copied on the way
+	cfg, din, err := h.dispatchArgs(in, out, info, cfgp, &o)
 	if err != nil {
 		return h.refuseDispatch(err)
 	}
@@ -364,13 +364,13 @@ func (h *handleImpl[E]) dispatch(in *C.goepEpDispatchInputs_t, out *C.goepEpDisp
 		h.sentDispatch = &sentDispatch[E]{req: req, out: o, number: number}
 		return nil
 	}
-	return h.finishDispatch(req, o, number)
+	return h.finishDispatch(req, &o, number)
 }
 
 // dispatchArgs checks a dispatch's structs and tensors and makes ep's
-// arguments of them.
+// arguments of them, the outputs in o.
 func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t,
-	cfgp *C.goepEpDispatchConfig_t) (cfg dispatchConfig, din dispatchIn[E], o dispatchOut, err error) {
+	cfgp *C.goepEpDispatchConfig_t, o *dispatchOut) (cfg dispatchConfig, din dispatchIn[E], err error) {
 	if cfg, err = readDispatchConfig(cfgp); err != nil {
 		return
 	}
@@ -380,10 +380,10 @@ func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEp
 	if din, err = h.dispatchInputs(in); err != nil {
 		return
 	}
-	if o, err = h.dispatchOutputs(out, info); err != nil {
+	if err = h.dispatchOutputs(out, info, o); err != nil {
 		return
 	}
-	if o.scales != nil && !din.packedScales.IsZero() && o.scales.dtype != din.scaleType {
+	if o.scales.given() && !din.packedScales.IsZero() && o.scales.dtype != din.scaleType {
 		err = invalidArgf("outputs->scales has datatype %s and inputs->scales %s: forwarded scale bytes arrive in the type they were given "+
 			"(as NCCL EP's QUANT_FWD requires, the same datatype in and out)", o.scales.dtype, din.scaleType)
 		return
@@ -395,7 +395,7 @@ func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEp
 			err = invalidUsagef("a backward (GOEP_EP_BWD_PASS) dispatch reuses the routing of an earlier dispatch of the handle, and this handle has none")
 		case din.weights != nil:
 			err = invalidArgf("inputs->topk_weights must be NULL in a backward dispatch")
-		case o.weights != nil || o.topkIdx != nil:
+		case o.weights.given() || o.topkIdx.given():
 			err = invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in a backward dispatch")
 		}
 		if err != nil {
@@ -412,7 +412,7 @@ func (h *handleImpl[E]) dispatchArgs(in *C.goepEpDispatchInputs_t, out *C.goepEp
 	return
 }
 
-func (h *handleImpl[E]) finishDispatch(req ep.DispatchRequest[E], o dispatchOut, number uint64) error {
+func (h *handleImpl[E]) finishDispatch(req ep.DispatchRequest[E], o *dispatchOut, number uint64) error {
 	eh, err := req.Wait()
 	if err != nil {
 		return err
@@ -432,46 +432,46 @@ func (h *handleImpl[E]) dispatchInputs(in *C.goepEpDispatchInputs_t) (dispatchIn
 		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_INPUTS_INIT"); err != nil {
 		return d, err
 	}
-	gc := h.g.gc
+	gc := &h.g.gc
 	tok, err := need("inputs->tokens", in.tokens)
 	if err != nil {
 		return d, err
 	}
 	switch gc.cfg.Wire {
 	case ep.WireFP8Forward:
-		err = h.fp8Inputs(&d, tok, in.scales)
+		err = h.fp8Inputs(&d, &tok, in.scales)
 	case ep.WireNVFP4Forward:
-		err = h.nvfp4Inputs(&d, tok, in.scales)
+		err = h.nvfp4Inputs(&d, &tok, in.scales)
 	default:
 		err = tok.want("[num_tokens of the handle's topk_idx, hidden]", []dataType{gc.elem}, h.T, gc.cfg.Hidden)
 		if err == nil {
 			err = noScales(in.scales, gc)
 		}
 		if err == nil {
-			d.x = ep.Host(view[E](tok, h.T*gc.cfg.Hidden))
+			d.x = ep.Host(view[E](&tok, h.T*gc.cfg.Hidden))
 		}
 	}
 	if err != nil {
 		return d, err
 	}
 	w, err := readTensor("inputs->topk_weights", in.topk_weights)
-	if err == nil && w != nil {
+	if err == nil && w.given() {
 		err = w.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, h.kh)
 	}
 	if err != nil {
 		return d, err
 	}
-	if w != nil {
-		d.weights = h.widen(view[float32](w, h.T*h.kh), gc.cfg.TopK)
+	if w.given() {
+		d.weights = h.widen(view[float32](&w, h.T*h.kh), gc.cfg.TopK)
 	}
 	return d, nil
 }
 
 // noScales refuses inputs->scales in a group whose dispatches take the rows
 // in the token type.
-func noScales(p *C.goepEpTensor_t, gc groupConfig) error {
+func noScales(p *C.goepEpTensor_t, gc *groupConfig) error {
 	sc, err := readTensor("inputs->scales", p)
-	if err == nil && sc != nil {
+	if err == nil && sc.given() {
 		err = invalidArgf("inputs->scales must be NULL: it carries forwarded scales (GOEP_EP_DISP_QUANT_FWD), and this group's dispatches are %s",
 			dispQuantName(gc.dispQuant))
 	}
@@ -504,7 +504,7 @@ func (h *handleImpl[E]) fp8Inputs(d *dispatchIn[E], tok *tensor, scales *C.goepE
 	if err != nil {
 		return err
 	}
-	d.codes, d.scales = ep.Host(view[ep.E4M3](tok, h.T*H)), ep.Host(view[float32](sc, h.T*G))
+	d.codes, d.scales = ep.Host(view[ep.E4M3](tok, h.T*H)), ep.Host(view[float32](&sc, h.T*G))
 	return nil
 }
 
@@ -522,9 +522,9 @@ func (h *handleImpl[E]) nvfp4Inputs(d *dispatchIn[E], tok *tensor, scales *C.goe
 			"(goepEpFloat4x2, two a byte) [num_tokens, hidden / 2] with one e4m3 scale byte per 16 elements (e4m3 codes with float32 "+
 			"scales are forwarded by a group made with GOEP_EP_DISP_QUANT_FWD)", tok.dtype)
 	}
-	if len(tok.shape) == 2 && tok.shape[0] == h.T && tok.shape[1] == H && rb != H {
+	if tok.nd == 2 && tok.dims[0] == h.T && tok.dims[1] == H && rb != H {
 		return invalidArgf("inputs->tokens has shape %s: a float4x2 element holds two values, so a row of hidden %d is %d elements "+
-			"(NCCL EP's [num_tokens, H/2])", shapeString(tok.shape), H, rb)
+			"(NCCL EP's [num_tokens, H/2])", shapeString(tok.shape()), H, rb)
 	}
 	if err := tok.want("[num_tokens of the handle's topk_idx, hidden / 2]", []dataType{dtFloat4x2}, h.T, rb); err != nil {
 		return err
@@ -541,7 +541,7 @@ func (h *handleImpl[E]) nvfp4Inputs(d *dispatchIn[E], tok *tensor, scales *C.goe
 	if err != nil {
 		return err
 	}
-	d.packed, d.packedScales = ep.Host(view[byte](tok, h.T*rb)), ep.Host(view[byte](sc, h.T*sb))
+	d.packed, d.packedScales = ep.Host(view[byte](tok, h.T*rb)), ep.Host(view[byte](&sc, h.T*sb))
 	d.scaleType = sc.dtype
 	return nil
 }
@@ -558,26 +558,28 @@ type forwardedScaleRule struct {
 
 // forwardedScales reads inputs->scales of a dispatch forwarding quantised
 // rows: required, of the format's types, cols scales for each of T rows.
-func forwardedScales(p *C.goepEpTensor_t, T int, r forwardedScaleRule) (*tensor, error) {
+func forwardedScales(p *C.goepEpTensor_t, T int, r forwardedScaleRule) (tensor, error) {
 	sc, err := readTensor("inputs->scales", p)
 	switch {
 	case err != nil:
-		return nil, err
-	case sc == nil:
-		return nil, invalidArgf("%s", r.missing)
+		return sc, err
+	case !sc.given():
+		return sc, invalidArgf("%s", r.missing)
 	case !slices.Contains(r.types, sc.dtype):
-		return nil, invalidUsagef(r.wrongType, sc.dtype)
-	case len(sc.shape) == 2 && sc.shape[0] == T && sc.shape[1] != r.cols:
-		return nil, invalidUsagef(r.wrongCols, sc.shape[1], shapeString(sc.shape))
+		return sc, invalidUsagef(r.wrongType, sc.dtype)
+	case sc.nd == 2 && sc.dims[0] == T && sc.dims[1] != r.cols:
+		return sc, invalidUsagef(r.wrongCols, sc.dims[1], shapeString(sc.shape()))
 	}
 	if err := sc.want(r.shape, r.types, T, r.cols); err != nil {
-		return nil, err
+		return sc, err
 	}
 	return sc, nil
 }
 
 // outShape is how a dispatch of the group lays out its outputs: the
 // leading dimensions of a row (rowDims), named by what, and the layout's.
+// The group's is made once, when its first handle opens it (its layout is
+// fixed from then on): groupImpl.shape.
 type outShape struct {
 	rowDims []int      // the dimensions before hidden, num_topk or the scale groups (-1: any)
 	what    string     // their names, e.g. "[local_experts, nranks * max_dispatch_tokens_per_rank"
@@ -586,9 +588,9 @@ type outShape struct {
 	quant   *rowFormat // a quantised dispatch's codes and scales; nil: rows in the token type
 }
 
-func (h *handleImpl[E]) outShape() outShape {
-	gc := h.g.gc
-	R, L, maxT := h.g.g.Size(), h.g.g.LocalExperts(), gc.cfg.MaxTokensPerRank
+// newOutShape is the outputs' shape of the dispatches of open group g.
+func newOutShape[E ep.Element](gc groupConfig, g *ep.Group[E]) outShape {
+	R, L, maxT := g.Size(), g.LocalExperts(), gc.cfg.MaxTokensPerRank
 	s := outShape{ll: gc.cfg.Mode == ep.LowLatency, rm: gc.cfg.LLRankMajor(), em: gc.cfg.HTExpertMajor(), quant: gc.rowFormat()}
 	switch {
 	case s.rm:
@@ -601,8 +603,18 @@ func (h *handleImpl[E]) outShape() outShape {
 	return s
 }
 
-// dims is rowDims then last.
-func (s outShape) dims(last ...int) []int { return append(slices.Clone(s.rowDims), last...) }
+// outShape is how the handle's group lays out a dispatch's outputs.
+func (h *handleImpl[E]) outShape() *outShape { return &h.g.shape }
+
+// wantRows checks a tensor laid out as a dispatch's received rows: of one
+// of types, with s's leading dimensions then last, whose name is lastWhat
+// (e.g. "hidden]"). The message is made only for a refusal.
+func (t *tensor) wantRows(s *outShape, lastWhat string, types []dataType, last int) error {
+	var dims [maxDims]int
+	n := copy(dims[:], s.rowDims)
+	dims[n] = last
+	return t.wantNamed(s.what, lastWhat, types, dims[:n+1])
+}
 
 // rowFormat is how a quantised dispatch writes each received row:
 // rowElems elements of codes in outputs->tokens, and sideElems scales of
@@ -636,17 +648,17 @@ func (gc groupConfig) rowFormat() *rowFormat {
 	return nil
 }
 
-// dispatchOutputs checks the outputs and the layout info against the layout.
-func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t) (dispatchOut, error) {
-	var o dispatchOut
+// dispatchOutputs checks the outputs and the layout info against the
+// layout, into o.
+func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.goepEpLayoutInfo_t, o *dispatchOut) error {
 	if out == nil {
-		return o, invalidArgf("outputs is NULL")
+		return invalidArgf("outputs is NULL")
 	}
 	if err := checkHeader("outputs", "goepEpDispatchOutputs_t", uint32(out.size), uint32(out.magic), C.GOEP_EP_DISPATCH_OUTPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_DISPATCH_OUTPUTS_INIT"); err != nil {
-		return o, err
+		return err
 	}
-	gc := h.g.gc
+	gc := &h.g.gc
 	R, L := h.g.g.Size(), h.g.g.LocalExperts()
 	H, K := gc.cfg.Hidden, gc.cfg.TopK
 	s := h.outShape()
@@ -655,69 +667,69 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 	var err error
 	// outputs->tokens NULL: the rows stay in the group's buffer, read in
 	// place through goepEpHandleRecvTokens.
-	if o.tokens, err = readTensor("outputs->tokens", out.tokens); err == nil && o.tokens != nil {
+	if o.tokens, err = readTensor("outputs->tokens", out.tokens); err == nil && o.tokens.given() {
 		if q != nil {
-			err = o.tokens.want(s.what+", "+q.rowWhat, []dataType{q.codes}, s.dims(q.rowElems)...)
+			err = o.tokens.wantRows(s, q.rowWhat, []dataType{q.codes}, q.rowElems)
 		} else {
-			err = o.tokens.want(s.what+", hidden]", []dataType{gc.elem}, s.dims(H)...)
+			err = o.tokens.wantRows(s, "hidden]", []dataType{gc.elem}, H)
 		}
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
-	if o.scales, err = readTensor("outputs->scales", out.scales); err == nil && o.scales != nil {
+	if o.scales, err = readTensor("outputs->scales", out.scales); err == nil && o.scales.given() {
 		if q == nil {
-			return o, invalidArgf("outputs->scales must be NULL: this group's dispatches move the rows in %v (options.dispatch_quant NONE), without scales", gc.elem)
+			return invalidArgf("outputs->scales must be NULL: this group's dispatches move the rows in %v (options.dispatch_quant NONE), without scales", gc.elem)
 		}
-		err = o.scales.want(s.what+", "+q.sideWhat, q.scaleTypes, s.dims(q.sideElems)...)
+		err = o.scales.wantRows(s, q.sideWhat, q.scaleTypes, q.sideElems)
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
-	if q != nil && o.scales == nil && o.tokens != nil {
-		return o, invalidArgf("outputs->scales is required by %s: %s, %d] %s, the scales of outputs->tokens' codes",
+	if q != nil && !o.scales.given() && o.tokens.given() {
+		return invalidArgf("outputs->scales is required by %s: %s, %d] %s, the scales of outputs->tokens' codes",
 			q.name, s.what, q.sideElems, q.scaleTypes[0])
 	}
-	if q != nil && o.tokens == nil {
-		return o, invalidUsagef("outputs->tokens is NULL, and %s's rows (%s codes and their scales) are not read in place: "+
+	if q != nil && !o.tokens.given() {
+		return invalidUsagef("outputs->tokens is NULL, and %s's rows (%s codes and their scales) are not read in place: "+
 			"pass outputs->tokens and outputs->scales", q.name, q.codes)
 	}
 	switch {
 	case s.ll && !s.rm:
 		if out.topk_weights != nil || out.topk_idx != nil {
-			return o, invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in the LL EXPERT_MAJOR layout (a row's expert is its block; combine applies the weights)")
+			return invalidArgf("outputs->topk_weights and outputs->topk_idx must be NULL in the LL EXPERT_MAJOR layout (a row's expert is its block; combine applies the weights)")
 		}
 	case s.em:
 		if out.topk_idx != nil {
-			return o, invalidArgf("outputs->topk_idx must be NULL in the HT EXPERT_MAJOR layout (a row's expert is its zone)")
+			return invalidArgf("outputs->topk_idx must be NULL in the HT EXPERT_MAJOR layout (a row's expert is its zone)")
 		}
-		if o.weights, err = readTensor("outputs->topk_weights", out.topk_weights); err == nil && o.weights != nil {
+		if o.weights, err = readTensor("outputs->topk_weights", out.topk_weights); err == nil && o.weights.given() {
 			err = o.weights.want("[slots] (one weight per row of the HT EXPERT_MAJOR layout)", []dataType{dtFloat32}, -1)
 		}
 	default:
-		if o.weights, err = readTensor("outputs->topk_weights", out.topk_weights); err == nil && o.weights != nil {
-			err = o.weights.want(s.what+", num_topk]", []dataType{dtFloat32}, s.dims(K)...)
+		if o.weights, err = readTensor("outputs->topk_weights", out.topk_weights); err == nil && o.weights.given() {
+			err = o.weights.wantRows(s, "num_topk]", []dataType{dtFloat32}, K)
 		}
 		if err != nil {
-			return o, err
+			return err
 		}
-		if o.topkIdx, err = readTensor("outputs->topk_idx", out.topk_idx); err == nil && o.topkIdx != nil {
-			err = o.topkIdx.want(s.what+", num_topk]", []dataType{dtInt32, dtInt64}, s.dims(K)...)
+		if o.topkIdx, err = readTensor("outputs->topk_idx", out.topk_idx); err == nil && o.topkIdx.given() {
+			err = o.topkIdx.wantRows(s, "num_topk]", []dataType{dtInt32, dtInt64}, K)
 		}
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
 	needCounters := s.ll && !s.rm
 	if info == nil {
 		if needCounters {
-			return o, invalidArgf("layout_info is required by an LL EXPERT_MAJOR dispatch: its expert_counters say how many rows of each expert are valid")
+			return invalidArgf("layout_info is required by an LL EXPERT_MAJOR dispatch: its expert_counters say how many rows of each expert are valid")
 		}
-		return o, nil
+		return nil
 	}
 	if err := checkHeader("layout_info", "goepEpLayoutInfo_t", uint32(info.size), uint32(info.magic), C.GOEP_EP_LAYOUT_INFO_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_LAYOUT_INFO_INIT"); err != nil {
-		return o, err
+		return err
 	}
 	kind := C.goepEpExpertIdKind_t(C.GOEP_EP_EXPERT_ID_AUTO)
 	if covers(info.size, unsafe.Offsetof(info.recv_topk_idx_kind), unsafe.Sizeof(info.recv_topk_idx_kind)) {
@@ -725,50 +737,49 @@ func (h *handleImpl[E]) dispatchOutputs(out *C.goepEpDispatchOutputs_t, info *C.
 	}
 	switch {
 	case info.src_rank_counters != nil && !s.rm:
-		return o, invalidArgf("layout_info->src_rank_counters is for the LL RANK_MAJOR layout; this group's is %s: leave it NULL", layout)
+		return invalidArgf("layout_info->src_rank_counters is for the LL RANK_MAJOR layout; this group's is %s: leave it NULL", layout)
 	case info.expert_offsets != nil && !s.em:
-		return o, invalidArgf("layout_info->expert_offsets is for the HT EXPERT_MAJOR layout; this group's is %s: leave it NULL", layout)
+		return invalidArgf("layout_info->expert_offsets is for the HT EXPERT_MAJOR layout; this group's is %s: leave it NULL", layout)
 	}
 	switch kind {
 	case C.GOEP_EP_EXPERT_ID_AUTO, C.GOEP_EP_EXPERT_ID_LOCAL:
 	case C.GOEP_EP_EXPERT_ID_GLOBAL:
 		o.global = true
 	default:
-		return o, invalidArgf("layout_info->recv_topk_idx_kind = %d: want AUTO (0), LOCAL (1) or GLOBAL (2)", int(kind))
+		return invalidArgf("layout_info->recv_topk_idx_kind = %d: want AUTO (0), LOCAL (1) or GLOBAL (2)", int(kind))
 	}
-	if o.expertCounts, err = readTensor("layout_info->expert_counters", info.expert_counters); err == nil && o.expertCounts != nil {
+	if o.expertCounts, err = readTensor("layout_info->expert_counters", info.expert_counters); err == nil && o.expertCounts.given() {
 		err = o.expertCounts.want("[local_experts]", []dataType{dtInt32, dtInt64}, L)
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
-	if needCounters && o.expertCounts == nil {
-		return o, invalidArgf("layout_info->expert_counters is required by an LL EXPERT_MAJOR dispatch ([local_experts] int32)")
+	if needCounters && !o.expertCounts.given() {
+		return invalidArgf("layout_info->expert_counters is required by an LL EXPERT_MAJOR dispatch ([local_experts] int32)")
 	}
-	if o.srcCounts, err = readTensor("layout_info->src_rank_counters", info.src_rank_counters); err == nil && o.srcCounts != nil {
+	if o.srcCounts, err = readTensor("layout_info->src_rank_counters", info.src_rank_counters); err == nil && o.srcCounts.given() {
 		err = o.srcCounts.want("[nranks]", []dataType{dtInt32, dtInt64}, R)
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
-	if o.offsets, err = readTensor("layout_info->expert_offsets", info.expert_offsets); err == nil && o.offsets != nil {
+	if o.offsets, err = readTensor("layout_info->expert_offsets", info.expert_offsets); err == nil && o.offsets.given() {
 		err = o.offsets.want("[local_experts]", []dataType{dtInt32, dtInt64}, L)
 	}
 	if err != nil {
-		return o, err
+		return err
 	}
-	if o.total, err = readTensor("layout_info->recv_total_counter", info.recv_total_counter); err == nil && o.total != nil {
+	if o.total, err = readTensor("layout_info->recv_total_counter", info.recv_total_counter); err == nil && o.total.given() {
 		err = o.total.want("[1]", []dataType{dtInt32, dtInt64}, 1)
 	}
-	return o, err
+	return err
 }
 
 // rowCopier copies received rows, by row index of the layout, into a
 // dispatch's outputs: the rows (or, in a quantised dispatch, the bytes of
 // their codes and scales as they travelled), their top-k weights and ids.
 type rowCopier[E ep.Element] struct {
-	h      *handleImpl[E]
-	o      dispatchOut
+	o      *dispatchOut
 	H, K   int
 	wPer   int   // weights a row: K, or 1 in HT EXPERT_MAJOR
 	base   int32 // added to the local expert ids (GLOBAL)
@@ -781,9 +792,9 @@ type rowCopier[E ep.Element] struct {
 	ids    []int32
 }
 
-func (h *handleImpl[E]) rowCopier(o dispatchOut, s outShape) *rowCopier[E] {
-	gc := h.g.gc
-	c := &rowCopier[E]{h: h, o: o, H: gc.cfg.Hidden, K: gc.cfg.TopK, wPer: gc.cfg.TopK, quant: s.quant != nil}
+func (h *handleImpl[E]) rowCopier(o *dispatchOut, s *outShape) rowCopier[E] {
+	gc := &h.g.gc
+	c := rowCopier[E]{o: o, H: gc.cfg.Hidden, K: gc.cfg.TopK, wPer: gc.cfg.TopK, quant: s.quant != nil}
 	if s.em {
 		c.wPer = 1
 	}
@@ -795,10 +806,10 @@ func (h *handleImpl[E]) rowCopier(o dispatchOut, s outShape) *rowCopier[E] {
 	} else {
 		c.rows = h.eh.Recv().Host()
 	}
-	if o.weights != nil {
+	if o.weights.given() {
 		c.w = h.eh.RecvWeights().Host()
 	}
-	if o.topkIdx != nil {
+	if o.topkIdx.given() {
 		c.ids = h.eh.RecvTopK().Host()
 		if o.global {
 			c.base = int32(h.g.g.Rank() * h.g.g.LocalExperts())
@@ -813,28 +824,28 @@ func (c *rowCopier[E]) copy(r, n int) {
 		return
 	}
 	o, H, K := c.o, c.H, c.K
-	if o.tokens != nil {
+	if o.tokens.given() {
 		if c.quant {
-			copy(view[byte](o.tokens, (r+n)*c.rb)[r*c.rb:], c.codes[r*c.rb:(r+n)*c.rb])
+			copy(view[byte](&o.tokens, (r+n)*c.rb)[r*c.rb:], c.codes[r*c.rb:(r+n)*c.rb])
 		} else {
-			copy(view[E](o.tokens, (r+n)*H)[r*H:], c.rows[r*H:(r+n)*H])
+			copy(view[E](&o.tokens, (r+n)*H)[r*H:], c.rows[r*H:(r+n)*H])
 		}
 	}
-	if o.scales != nil {
-		copy(view[byte](o.scales, (r+n)*c.sb)[r*c.sb:], c.scales[r*c.sb:(r+n)*c.sb])
+	if o.scales.given() {
+		copy(view[byte](&o.scales, (r+n)*c.sb)[r*c.sb:], c.scales[r*c.sb:(r+n)*c.sb])
 	}
-	if o.weights != nil {
-		copy(view[float32](o.weights, (r+n)*c.wPer)[r*c.wPer:], c.w[r*c.wPer:(r+n)*c.wPer])
+	if o.weights.given() {
+		copy(view[float32](&o.weights, (r+n)*c.wPer)[r*c.wPer:], c.w[r*c.wPer:(r+n)*c.wPer])
 	}
-	if o.topkIdx != nil {
+	if o.topkIdx.given() {
 		ids := c.ids[r*K : (r+n)*K]
 		if o.topkIdx.dtype == dtInt32 {
-			dst := view[int32](o.topkIdx, (r+n)*K)[r*K:]
+			dst := view[int32](&o.topkIdx, (r+n)*K)[r*K:]
 			for i, e := range ids {
 				dst[i] = shift(e, c.base)
 			}
 		} else {
-			dst := view[int64](o.topkIdx, (r+n)*K)[r*K:]
+			dst := view[int64](&o.topkIdx, (r+n)*K)[r*K:]
 			for i, e := range ids {
 				dst[i] = int64(shift(e, c.base))
 			}
@@ -844,8 +855,8 @@ func (c *rowCopier[E]) copy(r, n int) {
 
 // writeOutputs copies what the dispatch received into the caller's outputs,
 // after checking that they hold it: nothing is written otherwise.
-func (h *handleImpl[E]) writeOutputs(o dispatchOut) error {
-	gc := h.g.gc
+func (h *handleImpl[E]) writeOutputs(o *dispatchOut) error {
+	gc := &h.g.gc
 	s := h.outShape()
 	counts := h.eh.ExpertCounts()
 	n := h.eh.NumRecv()
@@ -854,31 +865,36 @@ func (h *handleImpl[E]) writeOutputs(o dispatchOut) error {
 		n = h.eh.ExpertOffsets()[len(counts)]
 	}
 	if !s.ll {
-		max := "config.max_recv_tokens_per_rank rows always do"
-		for _, t := range []*tensor{o.tokens, o.scales, o.weights, o.topkIdx} {
-			if t != nil {
-				if err := t.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows: "+max); err != nil {
+		for _, t := range []*tensor{&o.tokens, &o.scales, &o.weights, &o.topkIdx} {
+			if t.given() {
+				if err := t.atLeastReceived(n, ": config.max_recv_tokens_per_rank rows always do"); err != nil {
 					return err
 				}
 			}
 		}
 	}
-	// With o.tokens nil the rows stay where they are (goepEpHandleRecvTokens).
-	c := h.rowCopier(o, s)
+	// With o.tokens NULL the rows stay where they are (goepEpHandleRecvTokens),
+	// and with no other per-row output there is nothing to copy.
+	copies := o.tokens.given() || o.scales.given() || o.weights.given() || o.topkIdx.given()
+	var c rowCopier[E]
+	if copies {
+		c = h.rowCopier(o, s)
+	}
 	switch {
 	case s.rm:
 		maxT := gc.cfg.MaxTokensPerRank
 		src := h.eh.SourceCounts()
-		for r, k := range src {
-			c.copy(r*maxT, k)
-		}
 		n = 0
-		for _, k := range src {
+		for r, k := range src {
+			if copies {
+				c.copy(r*maxT, k)
+			}
 			n += k
 		}
-		if o.srcCounts != nil {
-			writeInts(o.srcCounts, src)
+		if o.srcCounts.given() {
+			writeInts(&o.srcCounts, src)
 		}
+	case !copies:
 	case s.ll:
 		span := h.g.g.Size() * gc.cfg.MaxTokensPerRank
 		for l, k := range counts {
@@ -887,14 +903,14 @@ func (h *handleImpl[E]) writeOutputs(o dispatchOut) error {
 	default:
 		c.copy(0, n)
 	}
-	if o.offsets != nil {
-		writeInts(o.offsets, h.eh.ExpertOffsets()[:len(counts)])
+	if o.offsets.given() {
+		writeInts(&o.offsets, h.eh.ExpertOffsets()[:len(counts)])
 	}
-	if o.expertCounts != nil {
-		writeInts(o.expertCounts, counts)
+	if o.expertCounts.given() {
+		writeInts(&o.expertCounts, counts)
 	}
-	if o.total != nil {
-		writeInts(o.total, []int{n})
+	if o.total.given() {
+		writeInts(&o.total, []int{n})
 	}
 	return nil
 }
@@ -986,19 +1002,20 @@ func (h *handleImpl[E]) combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombin
 			int(h.g.gc.combQuant), combQuantName(h.g.gc.combQuant))
 	}
 	var y, outTok ep.Tensor[E]
-	var opts *ep.CombineOptions
+	var opts ep.CombineOptions
 	if err == nil {
 		y, outTok, opts, err = h.combineArgs(in, out, cfg)
 	}
 	if err != nil {
 		return h.refuseCombine(err) // the others' same call fails at once, naming this rank and err
 	}
-	req, err := h.g.g.CombineSend(h.eh, y, outTok, opts)
+	req, err := h.g.g.CombineSend(h.eh, y, outTok, &opts)
 	if err != nil {
 		return err
 	}
 	if cfg.sendOnly {
-		h.sentCombine = &req
+		sent := req // on the heap in this branch alone
+		h.sentCombine = &sent
 		return nil
 	}
 	return req.Wait()
@@ -1006,16 +1023,16 @@ func (h *handleImpl[E]) combine(in *C.goepEpCombineInputs_t, out *C.goepEpCombin
 
 // combineArgs checks a combine's tensors and makes ep's arguments of them.
 func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCombineOutputs_t, cfg combineConfig) (y, outTok ep.Tensor[E],
-	opts *ep.CombineOptions, err error) {
+	opts ep.CombineOptions, err error) {
 	if in == nil {
-		return y, outTok, nil, invalidArgf("inputs is NULL")
+		return y, outTok, opts, invalidArgf("inputs is NULL")
 	}
 	if out == nil {
-		return y, outTok, nil, invalidArgf("outputs is NULL")
+		return y, outTok, opts, invalidArgf("outputs is NULL")
 	}
 	if err := checkHeader("inputs", "goepEpCombineInputs_t", uint32(in.size), uint32(in.magic), C.GOEP_EP_COMBINE_INPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_INPUTS_INIT"); err != nil {
-		return y, outTok, nil, err
+		return y, outTok, opts, err
 	}
 	var scalesDesc *C.goepEpTensor_t
 	if covers(in.size, unsafe.Offsetof(in.scales), unsafe.Sizeof(in.scales)) {
@@ -1023,17 +1040,17 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 	}
 	scales, err := readTensor("inputs->scales", scalesDesc)
 	if err != nil {
-		return y, outTok, nil, err
+		return y, outTok, opts, err
 	}
-	if scales != nil && h.g.gc.cfg.CombineWire != ep.WireNVFP4 {
-		return y, outTok, nil, invalidUsagef("inputs->scales must be NULL: it carries the row scales of an NVFP4 combine "+
+	if scales.given() && h.g.gc.cfg.CombineWire != ep.WireNVFP4 {
+		return y, outTok, opts, invalidUsagef("inputs->scales must be NULL: it carries the row scales of an NVFP4 combine "+
 			"(options.combine_quant = GOEP_EP_COMB_QUANT_NVFP4), and this group's combine is %s", combQuantName(h.g.gc.combQuant))
 	}
 	if err := checkHeader("outputs", "goepEpCombineOutputs_t", uint32(out.size), uint32(out.magic), C.GOEP_EP_COMBINE_OUTPUTS_V1_SIZE,
 		C.GOEP_EP_MAGIC, "GOEP_EP_COMBINE_OUTPUTS_INIT"); err != nil {
-		return y, outTok, nil, err
+		return y, outTok, opts, err
 	}
-	gc := h.g.gc
+	gc := &h.g.gc
 	H, K := gc.cfg.Hidden, gc.cfg.TopK
 	s := h.outShape()
 	ll := s.ll
@@ -1043,82 +1060,81 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 	}
 	tok, err := need("inputs->tokens", in.tokens)
 	if err != nil {
-		return y, outTok, nil, err
+		return y, outTok, opts, err
 	}
 	rows := n
 	if ll {
 		rows = s.rowDims[0] * s.rowDims[1]
-		err = tok.want(s.what+", hidden] (the dispatch's outputs->tokens, in the token type)", []dataType{gc.elem}, s.dims(H)...)
-		if err == nil && scales != nil {
-			err = h.checkGlobalScales(scales, tok, s)
+		err = tok.wantRows(s, "hidden] (the dispatch's outputs->tokens, in the token type)", []dataType{gc.elem}, H)
+		if err == nil && scales.given() {
+			err = h.checkGlobalScales(&scales, &tok, s)
 		}
 	} else if err = tok.want("[slots, hidden] (the dispatch's outputs->tokens, in the token type)", []dataType{gc.elem}, -1, H); err == nil {
-		err = tok.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows in the dispatch")
+		err = tok.atLeastReceived(n, " in the dispatch")
 	}
 	if err != nil {
-		return y, outTok, nil, err
+		return y, outTok, opts, err
 	}
 	o, err := need("outputs->tokens", out.tokens)
 	if err == nil {
 		err = o.want("[num_tokens of the handle, hidden]", []dataType{gc.elem}, h.T, H)
 	}
 	if err != nil {
-		return y, outTok, nil, err
+		return y, outTok, opts, err
 	}
 	inW, err := readTensor("inputs->topk_weights", in.topk_weights)
 	if err != nil {
-		return y, outTok, nil, err
+		return y, outTok, opts, err
 	}
 	outW, err := readTensor("outputs->topk_weights", out.topk_weights)
-	if err == nil && outW != nil {
+	if err == nil && outW.given() {
 		err = outW.want("[num_tokens, num_topk]", []dataType{dtFloat32}, h.T, h.kh)
 	}
 	if err != nil {
-		return y, outTok, nil, err
+		return y, outTok, opts, err
 	}
-	opts = &ep.CombineOptions{}
 	switch {
 	case s.rm:
-		if inW != nil || outW != nil {
-			return y, outTok, nil, invalidArgf("inputs->topk_weights and outputs->topk_weights must be NULL in the LL RANK_MAJOR layout: " +
+		if inW.given() || outW.given() {
+			return y, outTok, opts, invalidArgf("inputs->topk_weights and outputs->topk_weights must be NULL in the LL RANK_MAJOR layout: " +
 				"the expert side applies the weights (outputs->topk_weights of the dispatch), and combine sums the ranks' rows")
 		}
 	case ll:
-		if inW != nil {
-			return y, outTok, nil, invalidArgf("inputs->topk_weights is for HT combines; an LL combine takes the weights it applies in outputs->topk_weights")
+		if inW.given() {
+			return y, outTok, opts, invalidArgf("inputs->topk_weights is for HT combines; an LL combine takes the weights it applies in outputs->topk_weights")
 		}
-		if outW != nil {
-			opts.WeightsOverride = h.widen(view[float32](outW, h.T*h.kh), K)
+		if outW.given() {
+			opts.WeightsOverride = h.widen(view[float32](&outW, h.T*h.kh), K)
 		} else if !h.hasWeights {
-			return y, outTok, nil, invalidArgf("an LL combine applies the gate weights: give them in outputs->topk_weights ([num_tokens, num_topk] float32), or in the dispatch's inputs->topk_weights")
+			return y, outTok, opts, invalidArgf("an LL combine applies the gate weights: give them in outputs->topk_weights ([num_tokens, num_topk] float32), or in the dispatch's inputs->topk_weights")
 		}
 	default:
 		perRow := K
-		if inW != nil && s.em {
+		if inW.given() && s.em {
 			perRow = 1
 			err = inW.want("[slots] (one value per row of the HT EXPERT_MAJOR layout)", []dataType{dtFloat32}, -1)
-		} else if inW != nil {
+		} else if inW.given() {
 			err = inW.want("[slots, num_topk]", []dataType{dtFloat32}, -1, K)
 		}
 		if err != nil {
-			return y, outTok, nil, err
+			return y, outTok, opts, err
 		}
-		if inW != nil {
-			if err := inW.atLeastRows(n, "this rank received "+strconv.Itoa(n)+" rows in the dispatch"); err != nil {
-				return y, outTok, nil, err
+		if inW.given() {
+			if err := inW.atLeastReceived(n, " in the dispatch"); err != nil {
+				return y, outTok, opts, err
 			}
 		}
 		switch {
-		case (inW == nil) != (outW == nil):
-			return y, outTok, nil, invalidArgf("give inputs->topk_weights and outputs->topk_weights together (values per received row and slot, summed back to each token's slots), or neither")
-		case cfg.backward && inW == nil:
-			return y, outTok, nil, invalidArgf("a backward (GOEP_EP_BWD_PASS) HT combine needs inputs->topk_weights and outputs->topk_weights")
-		case inW != nil:
-			opts.RowValues = ep.Host(view[float32](inW, n*perRow))
-			opts.SlotValues = ep.Host(view[float32](outW, h.T*K))
+		case !inW.given() != !outW.given():
+			return y, outTok, opts, invalidArgf("give inputs->topk_weights and outputs->topk_weights together (values per received row and slot, summed back to each token's slots), or neither")
+		case cfg.backward && !inW.given():
+			return y, outTok, opts, invalidArgf("a backward (GOEP_EP_BWD_PASS) HT combine needs inputs->topk_weights and outputs->topk_weights")
+		case inW.given():
+			opts.RowValues = ep.Host(view[float32](&inW, n*perRow))
+			opts.SlotValues = ep.Host(view[float32](&outW, h.T*K))
 		}
 	}
-	return ep.Host(view[E](tok, rows*H)), ep.Host(view[E](o, h.T*H)), opts, nil
+	return ep.Host(view[E](&tok, rows*H)), ep.Host(view[E](&o, h.T*H)), opts, nil
 }
 
 // checkGlobalScales checks NCCL EP's global scales of an NVFP4 combine
@@ -1127,8 +1143,8 @@ func (h *handleImpl[E]) combineArgs(in *C.goepEpCombineInputs_t, out *C.goepEpCo
 // (globalScaleOK). goep's combine computes that scale itself, as amax/2688,
 // so a caller whose scale differs would get results it did not ask for: it
 // is refused instead, naming the row.
-func (h *handleImpl[E]) checkGlobalScales(sc, tok *tensor, s outShape) error {
-	if err := sc.want(s.what+", 1] (NCCL EP's global scales: one float32 a row of inputs->tokens)", []dataType{dtFloat32}, s.dims(1)...); err != nil {
+func (h *handleImpl[E]) checkGlobalScales(sc, tok *tensor, s *outShape) error {
+	if err := sc.wantRows(s, "1] (NCCL EP's global scales: one float32 a row of inputs->tokens)", []dataType{dtFloat32}, 1); err != nil {
 		return err
 	}
 	H, span := h.g.gc.cfg.Hidden, s.rowDims[1]
@@ -1199,7 +1215,7 @@ func (h *handleImpl[E]) complete(cfg *C.goepEpCompleteConfig_t) error {
 	}
 	if s := h.sentDispatch; s != nil {
 		h.sentDispatch = nil
-		return h.finishDispatch(s.req, s.out, s.number)
+		return h.finishDispatch(s.req, &s.out, s.number)
 	}
 	if req := h.sentCombine; req != nil {
 		h.sentCombine = nil
@@ -1235,14 +1251,14 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 	if err := h.idle("goepEpHandleRecvTokens"); err != nil {
 		return err
 	}
-	if q := h.g.gc.rowFormat(); q != nil {
+	if q := h.outShape().quant; q != nil {
 		return invalidUsagef("goepEpHandleRecvTokens: this group's dispatches are %s, whose rows arrive as %s codes with their scales: "+
 			"pass outputs->tokens and outputs->scales to goepEpDispatch instead", dispQuantName(h.g.gc.dispQuant), q.codes)
 	}
 	if !h.dispatched {
 		return invalidUsagef("the handle has not been dispatched")
 	}
-	gc := h.g.gc
+	gc := &h.g.gc
 	ll := gc.cfg.Mode == ep.LowLatency
 	// LL rows stay until the second dispatch after theirs, HT rows until the next.
 	if later := h.g.dispatches - h.number; (ll && later > 1) || (!ll && later > 0) {
@@ -1253,15 +1269,19 @@ func (h *handleImpl[E]) recvTokens(v *C.goepEpTensor_t) error {
 		return invalidUsagef("the handle's rows are gone: its record has been reused by later dispatches")
 	}
 	H := gc.cfg.Hidden
-	dims := []int{len(rows) / H, H}
+	var dims [maxDims]int
+	nd := 1
+	dims[0] = len(rows) / H
 	if ll {
-		dims = h.outShape().dims(H)
+		nd = copy(dims[:], h.outShape().rowDims)
 	}
-	sizes := unsafe.Slice(v.sizes, len(dims))
-	for i, d := range dims {
+	dims[nd] = H
+	nd++
+	sizes := unsafe.Slice(v.sizes, nd)
+	for i, d := range dims[:nd] {
 		sizes[i] = C.size_t(d)
 	}
-	v.ndim = C.uint(len(dims))
+	v.ndim = C.uint(nd)
 	v.datatype = C.goepEpDataType_t(gc.elem)
 	v.data = nil
 	if len(rows) > 0 {
@@ -1283,22 +1303,21 @@ func (h *handleImpl[E]) destroy() error {
 		return err
 	}
 	defer h.unlock()
-	var errs []error
+	var sent, combined, released error
 	if s := h.sentDispatch; s != nil {
 		h.sentDispatch = nil
-		eh, err := s.req.Wait()
-		if err == nil {
+		var eh ep.Handle[E]
+		if eh, sent = s.req.Wait(); sent == nil {
 			h.eh, h.dispatched, h.number = eh, true, s.number
 		}
-		errs = append(errs, err)
 	}
 	if req := h.sentCombine; req != nil {
 		h.sentCombine = nil
-		errs = append(errs, req.Wait())
+		combined = req.Wait()
 	}
 	if h.dispatched {
-		errs = append(errs, h.g.g.Release(h.eh))
+		released = h.g.g.Release(h.eh)
 	}
 	h.destroyed, h.topk, h.mem = true, nil, nil
-	return errors.Join(errs...)
+	return errors.Join(sent, combined, released)
 }

@@ -15,25 +15,44 @@ import (
 // The registry maps the numbers handed out as goepEpGroup_t and
 // goepEpHandle_t to the objects behind them, so that C never holds a Go
 // pointer and a destroyed or made-up handle is an error, not a crash. Numbers
-// are never reused.
+// are never reused. A number travels as the pointer value of its C type,
+// converted here in Go (idOf, putID) rather than through a C call, since each
+// step's calls look one up.
 var reg = struct {
 	sync.Mutex
 	next    uint64
 	groups  map[uint64]group
-	handles map[uint64]handle
-	// handleGroup is the group of each live handle, so that destroying a
-	// group ends its handles.
-	handleGroup map[uint64]uint64
-	// destroyed keeps the most recently destroyed handles (as many as
-	// destroyedKept, in order in destroyedIDs), so that a call on one
-	// still takes part in its group's call as a refusal.
-	destroyed    map[uint64]handle
-	destroyedIDs []uint64
-}{next: 0x6e0, groups: map[uint64]group{}, handles: map[uint64]handle{}, handleGroup: map[uint64]uint64{},
-	destroyed: map[uint64]handle{}}
+	handles map[uint64]handle // the live handles; each knows its group (groupID)
+	// destroyed keeps the most recently destroyed handles, as many as
+	// destroyedKept, so that a call on one still takes part in its group's
+	// call as a refusal: a ring whose next slot is destroyedAt. It is
+	// searched only for a number that is not a live handle's (a call on a
+	// destroyed or made-up handle), so destroying one costs no map
+	// operation beyond the live handles' own.
+	destroyed   []destroyedHandle
+	destroyedAt int
+}{next: 0x6e0, groups: map[uint64]group{}, handles: map[uint64]handle{}}
+
+// destroyedHandle is a destroyed handle and its number.
+type destroyedHandle struct {
+	id uint64
+	h  handle
+}
 
 // destroyedKept bounds the destroyed handles the registry remembers.
 const destroyedKept = 4096
+
+// idOf is the number an opaque C handle (goepEpGroup_t, goepEpHandle_t)
+// carries as its pointer value; it is never dereferenced.
+func idOf[P C.goepEpGroup_t | C.goepEpHandle_t](p P) uint64 {
+	return uint64(uintptr(unsafe.Pointer(p)))
+}
+
+// putID stores number id as the opaque handle *out points at: the C side
+// alone sees it as a pointer.
+func putID[P C.goepEpGroup_t | C.goepEpHandle_t](out *P, id uint64) {
+	*(*uintptr)(unsafe.Pointer(out)) = uintptr(id)
+}
 
 // group is a group of either element type, as the exported functions use it.
 type group interface {
@@ -86,20 +105,22 @@ func addGroup(g group) uint64 {
 	return id
 }
 
+// addHandle registers h, a handle of group groupID, and gives it its number.
 func addHandle(h handle, groupID uint64) uint64 {
 	reg.Lock()
 	defer reg.Unlock()
 	id := newID()
+	h.setID(id, groupID)
 	reg.handles[id] = h
-	reg.handleGroup[id] = groupID
 	return id
 }
 
 func lookupGroup(g C.goepEpGroup_t) (group, uint64, error) {
-	id := uint64(C.goep_ep_group_id(g))
+	id := idOf(g)
 	reg.Lock()
-	defer reg.Unlock()
-	if gr, ok := reg.groups[id]; ok {
+	gr, ok := reg.groups[id]
+	reg.Unlock()
+	if ok {
 		return gr, id, nil
 	}
 	if g == nil {
@@ -110,13 +131,14 @@ func lookupGroup(g C.goepEpGroup_t) (group, uint64, error) {
 
 // lookupHandle is the handle h, live or destroyed (whose calls are refused).
 func lookupHandle(h C.goepEpHandle_t) (handle, error) {
-	id := uint64(C.goep_ep_handle_id(h))
+	id := idOf(h)
 	reg.Lock()
-	defer reg.Unlock()
-	if hd, ok := reg.handles[id]; ok {
-		return hd, nil
+	hd, ok := reg.handles[id]
+	if !ok {
+		hd, ok = findDestroyed(id)
 	}
-	if hd, ok := reg.destroyed[id]; ok {
+	reg.Unlock()
+	if ok {
 		return hd, nil
 	}
 	if h == nil {
@@ -129,25 +151,25 @@ func removeGroup(id uint64) {
 	reg.Lock()
 	defer reg.Unlock()
 	delete(reg.groups, id)
-	for h, g := range reg.handleGroup {
-		if g == id {
+	for h, hd := range reg.handles {
+		if hd.groupID() == id {
 			delete(reg.handles, h)
-			delete(reg.handleGroup, h)
 		}
 	}
-	for h, hd := range reg.destroyed { // their group is gone: calls on them are refused here alone
-		if hd.groupID() == id {
-			delete(reg.destroyed, h)
+	for i, d := range reg.destroyed { // their group is gone: calls on them are refused here alone
+		if d.h != nil && d.h.groupID() == id {
+			reg.destroyed[i] = destroyedHandle{}
 		}
 	}
 }
 
 // liveHandle is handle h if it is live (not destroyed).
 func liveHandle(h C.goepEpHandle_t) (handle, uint64, error) {
-	id := uint64(C.goep_ep_handle_id(h))
+	id := idOf(h)
 	reg.Lock()
-	defer reg.Unlock()
-	if hd, ok := reg.handles[id]; ok {
+	hd, ok := reg.handles[id]
+	reg.Unlock()
+	if ok {
 		return hd, id, nil
 	}
 	if h == nil {
@@ -157,7 +179,7 @@ func liveHandle(h C.goepEpHandle_t) (handle, uint64, error) {
 }
 
 // removeHandle moves handle id from the live handles to the destroyed
-// ones.
+// ones, in the place of the one destroyed longest ago, which is forgotten.
 func removeHandle(id uint64) {
 	reg.Lock()
 	defer reg.Unlock()
@@ -166,13 +188,23 @@ func removeHandle(id uint64) {
 		return
 	}
 	delete(reg.handles, id)
-	delete(reg.handleGroup, id)
-	reg.destroyed[id] = hd
-	reg.destroyedIDs = append(reg.destroyedIDs, id)
-	if len(reg.destroyedIDs) > destroyedKept {
-		delete(reg.destroyed, reg.destroyedIDs[0])
-		reg.destroyedIDs = reg.destroyedIDs[1:]
+	if len(reg.destroyed) < destroyedKept {
+		reg.destroyed = append(reg.destroyed, destroyedHandle{id, hd})
+		return
 	}
+	reg.destroyed[reg.destroyedAt] = destroyedHandle{id, hd}
+	reg.destroyedAt = (reg.destroyedAt + 1) % destroyedKept
+}
+
+// findDestroyed is destroyed handle id, if the registry still keeps it. The
+// caller holds reg.
+func findDestroyed(id uint64) (handle, bool) {
+	for _, d := range reg.destroyed {
+		if d.id == id && d.h != nil {
+			return d.h, true
+		}
+	}
+	return nil, false
 }
 
 // liveHandles are the live handles of group g, by id.
@@ -181,7 +213,7 @@ func liveHandles(g group) map[uint64]handle {
 	defer reg.Unlock()
 	out := map[uint64]handle{}
 	for id, hd := range reg.handles {
-		if gr, ok := reg.groups[reg.handleGroup[id]]; ok && gr == g {
+		if gr, ok := reg.groups[hd.groupID()]; ok && gr == g {
 			out[id] = hd
 		}
 	}

@@ -34,7 +34,9 @@ const (
 	dtFloat4x2 dataType = C.goepEpFloat4x2
 )
 
-var dataTypes = map[dataType]struct {
+// dataTypes are the element types' names and sizes, by goepEpDataType_t
+// (an array: the checks of every call read it).
+var dataTypes = [...]struct {
 	name string
 	size int
 }{
@@ -45,14 +47,19 @@ var dataTypes = map[dataType]struct {
 }
 
 func (d dataType) String() string {
-	if t, ok := dataTypes[d]; ok {
-		return t.name
+	if d >= 0 && int(d) < len(dataTypes) && dataTypes[d].size > 0 {
+		return dataTypes[d].name
 	}
 	return fmt.Sprintf("goepEpDataType_t(%d)", int(d))
 }
 
 // size is the element size in bytes (0 for an unknown type).
-func (d dataType) size() int { return dataTypes[d].size }
+func (d dataType) size() int {
+	if d < 0 || int(d) >= len(dataTypes) {
+		return 0
+	}
+	return dataTypes[d].size
+}
 
 // maxDims bounds a tensor's ndim; maxBytes its size (far beyond any host).
 const (
@@ -60,20 +67,31 @@ const (
 	maxBytes = 1 << 48
 )
 
-// tensor is a checked goepEpTensor_t: the caller's memory, never copied.
+// tensor is a checked goepEpTensor_t: the caller's memory, never copied. It
+// is a value, its extents held in place, so that checking a call's
+// descriptors allocates nothing; the zero tensor is one not given (NULL).
 type tensor struct {
 	name  string // where it was passed, e.g. "inputs->tokens"
 	dtype dataType
-	shape []int
+	nd    int // the number of extents in dims; 0: not given
+	dims  [maxDims]int
 	data  unsafe.Pointer
 	elems int
 }
 
+// given reports whether the descriptor was passed (not NULL).
+func (t *tensor) given() bool { return t.nd > 0 }
+
+// shape is the tensor's extents, outermost first.
+func (t *tensor) shape() []int { return t.dims[:t.nd] }
+
 // readTensor checks the descriptor p ("name" in messages): size and magic,
-// element type, extents and data pointer. A nil p is (nil, nil): not given.
-func readTensor(name string, p *C.goepEpTensor_t) (*tensor, error) {
+// element type, extents and data pointer. A nil p is the zero tensor (not
+// given) and no error.
+func readTensor(name string, p *C.goepEpTensor_t) (tensor, error) {
+	var t tensor
 	if p == nil {
-		return nil, nil
+		return t, nil
 	}
 	magic := uint32(p.magic)
 	if magic == C.GOEP_EP_TENSOR_MAGIC_ALLOC { // made by goepEpTensorAlloc
@@ -81,50 +99,49 @@ func readTensor(name string, p *C.goepEpTensor_t) (*tensor, error) {
 	}
 	if err := checkHeader(name, "goepEpTensor_t", uint32(p.size), magic, C.GOEP_EP_TENSOR_V1_SIZE,
 		C.GOEP_EP_TENSOR_MAGIC, "GOEP_EP_TENSOR_INIT"); err != nil {
-		return nil, err
+		return t, err
 	}
 	if p.win_hdl != nil {
-		return nil, invalidUsagef("%s has a win_hdl: goep's tensors are host memory and it has no windows (want NULL)", name)
+		return t, invalidUsagef("%s has a win_hdl: goep's tensors are host memory and it has no windows (want NULL)", name)
 	}
 	if p.win_offset != 0 {
-		return nil, invalidArgf("%s has win_offset = %d without a window (want 0)", name, uint64(p.win_offset))
+		return t, invalidArgf("%s has win_offset = %d without a window (want 0)", name, uint64(p.win_offset))
 	}
-	t := &tensor{name: name, dtype: dataType(p.datatype), data: p.data}
-	if t.dtype.size() == 0 {
-		return nil, invalidArgf("%s has datatype %d, which is not a goepEpDataType_t", name, int(p.datatype))
+	dtype := dataType(p.datatype)
+	if dtype.size() == 0 {
+		return t, invalidArgf("%s has datatype %d, which is not a goepEpDataType_t", name, int(p.datatype))
 	}
 	nd := int(p.ndim)
 	if nd < 1 || nd > maxDims {
-		return nil, invalidArgf("%s has ndim = %d, want 1 to %d", name, nd, maxDims)
+		return t, invalidArgf("%s has ndim = %d, want 1 to %d", name, nd, maxDims)
 	}
 	if p.sizes == nil {
-		return nil, invalidArgf("%s has ndim = %d but sizes is NULL", name, nd)
+		return t, invalidArgf("%s has ndim = %d but sizes is NULL", name, nd)
 	}
-	t.shape = make([]int, nd)
+	var dims [maxDims]int
 	elems := 1
 	for i, s := range unsafe.Slice(p.sizes, nd) {
 		if uint64(s) > maxBytes {
-			return nil, invalidArgf("%s has sizes[%d] = %d: too large", name, i, uint64(s))
+			return t, invalidArgf("%s has sizes[%d] = %d: too large", name, i, uint64(s))
 		}
-		t.shape[i] = int(s)
+		dims[i] = int(s)
 		// Each extent is below 2^48, but their product may not be: compare
 		// before multiplying, so that it never overflows.
-		if s > 0 && elems > maxBytes/t.dtype.size()/int(s) {
-			return nil, invalidArgf("%s has shape %s: too large", name, shapeString(t.shape[:i+1]))
+		if s > 0 && elems > maxBytes/dtype.size()/int(s) {
+			return t, invalidArgf("%s has shape %s: too large", name, shapeString(dims[:i+1]))
 		}
 		elems *= int(s)
 	}
-	t.elems = elems
-	if t.data == nil && elems > 0 {
-		return nil, invalidArgf("%s has shape %s but data is NULL", name, shapeString(t.shape))
+	if p.data == nil && elems > 0 {
+		return t, invalidArgf("%s has shape %s but data is NULL", name, shapeString(dims[:nd]))
 	}
-	return t, nil
+	return tensor{name: name, dtype: dtype, nd: nd, dims: dims, data: p.data, elems: elems}, nil
 }
 
 // need is a required tensor: nil is an error.
-func need(name string, p *C.goepEpTensor_t) (*tensor, error) {
+func need(name string, p *C.goepEpTensor_t) (tensor, error) {
 	if p == nil {
-		return nil, invalidArgf("%s is required (it is NULL)", name)
+		return tensor{}, invalidArgf("%s is required (it is NULL)", name)
 	}
 	return readTensor(name, p)
 }
@@ -133,6 +150,12 @@ func need(name string, p *C.goepEpTensor_t) (*tensor, error) {
 // and the shape: dims[i] < 0
 // accepts any extent; what names the dimensions, e.g. "[num_tokens, hidden]".
 func (t *tensor) want(what string, types []dataType, dims ...int) error {
+	return t.wantNamed(what, "", types, dims)
+}
+
+// wantNamed is want with the dimensions' names in two parts, what then
+// (where not "") tail, joined with a comma only for a refusal's message.
+func (t *tensor) wantNamed(what, tail string, types []dataType, dims []int) error {
 	ok := false
 	for _, d := range types {
 		ok = ok || t.dtype == d
@@ -147,20 +170,32 @@ func (t *tensor) want(what string, types []dataType, dims ...int) error {
 	if uintptr(t.data)%uintptr(t.dtype.size()) != 0 {
 		return invalidArgf("%s: data %p is not aligned to its %d-byte %s elements", t.name, t.data, t.dtype.size(), t.dtype)
 	}
-	match := len(t.shape) == len(dims)
+	match := t.nd == len(dims)
 	for i := 0; match && i < len(dims); i++ {
-		match = dims[i] < 0 || dims[i] == t.shape[i]
+		match = dims[i] < 0 || dims[i] == t.dims[i]
 	}
 	if !match {
-		return invalidArgf("%s has shape %s, want %s = %s", t.name, shapeString(t.shape), what, wantString(dims))
+		if tail != "" {
+			what += ", " + tail
+		}
+		return invalidArgf("%s has shape %s, want %s = %s", t.name, shapeString(t.shape()), what, wantString(dims))
 	}
 	return nil
 }
 
 // atLeastRows checks that a [rows, ...] tensor has at least n rows.
 func (t *tensor) atLeastRows(n int, why string) error {
-	if t.shape[0] < n {
-		return invalidArgf("%s has %d rows (shape %s) but %s", t.name, t.shape[0], shapeString(t.shape), why)
+	if t.dims[0] < n {
+		return invalidArgf("%s has %d rows (shape %s) but %s", t.name, t.dims[0], shapeString(t.shape()), why)
+	}
+	return nil
+}
+
+// atLeastReceived checks that a [rows, ...] tensor holds the n rows this
+// rank received; tail ends the refusal's message.
+func (t *tensor) atLeastReceived(n int, tail string) error {
+	if t.dims[0] < n {
+		return invalidArgf("%s has %d rows (shape %s) but this rank received %d rows%s", t.name, t.dims[0], shapeString(t.shape()), n, tail)
 	}
 	return nil
 }

@@ -249,7 +249,8 @@ class Group:
         fail on every rank, this rank taking part in it at its next
         ``create_handle``, ``dispatch`` or ``destroy``. ``layout_info`` must be
         None (goep writes the counters at dispatch); ``stream`` is ignored."""
-        self._check_valid("create_handle")
+        if not self._ptr:
+            self._check_valid("create_handle")
         keep = []
         try:
             t = address_of(topk_idx, "topk_idx", False, keep)

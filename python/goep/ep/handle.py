@@ -214,6 +214,9 @@ class Handle:
     :meth:`destroy`. A second dispatch of the same handle reuses its routing
     (a cached dispatch)."""
 
+    # A handle is made every step: slots make it one object, quicker to make and to read.
+    __slots__ = ("_ptr", "_dead", "_group", "_pending", "_mem", "_no_routing", "__weakref__")
+
     def __init__(self, ptr: int, group) -> None:
         self._ptr = ptr
         self._dead = 0  # the goepEpHandle_t once destroyed: its calls are refused on every rank
@@ -279,23 +282,35 @@ class Handle:
             if self._no_routing is not None:
                 raise NcclInvalid(f"dispatch: the handle has no routing: {self._no_routing}; update it first",
                                   status=5)
+            # Each tensor given is described (address_of); the absent ones (None) are 0 without a call,
+            # since most of a step's are absent.
             din, dout = s.din, s.dout
-            din.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
-            din.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
-            din.scales = address_of(inputs.scales, "inputs.scales", False, keep)
-            dout.tokens = address_of(outputs.tokens, "outputs.tokens", True, keep)
-            dout.topk_weights = address_of(outputs.topk_weights, "outputs.topk_weights", True, keep)
-            dout.scales = address_of(outputs.scales, "outputs.scales", True, keep)
-            dout.topk_idx = address_of(outputs.topk_idx, "outputs.topk_idx", True, keep)
+            t = inputs.tokens
+            din.tokens = 0 if t is None else address_of(t, "inputs.tokens", False, keep)
+            t = inputs.topk_weights
+            din.topk_weights = 0 if t is None else address_of(t, "inputs.topk_weights", False, keep)
+            t = inputs.scales
+            din.scales = 0 if t is None else address_of(t, "inputs.scales", False, keep)
+            t = outputs.tokens
+            dout.tokens = 0 if t is None else address_of(t, "outputs.tokens", True, keep)
+            t = outputs.topk_weights
+            dout.topk_weights = 0 if t is None else address_of(t, "outputs.topk_weights", True, keep)
+            t = outputs.scales
+            dout.scales = 0 if t is None else address_of(t, "outputs.scales", True, keep)
+            t = outputs.topk_idx
+            dout.topk_idx = 0 if t is None else address_of(t, "outputs.topk_idx", True, keep)
             info = 0
             if layout_info is not None:
                 li, c = layout_info, s.info
-                c.expert_counters = address_of(li.expert_counters, "layout_info.expert_counters", True, keep)
-                c.src_rank_counters = address_of(li.src_rank_counters, "layout_info.src_rank_counters", True,
-                                                 keep)
-                c.expert_offsets = address_of(li.expert_offsets, "layout_info.expert_offsets", True, keep)
-                c.recv_total_counter = address_of(li.recv_total_counter, "layout_info.recv_total_counter", True,
-                                                  keep)
+                t = li.expert_counters
+                c.expert_counters = 0 if t is None else address_of(t, "layout_info.expert_counters", True, keep)
+                t = li.src_rank_counters
+                c.src_rank_counters = 0 if t is None else address_of(t, "layout_info.src_rank_counters", True, keep)
+                t = li.expert_offsets
+                c.expert_offsets = 0 if t is None else address_of(t, "layout_info.expert_offsets", True, keep)
+                t = li.recv_total_counter
+                c.recv_total_counter = 0 if t is None else address_of(t, "layout_info.recv_total_counter", True,
+                                                                      keep)
                 c.recv_topk_idx_kind = int(li.recv_topk_idx_kind)
                 info = s.info_at
             cfg = s.dispatch_config(config)
@@ -320,12 +335,17 @@ class Handle:
         try:
             if not self._ptr:
                 self._check_valid("combine")
-            cin, cout = s.cin, s.cout
-            cin.tokens = address_of(inputs.tokens, "inputs.tokens", False, keep)
-            cin.topk_weights = address_of(inputs.topk_weights, "inputs.topk_weights", False, keep)
-            cin.scales = address_of(inputs.scales, "inputs.scales", False, keep)
-            cout.tokens = address_of(outputs.tokens, "outputs.tokens", True, keep)
-            cout.topk_weights = address_of(outputs.topk_weights, "outputs.topk_weights", True, keep)
+            cin, cout = s.cin, s.cout  # absent tensors (None) are 0 without a call, as in dispatch
+            t = inputs.tokens
+            cin.tokens = 0 if t is None else address_of(t, "inputs.tokens", False, keep)
+            t = inputs.topk_weights
+            cin.topk_weights = 0 if t is None else address_of(t, "inputs.topk_weights", False, keep)
+            t = inputs.scales
+            cin.scales = 0 if t is None else address_of(t, "inputs.scales", False, keep)
+            t = outputs.tokens
+            cout.tokens = 0 if t is None else address_of(t, "outputs.tokens", True, keep)
+            t = outputs.topk_weights
+            cout.topk_weights = 0 if t is None else address_of(t, "outputs.topk_weights", True, keep)
             cfg = s.combine_config(config)
         except Exception as e:
             self._refuse(e, Call.COMBINE)
@@ -345,7 +365,8 @@ class Handle:
         place (an expert's outputs) and passed as ``CombineInputs(tokens=...)``,
         which then reads them without a copy. The array is valid until the
         group's next dispatch (HT) or the one after (LL): do not keep it."""
-        self._check_valid("recv_tokens")
+        if not self._ptr:
+            self._check_valid("recv_tokens")
         g = self._group
         s = g._calls.s
         rc = _recv_tokens(self._ptr, s.recv_at)
