@@ -31,10 +31,11 @@ import (
 //	  at this node's ranks, which read them in place.
 //	combine wait: wait for this node's combine-ready; as a rail peer, sum
 //	  this node's partials of each forwarded token into the segment and
-//	  send the sums back to the sender straight from there; then sum, for
-//	  each own token, the partials of this node's ranks (in place) and the
-//	  sums of other nodes (staged), node by node in a fixed order; tell the
-//	  node's ranks their buffers are free.
+//	  send the sums back to the sender straight from there, chunk by chunk;
+//	  then sum, for each own token, the partials of this node's ranks (in
+//	  place) and the sums of other nodes (staged), node by node in a fixed
+//	  order, in token order as the sums arrive; tell the node's ranks their
+//	  buffers are free.
 //
 // Rows are written by the wire format (RowFormat) and move with their side
 // data (RowArea), as in LL.
@@ -331,7 +332,9 @@ func (m *htMode) send(d *driver.Dispatch) error {
 	if err := t.awaitReaders(op, 0, e.last[0]); err != nil {
 		return err
 	}
-	m.lay.sendLocal(d, st)
+	if err := m.lay.sendLocal(d, st); err != nil {
+		return err
+	}
 	err := t.raise(t.nodeRanks, flagData, 0, me, q, 0, nil)
 	t.span(q, "this node", -1, 0, t0)
 	return err
@@ -420,6 +423,18 @@ func (m *htMode) sumRows(sums int, tab hostrows.CTable, start []int32, lo, hi in
 		}
 	}
 	return nil
+}
+
+// copied is called by a copy inside the node after each token tk it queued
+// (wire.Put): in a group that spans nodes it writes the queued rows every
+// htProgressRows tokens and lets the network progress, so that this rank's
+// transfers across nodes, both ways, go on while it copies.
+func (m *htMode) copied(d *driver.Dispatch, tk int) error {
+	if tk%htProgressRows != htProgressRows-1 || !m.e.t.spansNodes() {
+		return nil
+	}
+	m.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
+	return m.e.t.progress()
 }
 
 // htChunk is how many of its tokens a rank writes into the outbox before
@@ -580,6 +595,14 @@ func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) erro
 				t.post(dst, m.recv.Rows.At(row), -1, int64(m.stage.Rows.At(slot*M+j)), m.stage.Rows.Stride)
 				if side := m.recv.Side; side.Stride > 0 {
 					t.post(dst, side.At(row), -1, int64(m.stage.Side.At(slot*M+j)), side.Stride)
+				}
+			}
+			if j%htProgressRows == htProgressRows-1 { // copy what is queued; let the network progress
+				if err := t.flushStaged(); err != nil {
+					return err
+				}
+				if err := t.progress(); err != nil {
+					return err
 				}
 			}
 		}
@@ -751,16 +774,40 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 	}
 	start[rt.T] = int32(src.Len())
 	m.start = start
+	// Reduce the tokens as the other nodes' sums of them arrive, in token
+	// order (each node's sums come in its staged order, the token order):
+	// the reduction of the first tokens overlaps the transfer of the last
+	// sums.
 	t0 = t.clock()
-	if out := unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out))); m.fp8 != nil {
-		hostrows.ReduceFP8RowsFrom(out, e.spec.Elem, src.Frozen(), m.fp8.scl.Frozen(), start, rt.T, m.H)
-	} else {
-		hostrows.ReduceRows(out, e.spec.Elem, src, nil, start, rt.T, m.H, e.spec.Elem)
+	out := unsafe.Pointer(unsafe.SliceData(hostBytes(c.Out)))
+	tab := src.Frozen()
+	var scl hostrows.CTable
+	if m.fp8 != nil {
+		scl = m.fp8.scl.Frozen()
 	}
+	for lo := 0; lo < rt.T; {
+		hi, err := m.sumsArrived(op, c.Op, rt, lo)
+		if err != nil {
+			return err
+		}
+		at := unsafe.Add(out, lo*e.spec.RowBytes)
+		if m.fp8 != nil {
+			hostrows.ReduceFP8RowsFrom(at, e.spec.Elem, tab, scl, start[lo:hi+1], hi-lo, m.H)
+		} else {
+			hostrows.ReduceRowsFrom(at, e.spec.Elem, tab, start[lo:hi+1], hi-lo, m.H, e.spec.Elem)
+		}
+		lo = hi
+	}
+	t.span(c.Op, "reduce as sums arrive", -1, 0, t0)
+	// Every sum, and the sums' values, are in.
+	t0 = t.clock()
+	if err := t.await(op, "the sums of its node", flagSums, 0, m.myRails, nil, c.Op); err != nil {
+		return err
+	}
+	t.span(c.Op, "wait sums", -1, 0, t0)
 	if withValues {
 		hostrows.SumValues(c.SlotValues.Host(), vals, start, rt.T, K)
 	}
-	t.span(c.Op, "reduce", -1, 0, t0)
 	if err := t.releaseReaders(0, c.Op); err != nil {
 		return err
 	}
@@ -778,8 +825,9 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 
 // returnSums does the rail duty of a combine: for each other node's sender,
 // sum this node's partials of the tokens forwarded for it into the
-// segment and send the sums back from there; then wait for the sums of
-// this rank's tokens from the other nodes.
+// segment and send the sums back from there, chunk by chunk, saying after
+// each how many rows have gone (flagSumRows), and at the end that all have
+// (flagSums, after the sums' values).
 func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []int, withValues bool) error {
 	t := &m.e.t
 	K, M := m.K, m.M
@@ -824,6 +872,9 @@ func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []in
 			if m.sentSums, err = t.flushInPlace(); err != nil {
 				return err
 			}
+			if err := t.raise(t.just(p.src), flagSumRows, 0, t.me, c.Op, uint32(p.rows), nil); err != nil {
+				return err
+			}
 		}
 		// Else chunk by chunk, so that the wire starts on the first sums
 		// while the next are summed.
@@ -848,6 +899,9 @@ func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []in
 			if m.sentSums, err = t.flushInPlace(); err != nil {
 				return err
 			}
+			if err := t.raise(t.just(p.src), flagSumRows, 0, t.me, c.Op, uint32(hi), nil); err != nil {
+				return err
+			}
 			if err := t.progress(); err != nil {
 				return err
 			}
@@ -862,11 +916,45 @@ func (m *htMode) returnSums(op string, c *driver.Combine, st *htState, area []in
 		}
 		t.span(c.Op, "sums", p.src, int64(p.rows*m.rowBytes), t0)
 	}
-	if err := t.raise(m.senderRanks, flagSums, 0, t.me, c.Op, 0, nil); err != nil {
-		return err
+	return t.raise(m.senderRanks, flagSums, 0, t.me, c.Op, 0, nil)
+}
+
+// sumsArrived waits until the other nodes' sums of this rank's tokens from
+// lo on have arrived for htChunk tokens (or up to the last token), and
+// returns the end of the run of tokens from lo whose sums have all arrived
+// (a rail peer says how many of its rows of sums it has put so far in
+// flagSumRows).
+func (m *htMode) sumsArrived(op string, q uint64, rt *driver.Routing, lo int) (int, error) {
+	t, N := &m.e.t, m.nodes
+	want := min(lo+htChunk, rt.T)
+	for b := 0; b < N; b++ {
+		if b == m.myNode {
+			continue
+		}
+		need := -1 // the last row of b's sums that tokens [lo, want) need
+		for tk := want - 1; tk >= lo && need < 0; tk-- {
+			need = int(rt.TokNodeOrd[tk*N+b])
+		}
+		if need < 0 {
+			continue
+		}
+		if err := t.awaitPayload(op, "the sums of its node", flagSumRows, t.just(m.rails[b]), q, uint32(need+1)); err != nil {
+			return 0, err
+		}
 	}
-	t0 := t.clock()
-	err := t.await(op, "the sums of its node", flagSums, 0, m.myRails, nil, c.Op)
-	t.span(c.Op, "wait sums", -1, 0, t0)
-	return err
+	// Further tokens whose sums are in already go with these.
+	hi := want
+	for ; hi < rt.T; hi++ {
+		in := true
+		for b := 0; b < N && in; b++ {
+			if o := rt.TokNodeOrd[hi*N+b]; b != m.myNode && o >= 0 {
+				v := loadFlag(t.inboxOf(m.rails[b], t.in.flagOff(flagSumRows, 0, m.rails[b])))
+				in = v>>32 == q && int64(o) < int64(uint32(v))
+			}
+		}
+		if !in {
+			break
+		}
+	}
+	return hi, nil
 }

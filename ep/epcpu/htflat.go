@@ -26,8 +26,8 @@ type htLayout interface {
 	grow(st *htState)
 	plan(st *htState)
 	// sendLocal writes this rank's rows for its node's ranks, with their
-	// metadata.
-	sendLocal(d *driver.Dispatch, st *htState)
+	// metadata, letting the network progress as it goes (copied).
+	sendLocal(d *driver.Dispatch, st *htState) error
 	// views sets d.Recv once every row has arrived.
 	views(d *driver.Dispatch, st *htState)
 	// planForward says, for the n tokens rail sender s staged here (their
@@ -75,7 +75,7 @@ func (htFlat) landsInPlace() bool                                   { return tru
 
 // sendLocal writes each token once into every rank of this node that owns
 // one of its experts, with its metadata.
-func (f htFlat) sendLocal(d *driver.Dispatch, st *htState) {
+func (f htFlat) sendLocal(d *driver.Dispatch, st *htState) error {
 	t, rt := &f.e.t, d.Route
 	rows := f.listsFor()
 	for tk := 0; tk < rt.T; tk++ {
@@ -85,6 +85,9 @@ func (f htFlat) sendLocal(d *driver.Dispatch, st *htState) {
 				rows[dst] = append(rows[dst], int32(tk))
 			}
 		}
+		if err := f.copied(d, tk); err != nil {
+			return err
+		}
 	}
 	f.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
 	for _, dst := range t.nodeRanks {
@@ -92,6 +95,7 @@ func (f htFlat) sendLocal(d *driver.Dispatch, st *htState) {
 		hostrows.HTMeta(t.lsa(dst, f.tok.At(first)), t.lsa(dst, f.topk.At(first)), t.lsa(dst, f.w.At(first)),
 			rows[dst], nil, d.TopK, d.Weights, f.K, f.L, dst, f.global)
 	}
+	return nil
 }
 
 func (f htFlat) views(d *driver.Dispatch, st *htState) {

@@ -58,9 +58,9 @@ func (htZones) landsInPlace() bool { return false }
 
 // sendLocal zeroes the padding of this node's zones and writes each pair
 // into its expert's zone.
-func (m htZones) sendLocal(d *driver.Dispatch, st *htState) {
+func (m htZones) sendLocal(d *driver.Dispatch, st *htState) error {
 	m.zeroPadding(st)
-	m.sendZones(d, st)
+	return m.sendZones(d, st)
 }
 
 // zoneCounts is where the pairs per expert start in a count vector.
@@ -148,7 +148,7 @@ func (m htZones) putZoneMeta(dst, row int, tok int32, w float32, slot int) {
 
 // sendZones writes each pair of this rank's tokens whose expert is on this
 // node into its row of the expert's zone, with its metadata.
-func (m htZones) sendZones(d *driver.Dispatch, st *htState) {
+func (m htZones) sendZones(d *driver.Dispatch, st *htState) error {
 	t, rt := &m.e.t, d.Route
 	K, L, E, me := m.K, m.L, m.R*m.L, t.me
 	for tk := 0; tk < rt.T; tk++ {
@@ -161,8 +161,12 @@ func (m htZones) sendZones(d *driver.Dispatch, st *htState) {
 			m.wire.Put(t.seg[dst], m.recv, row, tk)
 			m.putZoneMeta(dst, row, int32(tk), d.Weights[tk*K+k], k)
 		}
+		if err := m.copied(d, tk); err != nil {
+			return err
+		}
 	}
 	m.wire.Flush(hostBytes(d.X), hostBytes(d.Scales))
+	return nil
 }
 
 // planForward, for zones: for each of the n tokens rail

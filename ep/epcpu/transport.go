@@ -51,6 +51,7 @@ const (
 	flagDone                         // the source finished reading this rank's buffers in place
 	flagStaged                       // HT: the source's tokens are staged here, at its rail peer
 	flagSums                         // HT: the source (a rail peer) put its node's sums here
+	flagSumRows                      // HT: the source (a rail peer) put its node's sums of this rank's first rows (payload: how many) here
 	flagAborted                      // the source's abort word: call q was refused (payload: by which rank); set 0 only
 	flagMask                         // the source reached SetMask number q; set 0 only
 	flagYouAreMasked                 // the source masked this rank during mask epoch q-1 (payload 1); set 0 only
@@ -294,6 +295,17 @@ func (t *transport) await(op, what string, k flagKind, set int, from, via []int,
 // do later calls; and a flag already past call q means that the others went
 // on without this rank: the wait returns ErrMasked.
 func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, q uint64, watchAborts bool) error {
+	return t.waitWord(op, what, k, set, from, via, q, 0, watchAborts)
+}
+
+// awaitPayload is await for flags of call q whose payload is at least p (a
+// count that grows within the call, as flagSumRows's).
+func (t *transport) awaitPayload(op, what string, k flagKind, from []int, q uint64, p uint32) error {
+	return t.waitWord(op, what, k, 0, from, nil, q, p, true)
+}
+
+// waitWord is wait for flag words of at least flagWord(q, p).
+func (t *transport) waitWord(op, what string, k flagKind, set int, from, via []int, q uint64, p uint32, watchAborts bool) error {
 	sequence := watchAborts && k != flagDone && !t.maskStalled
 	for {
 		ws := t.liveWatch(k, set, from, via)
@@ -318,7 +330,7 @@ func (t *transport) wait(op, what string, k flagKind, set int, from, via []int, 
 		if len(ws.flags) == 0 {
 			return nil
 		}
-		ws.target, ws.refusals, ws.ahead, ws.mine = flagWord(q, 0), watchAborts, t.maskStalled || sequence, 0
+		ws.target, ws.refusals, ws.ahead, ws.mine = flagWord(q, p), watchAborts, t.maskStalled || sequence, 0
 		if sequence {
 			ws.mine = t.callOf(q)
 		}
