@@ -84,6 +84,7 @@ type htMode struct {
 	addPartial func(r, row int) // adds row of node rank r's partials to src and vals2, from area
 	counts     []int32
 	nodeFirst  []int  // per other node: its first row in the outbox
+	chunkNodes []int  // the other nodes that get rows of an outbox chunk
 	alone      []bool // per node: it has one rank, its rail peer (rows may land in place)
 	maxSend    int    // the most ranks of one node that one rail peer serves: staging slots per node
 }
@@ -278,6 +279,7 @@ func (m *htMode) reserve() {
 	m.counts = make([]int32, 0, m.L)
 	m.area = make([]int, 0, R)
 	m.nodeFirst = make([]int, 0, N)
+	m.chunkNodes = make([]int, 0, N)
 	m.wire.Reserve(M * K)
 }
 
@@ -443,14 +445,17 @@ func (m *htMode) copied(d *driver.Dispatch, tk int) error {
 // once.
 const htChunk = 256
 
-// sendAcross writes each token once per other node into the outbox (in
-// the staged order of the rail peer there: the token order) and sends each
-// rail peer its rows chunk by chunk, then their tokens, global top-k ids
-// and weights, and raises its staged flag.
+// sendAcross sends each rail peer, first, the tokens, global top-k ids and
+// weights of this rank's tokens for its node (so that it plans its
+// forwarding while the rows travel) and raises its staged flag; then
+// writes each token once per other node into the outbox (in the staged
+// order of the rail peer there: the token order) and sends each rail peer
+// its rows chunk by chunk, saying after each chunk how many rows it has
+// sent (flagStagedRows).
 func (m *htMode) sendAcross(d *driver.Dispatch) error {
 	t := &m.e.t
 	op := m.e.names.Dispatch
-	rt, K, M := d.Route, m.K, m.M
+	rt, M := d.Route, m.M
 	st := d.State.(*htState)
 	t0 := t.clock()
 	if err := t.awaitSent(op, m.sent); err != nil { // the outbox's last rows have left
@@ -463,6 +468,9 @@ func (m *htMode) sendAcross(d *driver.Dispatch) error {
 			m.nodeFirst[n] = total
 			total += int(rt.PerNode[n])
 		}
+	}
+	if err := m.sendStagedMeta(d, total); err != nil {
+		return err
 	}
 	// The rows, chunk by chunk: a chunk's rows of each node are consecutive
 	// in the outbox (the staged order is the token order).
@@ -481,6 +489,7 @@ func (m *htMode) sendAcross(d *driver.Dispatch) error {
 			}
 		}
 		m.wire.Flush(x, hostBytes(d.Scales))
+		sent := m.chunkNodes[:0] // the nodes that get rows of this chunk
 		for n := 0; n < m.nodes; n++ {
 			if n == m.myNode {
 				continue
@@ -497,18 +506,35 @@ func (m *htMode) sendAcross(d *driver.Dispatch) error {
 					t.exposeRows(r, m.outbox, m.nodeFirst[n]+next[n], done-next[n], m.stage, m.slots[n]*M+next[n])
 				}
 				next[n] = done
+				sent = append(sent, n)
 			}
 		}
+		m.chunkNodes = sent
 		var err error
 		if m.sent, err = t.flushInPlace(); err != nil {
 			return err
+		}
+		for _, n := range sent {
+			if err := t.raise(t.just(m.rails[n]), flagStagedRows, 0, t.me, d.Op, uint32(next[n]), nil); err != nil {
+				return err
+			}
 		}
 		if err := t.progress(); err != nil { // the handshakes of the sends start
 			return err
 		}
 	}
 	t.span(d.Op, "rows across", -1, int64(total*m.wire.RowBytes()), t0)
-	// Their tokens, top-k ids and weights, packed per node.
+	return nil
+}
+
+// sendStagedMeta sends each rail peer the tokens, global top-k ids and
+// weights of this rank's tokens for its node (total: for all other nodes),
+// packed per node, and raises its staged flag, which carries how many rows
+// it gets (its count in the exchange, less what did not fit anywhere
+// there).
+func (m *htMode) sendStagedMeta(d *driver.Dispatch, total int) error {
+	t := &m.e.t
+	rt, K, M := d.Route, m.K, m.M
 	m.meta = grow.To(m.meta, 4*total*(1+2*K))
 	base := unsafe.Pointer(unsafe.SliceData(m.meta))
 	words := unsafe.Slice((*int32)(base), total*(1+K))
@@ -536,8 +562,6 @@ func (m *htMode) sendAcross(d *driver.Dispatch) error {
 	if err := t.flush(m.meta); err != nil {
 		return err
 	}
-	// Each rail peer's staged flag carries how many rows it got (its
-	// count in the exchange, less what did not fit anywhere there).
 	for n := 0; n < m.nodes; n++ {
 		if n != m.myNode {
 			if err := t.raise(t.just(m.rails[n]), flagStaged, 0, t.me, d.Op, uint32(rt.PerNode[n]), nil); err != nil {
@@ -567,9 +591,10 @@ func (m *htMode) wait(d *driver.Dispatch) error {
 	return nil
 }
 
-// forward waits, as a rail peer, for the tokens its i-th sender staged here
-// and forwards them into the ranks of this node that own their experts,
-// raising their data flags on the sender's behalf.
+// forward waits, as a rail peer, for the tokens its i-th sender staged
+// here and forwards their rows, as they arrive, into the ranks of this
+// node that own their experts, raising their data flags on the sender's
+// behalf once all are there.
 func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) error {
 	t := &m.e.t
 	K, M := m.K, m.M
@@ -580,7 +605,7 @@ func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) erro
 	}
 	t.span(d.Op, "wait staged", s, 0, t0)
 	t0 = t.clock()
-	n := int(t.flagPayload(flagStaged, 0, s, s)) // the rows s staged here
+	n := int(t.flagPayload(flagStaged, 0, s, s)) // the rows s stages here
 	tok := unsafe.Slice((*int32)(t.staged(m.stok.At(slot*M))), n)
 	topk := unsafe.Slice((*int32)(t.staged(m.stopk.At(slot*M))), n*K)
 	w := unsafe.Slice((*float32)(t.staged(m.sw.At(slot*M))), n*K)
@@ -588,8 +613,17 @@ func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) erro
 		m.lay.planForward(&st.fwd[i], st, s, topk, n)
 	}
 	p := &st.fwd[i]
-	if !m.inPlace(m.myNode, st) { // else the rows are in place already
-		for j := 0; j < n; j++ {
+	if m.inPlace(m.myNode, st) { // the rows land in place
+		if err := m.awaitStaged(op, d.Op, s, n); err != nil {
+			return err
+		}
+	}
+	for lo := 0; lo < n && !m.inPlace(m.myNode, st); {
+		if err := m.awaitStaged(op, d.Op, s, lo+1); err != nil {
+			return err
+		}
+		hi := min(int(t.flagPayload(flagStagedRows, 0, s, s)), n)
+		for j := lo; j < hi; j++ {
 			for x := p.start[j]; x < p.start[j+1]; x++ {
 				dst, row := int(p.dst[x]), int(p.row[x])
 				t.post(dst, m.recv.Rows.At(row), -1, int64(m.stage.Rows.At(slot*M+j)), m.stage.Rows.Stride)
@@ -597,7 +631,7 @@ func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) erro
 					t.post(dst, side.At(row), -1, int64(m.stage.Side.At(slot*M+j)), side.Stride)
 				}
 			}
-			if j%htProgressRows == htProgressRows-1 { // copy what is queued; let the network progress
+			if j%htProgressRows == htProgressRows-1 || j == hi-1 { // copy what is queued; let the network progress
 				if err := t.flushStaged(); err != nil {
 					return err
 				}
@@ -606,13 +640,17 @@ func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) erro
 				}
 			}
 		}
-	}
-	if err := t.flushStaged(); err != nil {
-		return err
+		lo = hi
 	}
 	m.lay.forwardMeta(p, st, s, tok, topk, w)
-	t.span(d.Op, "forward", s, 0, t0)
+	t.span(d.Op, "forward as rows arrive", s, 0, t0)
 	return t.raise(t.nodeRanks, flagData, 0, s, d.Op, 0, nil)
+}
+
+// awaitStaged waits until rail sender s has staged at least rows rows of
+// call q here.
+func (m *htMode) awaitStaged(op string, q uint64, s, rows int) error {
+	return m.e.t.awaitPayload(op, "its rows for this node", flagStagedRows, m.e.t.all[s:s+1], q, uint32(rows))
 }
 
 // drop takes this rank's tokens to rank dst after its first kept ones out

@@ -49,7 +49,8 @@ const (
 	flagData                         // the source's rows are in place (or staged)
 	flagReady                        // the source's expert outputs can be read (payload: where they are)
 	flagDone                         // the source finished reading this rank's buffers in place
-	flagStaged                       // HT: the source's tokens are staged here, at its rail peer
+	flagStaged                       // HT: the source's tokens' metadata is staged here, at its rail peer (payload: how many)
+	flagStagedRows                   // HT: the source's first rows are staged here (payload: how many)
 	flagSums                         // HT: the source (a rail peer) put its node's sums here
 	flagSumRows                      // HT: the source (a rail peer) put its node's sums of this rank's first rows (payload: how many) here
 	flagAborted                      // the source's abort word: call q was refused (payload: by which rank); set 0 only
