@@ -123,7 +123,7 @@ func BenchmarkKernelDispatchCopy(b *testing.B) {
 		}
 		b.SetBytes(tokens * k * 2 * hidden)
 		for i := 0; i < b.N; i++ {
-			hostrows.ScatterBlocks(&d, origin, off, lensOf(tokens*k, 2*hidden))
+			hostrows.ScatterBlocks(&d, origin, off, lensOf(tokens*k, 2*hidden), false)
 		}
 	})
 	for _, w := range []WireFormat{WireFP8, WireFP8UE8M0} {

@@ -197,6 +197,7 @@ func openEngine(comm *mpi.Comm, spec driver.Spec, b cpuBackend) (_ *engine, err 
 	tr.nodeRanks = t.RanksOnNode(e.node)
 	tr.waits, tr.netSent = make([]time.Duration, R), make([]int64, R)
 	tr.masked, tr.maskStalled = make([]bool, R), spec.MaskStalledRanks
+	tr.stream = hostrows.Streams(spec)
 	tr.setMasked(tr.me, false) // the lists of ranks that take part: all
 	if len(tr.nodeRanks) <= hostrows.OnlineCPUs() {
 		tr.spin = spinWhenAlone

@@ -419,7 +419,7 @@ func (m *htMode) sumRows(sums int, tab hostrows.CTable, start []int32, lo, hi in
 	t := &m.e.t
 	for a := lo; a < hi; a += htProgressRows {
 		b := min(a+htProgressRows, hi)
-		hostrows.ReduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.Len(a)), m.e.spec.Elem, tab, start[a:b+1], b-a, m.H, m.e.spec.Elem)
+		hostrows.ReduceRowsFrom(t.lsa(t.me, sums+m.sumsOut.Len(a)), m.e.spec.Elem, tab, start[a:b+1], b-a, m.H, m.e.spec.Elem, t.stream)
 		if err := t.progress(); err != nil {
 			return err
 		}
@@ -832,7 +832,7 @@ func (m *htMode) combineWait(c *driver.Combine) error {
 		if m.fp8 != nil {
 			hostrows.ReduceFP8RowsFrom(at, e.spec.Elem, tab, scl, start[lo:hi+1], hi-lo, m.H)
 		} else {
-			hostrows.ReduceRowsFrom(at, e.spec.Elem, tab, start[lo:hi+1], hi-lo, m.H, e.spec.Elem)
+			hostrows.ReduceRowsFrom(at, e.spec.Elem, tab, start[lo:hi+1], hi-lo, m.H, e.spec.Elem, t.stream)
 		}
 		lo = hi
 	}

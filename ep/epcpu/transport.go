@@ -128,6 +128,7 @@ type transport struct {
 	remote    []int  // the ranks of other nodes
 	others    []int  // every rank but this one
 	all       []int  // every rank
+	stream    bool   // row copies use streaming stores (hostrows.Streams)
 	// The ranks that take part: all but the masked ones (maskStalled).
 	maskStalled                            bool
 	masked                                 []bool
@@ -614,7 +615,7 @@ func (t *transport) flushInPlace() (put uint64, err error) {
 
 func (t *transport) flushFrom(origin []byte, inPlace bool) (put uint64, err error) {
 	if t.locDst.Len() > 0 {
-		hostrows.ScatterBlocks(&t.locDst, origin, t.locOff, t.lens)
+		hostrows.ScatterBlocks(&t.locDst, origin, t.locOff, t.lens, t.stream)
 	}
 	if len(t.blocks) > 0 {
 		t.count(t.blocks)

@@ -65,12 +65,13 @@ void ep_ht_meta(int32_t *tok_out, int32_t *topk_out, float *w_out, const int32_t
 void ep_count_local(const int32_t *topk, int64_t n, int K, int L, int32_t lo, int32_t *counts);
 
 // rows.c
-void ep_copy_rows(const uintptr_t *dst, const uintptr_t *src, const int64_t *lens, int64_t n, int64_t row_bytes);
+void ep_copy_rows(const uintptr_t *dst, const uintptr_t *src, const int64_t *lens, int64_t n, int64_t row_bytes,
+                  int stream);
 void ep_move_blocks(const uintptr_t *dst, const uintptr_t *src, const int64_t *lens, int64_t n);
 void ep_scatter_rows(const uintptr_t *dst, const char *src, const int64_t *src_off, const int64_t *lens, int64_t n,
-                     int64_t row_bytes);
+                     int64_t row_bytes, int stream);
 void ep_reduce_rows(void *out, int out_dtype, const uintptr_t *src, const float *w, const int32_t *start,
-                    int64_t n, int64_t hidden, int dtype, float *acc);
+                    int64_t n, int64_t hidden, int dtype, int stream);
 void ep_sum_values(float *out, const uintptr_t *src, const int32_t *start, int64_t n, int K);
 
 // convert.c

@@ -66,6 +66,17 @@ func (a *AddrTable) c() *C.uintptr_t {
 	return (*C.uintptr_t)(unsafe.Pointer(&a.u[0]))
 }
 
+// streamBytes is how much a group's call writes per rank (its rows for
+// MaxTokensPerRank tokens) from which its row copies and reductions use
+// streaming stores: more than the caches hold, so caching the destination's
+// lines would only evict what is read next.
+const streamBytes = 8 << 20
+
+// Streams says whether the row copies and reductions of s's group, whose
+// destinations this core does not read back, write with streaming stores
+// (ScatterBlocks, ReduceRowsFrom, RowFormat.Flush).
+func Streams(s driver.Spec) bool { return s.MaxTokensPerRank*s.RowBytes >= streamBytes }
+
 // smallBatch is the most blocks copied in Go rather than by a kernel call.
 const smallBatch = 8
 
@@ -81,7 +92,7 @@ func CopyRows(dst, src *AddrTable, rowBytes int) {
 	if dst.Len() == 0 {
 		return
 	}
-	C.ep_copy_rows(dst.c(), src.c(), nil, C.int64_t(dst.Len()), C.int64_t(rowBytes))
+	C.ep_copy_rows(dst.c(), src.c(), nil, C.int64_t(dst.Len()), C.int64_t(rowBytes), 0)
 }
 
 // MoveBlocks moves dst.Len() blocks of lens[i] bytes from src's to dst's
@@ -98,8 +109,9 @@ func MoveBlocks(dst, src *AddrTable, lens []int64) {
 }
 
 // ScatterBlocks copies dst.Len() blocks of lens[i] bytes from
-// origin[srcOff[i]:] to dst's addresses.
-func ScatterBlocks(dst *AddrTable, origin []byte, srcOff, lens []int64) {
+// origin[srcOff[i]:] to dst's addresses, with streaming stores where stream
+// says so (Streams).
+func ScatterBlocks(dst *AddrTable, origin []byte, srcOff, lens []int64, stream bool) {
 	n := dst.Len()
 	if n <= smallBatch {
 		for i := 0; i < n; i++ {
@@ -107,7 +119,7 @@ func ScatterBlocks(dst *AddrTable, origin []byte, srcOff, lens []int64) {
 		}
 		return
 	}
-	C.ep_scatter_rows(dst.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff), i64p(lens), C.int64_t(n), 0)
+	C.ep_scatter_rows(dst.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff), i64p(lens), C.int64_t(n), 0, C.int(cBool(stream)))
 }
 
 // ReduceRows sets output row i (of n) to the sum over j in
@@ -116,16 +128,18 @@ func ReduceRows(out ptr, outType driver.DType, src *AddrTable, w []float32, star
 	if n == 0 {
 		return
 	}
-	C.ep_reduce_rows(out, C.int(outType), src.c(), f32p(w), i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+	C.ep_reduce_rows(out, C.int(outType), src.c(), f32p(w), i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), 0)
 }
 
 // ReduceRowsFrom is ReduceRows with the sources as the kernels take them
-// (AddrTable.Frozen): a reduction in chunks converts its table once.
-func ReduceRowsFrom(out ptr, outType driver.DType, src CTable, start []int32, n, hidden int, inType driver.DType) {
+// (AddrTable.Frozen: a reduction in chunks converts its table once), with
+// streaming stores where stream says so (Streams: the call is a part of a
+// reduction larger than the caches).
+func ReduceRowsFrom(out ptr, outType driver.DType, src CTable, start []int32, n, hidden int, inType driver.DType, stream bool) {
 	if n == 0 {
 		return
 	}
-	C.ep_reduce_rows(out, C.int(outType), src.p, nil, i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+	C.ep_reduce_rows(out, C.int(outType), src.p, nil, i32p(start), C.int64_t(n), C.int64_t(hidden), C.int(inType), C.int(cBool(stream)))
 }
 
 // ReduceFP8RowsFrom is ReduceRowsFrom over rows that travelled as e4m3
@@ -196,7 +210,7 @@ func (r *ReduceTables) Reduce(out ptr, outType driver.DType, n, hidden int, inTy
 		}
 	}
 	C.ep_reduce_rows(out, C.int(outType), (*C.uintptr_t)(unsafe.Pointer(unsafe.SliceData(r.Src))), (*C.float)(unsafe.Pointer(unsafe.SliceData(r.W))),
-		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.Start))), C.int64_t(n), C.int64_t(hidden), C.int(inType), nil)
+		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(r.Start))), C.int64_t(n), C.int64_t(hidden), C.int(inType), 0)
 }
 
 // reduceFP8 is reduce over FP8 sources (src: codes, scl: their scales):

@@ -41,16 +41,17 @@ type RowFormat interface {
 func NewRowFormat(s driver.Spec) RowFormat {
 	switch {
 	case s.Wire.Forward():
-		return &forwardRows{bytes: s.WireRowBytes, scales: s.WireSideBytes}
+		return &forwardRows{bytes: s.WireRowBytes, scales: s.WireSideBytes, stream: Streams(s)}
 	case s.Wire.FP8():
 		return &fp8Rows{hidden: s.Hidden, elem: s.Elem, wire: s.Wire, bytes: s.WireRowBytes, scales: 4 * driver.ScaleGroups(s.Hidden)}
 	}
-	return &nativeRows{bytes: s.RowBytes}
+	return &nativeRows{bytes: s.RowBytes, stream: Streams(s)}
 }
 
 // nativeRows: rows travel in the element type, copied as they are.
 type nativeRows struct {
 	bytes  int
+	stream bool // Streams
 	dst    AddrTable
 	srcOff []int64
 }
@@ -69,7 +70,7 @@ func (f *nativeRows) Reserve(n int) {
 }
 
 func (f *nativeRows) Flush(x, _ []byte) {
-	ScatterRows(&f.dst, x, f.srcOff, f.bytes)
+	ScatterRows(&f.dst, x, f.srcOff, f.bytes, f.stream)
 	f.dst.Reset()
 	f.srcOff = f.srcOff[:0]
 }
@@ -99,6 +100,7 @@ func (f *fp8Rows) Flush(x, _ []byte) { f.q.Flush(x, f.hidden, f.elem, f.wire) }
 // whatever the format.
 type forwardRows struct {
 	bytes, scales  int
+	stream         bool // Streams
 	dst, sdst      AddrTable
 	srcOff, sclOff []int64
 }
@@ -121,8 +123,8 @@ func (f *forwardRows) Reserve(n int) {
 }
 
 func (f *forwardRows) Flush(x, side []byte) {
-	ScatterRows(&f.dst, x, f.srcOff, f.bytes)
-	ScatterRows(&f.sdst, side, f.sclOff, f.scales)
+	ScatterRows(&f.dst, x, f.srcOff, f.bytes, f.stream)
+	ScatterRows(&f.sdst, side, f.sclOff, f.scales, f.stream)
 	f.dst.Reset()
 	f.sdst.Reset()
 	f.srcOff, f.sclOff = f.srcOff[:0], f.sclOff[:0]
@@ -142,8 +144,8 @@ func (f *fp8Rows) Reserve(n int) {
 }
 
 // ScatterRows copies dst.Len() rows of rowBytes from origin[srcOff[i]:] to
-// dst's addresses.
-func ScatterRows(dst *AddrTable, origin []byte, srcOff []int64, rowBytes int) {
+// dst's addresses, with streaming stores where stream says so (Streams).
+func ScatterRows(dst *AddrTable, origin []byte, srcOff []int64, rowBytes int, stream bool) {
 	n := dst.Len()
 	if n <= smallBatch {
 		for i := 0; i < n; i++ {
@@ -151,5 +153,5 @@ func ScatterRows(dst *AddrTable, origin []byte, srcOff []int64, rowBytes int) {
 		}
 		return
 	}
-	C.ep_scatter_rows(dst.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff), nil, C.int64_t(n), C.int64_t(rowBytes))
+	C.ep_scatter_rows(dst.c(), (*C.char)(unsafe.Pointer(unsafe.SliceData(origin))), i64p(srcOff), nil, C.int64_t(n), C.int64_t(rowBytes), C.int(cBool(stream)))
 }
