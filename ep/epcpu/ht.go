@@ -613,16 +613,18 @@ func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) erro
 		m.lay.planForward(&st.fwd[i], st, s, topk, n)
 	}
 	p := &st.fwd[i]
-	if m.inPlace(m.myNode, st) { // the rows land in place
+	copies := n                  // the rows to copy out of the staging
+	if m.inPlace(m.myNode, st) { // they land in place: wait for all
 		if err := m.awaitStaged(op, d.Op, s, n); err != nil {
 			return err
 		}
+		copies = 0
 	}
-	for lo := 0; lo < n && !m.inPlace(m.myNode, st); {
+	for lo := 0; lo < copies; { // copy what has arrived, then wait for more
 		if err := m.awaitStaged(op, d.Op, s, lo+1); err != nil {
 			return err
 		}
-		hi := min(int(t.flagPayload(flagStagedRows, 0, s, s)), n)
+		hi := min(int(t.flagPayload(flagStagedRows, 0, s, s)), copies)
 		for j := lo; j < hi; j++ {
 			for x := p.start[j]; x < p.start[j+1]; x++ {
 				dst, row := int(p.dst[x]), int(p.row[x])

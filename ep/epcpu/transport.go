@@ -381,8 +381,8 @@ func (t *transport) waitWord(op, what string, k flagKind, set int, from, via []i
 // rank calls MPI (no progress thread), and a transfer between hosts moves
 // only while both ends do, so the wait polls MPI as a blocking MPI call
 // would, with no slice of flag polling in between (a 20 us slice held
-// every large transfer to one fragment per socket per slice). After 5 ms it
-// yields the core between sweeps; the clock is read every 64 sweeps, when
+// every large transfer to one fragment per socket per slice). After
+// napAfter it naps between sweeps (nap); the clock is read every 64 sweeps, when
 // the late flag's raiser's call word is checked too, and this rank's own is
 // sent to the other nodes the first time (publishCall).
 func (t *transport) poll(ws *watch) waited {
