@@ -619,8 +619,10 @@ func (m *htMode) forward(op string, d *driver.Dispatch, st *htState, i int) erro
 	p := &st.fwd[i]
 	copies := n                  // the rows to copy out of the staging
 	if m.inPlace(m.myNode, st) { // they land in place: wait for all
-		if err := m.awaitStaged(op, d.Op, s, n); err != nil {
-			return err
+		if n > 0 { // (a sender with no rows here raises no rows flag)
+			if err := m.awaitStaged(op, d.Op, s, n); err != nil {
+				return err
+			}
 		}
 		copies = 0
 	}
