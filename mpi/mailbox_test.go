@@ -235,6 +235,94 @@ func TestMailboxInPlaceOrder(t *testing.T) {
 	mpitesting.Agree(t, w)
 }
 
+// Many blocks sent in place, more bytes than a receiver takes from one
+// source at a time (DirectWindow), in one put and in several, each over the
+// tail of the one before and followed by a small block over its own head:
+// the flag's rank finds the data as the writes left it in their order, and
+// every send leaves its origin.
+func TestMailboxInPlaceWindow(t *testing.T) {
+	w := mpitesting.World
+	n, me := w.Size(), w.Rank()
+	big := mpi.DirectWindow/3 + 4104 // three in flight do not fit
+	const blocks = 9
+	step := big - 1000 // block i starts at i*step of the area: over block i-1's tail
+	span := (blocks-1)*step + big
+	area := func(s int) int { return 8*n + s*span }
+	m, err := w.NewMailbox(area(n))
+	require.NoError(t, err)
+	origin, err := mpi.NewBuffer(blocks*big + blocks*16 + 8)
+	require.NoError(t, err)
+	src := origin.Bytes()
+	for i := range src {
+		src[i] = byte(i*3 + me*17 + i/251)
+	}
+	small := blocks * big // block i's small write: 16 bytes at small+16*i
+	binary.LittleEndian.PutUint64(src[small+blocks*16:], uint64(700+me))
+	var puts [][]mpi.Block
+	one := []mpi.Block{}
+	for i := 0; i < blocks; i++ {
+		var bs []mpi.Block
+		for d := 0; d < n; d++ {
+			if d != me {
+				bs = append(bs,
+					mpi.Block{SrcOffset: i * big, Len: big, Target: d, DstOffset: area(me) + i*step},
+					mpi.Block{SrcOffset: small + 16*i, Len: 16, Target: d, DstOffset: area(me) + i*step})
+			}
+		}
+		if i < blocks/2 {
+			one = append(one, bs...) // the first half in one put
+		} else {
+			puts = append(puts, bs)
+		}
+	}
+	puts = append([][]mpi.Block{one}, puts...)
+	var flag []mpi.Block
+	for d := 0; d < n; d++ {
+		if d != me {
+			flag = append(flag, mpi.Block{SrcOffset: small + blocks*16, Len: 8, Target: d, DstOffset: 8 * me})
+		}
+	}
+	puts[len(puts)-1] = append(puts[len(puts)-1], flag...)
+	var last uint64
+	for _, bs := range puts {
+		last, err = m.PutBlocksInPlace(src, bs)
+		require.NoError(t, err)
+	}
+	for s := 0; s < n; s++ {
+		if s == me {
+			continue
+		}
+		waitWord(t, m, 8*s, uint64(700+s))
+		sent := func(i int) byte { return byte(i*3 + s*17 + i/251) } // byte i of rank s's origin
+		got := m.Local()[area(s) : area(s)+span]
+		for j := range got {
+			i := min(j/step, blocks-1) // the last block written over byte j
+			if j-i*step < 16 {
+				if want := sent(small + 16*i + j - i*step); got[j] != want {
+					require.Equal(t, want, got[j], "byte %d from rank %d (block %d's small write)", j, s, i)
+				}
+				continue
+			}
+			if want := sent(i*big + j - i*step); got[j] != want {
+				require.Equal(t, want, got[j], "byte %d from rank %d (block %d)", j, s, i)
+			}
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sent, to := m.InPlaceSent(last)
+		if sent {
+			break
+		}
+		require.NoError(t, m.Progress())
+		require.False(t, time.Now().After(deadline), "a send to rank %d never completed", to)
+	}
+	require.NoError(t, w.Barrier())
+	require.NoError(t, m.Free())
+	require.NoError(t, origin.Free())
+	mpitesting.Agree(t, w)
+}
+
 // A mailbox over attached memory: every rank writes a small block and a
 // large (in place) one past the mailbox's own bytes, into the other's
 // attached memory, then a flag into its own; the flag's rank finds both in
