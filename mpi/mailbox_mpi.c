@@ -22,16 +22,9 @@
 // order each source sent them (MPI's non-overtaking rule, kept by a queue
 // per source): a message's records in order, a direct block once its bytes
 // are in, and a source's next message only after its previous one. The
-// direct blocks' receives are posted in order once the message that names
-// them is in (so that they match the sender's sends one to one), before
-// earlier records are applied, but only GOEP_MBOX_DIRECT_WINDOW bytes of
-// them per source at a time (one at least): a large send moves only once
-// its receive is posted (MPI's rendezvous), and Open MPI over TCP moves the
-// fragments of all the sends to a peer that are under way in turn, so that
-// with every block of a call posted at once they all complete together, at
-// the end, and a receiver that works on each block as it lands gets none
-// until the last. The window keeps a few in flight: they complete one after
-// another, while the next one's handshake overlaps the transfer.
+// direct blocks' receives are posted as soon as the message that names them
+// is in (in order, so that they match the sender's sends one to one),
+// before earlier records are applied.
 
 #define _GNU_SOURCE
 #include "shim_mpi.h"
@@ -57,19 +50,17 @@ typedef struct {
 typedef struct {
   rmsg *msg;
   int64_t mhead, mcount, mcap;
-  int64_t mposted;   // messages (from the head) whose direct receives are all posted
-  int64_t pcursor;   // bytes of the next message (mhead+mposted) whose direct receives are posted
-  int64_t inflight;  // bytes of the direct receives posted and not yet in
-  char *bigdone;     // per posted direct receive: its bytes are in
+  int64_t mposted;  // messages (from the head) whose direct receives are posted
+  char *bigdone;    // per posted direct receive: its bytes are in
   int64_t bhead, bcount, bcap;
   int64_t cursor;  // bytes of the head message applied
 } rsource;
 
 // What an active receive is for: a message (kind 0) or a direct block
-// (kind 1, of len bytes) of source src, at absolute index idx of its ring.
+// (kind 1) of source src, at absolute index idx of its ring.
 typedef struct {
   int kind, src;
-  int64_t idx, len;
+  int64_t idx;
 } aref;
 
 // A send in flight: its packing buffer (NULL for a direct send), and for a
@@ -341,7 +332,7 @@ int64_t goep_mbox_put(goep_mbox *m, const void *origin, const goep_block *blocks
 
 // addactive makes room for one more active receive and returns where its
 // request goes.
-static MPI_Request *addactive(goep_mbox *m, int kind, int src, int64_t idx, int64_t len) {
+static MPI_Request *addactive(goep_mbox *m, int kind, int src, int64_t idx) {
   if (m->nact == m->capact) {
     int cap = m->capact > 0 ? 2 * m->capact : 16;
     MPI_Request *r = realloc(m->areq, (size_t)cap * sizeof *r);
@@ -355,7 +346,7 @@ static MPI_Request *addactive(goep_mbox *m, int kind, int src, int64_t idx, int6
     m->aidx = x;
     m->capact = cap;
   }
-  m->aref[m->nact] = (aref){kind, src, idx, len};
+  m->aref[m->nact] = (aref){kind, src, idx};
   return &m->areq[m->nact++];
 }
 
@@ -402,27 +393,22 @@ static int growbigs(rsource *q, int64_t need) {
 }
 
 // postbigs posts, in order, the direct receives named by the messages of
-// source s that are in and whose direct receives are not posted yet, while
-// the window allows.
+// source s that are in and whose direct receives are not posted yet.
 static int postbigs(goep_mbox *m, int s) {
   rsource *q = &m->src[s];
-  for (; q->mposted < q->mcount; q->mposted++, q->pcursor = 0) {
+  for (; q->mposted < q->mcount; q->mposted++) {
     rmsg *g = msgat(q, q->mhead + q->mposted);
     if (!g->done) return MPI_SUCCESS;
     if (growbigs(q, q->bcount + g->len / 16) != 0) return MPI_ERR_NO_MEM;
-    const char *p = g->buf + q->pcursor, *end = g->buf + g->len;
+    const char *p = g->buf, *end = g->buf + g->len;
     while (end - p >= 16) {
       int64_t off = ((const int64_t *)p)[0], n = ((const int64_t *)p)[1];
+      p += 16;
       if (n >= 0) {
-        if (n > end - p - 16) break;  // reported when applied
-        p += 16 + pad8(n);
+        if (n > end - p) break;  // reported when applied
+        p += pad8(n);
         continue;
       }
-      if (q->inflight > 0 && q->inflight - n > GOEP_MBOX_DIRECT_WINDOW) {
-        q->pcursor = p - g->buf;  // posted up to this record
-        return MPI_SUCCESS;
-      }
-      p += 16;
       char *dst = where(m, off, -n);
       if (dst == NULL || -n > INT_MAX) {
         m->bad = s;
@@ -430,12 +416,11 @@ static int postbigs(goep_mbox *m, int s) {
       }
       int64_t i = q->bhead + q->bcount;
       q->bigdone[i % q->bcap] = 0;
-      MPI_Request *r = addactive(m, 1, s, i, -n);
+      MPI_Request *r = addactive(m, 1, s, i);
       if (r == NULL) return MPI_ERR_NO_MEM;
       int rc = MPI_Irecv(dst, (int)-n, MPI_BYTE, s, m->tag + 1, m->comm, r);
       if (rc != MPI_SUCCESS) return rc;
       q->bcount++;
-      q->inflight -= n;
     }
   }
   return MPI_SUCCESS;
@@ -444,15 +429,11 @@ static int postbigs(goep_mbox *m, int s) {
 // applysource applies, in order, what source s sent that is in.
 static int applysource(goep_mbox *m, int s) {
   rsource *q = &m->src[s];
-  while (q->mcount > 0) {
+  while (q->mposted > 0) {
     rmsg *g = msgat(q, q->mhead);
-    if (!g->done) return MPI_SUCCESS;
     const char *end = g->buf + g->len;
-    // Records up to posted have their direct receives posted.
-    const char *posted = q->mposted > 0 ? end : g->buf + q->pcursor;
     while (g->buf + q->cursor < end) {
       const char *p = g->buf + q->cursor;
-      if (p >= posted) return MPI_SUCCESS;
       if (end - p < 16) goto range;
       int64_t off = ((const int64_t *)p)[0], n = ((const int64_t *)p)[1];
       if (n < 0) {  // a direct block: done once its bytes are in
@@ -496,10 +477,7 @@ static int collect(goep_mbox *m) {
     aref *a = &m->aref[m->aidx[k]];
     rsource *q = &m->src[a->src];
     if (a->kind == 0) msgat(q, a->idx)->done = 1;
-    else {
-      q->bigdone[a->idx % q->bcap] = 1;
-      q->inflight -= a->len;
-    }
+    else q->bigdone[a->idx % q->bcap] = 1;
     a->kind = -1;
   }
   int j = 0;
@@ -539,7 +517,7 @@ int goep_mbox_progress(goep_mbox *m) {
     g->done = 0;
     q->mcount++;
     m->rmsgs++;
-    MPI_Request *r = addactive(m, 0, s, i, 0);
+    MPI_Request *r = addactive(m, 0, s, i);
     if (r == NULL) return MPI_ERR_NO_MEM;
     rc = MPI_Imrecv(g->buf, count, MPI_UINT64_T, &msg, r);
     if (rc != MPI_SUCCESS) return rc;

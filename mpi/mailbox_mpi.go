@@ -81,8 +81,3 @@ func (h *mboxState) directPending(put uint64) int {
 // DirectMin is the least length of a block that PutBlocksInPlace sends
 // straight from its origin.
 const DirectMin = C.GOEP_MBOX_DIRECT_MIN
-
-// DirectWindow is how many bytes of blocks sent straight from their origin
-// a rank receives from one source at a time (one block at least); the later
-// ones wait for those to land, in order.
-const DirectWindow = C.GOEP_MBOX_DIRECT_WINDOW

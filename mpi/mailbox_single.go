@@ -67,10 +67,6 @@ func (h *mboxState) directPending(uint64) int { return -1 }
 // straight from its origin (in an MPI build; a single-rank build copies).
 const DirectMin = 64 << 10
 
-// DirectWindow is how many bytes of blocks sent straight from their origin
-// a rank receives from one source at a time (in an MPI build).
-const DirectWindow = 2 << 20
-
 func (h *mboxState) free(time.Duration) int {
 	if len(h.mem) > 0 {
 		_ = syscall.Munmap(h.mem)

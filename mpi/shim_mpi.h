@@ -99,14 +99,6 @@ void goep_mbox_attach(goep_mbox *m, char *mem, int64_t bytes);
 // direct set are numbered from 1 (goep_mbox_puts: the last one's number).
 #define GOEP_MBOX_DIRECT_MIN (64 << 10)
 #define GOEP_MBOX_DIRECT_CHUNK (1 << 30)
-// A receiver has at most this many bytes of direct receives from one source
-// posted and not yet in (one receive at least); the next ones are posted, in
-// order, as those complete. HT's chunks of rows (1.8 MB at hidden 7168) then
-// arrive one after another; across 2 emulated hosts of 2 ranks, HT 4096
-// tokens ran at 1.37-1.50x the network floor (median 1.44x, 8 runs) with one
-// chunk at a time, 1.40-1.51x (1.48x) with two, and 1.43-1.57x (1.52x) with
-// every chunk of a call at once.
-#define GOEP_MBOX_DIRECT_WINDOW (2 << 20)
 int64_t goep_mbox_put(goep_mbox *m, const void *origin, const goep_block *blocks, int n, int direct);
 uint64_t goep_mbox_puts(goep_mbox *m);
 // goep_mbox_direct_pending: the target of a direct send of a put numbered put
