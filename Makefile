@@ -46,7 +46,7 @@ RACE_TEST_SKIP     ?= TestQuantizeFloat32Sweep|TestE4M3FromMatchesReference|Test
 
 # Fuzz targets, each run for FUZZTIME by make test (their corpus: testdata/fuzz of their package; a
 # crash found is written there and fails the run): routing input through a group, the layout kernel,
-# and the C entry points' descriptors. FUZZTIME is a count of inputs (5-15 s each here), not a time:
+# and the C entry points' descriptors. FUZZTIME is a count of inputs (about 9 s each, idle), not a time:
 # Go 1.26 fails a time-limited fuzz run whose deadline finds a worker mid-input on a loaded machine
 # ("context deadline exceeded", golang/go#75804, fixed in Go 1.27), which a count has no deadline for.
 FUZZTIME ?= 200000x
