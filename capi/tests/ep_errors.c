@@ -18,35 +18,12 @@
 #include <unistd.h>
 
 #include "../examples/ep_reference.h"
+#include "check.h"
 #include "goep_ep.h"
 
 static int my_rank, n_ranks, failures, checks;
 
-#define FAIL(...)                                                            \
-    do {                                                                     \
-        failures++;                                                          \
-        fprintf(stderr, "rank %d: %s:%d: ", my_rank, __FILE__, __LINE__);    \
-        fprintf(stderr, __VA_ARGS__);                                        \
-        fprintf(stderr, "\n");                                               \
-    } while (0)
-
-/* EXPECT_RC: the call returns want and the last error names what it should (substr). */
-#define EXPECT_RC(call, want, substr)                                                                      \
-    do {                                                                                                   \
-        checks++;                                                                                          \
-        goepEpResult_t got_ = (call);                                                                      \
-        if (got_ != (want))                                                                                \
-            FAIL("%s returned %s, want %s (last error: %s)", #call, goepEpGetErrorString(got_),             \
-                 goepEpGetErrorString(want), goepEpGetLastError());                                         \
-        else if ((want) != goepEpSuccess && !strstr(goepEpGetLastError(), (substr)))                       \
-            FAIL("%s: the message \"%s\" does not say \"%s\"", #call, goepEpGetLastError(), (substr));      \
-    } while (0)
 #define OK(call) EXPECT_RC(call, goepEpSuccess, "")
-#define EXPECT(cond, ...)               \
-    do {                                \
-        checks++;                       \
-        if (!(cond)) FAIL(__VA_ARGS__); \
-    } while (0)
 
 enum { H = 32, K = 2, E_PER_RANK = 4, MAXT = 8 };
 static const uint16_t SENTINEL = 0x7fc1; /* a bfloat16 NaN no dispatch writes */
@@ -67,12 +44,6 @@ static goepEpGroupConfig_t config(goepEpAlgorithm_t algo) {
     c.num_topk = K;
     c.timeout_ns = 20ull * 1000 * 1000 * 1000;
     return c;
-}
-
-static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, size_t* dims) {
-    goepEpTensor_t t = GOEP_EP_TENSOR_INIT;
-    t.datatype = d, t.data = data, t.ndim = ndim, t.sizes = dims;
-    return t;
 }
 
 /* The routing and tokens of this rank, as the example's. */

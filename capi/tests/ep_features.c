@@ -27,17 +27,11 @@
 #include <string.h>
 
 #include "../examples/ep_reference.h"
+#include "check.h"
 #include "goep_ep.h"
 
 static int my_rank, n_ranks, failures, checks;
 
-#define FAIL(...)                                                         \
-    do {                                                                  \
-        failures++;                                                       \
-        fprintf(stderr, "rank %d: %s:%d: ", my_rank, __FILE__, __LINE__); \
-        fprintf(stderr, __VA_ARGS__);                                     \
-        fprintf(stderr, "\n");                                            \
-    } while (0)
 #define OK(call)                                                                                   \
     do {                                                                                           \
         checks++;                                                                                  \
@@ -46,11 +40,6 @@ static int my_rank, n_ranks, failures, checks;
             FAIL("%s: %s (%s)", #call, goepEpGetErrorString(rc_), goepEpGetLastError());           \
             MPI_Abort(MPI_COMM_WORLD, 1); /* the ranks' calls no longer match: nothing more to learn */ \
         }                                                                                          \
-    } while (0)
-#define EXPECT(cond, ...)               \
-    do {                                \
-        checks++;                       \
-        if (!(cond)) FAIL(__VA_ARGS__); \
     } while (0)
 
 /* A collective call that rank bad refuses: there it returns want with a message saying text, and on the
@@ -71,12 +60,6 @@ static int my_rank, n_ranks, failures, checks;
 enum { E_PER_RANK = 3, K = 3, MAXT = 8 };
 
 static ref_shape_t shape(int hidden) { return (ref_shape_t){n_ranks, E_PER_RANK * n_ranks, E_PER_RANK, K, hidden, MAXT}; }
-
-static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, size_t* dims) {
-    goepEpTensor_t t = GOEP_EP_TENSOR_INIT;
-    t.ndim = ndim, t.datatype = d, t.data = data, t.sizes = dims;
-    return t;
-}
 
 static goepEpGroup_t group(goepEpAlgorithm_t algo, int hidden, const goepEpGroupOptions_t* o, int elem_bytes) {
     goepEpGroupConfig_t c = GOEP_EP_GROUP_CONFIG_INIT;

@@ -30,44 +30,16 @@
 #include <string.h>
 
 #include "../examples/ep_reference.h"
+#include "check.h"
 #include "goep_ep.h"
 
 static int my_rank, n_ranks, bad_rank, failures, checks;
 
-#define FAIL(...)                                                         \
-    do {                                                                  \
-        failures++;                                                       \
-        fprintf(stderr, "rank %d: %s:%d: ", my_rank, __FILE__, __LINE__); \
-        fprintf(stderr, __VA_ARGS__);                                     \
-        fprintf(stderr, "\n");                                            \
-    } while (0)
-
-#define EXPECT_RC(call, want, substr)                                                                 \
-    do {                                                                                              \
-        checks++;                                                                                     \
-        goepEpResult_t got_ = (call);                                                                 \
-        if (got_ != (want))                                                                           \
-            FAIL("%s returned %s, want %s (last error: %s)", #call, goepEpGetErrorString(got_),        \
-                 goepEpGetErrorString(want), goepEpGetLastError());                                    \
-        else if ((want) != goepEpSuccess && !strstr(goepEpGetLastError(), (substr)))                  \
-            FAIL("%s: the message \"%s\" does not say \"%s\"", #call, goepEpGetLastError(), (substr)); \
-    } while (0)
 #define OK(call) EXPECT_RC(call, goepEpSuccess, "")
-#define EXPECT(cond, ...)               \
-    do {                                \
-        checks++;                       \
-        if (!(cond)) FAIL(__VA_ARGS__); \
-    } while (0)
 
 enum { H = 16, K = 2, E_PER_RANK = 4, MAXT = 6 };
 
 static ref_shape_t shape(void) { return (ref_shape_t){n_ranks, E_PER_RANK * n_ranks, E_PER_RANK, K, H, MAXT}; }
-
-static goepEpTensor_t tensor(goepEpDataType_t d, void* data, unsigned ndim, size_t* dims) {
-    goepEpTensor_t t = GOEP_EP_TENSOR_INIT;
-    t.datatype = d, t.data = data, t.ndim = ndim, t.sizes = dims;
-    return t;
-}
 
 /* A group and the buffers of its steps. */
 typedef struct {
