@@ -103,11 +103,21 @@ func unevenTokens(rank, ranks int) int {
 
 func fullTokens(int, int) int { return 16 }
 
+// manyTokens gives most ranks more tokens than an engine moves in one piece
+// (the CPU engine's HT sends, forwards and returns rows across nodes in
+// chunks of 128 tokens), so that the offsets of the chunks past the first
+// are checked: with top-k as large as the ranks (up to 8) of 2 experts a
+// rank, about 3 tokens in 4 go to each rank. One rank sends one token. At
+// most 256 tokens, so that every token index (a column of the payload) is
+// exact in bfloat16.
+func manyTokens(rank, _ int) int { return []int{256, 131, 200, 1, 250, 129, 256, 140}[rank%8] }
+
 func scenarios(ranks int) []scenario {
 	return []scenario{
 		{name: "random-uneven", experts: 4 * ranks, topk: 3, maxTok: 16, hidden: 24, seed: 1, tokens: unevenTokens, route: randomRoute(0.15)},
 		{name: "full-no-mask", experts: 2 * ranks, topk: 2, maxTok: 16, hidden: 8, seed: 2, tokens: fullTokens, route: randomRoute(0)},
 		{name: "all-to-one-expert", experts: 2 * ranks, topk: 2, maxTok: 16, hidden: 16, seed: 3, tokens: fullTokens, route: oneExpertRoute},
 		{name: "mostly-masked", experts: ranks, topk: 1, maxTok: 16, hidden: 8, seed: 4, tokens: unevenTokens, route: randomRoute(0.7)},
+		{name: "many-tokens", experts: 2 * ranks, topk: min(ranks, 8), maxTok: 256, hidden: 8, seed: 5, tokens: manyTokens, route: randomRoute(0.1)},
 	}
 }
