@@ -106,10 +106,10 @@ func fullTokens(int, int) int { return 16 }
 // manyTokens gives most ranks more tokens than an engine moves in one piece
 // (the CPU engine's HT sends and forwards rows across nodes, and returns
 // their sums from a node of several ranks, in chunks of 128 tokens), so that
-// the offsets of the chunks past the first are checked: with top-k as large as the ranks (up to 8) of 2 experts a
-// rank, about 3 tokens in 4 go to each rank. One rank sends one token. At
-// most 256 tokens, so that every token index (a column of the payload) is
-// exact in bfloat16.
+// the offsets of the chunks past the first are checked: with top-k as large
+// as the ranks (up to 8) of 2 experts a rank, about 3 tokens in 4 go to each
+// rank. One rank sends one token. At most 256 tokens, so that every token
+// index (a column of the payload) is exact in bfloat16.
 func manyTokens(rank, _ int) int { return []int{256, 131, 200, 1, 250, 129, 256, 140}[rank%8] }
 
 func scenarios(ranks int) []scenario {
